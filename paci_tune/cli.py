@@ -1,0 +1,80 @@
+"""``paci-tune`` command line: click commands and rich output, nothing else."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from .config import RunConfig, load_config
+from .errors import ConfigError
+from .options import overrides_from, run_options
+
+
+class _Group(click.Group):
+    """Turns bad input anywhere below into one line and exit code 2, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="paci-tune")
+def main() -> None:
+    """Auto-tune and run PACI asynchronous pipeline-parallel training."""
+
+
+def _preflight(cfg: RunConfig, resume: bool) -> None:
+    """Catch data, model and partition errors here, before any worker process starts."""
+    from .pipeline.factory import load_pieces
+
+    load_pieces(cfg, [])
+    if resume and not cfg.training.checkpoint_dir:
+        raise ConfigError("training.checkpoint_dir", None, "a checkpoint folder to resume from (--checkpoint-dir)")
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_options
+@click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="Write JSON-lines metrics here.")
+@click.option("--resume", is_flag=True, help="Resume from the newest checkpoint in the checkpoint folder.")
+@click.option("--live/--no-live", default=True, help="Rich live progress (default on a terminal) or plain lines.")
+def train(config: str, metrics: str | None, resume: bool, live: bool, **options: Any) -> None:
+    """Train the model of CONFIG with a pipeline schedule (paci, 1f1b or gpipe)."""
+    from .ui import TrainView
+
+    cfg = load_config(config, overrides_from(options))
+    view = TrainView(live=live)
+    if cfg.pipeline.runtime == "emulated":
+        from .train.loop import Trainer
+        from .train.metrics import RecordSink
+
+        with view:
+            Trainer(cfg, RecordSink(metrics, None, view.on_record)).run(resume=resume)
+        return
+
+    from .pipeline.launch import log_tail, run_distributed
+
+    _preflight(cfg, resume)
+    workdir = Path(tempfile.mkdtemp(prefix="paci-tune-run-"))
+    with view:
+        rc = run_distributed(cfg, workdir, view.on_record, metrics=metrics, resume=resume)
+    if rc == 0:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+    click.echo(f"error: pipeline workers exited with code {rc}; their log is {workdir / 'workers.log'}:", err=True)
+    click.echo(log_tail(workdir), err=True)
+    sys.exit(2 if rc == 2 else 1)
+
+
+if __name__ == "__main__":
+    main()

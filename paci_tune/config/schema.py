@@ -1,0 +1,260 @@
+"""Run configuration: the schema of ``model.yaml`` and its validation.
+
+Every bad value is caught here, before any process starts, with a message that names the dotted
+key, the value and what is allowed (:class:`~paci_tune.errors.ConfigError`). Sections map onto
+dataclasses; ``model`` and ``data`` stay plain dicts because their keys depend on the chosen preset
+or source and are validated by the loaders that own them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..errors import ConfigError
+
+
+@dataclass
+class OptimizerConfig:
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: float = 6e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    eps: float = 1e-8
+    momentum: float = 0.9
+    grad_clip: float | None = None
+
+    def check(self, key: str) -> None:
+        _positive(f"{key}.lr", self.lr)
+        for i, b in enumerate(self.betas):
+            if not 0.0 <= b < 1.0:
+                raise ConfigError(f"{key}.betas[{i}]", b, "a number in [0, 1)")
+        if self.weight_decay < 0:
+            raise ConfigError(f"{key}.weight_decay", self.weight_decay, "a number >= 0")
+        if self.grad_clip is not None:
+            _positive(f"{key}.grad_clip", self.grad_clip)
+
+
+@dataclass
+class LRScheduleConfig:
+    """Linear warm-up, then cosine decay to ``min_ratio`` of peak over the whole budget.
+
+    The peak LR is ``optimizer.lr`` at ``reference_batch`` sequences, scaled by sqrt (or linearly)
+    with the global batch, as the PACI paper scales 3e-4 at batch 256.
+    """
+
+    warmup_fraction: float = 0.01
+    min_ratio: float = 0.1
+    reference_batch: int | None = None
+    scaling: Literal["sqrt", "linear", "none"] = "sqrt"
+
+    def check(self, key: str) -> None:
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ConfigError(f"{key}.warmup_fraction", self.warmup_fraction, "a number in [0, 1)")
+        if not 0.0 <= self.min_ratio <= 1.0:
+            raise ConfigError(f"{key}.min_ratio", self.min_ratio, "a number in [0, 1]")
+        if self.reference_batch is not None:
+            _positive(f"{key}.reference_batch", self.reference_batch)
+
+
+@dataclass
+class TrainingConfig:
+    global_batch: int = 32
+    steps: int | None = None
+    seconds: float | None = None
+    seed: int = 0
+    eval_every: int = 50
+    eval_batches: int = 8
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
+    keep_checkpoints: int = 2
+    target_val_loss: float | None = None
+
+    def check(self, key: str) -> None:
+        _positive(f"{key}.global_batch", self.global_batch)
+        if self.steps is None and self.seconds is None:
+            raise ConfigError(f"{key}.steps", None, "a budget: training.steps or training.seconds")
+        if self.steps is not None:
+            _positive(f"{key}.steps", self.steps)
+        if self.seconds is not None:
+            _positive(f"{key}.seconds", self.seconds)
+        _positive(f"{key}.eval_every", self.eval_every)
+        _positive(f"{key}.eval_batches", self.eval_batches)
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"{key}.checkpoint_every", self.checkpoint_every, "0 (off) or a positive number of batches")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ConfigError(f"{key}.checkpoint_dir", None, "a folder, needed when checkpoint_every > 0")
+        _positive(f"{key}.keep_checkpoints", self.keep_checkpoints)
+
+
+@dataclass
+class PipelineConfig:
+    schedule: Literal["paci", "1f1b", "gpipe"] = "paci"
+    stages: int = 1
+    window: int | None = None  # 4 when neither window nor microbatch_size is given
+    microbatch_size: int | None = None
+    inflight: int | None = None
+    partition: Literal["auto"] | list[int] = "auto"
+    runtime: Literal["emulated", "distributed"] = "emulated"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+
+    def check(self, key: str) -> None:
+        _positive(f"{key}.stages", self.stages)
+        if self.window is not None:
+            _positive(f"{key}.window", self.window)
+        if self.microbatch_size is not None:
+            _positive(f"{key}.microbatch_size", self.microbatch_size)
+        if self.inflight is not None:
+            _positive(f"{key}.inflight", self.inflight)
+        if isinstance(self.partition, list):
+            for i, n in enumerate(self.partition):
+                _positive(f"{key}.partition[{i}]", n)
+
+
+@dataclass
+class RunConfig:
+    """A whole training run: what ``paci-tune train`` and each pipeline worker execute."""
+
+    model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
+    data: dict[str, Any] = field(default_factory=lambda: {"source": "stdlib"})
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    lr_schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+
+    def check(self) -> None:
+        self.training.check("training")
+        self.optimizer.check("optimizer")
+        self.lr_schedule.check("lr_schedule")
+        self.pipeline.check("pipeline")
+        self.resolve_batching()
+
+    def resolve_batching(self) -> None:
+        """Fill in window or micro-batch size from the other: a * micro-batch size = global batch."""
+        g, p = self.training.global_batch, self.pipeline
+        if p.microbatch_size is not None and p.window is None:
+            if g % p.microbatch_size:
+                raise ConfigError("pipeline.microbatch_size", p.microbatch_size, f"a divisor of training.global_batch={g}")
+            p.window = g // p.microbatch_size
+        if p.window is None:
+            p.window = 4
+        if g % p.window:
+            divisors = [d for d in range(1, g + 1) if g % d == 0]
+            raise ConfigError("pipeline.window", p.window, f"a divisor of training.global_batch={g}: {divisors}")
+        if p.microbatch_size is None:
+            p.microbatch_size = g // p.window
+        elif p.microbatch_size * p.window != g:
+            raise ConfigError(
+                "pipeline.microbatch_size",
+                p.microbatch_size,
+                f"training.global_batch / pipeline.window = {g}/{p.window} = {g // p.window}",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- generic parsing
+
+
+def _positive(key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(key, value, "a positive number")
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of: " + ", ".join(str(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        return f"a list of {_type_name(args[0])}" + (f" (length {len(args)})" if origin is tuple else "")
+    if origin is dict:
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it converted (ints to floats etc.)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError:
+                continue
+        raise ConfigError(key, value, _type_name(tp))
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise ConfigError(key, value, _type_name(tp))
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(key, value, "null")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, value, _type_name(tp))
+        args = typing.get_args(tp)
+        if origin is tuple:
+            if len(value) != len(args):
+                raise ConfigError(key, value, _type_name(tp))
+            return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args, strict=True)))
+        return [_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(key, value, "a mapping")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, value, "true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(key, value, "an integer")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(key, value, "a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(key, value, "a string")
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    raise TypeError(f"unsupported annotation {tp!r} at {key}")
+
+
+def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a YAML mapping, rejecting unknown keys and wrong types."""
+    where = prefix or "config"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(where, data, "a mapping of keys to values")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in names:
+            raise ConfigError(key, v, f"a known key of {where}: {', '.join(names)}")
+        kwargs[k] = _coerce(key, v, hints[k])
+    return cls(**kwargs)
+
+
+def load_run_config(data: Any) -> RunConfig:
+    """Validate a parsed YAML document into a checked :class:`RunConfig`."""
+    cfg = from_dict(RunConfig, data)
+    cfg.check()
+    return cfg

@@ -1,0 +1,79 @@
+"""Micro-batches as pure functions of their index.
+
+In a pipeline, stage 0 needs the inputs of micro-batch ``j`` and the last stage needs its
+targets, in different processes and at different times; a checkpoint resumed at ``j`` must see
+the same data again. So there is no iterator state: micro-batch ``j`` is drawn from a generator
+seeded by ``(seed, j)`` alone, and any process can recompute it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from paci_tune.errors import ConfigError
+
+
+def _windows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather ``seq_len + 1`` tokens at each offset; inputs and next-token targets as int64."""
+    rows = torch.from_numpy(tokens[offsets[:, None] + np.arange(seq_len + 1)].astype(np.int64))
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+def _check(tokens: np.ndarray, seq_len: int, micro_batch_size: int) -> None:
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}")
+    if seq_len < 1 or micro_batch_size < 1:
+        raise ValueError(f"seq_len and micro_batch_size must be positive, got {seq_len}, {micro_batch_size}")
+    if len(tokens) < seq_len + 1:
+        allowed = f"at most {max(len(tokens) - 1, 0)}: the data split has only {len(tokens)} tokens"
+        raise ConfigError("model.block_size", seq_len, allowed)
+
+
+class MicroBatchStream:
+    """Random training windows; ``get(j)`` depends only on ``(seed, j)``."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, seed: int) -> None:
+        _check(tokens, seq_len, micro_batch_size)
+        if seed < 0:
+            raise ValueError(f"seed must be non-negative, got {seed}")
+        self.tokens, self.seq_len, self.micro_batch_size, self.seed = tokens, seq_len, micro_batch_size, seed
+
+    def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), each (micro_batch_size, seq_len) int64, with y[:, t] the token after x[:, t]."""
+        if j < 0:
+            raise IndexError(f"micro-batch index must be non-negative, got {j}")
+        rng = np.random.default_rng([self.seed, j])
+        offsets = rng.integers(0, len(self.tokens) - self.seq_len, size=self.micro_batch_size)
+        return _windows(self.tokens, offsets, self.seq_len)
+
+
+class ValidationSet:
+    """Fixed windows evenly spaced through the validation tokens.
+
+    No seed on purpose: every run, whatever its seed or pipeline layout, is scored on the same
+    tokens, so validation losses are comparable across the runs a tuner ranks.
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, n_batches: int) -> None:
+        _check(tokens, seq_len, micro_batch_size)
+        if n_batches < 1:
+            raise ValueError(f"n_batches must be positive, got {n_batches}")
+        self.tokens, self.seq_len, self.micro_batch_size = tokens, seq_len, micro_batch_size
+        last = len(tokens) - seq_len - 1
+        self.offsets = np.linspace(0, last, micro_batch_size * n_batches).round().astype(np.int64)
+        self.n_batches = n_batches
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= i < self.n_batches:
+            raise IndexError(f"validation batch {i} out of range [0, {self.n_batches})")
+        b = self.micro_batch_size
+        return _windows(self.tokens, self.offsets[i * b : (i + 1) * b], self.seq_len)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return (self.get(i) for i in range(self.n_batches))

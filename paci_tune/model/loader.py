@@ -1,0 +1,172 @@
+"""Turn the ``model:`` section of a config into pipeline units.
+
+Two kinds of model are accepted, exactly one per config:
+
+- ``preset: <name>`` plus overrides of any :class:`GPTConfig` field. These models are built unit
+  by unit, so a pipeline rank builds only the units it owns.
+- ``entry: "package.module:function"`` with optional ``kwargs`` and a required ``block_size``:
+  any user model, as long as the function returns a list of ``nn.Module`` units whose first
+  takes token ids (b, T) and whose last returns logits (b, T, V). The function is called under
+  ``torch.manual_seed(seed)`` inside a forked RNG, so the weights are reproducible and the
+  caller's RNG is untouched. Because the function builds everything at once, subsets cannot be
+  built: ``indices`` is ignored (beyond a range check) and *all* units are returned. Callers
+  rely on this -- ``len(units) == n_units`` is how they tell an entry model apart.
+
+All bad input raises :class:`ConfigError` naming the ``model.<key>``, so the CLI can print one
+line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from paci_tune.errors import ConfigError
+from paci_tune.model.gpt import (
+    PRESETS,
+    GPTConfig,
+    GPTConfigError,
+    build_units,
+    num_units,
+    unit_flops,
+    unit_names,
+)
+
+GPT_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig))
+PRESET_KEYS = ("preset", *GPT_KEYS)
+ENTRY_KEYS = ("entry", "kwargs", "block_size")
+_RETURNS = "a function returning a non-empty list of nn.Module"
+
+
+@dataclass
+class LoadedModel:
+    """The units a rank owns plus what the partitioner and trainer need to know about the whole model.
+
+    ``units`` holds the requested indices for presets and every unit for entry models;
+    ``n_units``/``names`` always describe the full model.
+    ``flops`` is forward FLOPs per token per unit, or ``None`` for entry models (unknown cost:
+    partition by unit count instead). ``gpt`` is ``None`` for entry models.
+    """
+
+    units: dict[int, nn.Module]
+    n_units: int
+    names: list[str]
+    flops: list[float] | None
+    block_size: int
+    gpt: GPTConfig | None
+
+
+def load_model(
+    spec: Mapping[str, Any], vocab_size: int, seed: int, indices: Iterable[int] | None = None
+) -> LoadedModel:
+    """Build the units ``indices`` (default all) of the model described by ``spec``.
+
+    ``vocab_size`` is the data's vocabulary; preset models use it unless the spec sets its own.
+    """
+    if not isinstance(spec, Mapping):
+        raise ConfigError("model", spec, "a mapping with either 'preset' or 'entry'")
+    has_preset, has_entry = "preset" in spec, "entry" in spec
+    if has_preset == has_entry:
+        given = sorted(k for k in ("preset", "entry") if k in spec)
+        raise ConfigError("model", given, "exactly one of 'preset' or 'entry'")
+    if has_preset:
+        return _load_preset(spec, vocab_size, seed, indices)
+    return _load_entry(spec, seed, indices)
+
+
+def _check_keys(spec: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    for key, value in spec.items():
+        if key not in allowed:
+            raise ConfigError(f"model.{key}", value, "one of: " + ", ".join(allowed))
+
+
+def _load_preset(
+    spec: Mapping[str, Any], vocab_size: int, seed: int, indices: Iterable[int] | None
+) -> LoadedModel:
+    _check_keys(spec, PRESET_KEYS)
+    name = spec["preset"]
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ConfigError("model.preset", name, "one of: " + ", ".join(PRESETS))
+    overrides = {"vocab_size": vocab_size, **{k: v for k, v in spec.items() if k != "preset"}}
+    try:
+        cfg = dataclasses.replace(PRESETS[name], **overrides)
+    except GPTConfigError as exc:
+        raise ConfigError(f"model.{exc.field}", exc.value, exc.allowed) from None
+    n = num_units(cfg)
+    wanted = _check_indices(indices, n)
+    return LoadedModel(
+        units=build_units(cfg, seed, wanted),
+        n_units=n,
+        names=unit_names(cfg),
+        flops=[unit_flops(cfg, i, 1) for i in range(n)],
+        block_size=cfg.block_size,
+        gpt=cfg,
+    )
+
+
+def _check_indices(indices: Iterable[int] | None, n: int) -> list[int]:
+    """Indices come from the partitioner, not the user, so a bad one is a bug: plain IndexError."""
+    wanted = list(range(n)) if indices is None else sorted(set(indices))
+    bad = [i for i in wanted if not 0 <= i < n]
+    if bad:
+        raise IndexError(f"unit indices {bad} out of range [0, {n})")
+    return wanted
+
+
+def _resolve_entry(entry: object) -> Callable[..., object]:
+    shape = "'package.module:function' naming an importable function that returns a list of nn.Module"
+    if not isinstance(entry, str) or entry.count(":") != 1:
+        raise ConfigError("model.entry", entry, shape)
+    module_name, attr = entry.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:  # other errors are bugs in the user's module: their traceback helps more
+        raise ConfigError("model.entry", entry, f"{shape} (import failed: {exc!r})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError("model.entry", entry, f"{shape} (module {module_name!r} has no function {attr!r})")
+    return fn
+
+
+def _load_entry(spec: Mapping[str, Any], seed: int, indices: Iterable[int] | None) -> LoadedModel:
+    _check_keys(spec, ENTRY_KEYS)
+    fn = _resolve_entry(spec["entry"])
+    block_size = spec.get("block_size")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ConfigError("model.block_size", block_size, "a positive integer (required for entry models)")
+    kwargs = spec.get("kwargs") or {}
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise ConfigError("model.kwargs", kwargs, "a mapping of keyword arguments")
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError as exc:
+        allowed = f"arguments accepted by {spec['entry']} ({exc})"
+        raise ConfigError("model.kwargs", dict(kwargs), allowed) from None
+    except ValueError:
+        pass  # no introspectable signature (builtins, C extensions): let the call decide
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):  # explicit list: no multi-GPU warning, CUDA RNG restored too
+        torch.manual_seed(seed)
+        built = fn(**kwargs)
+    if not isinstance(built, list | tuple):
+        raise ConfigError("model.entry", spec["entry"], f"{_RETURNS} (got {type(built).__name__})")
+    if not built or not all(isinstance(m, nn.Module) for m in built):
+        got = [type(m).__name__ for m in built]
+        raise ConfigError("model.entry", spec["entry"], f"{_RETURNS} (got {got})")
+    n = len(built)
+    _check_indices(indices, n)
+    return LoadedModel(
+        units=dict(enumerate(built)),
+        n_units=n,
+        names=[f"unit{i}" for i in range(n)],
+        flops=None,
+        block_size=block_size,
+        gpt=None,
+    )

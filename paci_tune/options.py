@@ -1,0 +1,60 @@
+"""Command-line options shared by ``paci-tune train`` and the pipeline worker entry point.
+
+Options override keys of the YAML config; the worker accepts the same ones so that a user's own
+multi-node ``torchrun`` launch and ``paci-tune train`` describe a run the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from .config import REMOVE
+
+_RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
+    ("--schedule", "pipeline.schedule", {"type": click.Choice(["paci", "1f1b", "gpipe"]), "help": "Pipeline schedule."}),
+    ("--stages", "pipeline.stages", {"type": int, "help": "Pipeline depth P (stages)."}),
+    ("--window", "pipeline.window", {"type": int, "help": "Accumulation window a (micro-batches per global batch)."}),
+    ("--microbatch-size", "pipeline.microbatch_size", {"type": int, "help": "Micro-batch size (global batch / a)."}),
+    ("--inflight", "pipeline.inflight", {"type": int, "help": "Cap on micro-batches in flight per stage."}),
+    ("--runtime", "pipeline.runtime", {"type": click.Choice(["emulated", "distributed"]), "help": "Runtime."}),
+    ("--device", "pipeline.device", {"type": click.Choice(["auto", "cpu", "cuda"]), "help": "Device."}),
+    ("--precision", "pipeline.precision", {"type": click.Choice(["auto", "fp32", "bf16"]), "help": "Precision."}),
+    ("--global-batch", "training.global_batch", {"type": int, "help": "Global batch in sequences."}),
+    ("--steps", "training.steps", {"type": int, "help": "Budget in global batches (steps)."}),
+    ("--seconds", "training.seconds", {"type": float, "help": "Budget in seconds of the clock."}),
+    ("--seed", "training.seed", {"type": int, "help": "Seed of model init and data order."}),
+    ("--eval-every", "training.eval_every", {"type": int, "help": "Validate every N steps."}),
+    ("--checkpoint-every", "training.checkpoint_every", {"type": int, "help": "Checkpoint every N steps."}),
+    ("--checkpoint-dir", "training.checkpoint_dir", {"type": str, "help": "Checkpoint folder."}),
+]
+
+
+def run_options(f: Callable) -> Callable:
+    """Decorate a click command with every config-overriding option."""
+    for flag, _, kw in reversed(_RUN_OPTIONS):
+        f = click.option(flag, default=None, **kw)(f)
+    return f
+
+
+def overrides_from(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Dotted config overrides from the parsed options (which it removes from ``kwargs``).
+
+    Giving only one of window / micro-batch size, or only one of steps / seconds, drops the
+    other from the file so it is derived (or unused) rather than contradicted.
+    """
+    out: dict[str, Any] = {}
+    for flag, key, _ in _RUN_OPTIONS:
+        name = flag.lstrip("-").replace("-", "_")
+        out[key] = kwargs.pop(name, None)
+    if out["pipeline.microbatch_size"] is not None and out["pipeline.window"] is None:
+        out["pipeline.window"] = REMOVE
+    if out["pipeline.window"] is not None and out["pipeline.microbatch_size"] is None:
+        out["pipeline.microbatch_size"] = REMOVE
+    if out["training.steps"] is not None and out["training.seconds"] is None:
+        out["training.seconds"] = REMOVE
+    if out["training.seconds"] is not None and out["training.steps"] is None:
+        out["training.steps"] = REMOVE
+    return out

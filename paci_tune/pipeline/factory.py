@@ -1,0 +1,127 @@
+"""Assemble a runtime from a run configuration: data, model units, partition, stages.
+
+Both runtimes are built here from the same pieces, so the only thing that differs between them
+is the transport. Under ``distributed`` each rank builds only its own stage's units; the built-in
+GPT's units are seeded per unit, so they come out identical to the emulated runtime's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..config.schema import RunConfig
+from ..data import MicroBatchStream, TokenSource, ValidationSet, load_source
+from ..errors import ConfigError
+from ..model import LoadedModel, load_model
+from .emulated import EmulatedRuntime
+from .partition import resolve_partition, stage_units
+from .stage import Stage
+
+
+@dataclass
+class Setup:
+    """A ready runtime and the facts about the run the training loop and reports need."""
+
+    runtime: EmulatedRuntime | object
+    source: TokenSource
+    n_units: int
+    unit_names: list[str]
+    partition: list[int]
+    device: torch.device
+    precision: str
+    seq_len: int
+    flops_per_token: float | None
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("pipeline.device", "cuda", "cpu or auto (no CUDA device is visible)")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return name
+
+
+def _unit_costs(model: LoadedModel) -> list[float]:
+    if model.flops is not None:
+        return list(model.flops)
+    return [float(sum(p.numel() for p in u.parameters())) + 1.0 for _, u in sorted(model.units.items())]
+
+
+def load_pieces(cfg: RunConfig, stage_indices: list[int] | None) -> tuple[TokenSource, LoadedModel, list[int]]:
+    """Data source, the units of the requested stages (all when None), and the stage sizes."""
+    source = load_source(cfg.data, cfg.model.get("vocab_size"))
+    seed = cfg.training.seed
+    meta = load_model(cfg.model, source.vocab_size, seed, indices=[])
+    built_all = meta.units and len(meta.units) == meta.n_units  # user entry models always build everything
+    sizes = resolve_partition(cfg.pipeline.partition, _unit_costs(meta), cfg.pipeline.stages)
+    if built_all:
+        return source, meta, sizes
+    ranges = stage_units(sizes)
+    wanted = range(meta.n_units) if stage_indices is None else [i for s in stage_indices for i in ranges[s]]
+    return source, load_model(cfg.model, source.vocab_size, seed, indices=list(wanted)), sizes
+
+
+def build_setup(
+    cfg: RunConfig,
+    lr_at: Callable[[int], float],
+    *,
+    distributed: bool = False,
+) -> Setup:
+    """Build the runtime named by ``cfg.pipeline.runtime`` for this process."""
+    p, t = cfg.pipeline, cfg.training
+    assert p.window is not None and p.microbatch_size is not None
+    if distributed:
+        import torch.distributed as dist
+
+        from .distributed import DistributedRuntime
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if world != p.stages:
+            raise ConfigError("pipeline.stages", p.stages, f"the number of launched processes ({world})")
+        device = resolve_device(p.device, int(os.environ.get("LOCAL_RANK", "0")))
+        mine = [rank]
+    else:
+        device = resolve_device(p.device)
+        mine = list(range(p.stages))
+    precision = resolve_precision(p.precision, device)
+    source, model, sizes = load_pieces(cfg, mine)
+    ranges = stage_units(sizes)
+    stream = MicroBatchStream(source.train, model.block_size, p.microbatch_size, t.seed)
+    val = ValidationSet(source.val, model.block_size, p.microbatch_size, t.eval_batches)
+    autocast = torch.bfloat16 if precision == "bf16" else None
+
+    def make_stage(s: int) -> Stage:
+        return Stage(
+            s,
+            p.stages,
+            [model.units[i] for i in ranges[s]],
+            window=p.window,
+            optimizer=cfg.optimizer,
+            lr_at=lr_at,
+            device=device,
+            autocast_dtype=autocast,
+        )
+
+    runtime: object
+    if distributed:
+        runtime = DistributedRuntime(make_stage(mine[0]), ranges, stream, val, p.schedule, p.inflight)
+    else:
+        runtime = EmulatedRuntime([make_stage(s) for s in mine], ranges, stream, val, p.schedule, p.inflight)
+    flops = None
+    if model.gpt is not None:
+        from ..model.gpt import model_flops_per_token
+
+        flops = model_flops_per_token(model.gpt)
+    return Setup(runtime, source, model.n_units, model.names, sizes, device, precision, model.block_size, flops)

@@ -1,0 +1,183 @@
+"""What both runtimes share: executing one stage's actions, timing them, collecting losses.
+
+A runtime is the thing that moves activations and gradients between stages. The emulated one
+keeps every stage in this process and hands tensors over through a mailbox; the distributed
+one sends them point to point between processes. Everything else -- what an action does to a
+stage, how long it took, how a global batch's loss is assembled -- lives here, once.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from ..data.stream import MicroBatchStream, ValidationSet
+from .schedules import Action, Op, drift_bound
+from .stage import Stage
+
+OnBatch = Callable[[int, float], None]
+
+WARMUP_MB = -(10**9)
+"""Micro-batch key of the warm-up pass (training micro-batches are >= 0, evaluation ones -1, -2, ...)."""
+
+
+class Transport(Protocol):
+    """Moves a tensor from one stage to a neighbour; ``kind`` is "act" or "grad"."""
+
+    def send(self, src: int, dst: int, kind: str, mb: int, tensor: torch.Tensor) -> None: ...
+
+    def recv(self, src: int, dst: int, kind: str, mb: int) -> torch.Tensor: ...
+
+
+@dataclass
+class StageTiming:
+    """Seconds a stage computed (busy) and waited for a neighbour (idle) within training segments."""
+
+    busy: float = 0.0
+    idle: float = 0.0
+    span: float = 0.0
+
+    def add(self, other: StageTiming) -> None:
+        self.busy += other.busy
+        self.idle += other.idle
+        self.span += other.span
+
+
+@dataclass
+class SegmentReport:
+    """Timing of one drained segment of the schedule, identical on every rank."""
+
+    batches: int
+    wall: float  # seconds this process spent running the segment
+    makespan: float  # seconds the pipeline took (replayed for the emulated runtime)
+    stages: list[StageTiming] = field(default_factory=list)
+
+
+class BatchLosses:
+    """Sums the last stage's micro-batch losses into global-batch losses, reported when complete."""
+
+    def __init__(self, window: int, on_batch: OnBatch) -> None:
+        self.window, self.on_batch = window, on_batch
+        self._parts: dict[int, list[torch.Tensor]] = {}
+
+    def add(self, mb: int, loss: torch.Tensor) -> None:
+        k = mb // self.window
+        parts = self._parts.setdefault(k, [])
+        parts.append(loss)
+        if len(parts) == self.window:
+            del self._parts[k]
+            self.on_batch(k, float(torch.stack(parts).mean()))
+
+
+class ActionRunner:
+    """Executes one stage's actions through a transport, timing compute apart from waiting."""
+
+    def __init__(self, stage: Stage, transport: Transport, stream: MicroBatchStream) -> None:
+        self.stage, self.transport, self.stream = stage, transport, stream
+        self.losses: BatchLosses | None = None
+        self._batch_cache: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._sync = stage.device.type == "cuda"
+
+    def _data(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._batch_cache is None or self._batch_cache[0] != mb:
+            self._batch_cache = (mb, self.stream.get(mb))
+        return self._batch_cache[1]
+
+    def run(self, act: Action, timing: StageTiming) -> float:
+        """Run ``act``; add its compute and wait time to ``timing``; return the compute seconds."""
+        st, s = self.stage, self.stage.index
+        t0 = time.perf_counter()
+        if act.op is Op.FORWARD:
+            x = self._data(act.mb)[0] if st.is_first else self.transport.recv(s - 1, s, "act", act.mb)
+            t1 = time.perf_counter()
+            out = st.forward(act.mb, x, self._data(act.mb)[1] if st.is_last else None)
+            if st.is_last:
+                assert self.losses is not None
+                self.losses.add(act.mb, out)
+            else:
+                self.transport.send(s, s + 1, "act", act.mb, out)
+        elif act.op is Op.BACKWARD:
+            g = None if st.is_last else self.transport.recv(s + 1, s, "grad", act.mb)
+            t1 = time.perf_counter()
+            gin = st.backward(act.mb, g)
+            if not st.is_first:
+                assert gin is not None
+                self.transport.send(s, s - 1, "grad", act.mb, gin)
+        else:
+            t1 = t0
+            st.step()
+        if self._sync:
+            torch.cuda.synchronize(st.device)
+        t2 = time.perf_counter()
+        timing.idle += t1 - t0
+        timing.busy += t2 - t1
+        return t2 - t1
+
+
+def warmup_forward(runner: ActionRunner) -> None:
+    """First half of the warm-up pass: the real first micro-batch, forward through this stage.
+
+    First calls pay for allocator growth, lazy initialisation and cold caches (8x a steady
+    forward on CPU); left in the timed run they would be booked as pipeline bubble at the next
+    stage. The pass is numerically inert: its gradients are dropped.
+    """
+    st, s = runner.stage, runner.stage.index
+    x, y = runner.stream.get(0)
+    h = x if st.is_first else runner.transport.recv(s - 1, s, "act", WARMUP_MB)
+    out = st.forward(WARMUP_MB, h, y if st.is_last else None)
+    if not st.is_last:
+        runner.transport.send(s, s + 1, "act", WARMUP_MB, out)
+
+
+def warmup_backward(runner: ActionRunner) -> None:
+    """Second half of the warm-up pass: backward through this stage, gradients dropped."""
+    st, s = runner.stage, runner.stage.index
+    g = None if st.is_last else runner.transport.recv(s + 1, s, "grad", WARMUP_MB)
+    gin = st.backward(WARMUP_MB, g, warmup=True)
+    if not st.is_first:
+        assert gin is not None
+        runner.transport.send(s, s - 1, "grad", WARMUP_MB, gin)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated bytes on a CUDA device; the process's peak resident set on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def stage_stats(stage: Stage, timing: StageTiming, makespan: float, units: range, device: torch.device) -> dict:
+    """The per-stage entry of the run summary."""
+    return {
+        "stage": stage.index,
+        "units": [units.start, units.stop],
+        "busy_s": timing.busy,
+        "idle_s": max(makespan - timing.busy, 0.0),
+        "wait_s": timing.idle,
+        "bubble_fraction": 0.0 if makespan <= 0 else max(1.0 - timing.busy / makespan, 0.0),
+        "updates": stage.updates,
+        "max_drift": stage.drift.maximum,
+        "mean_drift": stage.drift.mean,
+        "drift_bound": drift_bound(stage.index, stage.n_stages, stage.window),
+        "drift_histogram": {str(k): v for k, v in sorted(stage.drift.histogram.items())},
+        "parameter_bytes": stage.parameter_bytes(),
+        "peak_memory_bytes": peak_memory_bytes(device),
+    }
+
+
+def validation_loss(stages: list[Stage], val: ValidationSet) -> float:
+    """Mean loss over the validation set, running every stage in this process."""
+    total = 0.0
+    for i in range(len(val)):
+        x, y = val.get(i)
+        for st in stages[:-1]:
+            x = st.evaluate(x)
+        total += float(stages[-1].evaluate(x, y))
+    return total / len(val)

@@ -1,0 +1,208 @@
+"""One pipeline stage: its units, its optimizer, its local accumulation counter, its drift record.
+
+The optimizer is built over *aliases* of the parameters (``p.data``), not the parameters
+themselves. Stepping through an alias updates the shared storage in place without bumping the
+parameter's autograd version counter, so a micro-batch still in flight (forward done, backward
+pending) runs its backward against the *current* weights -- PACI's semantics -- with no weight
+stash and no "modified by an inplace operation" error. Stepping the parameters directly would
+raise that error; replacing ``p.data`` out of place would silently keep the old weights alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config.schema import OptimizerConfig
+
+
+@dataclass
+class _InFlight:
+    """What a micro-batch leaves at a stage between its forward and its backward."""
+
+    inputs: torch.Tensor
+    outputs: torch.Tensor  # activations, or the scaled loss on the last stage
+    updates_at_forward: int
+
+
+@dataclass
+class DriftStats:
+    """Optimizer updates crossed between forward and backward, over every micro-batch seen."""
+
+    count: int = 0
+    total: int = 0
+    maximum: int = 0
+    histogram: dict[int, int] = field(default_factory=dict)
+
+    def add(self, drift: int) -> None:
+        self.count += 1
+        self.total += drift
+        self.maximum = max(self.maximum, drift)
+        self.histogram[drift] = self.histogram.get(drift, 0) + 1
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "total": self.total, "maximum": self.maximum, "histogram": dict(self.histogram)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count, self.total, self.maximum = state["count"], state["total"], state["maximum"]
+        self.histogram = {int(k): int(v) for k, v in state["histogram"].items()}
+
+
+def build_optimizer(params: Sequence[torch.Tensor], names: Sequence[str], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    """AdamW (or SGD) with weight decay on matrices only, as GPT-2 recipes do."""
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    groups = [g for g in groups if g["params"]]
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+class Stage:
+    """A contiguous run of model units on one device, trained with local gradient accumulation.
+
+    ``lr_at(k)`` gives the learning rate of the stage's k-th optimizer step (0-based); under PACI
+    every stage takes the same number of steps, so a step budget gives every stage the same
+    schedule with no communication.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        n_stages: int,
+        units: Sequence[nn.Module],
+        *,
+        window: int,
+        optimizer: OptimizerConfig,
+        lr_at: Callable[[int], float],
+        device: torch.device,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.index, self.n_stages, self.window = index, n_stages, window
+        self.device = device
+        self.module = nn.Sequential(*units).to(device)
+        self.lr_at = lr_at
+        self.autocast_dtype = autocast_dtype
+        self.grad_clip = optimizer.grad_clip
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        self._aliases = [p.data for p in self.params]
+        self.optimizer = build_optimizer(self._aliases, [n for n, _ in named], optimizer)
+        self.updates = 0
+        self.backwards = 0
+        self.drift = DriftStats()
+        self._inflight: dict[int, _InFlight] = {}
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.n_stages - 1
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def forward(self, mb: int, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the stage on micro-batch ``mb``; keep what its backward needs.
+
+        Returns the activation to send on, or, on the last stage, the detached *unscaled* loss.
+        The last stage scales the loss by 1/a so a window's gradients average, like plain gradient
+        accumulation over a global batch.
+        """
+        inputs = inputs.to(self.device, non_blocking=True)
+        if not self.is_first:
+            inputs = inputs.detach().requires_grad_(True)
+        with self._autocast():
+            out = self.module(inputs)
+            if self.is_last:
+                assert targets is not None
+                loss = F.cross_entropy(out.float().flatten(0, -2), targets.to(self.device).flatten())
+                out = loss / self.window
+        self._inflight[mb] = _InFlight(inputs, out, self.updates)
+        return loss.detach() if self.is_last else out.detach()
+
+    def backward(self, mb: int, grad: torch.Tensor | None = None, *, warmup: bool = False) -> torch.Tensor | None:
+        """Backward of micro-batch ``mb`` against the current weights; returns the input gradient.
+
+        ``warmup=True`` discards the gradients and records nothing: a warm-up pass before the run
+        leaves weights, optimizer state and counters exactly as they were.
+        """
+        rec = self._inflight.pop(mb)
+        if self.is_last:
+            rec.outputs.backward()
+        else:
+            assert grad is not None
+            rec.outputs.backward(grad.to(self.device, non_blocking=True))
+        if warmup:
+            for p in self.params:
+                p.grad = None
+        else:
+            self.backwards += 1
+            self.drift.add(self.updates - rec.updates_at_forward)
+        return None if self.is_first else rec.inputs.grad
+
+    def step(self) -> None:
+        """Apply the accumulated window through the parameter aliases (see the module docstring)."""
+        lr = self.lr_at(self.updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        for p, alias in zip(self.params, self._aliases, strict=True):
+            alias.grad = p.grad
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_([a for a in self._aliases if a.grad is not None], self.grad_clip)
+        self.optimizer.step()
+        for p, alias in zip(self.params, self._aliases, strict=True):
+            p.grad = None
+            alias.grad = None
+        self.updates += 1
+
+    @torch.no_grad()
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Forward without autograd: the activation, or on the last stage the loss."""
+        with self._autocast():
+            out = self.module(inputs.to(self.device))
+            if self.is_last:
+                assert targets is not None
+                return F.cross_entropy(out.float().flatten(0, -2), targets.to(self.device).flatten())
+        return out
+
+    def state_dict(self) -> dict:
+        if self._inflight:
+            raise RuntimeError("a stage can only be checkpointed drained (no micro-batch in flight)")
+        return {
+            "module": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "updates": self.updates,
+            "backwards": self.backwards,
+            "drift": self.drift.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates, self.backwards = state["updates"], state["backwards"]
+        self.drift.load_state_dict(state["drift"])
+
+    def parameter_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.params)

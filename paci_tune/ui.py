@@ -1,0 +1,127 @@
+"""Terminal output for training runs: a rich live view, or plain lines when not on a terminal."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class TrainView:
+    """Consumes run records (see ``train.metrics``) and shows progress.
+
+    Live mode draws a progress bar with loss, tokens/s, bubble and drift; plain mode prints one
+    line per evaluation and segment, which reads well in CI logs and ``tee``'d files.
+    """
+
+    def __init__(self, console: Console | None = None, live: bool = True) -> None:
+        self.console = console or Console(stderr=True)
+        self.live = live and self.console.is_terminal
+        self.progress: Progress | None = None
+        self.task: Any = None
+        self.total: int | None = None
+        self.fields = {"loss": "-", "val": "-", "tps": "-", "bubble": "-", "drift": "-"}
+
+    def __enter__(self) -> TrainView:
+        if self.live:
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}  val {task.fields[val]}"),
+                TextColumn("{task.fields[tps]} tok/s  bubble {task.fields[bubble]}  drift {task.fields[drift]}"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=False,
+            )
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def on_record(self, rec: dict[str, Any]) -> None:
+        ev = rec.get("event")
+        if ev == "start":
+            self.total = rec.get("steps")
+            desc = f"{rec['schedule']} P={rec['n_stages']} a={rec['window']} b={rec['microbatch_size']}"
+            if self.progress is not None:
+                self.task = self.progress.add_task(desc, total=self.total, completed=rec.get("resumed_at", 0), **self.fields)
+            else:
+                self.console.print(
+                    f"start {desc} runtime={rec['runtime']} device={rec['device']} precision={rec['precision']} "
+                    f"partition={rec['partition']} steps={rec['steps']} resumed_at={rec.get('resumed_at', 0)}"
+                )
+        elif ev == "train":
+            self.fields["loss"] = f"{rec['loss']:.3f}"
+            self._update(completed=rec["step"])
+        elif ev == "segment":
+            self.fields["tps"] = f"{rec['tokens_per_s']:,.0f}"
+            self.fields["bubble"] = f"{rec['bubble_fraction']:.1%}"
+            self.fields["drift"] = str(rec["max_drift"])
+            self._update()
+            if self.progress is None:
+                self.console.print(
+                    f"step {rec['step']}: loss {self.fields['loss']} tokens/s {self.fields['tps']} "
+                    f"bubble {self.fields['bubble']} drift {self.fields['drift']} clock {rec['clock']:.1f}s"
+                )
+        elif ev == "eval":
+            self.fields["val"] = f"{rec['val_loss']:.3f}"
+            self._update()
+            if self.progress is None:
+                self.console.print(f"step {rec['step']}: val_loss {rec['val_loss']:.4f}")
+        elif ev == "checkpoint" and self.progress is None:
+            self.console.print(f"step {rec['step']}: checkpoint {rec['path']}")
+        elif ev == "summary":
+            self._update()
+            if self.progress is not None:
+                self.progress.stop()
+                self.progress = None
+            self.console.print(summary_table(rec))
+
+    def _update(self, **kw: Any) -> None:
+        if self.progress is not None and self.task is not None:
+            self.progress.update(self.task, **kw, **self.fields)
+
+
+def summary_table(s: dict[str, Any]) -> Table:
+    """The run's headline figures and a row per stage."""
+    val = s.get("final_val_loss")
+    title = (
+        f"{s['schedule']} · P={s['n_stages']} · a={s['window']} · b={s['microbatch_size']} · {s['runtime']} · "
+        f"val_loss {val:.4f} (ppl {math.exp(min(val, 50)):.2f})" if val is not None else s["schedule"]
+    )
+    t = Table(title=title)
+    for col in ("stage", "units", "busy s", "idle s", "bubble", "updates", "drift max/mean (bound)", "peak mem"):
+        t.add_column(col, justify="right")
+    for st in s["stages"]:
+        t.add_row(
+            str(st["stage"]),
+            f"{st['units'][0]}..{st['units'][1] - 1}",
+            f"{st['busy_s']:.2f}",
+            f"{st['idle_s']:.2f}",
+            f"{st['bubble_fraction']:.1%}",
+            str(st["updates"]),
+            f"{st['max_drift']}/{st['mean_drift']:.2f} ({st['drift_bound']})",
+            _fmt_bytes(st["peak_memory_bytes"]),
+        )
+    t.caption = (
+        f"{s['steps']} steps, {s['tokens']:,} tokens, {s['tokens_per_s']:,.0f} tokens/s (pipeline), "
+        f"bubble {s['bubble_fraction']:.1%} (analytic {s['analytic_bubble_fraction']:.1%}), "
+        f"train loss {s['train_loss']:.4f}"
+        if s.get("train_loss") is not None
+        else ""
+    )
+    return t

@@ -1,0 +1,66 @@
+"""Pipeline worker: one process per stage, started by ``torchrun``.
+
+``paci-tune train --runtime distributed`` launches this for the user on one machine. For several
+machines, run the same entry point under your own launch on every node, e.g.::
+
+    torchrun --nnodes 2 --nproc-per-node 4 --node-rank $NODE_RANK \\
+        --rdzv-backend c10d --rdzv-endpoint $HEAD_HOST:29500 \\
+        -m paci_tune.worker config.yaml --stages 8 --metrics run.jsonl
+
+The world size must equal the number of stages; stage s runs on global rank s. The last rank
+reports progress and writes the metrics file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+import click
+import torch
+import torch.distributed as dist
+
+from .config import load_config
+from .errors import ConfigError
+from .options import overrides_from, run_options
+
+
+def _backend(cfg_backend: str, device: str) -> str:
+    if cfg_backend != "auto":
+        return cfg_backend
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return "nccl" if use_cuda else "gloo"
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_options
+@click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="Write JSON-lines metrics here.")
+@click.option("--events", type=click.Path(dir_okay=False), default=None, help="Append live records here.")
+@click.option("--resume", is_flag=True, help="Resume from the newest checkpoint in the checkpoint folder.")
+def main(config: str, metrics: str | None, events: str | None, resume: bool, **options: object) -> None:
+    """Run this rank's pipeline stage of CONFIG."""
+    from .train.loop import Trainer
+    from .train.metrics import RecordSink
+
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        cfg = load_config(config, overrides_from(options))
+        cfg.pipeline.runtime = "distributed"
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        dist.init_process_group(_backend(cfg.pipeline.backend, cfg.pipeline.device), timeout=timedelta(minutes=10))
+        reporter = dist.get_rank() == dist.get_world_size() - 1
+        trainer = Trainer(cfg, RecordSink(metrics, events, active=reporter), distributed=True)
+        trainer.run(resume=resume)
+        dist.barrier()  # no rank tears its connections down while a peer still uses them
+        dist.destroy_process_group()
+    except ConfigError as e:
+        if rank == 0:
+            click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
