@@ -14,7 +14,11 @@ import click
 from .config import REMOVE
 
 _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
-    ("--schedule", "pipeline.schedule", {"type": click.Choice(["paci", "1f1b", "gpipe"]), "help": "Pipeline schedule."}),
+    (
+        "--schedule",
+        "pipeline.schedule",
+        {"type": click.Choice(["paci", "1f1b", "gpipe"]), "help": "Pipeline schedule."},
+    ),
     ("--stages", "pipeline.stages", {"type": int, "help": "Pipeline depth P (stages)."}),
     ("--window", "pipeline.window", {"type": int, "help": "Accumulation window a (micro-batches per global batch)."}),
     ("--microbatch-size", "pipeline.microbatch_size", {"type": int, "help": "Micro-batch size (global batch / a)."}),

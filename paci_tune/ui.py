@@ -58,7 +58,9 @@ class TrainView:
             self.total = rec.get("steps")
             desc = f"{rec['schedule']} P={rec['n_stages']} a={rec['window']} b={rec['microbatch_size']}"
             if self.progress is not None:
-                self.task = self.progress.add_task(desc, total=self.total, completed=rec.get("resumed_at", 0), **self.fields)
+                self.task = self.progress.add_task(
+                    desc, total=self.total, completed=rec.get("resumed_at", 0), **self.fields
+                )
             else:
                 self.console.print(
                     f"start {desc} runtime={rec['runtime']} device={rec['device']} precision={rec['precision']} "
@@ -101,7 +103,9 @@ def summary_table(s: dict[str, Any]) -> Table:
     val = s.get("final_val_loss")
     title = (
         f"{s['schedule']} · P={s['n_stages']} · a={s['window']} · b={s['microbatch_size']} · {s['runtime']} · "
-        f"val_loss {val:.4f} (ppl {math.exp(min(val, 50)):.2f})" if val is not None else s["schedule"]
+        f"val_loss {val:.4f} (ppl {math.exp(min(val, 50)):.2f})"
+        if val is not None
+        else s["schedule"]
     )
     t = Table(title=title)
     for col in ("stage", "units", "busy s", "idle s", "bubble", "updates", "drift max/mean (bound)", "peak mem"):

@@ -50,7 +50,10 @@ def main(config: str, metrics: str | None, events: str | None, resume: bool, **o
         cfg.pipeline.runtime = "distributed"
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-        dist.init_process_group(_backend(cfg.pipeline.backend, cfg.pipeline.device), timeout=timedelta(minutes=10))
+        backend = _backend(cfg.pipeline.backend, cfg.pipeline.device)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        dist.init_process_group(backend, timeout=timedelta(minutes=10))
         reporter = dist.get_rank() == dist.get_world_size() - 1
         trainer = Trainer(cfg, RecordSink(metrics, events, active=reporter), distributed=True)
         trainer.run(resume=resume)

@@ -84,7 +84,9 @@ class TrainingConfig:
         _positive(f"{key}.eval_every", self.eval_every)
         _positive(f"{key}.eval_batches", self.eval_batches)
         if self.checkpoint_every < 0:
-            raise ConfigError(f"{key}.checkpoint_every", self.checkpoint_every, "0 (off) or a positive number of batches")
+            raise ConfigError(
+                f"{key}.checkpoint_every", self.checkpoint_every, "0 (off) or a positive number of batches"
+            )
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError(f"{key}.checkpoint_dir", None, "a folder, needed when checkpoint_every > 0")
         _positive(f"{key}.keep_checkpoints", self.keep_checkpoints)
@@ -139,7 +141,9 @@ class RunConfig:
         g, p = self.training.global_batch, self.pipeline
         if p.microbatch_size is not None and p.window is None:
             if g % p.microbatch_size:
-                raise ConfigError("pipeline.microbatch_size", p.microbatch_size, f"a divisor of training.global_batch={g}")
+                raise ConfigError(
+                    "pipeline.microbatch_size", p.microbatch_size, f"a divisor of training.global_batch={g}"
+                )
             p.window = g // p.microbatch_size
         if p.window is None:
             p.window = 4

@@ -87,9 +87,7 @@ def _check_keys(spec: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
             raise ConfigError(f"model.{key}", value, "one of: " + ", ".join(allowed))
 
 
-def _load_preset(
-    spec: Mapping[str, Any], vocab_size: int, seed: int, indices: Iterable[int] | None
-) -> LoadedModel:
+def _load_preset(spec: Mapping[str, Any], vocab_size: int, seed: int, indices: Iterable[int] | None) -> LoadedModel:
     _check_keys(spec, PRESET_KEYS)
     name = spec["preset"]
     if not isinstance(name, str) or name not in PRESETS:

@@ -113,7 +113,9 @@ class P2P:
     def _check(self, h: list[int], src: int, dst: int, kind: str, mb: int, expect_mb: int) -> None:
         got = (_KINDS[h[1]], h[2])
         if got != (kind, mb) or expect_mb != mb:
-            raise RuntimeError(f"stage {dst} expected {kind} of micro-batch {mb} from stage {src}, got {got[0]} of {got[1]}")
+            raise RuntimeError(
+                f"stage {dst} expected {kind} of micro-batch {mb} from stage {src}, got {got[0]} of {got[1]}"
+            )
         layout = self._layout.get((src, kind))
         if layout is not None and (_DTYPES[h[0]], h[4 : 4 + h[3]]) != layout:
             raise RuntimeError(

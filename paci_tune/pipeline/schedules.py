@@ -128,9 +128,7 @@ def build(
     inflight: int | None = None,
 ) -> list[list[Action]]:
     """Every stage's action list for one segment of the run."""
-    return [
-        stage_actions(schedule, s, n_stages, window, first_batch, n_batches, inflight) for s in range(n_stages)
-    ]
+    return [stage_actions(schedule, s, n_stages, window, first_batch, n_batches, inflight) for s in range(n_stages)]
 
 
 def dependency(action: Action, stage: int, n_stages: int) -> tuple[int, Action] | None:

@@ -57,7 +57,7 @@ class DriftStats:
         self.histogram = {int(k): int(v) for k, v in state["histogram"].items()}
 
 
-def build_optimizer(params: Sequence[torch.Tensor], names: Sequence[str], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+def build_optimizer(params: Sequence[torch.Tensor], cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """AdamW (or SGD) with weight decay on matrices only, as GPT-2 recipes do."""
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -97,10 +97,9 @@ class Stage:
         self.lr_at = lr_at
         self.autocast_dtype = autocast_dtype
         self.grad_clip = optimizer.grad_clip
-        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-        self.params = [p for _, p in named]
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
         self._aliases = [p.data for p in self.params]
-        self.optimizer = build_optimizer(self._aliases, [n for n, _ in named], optimizer)
+        self.optimizer = build_optimizer(self._aliases, optimizer)
         self.updates = 0
         self.backwards = 0
         self.drift = DriftStats()
