@@ -37,7 +37,11 @@ def _preflight(cfg: RunConfig, resume: bool) -> None:
     """Catch data, model and partition errors here, before any worker process starts."""
     from .pipeline.factory import load_pieces
 
-    load_pieces(cfg, [])
+    if cfg.training.clock == "sim" and not cfg.training.profile:
+        from .sim.calibrate import cached_profile
+
+        cfg.training.profile = str(cached_profile(cfg)[1])  # measured once here, not once per worker
+    load_pieces(cfg, [], distributed=True)
     if resume and not cfg.training.checkpoint_dir:
         raise ConfigError("training.checkpoint_dir", None, "a checkpoint folder to resume from (--checkpoint-dir)")
 
@@ -75,6 +79,11 @@ def train(config: str, metrics: str | None, resume: bool, live: bool, **options:
     click.echo(log_tail(workdir), err=True)
     sys.exit(2 if rc == 2 else 1)
 
+
+from .commands.sim import calibrate, simulate  # noqa: E402  (commands register after the group exists)
+
+main.add_command(calibrate)
+main.add_command(simulate)
 
 if __name__ == "__main__":
     main()

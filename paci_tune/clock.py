@@ -1,12 +1,46 @@
 """Clocks: what "time" means for budgets, LR schedules, evaluation points and time-to-accuracy.
 
-``wall`` is measured seconds of training since the run started, carried over a resume so a
-resumed run's budget is the original one.
+- ``wall``: measured seconds of training since the run started (carried over a resume).
+- ``rst``: Reference System Time ("No Train No Gain", Kaddour et al. 2023): the time the run's
+  steps take on a *reference system*, read from a cost profile measured once on it. The reading
+  is a pure function of the configuration and the steps done, so it is identical across runs and
+  machines, and immune to noise.
+- ``sim``: the same computation with a profile of *this* machine: the numerics come from the
+  (usually emulated) runtime, the time from simulating the P-stage pipeline on that profile, so a
+  deep pipeline can be timed and tuned on one device.
+
+Profile clocks time each segment by replaying the segment's own action lists
+(:func:`paci_tune.sim.simulate`), so the fill and drain at evaluation points are paid for, and
+the reading at global batch k is when the last stage closes batch k. Evaluation is not training
+time and does not advance them.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .pipeline.schedules import Op
+from .sim.profile import Profile
+from .sim.simulator import simulate
+
+CLOCKS = ("wall", "rst", "sim")
+
+
+class Clock(Protocol):
+    name: str
+
+    def now(self) -> float: ...
+
+    def begin_segment(self, n_batches: int) -> None: ...
+
+    def batch_done(self, index: int) -> float: ...
+
+    def end_segment(self) -> None: ...
+
+    def batches_within(self, n_batches: int, budget: float) -> int: ...
 
 
 class WallClock:
@@ -20,3 +54,87 @@ class WallClock:
 
     def now(self) -> float:
         return self.offset + time.perf_counter() - self._start
+
+    def begin_segment(self, n_batches: int) -> None:
+        pass
+
+    def batch_done(self, index: int) -> float:
+        return self.now()
+
+    def end_segment(self) -> None:
+        pass
+
+    def batches_within(self, n_batches: int, budget: float) -> int:
+        """Wall time cannot be known ahead: run the segment, the budget is checked after it."""
+        return n_batches
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """Predicted times, from the segment's start, at which each of its global batches completes."""
+
+    batch_end: tuple[float, ...]
+    makespan: float
+
+
+class ProfileClock:
+    """``rst`` or ``sim``: readings are what ``profile`` says this pipeline's actions take."""
+
+    def __init__(
+        self,
+        name: str,
+        profile: Profile,
+        *,
+        schedule: str,
+        stages: int,
+        window: int,
+        microbatch_size: int,
+        partition: Sequence[int],
+        inflight: int | None = None,
+        offset: float = 0.0,
+    ) -> None:
+        self.name, self.profile = name, profile
+        self._shape = (schedule, stages, window, microbatch_size, list(partition), inflight)
+        self.reading = offset
+        self._plans: dict[int, SegmentPlan] = {}
+        self._current: SegmentPlan | None = None
+
+    def now(self) -> float:
+        return self.reading
+
+    def plan(self, n_batches: int) -> SegmentPlan:
+        """Simulate a drained segment of ``n_batches`` global batches (cached by length)."""
+        if n_batches not in self._plans:
+            schedule, stages, window, b, sizes, inflight = self._shape
+            res = simulate(schedule, stages, window, b, sizes, self.profile, n_batches, inflight=inflight, extend=False)
+            last = res.timeline.stages[-1].intervals
+            ends = tuple(end for act, _, end in last if act.op is Op.STEP)
+            self._plans[n_batches] = SegmentPlan(ends, res.timeline.makespan)
+        return self._plans[n_batches]
+
+    def begin_segment(self, n_batches: int) -> None:
+        self._current = self.plan(n_batches)
+
+    def batch_done(self, index: int) -> float:
+        """Reading when the segment's ``index``-th global batch (0-based) completes."""
+        assert self._current is not None
+        return self.reading + self._current.batch_end[index]
+
+    def end_segment(self) -> None:
+        assert self._current is not None
+        self.reading += self._current.makespan
+        self._current = None
+
+    def batches_within(self, n_batches: int, budget: float) -> int:
+        """The most batches (up to ``n_batches``; 0 if not even one) whose segment ends within ``budget``."""
+        left = budget - self.reading
+        if self.plan(1).makespan > left:
+            return 0
+        lo, hi = 1, n_batches  # makespan grows with the batch count: bisect on it
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.plan(mid).makespan <= left:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo

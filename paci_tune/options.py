@@ -33,6 +33,8 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--eval-every", "training.eval_every", {"type": int, "help": "Validate every N steps."}),
     ("--checkpoint-every", "training.checkpoint_every", {"type": int, "help": "Checkpoint every N steps."}),
     ("--checkpoint-dir", "training.checkpoint_dir", {"type": str, "help": "Checkpoint folder."}),
+    ("--clock", "training.clock", {"type": click.Choice(["wall", "rst", "sim"]), "help": "Clock for budgets."}),
+    ("--profile", "training.profile", {"type": str, "help": "Cost profile (paci-tune calibrate) for rst/sim clocks."}),
 ]
 
 

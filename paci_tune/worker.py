@@ -24,6 +24,7 @@ import torch.distributed as dist
 from .config import load_config
 from .errors import ConfigError
 from .options import overrides_from, run_options
+from .pipeline.lifetime import die_with_parent
 
 
 def _backend(cfg_backend: str, device: str) -> str:
@@ -44,6 +45,7 @@ def main(config: str, metrics: str | None, events: str | None, resume: bool, **o
     from .train.loop import Trainer
     from .train.metrics import RecordSink
 
+    die_with_parent()  # a worker never outlives the torchrun agent that started it
     rank = int(os.environ.get("RANK", "0"))
     try:
         cfg = load_config(config, overrides_from(options))

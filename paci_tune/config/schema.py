@@ -72,6 +72,8 @@ class TrainingConfig:
     checkpoint_dir: str | None = None
     keep_checkpoints: int = 2
     target_val_loss: float | None = None
+    clock: Literal["wall", "rst", "sim"] = "wall"
+    profile: str | None = None
 
     def check(self, key: str) -> None:
         _positive(f"{key}.global_batch", self.global_batch)
@@ -90,6 +92,10 @@ class TrainingConfig:
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError(f"{key}.checkpoint_dir", None, "a folder, needed when checkpoint_every > 0")
         _positive(f"{key}.keep_checkpoints", self.keep_checkpoints)
+        if self.clock == "rst" and not self.profile:
+            raise ConfigError(
+                f"{key}.profile", None, "a cost profile of the reference system (paci-tune calibrate) for the rst clock"
+            )
 
 
 @dataclass

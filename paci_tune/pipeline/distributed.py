@@ -48,6 +48,14 @@ class DistributedRuntime:
         self.device = stage.device
         self.p2p = P2P(list(range(self.n_stages)), stage.device)
         self.runner = ActionRunner(stage, self.p2p, stream)
+        if schedule != "paci" and stage.grad_clip:
+            self.runner.global_grad_norm = self._global_grad_norm
+
+    def _global_grad_norm(self, batch: int) -> float:
+        """The whole model's gradient norm: every stage adds its own (flush schedules step together)."""
+        sq = torch.tensor([self.stage.grad_sq_norm()], dtype=torch.float64, device=self.device)
+        dist.all_reduce(sq)
+        return float(sq.item()) ** 0.5
 
     @property
     def is_reporter(self) -> bool:

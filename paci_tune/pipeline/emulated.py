@@ -63,6 +63,17 @@ class EmulatedRuntime:
         self.device = stages[0].device
         box = Mailbox()
         self.runners = [ActionRunner(st, box, stream) for st in stages]
+        self.sync_steps = self.window if schedule != "paci" and stages[0].grad_clip else None
+        self._norm: tuple[int, float] = (-1, 0.0)
+        if self.sync_steps:
+            for r in self.runners:
+                r.global_grad_norm = self._global_grad_norm
+
+    def _global_grad_norm(self, batch: int) -> float:
+        """The whole model's gradient norm of ``batch``: computed at the first stage to step, then kept."""
+        if self._norm[0] != batch:
+            self._norm = (batch, sum(st.grad_sq_norm() for st in self.stages) ** 0.5)
+        return self._norm[1]
 
     @property
     def local_stages(self) -> list[int]:
@@ -80,10 +91,10 @@ class EmulatedRuntime:
         seg = [StageTiming() for _ in self.stages]
         durations: dict[tuple[int, schedules.Action], float] = {}
         t0 = time.perf_counter()
-        for s, act in schedules.execution_order(lists):
+        for s, act in schedules.execution_order(lists, self.sync_steps):
             durations[(s, act)] = self.runners[s].run(act, seg[s])
         wall = time.perf_counter() - t0
-        timeline = replay(lists, lambda s, a: durations[(s, a)])
+        timeline = replay(lists, lambda s, a: durations[(s, a)], sync_steps=self.sync_steps)
         for t in seg:
             t.idle = timeline.makespan - t.busy
             t.span = timeline.makespan

@@ -17,8 +17,10 @@ from ..config.schema import RunConfig
 from ..data import MicroBatchStream, TokenSource, ValidationSet, load_source
 from ..errors import ConfigError
 from ..model import LoadedModel, load_model
+from ..sim.profile import Profile
 from .emulated import EmulatedRuntime
-from .partition import resolve_partition, stage_units
+from .partition import stage_units
+from .planning import choose_partition, load_profile
 from .stage import Stage
 
 
@@ -35,6 +37,7 @@ class Setup:
     precision: str
     seq_len: int
     flops_per_token: float | None
+    profile: Profile | None
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -59,18 +62,32 @@ def _unit_costs(model: LoadedModel) -> list[float]:
     return [float(sum(p.numel() for p in u.parameters())) + 1.0 for _, u in sorted(model.units.items())]
 
 
-def load_pieces(cfg: RunConfig, stage_indices: list[int] | None) -> tuple[TokenSource, LoadedModel, list[int]]:
-    """Data source, the units of the requested stages (all when None), and the stage sizes."""
+def load_pieces(
+    cfg: RunConfig,
+    stage_indices: list[int] | None,
+    device: torch.device | None = None,
+    distributed: bool = False,
+) -> tuple[TokenSource, LoadedModel, list[int], Profile | None]:
+    """Data source, the units of the requested stages (all when None), the stage sizes, the profile.
+
+    Every check that can refuse a run (data, model, depth, partition, memory) happens here, so
+    the distributed launcher can run it once before starting any worker.
+    """
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     seed = cfg.training.seed
     meta = load_model(cfg.model, source.vocab_size, seed, indices=[])
     built_all = meta.units and len(meta.units) == meta.n_units  # user entry models always build everything
-    sizes = resolve_partition(cfg.pipeline.partition, _unit_costs(meta), cfg.pipeline.stages)
+    if cfg.pipeline.stages > meta.n_units:
+        n = meta.n_units
+        raise ConfigError("pipeline.stages", cfg.pipeline.stages, f"1..{n} (the model has {n} pipeline units)")
+    profile = load_profile(cfg, meta.n_units)
+    device = device or resolve_device(cfg.pipeline.device)
+    sizes = choose_partition(cfg, _unit_costs(meta), profile, device, distributed)
     if built_all:
-        return source, meta, sizes
+        return source, meta, sizes, profile
     ranges = stage_units(sizes)
     wanted = range(meta.n_units) if stage_indices is None else [i for s in stage_indices for i in ranges[s]]
-    return source, load_model(cfg.model, source.vocab_size, seed, indices=list(wanted)), sizes
+    return source, load_model(cfg.model, source.vocab_size, seed, indices=list(wanted)), sizes, profile
 
 
 def build_setup(
@@ -96,7 +113,7 @@ def build_setup(
         device = resolve_device(p.device)
         mine = list(range(p.stages))
     precision = resolve_precision(p.precision, device)
-    source, model, sizes = load_pieces(cfg, mine)
+    source, model, sizes, profile = load_pieces(cfg, mine, device, distributed)
     ranges = stage_units(sizes)
     stream = MicroBatchStream(source.train, model.block_size, p.microbatch_size, t.seed)
     val = ValidationSet(source.val, model.block_size, p.microbatch_size, t.eval_batches)
@@ -124,4 +141,6 @@ def build_setup(
         from ..model.gpt import model_flops_per_token
 
         flops = model_flops_per_token(model.gpt)
-    return Setup(runtime, source, model.n_units, model.names, sizes, device, precision, model.block_size, flops)
+    return Setup(
+        runtime, source, model.n_units, model.names, sizes, device, precision, model.block_size, flops, profile
+    )

@@ -26,7 +26,8 @@ def worker_command(config_path: Path, n_procs: int, extra: list[str]) -> list[st
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "paci_tune.pipeline.lifetime",  # torchrun, tied to this launcher's life (see lifetime.py)
+        str(os.getpid()),
         "--standalone",
         f"--nproc-per-node={n_procs}",
         "-m",

@@ -1,42 +1,64 @@
 """Cutting a flat list of units into contiguous pipeline stages.
 
 A pipeline runs at the pace of its slowest stage, so the default cut minimises the largest
-stage cost (dynamic programming over contiguous splits). Costs here are per-unit estimates
-(FLOPs for the built-in GPT, parameter counts otherwise); a measured profile can replace them.
+stage cost (dynamic programming over contiguous splits). Without a cost profile the costs are
+per-unit estimates (FLOPs for the built-in GPT, parameter counts otherwise); with one, the
+memory-aware :func:`paci_tune.sim.partition` decides instead (see ``pipeline.factory``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..errors import ConfigError
 
+StageCost = Callable[[int, int, int], float]
+"""``cost(stage, first_unit, stop_unit)``: a stage's figure of merit for units ``first..stop-1``."""
+Fits = Callable[[int, int, int], bool]
+"""``fits(stage, first_unit, stop_unit)``: whether that stage fits on its device."""
 
-def balanced_partition(costs: Sequence[float], n_stages: int) -> list[int]:
-    """Stage sizes (units per stage) minimising the largest stage cost; ties favour earlier cuts."""
-    n = len(costs)
-    if not 1 <= n_stages <= n:
-        raise ValueError(f"cannot cut {n} units into {n_stages} stages")
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + float(c))
+_EPS = 1e-12
+
+
+def min_max_partition(n_units: int, n_stages: int, cost: StageCost, fits: Fits | None = None) -> list[int] | None:
+    """Stage sizes minimising the largest ``cost`` over contiguous cuts where every stage ``fits``.
+
+    Returns ``None`` when no cut fits. Ties favour earlier cuts (smaller early stages), which
+    leaves the memory-heavy first stages lighter.
+    """
+    if not 1 <= n_stages <= n_units:
+        raise ValueError(f"cannot cut {n_units} units into {n_stages} stages")
     inf = float("inf")
-    # best[p][i]: minimal max-stage cost of the first i units in p stages; cut[p][i]: last cut point.
-    best = [[inf] * (n + 1) for _ in range(n_stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(n_stages + 1)]
+    best = [[inf] * (n_units + 1) for _ in range(n_stages + 1)]
+    cut = [[-1] * (n_units + 1) for _ in range(n_stages + 1)]
     best[0][0] = 0.0
     for p in range(1, n_stages + 1):
-        for i in range(p, n - (n_stages - p) + 1):
+        s = p - 1  # 0-based index of the stage being placed
+        for i in range(p, n_units - (n_stages - p) + 1):
             for j in range(p - 1, i):
-                v = max(best[p - 1][j], prefix[i] - prefix[j])
-                if v < best[p][i] - 1e-12:
+                if best[p - 1][j] == inf or (fits is not None and not fits(s, j, i)):
+                    continue
+                v = max(best[p - 1][j], cost(s, j, i))
+                if v < best[p][i] - _EPS:
                     best[p][i], cut[p][i] = v, j
-    sizes, i = [], n
+    if best[n_stages][n_units] == inf:
+        return None
+    sizes, i = [], n_units
     for p in range(n_stages, 0, -1):
         j = cut[p][i]
         sizes.append(i - j)
         i = j
     return sizes[::-1]
+
+
+def balanced_partition(costs: Sequence[float], n_stages: int) -> list[int]:
+    """Stage sizes (units per stage) minimising the largest stage cost; ties favour earlier cuts."""
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+    sizes = min_max_partition(len(costs), n_stages, lambda s, j, i: prefix[i] - prefix[j])
+    assert sizes is not None  # no memory limit: some cut always exists
+    return sizes
 
 
 def resolve_partition(spec: str | Sequence[int], costs: Sequence[float], n_stages: int) -> list[int]:

@@ -81,6 +81,7 @@ class ActionRunner:
     def __init__(self, stage: Stage, transport: Transport, stream: MicroBatchStream) -> None:
         self.stage, self.transport, self.stream = stage, transport, stream
         self.losses: BatchLosses | None = None
+        self.global_grad_norm: Callable[[int], float] | None = None  # set when steps clip the model's norm
         self._batch_cache: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
         self._sync = stage.device.type == "cuda"
 
@@ -110,8 +111,9 @@ class ActionRunner:
                 assert gin is not None
                 self.transport.send(s, s - 1, "grad", act.mb, gin)
         else:
-            t1 = t0
-            st.step()
+            norm = self.global_grad_norm(act.mb) if self.global_grad_norm is not None else None
+            t1 = time.perf_counter()  # waiting for the other stages' norms is not compute
+            st.step(norm)
         if self._sync:
             torch.cuda.synchronize(st.device)
         t2 = time.perf_counter()

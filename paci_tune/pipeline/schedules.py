@@ -145,12 +145,25 @@ def dependency(action: Action, stage: int, n_stages: int) -> tuple[int, Action] 
     return None
 
 
-def execution_order(lists: list[list[Action]]) -> list[tuple[int, Action]]:
+def step_barrier(action: Action, stage: int, n_stages: int, window: int) -> list[tuple[int, Action]]:
+    """With a synchronised step, STEP(k) waits for every other stage's last backward of batch k.
+
+    Flush schedules clip the *global* gradient norm like single-process training, so a stage can
+    only step once all stages' gradients of the batch exist. PACI never synchronises its steps.
+    """
+    if action.op is not Op.STEP:
+        return []
+    last = Action(Op.BACKWARD, action.mb * window + window - 1)
+    return [(s, last) for s in range(n_stages) if s != stage]
+
+
+def execution_order(lists: list[list[Action]], sync_steps: int | None = None) -> list[tuple[int, Action]]:
     """A global order of all actions that respects every stage's order and every dependency.
 
     Any such order gives the same numerics; this one sweeps the stages round-robin and runs each as
-    far as it can, which keeps in-flight activations close to a real pipeline's. Raises
-    ``RuntimeError`` if the lists deadlock (a schedule bug, never a user error).
+    far as it can, which keeps in-flight activations close to a real pipeline's. ``sync_steps=a``
+    adds the :func:`step_barrier` dependencies of a window of ``a``. Raises ``RuntimeError`` if the
+    lists deadlock (a schedule bug, never a user error).
     """
     n = len(lists)
     pos = [0] * n
@@ -164,6 +177,8 @@ def execution_order(lists: list[list[Action]]) -> list[tuple[int, Action]]:
                 act = lists[s][pos[s]]
                 dep = dependency(act, s, n)
                 if dep is not None and dep not in done:
+                    break
+                if sync_steps and any(d not in done for d in step_barrier(act, s, n, sync_steps)):
                     break
                 done.add((s, act))
                 order.append((s, act))

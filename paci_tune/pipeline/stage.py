@@ -161,15 +161,33 @@ class Stage:
             self.drift.add(self.updates - rec.updates_at_forward)
         return None if self.is_first else rec.inputs.grad
 
-    def step(self) -> None:
-        """Apply the accumulated window through the parameter aliases (see the module docstring)."""
+    def grad_sq_norm(self) -> float:
+        """Squared L2 norm of this stage's accumulated gradients (for clipping across stages)."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return 0.0
+        return float(sum(torch.linalg.vector_norm(g.float()) ** 2 for g in grads))
+
+    def step(self, grad_norm: float | None = None) -> None:
+        """Apply the accumulated window through the parameter aliases (see the module docstring).
+
+        With ``optimizer.grad_clip``, gradients are scaled down to that norm as ``clip_grad_norm_``
+        does. ``grad_norm`` is the norm to clip by -- the whole model's under a flush schedule,
+        which synchronises its steps anyway; ``None`` means this stage's own norm, which is what
+        PACI can do without coordinating stages.
+        """
         lr = self.lr_at(self.updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         for p, alias in zip(self.params, self._aliases, strict=True):
             alias.grad = p.grad
         if self.grad_clip:
-            torch.nn.utils.clip_grad_norm_([a for a in self._aliases if a.grad is not None], self.grad_clip)
+            norm = grad_norm if grad_norm is not None else self.grad_sq_norm() ** 0.5
+            coef = self.grad_clip / (norm + 1e-6)
+            if coef < 1.0:
+                for alias in self._aliases:
+                    if alias.grad is not None:
+                        alias.grad.mul_(coef)
         self.optimizer.step()
         for p, alias in zip(self.params, self._aliases, strict=True):
             p.grad = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .schedules import Action, Op, dependency, execution_order
+from .schedules import Action, Op, dependency, execution_order, step_barrier
 
 Duration = Callable[[int, Action], float]
 Latency = Callable[[int, int, Action], float]
@@ -52,18 +52,30 @@ class Timeline:
         return sum(self.bubble(s) for s in range(len(self.stages))) / max(len(self.stages), 1)
 
 
-def replay(lists: list[list[Action]], duration: Duration, latency: Latency | None = None) -> Timeline:
-    """Place every action of ``lists`` in time; see the module docstring."""
+def replay(
+    lists: list[list[Action]],
+    duration: Duration,
+    latency: Latency | None = None,
+    sync_steps: int | None = None,
+) -> Timeline:
+    """Place every action of ``lists`` in time; see the module docstring.
+
+    ``sync_steps=a``: steps wait for every stage's backwards of their batch (global-norm clipping
+    in flush schedules, see :func:`~paci_tune.pipeline.schedules.step_barrier`).
+    """
     n = len(lists)
     free = [0.0] * n
     finished: dict[tuple[int, Action], float] = {}
     stages = [StageTimes() for _ in range(n)]
-    for s, act in execution_order(lists):
+    for s, act in execution_order(lists, sync_steps):
         start = free[s]
         dep = dependency(act, s, n)
         if dep is not None:
             arrive = finished[dep] + (latency(dep[0], s, act) if latency else 0.0)
             start = max(start, arrive)
+        if sync_steps:
+            for other in step_barrier(act, s, n, sync_steps):
+                start = max(start, finished[other])
         end = start + duration(s, act)
         finished[(s, act)] = end
         free[s] = end

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..clock import WallClock
+from ..clock import Clock, ProfileClock, WallClock
 from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..pipeline.factory import Setup, build_setup
@@ -55,6 +55,7 @@ class LoopState:
     """What the loop must carry across a resume besides the stages' own state."""
 
     batches_done: int = 0
+    segments: int = 0
     makespan: float = 0.0
     train_wall: float = 0.0
     clock: float = 0.0
@@ -72,7 +73,12 @@ class Trainer:
         t, p = cfg.training, cfg.pipeline
         assert p.window is not None and p.microbatch_size is not None
         self.peak = peak_lr(cfg.optimizer, cfg.lr_schedule, t.global_batch)
-        self.clock = WallClock()
+        if t.clock == "sim" and not t.profile:
+            from ..sim.calibrate import cached_profile
+
+            t.profile = str(cached_profile(cfg)[1])
+        self.clock: Clock = WallClock()
+        self._segment_first = 0
         self.setup: Setup = build_setup(cfg, self.lr_at, distributed=distributed)
         self.runtime: Any = self.setup.runtime
         self.tokens_per_batch = t.global_batch * self.setup.seq_len
@@ -80,10 +86,28 @@ class Trainer:
         self.ckpt_root = Path(t.checkpoint_dir) if t.checkpoint_dir else None
 
     # ------------------------------------------------------------------ schedule over the budget
+    def make_clock(self, offset: float) -> Clock:
+        t, p = self.cfg.training, self.cfg.pipeline
+        if t.clock == "wall":
+            return WallClock(offset)
+        assert self.setup.profile is not None and p.window is not None and p.microbatch_size is not None
+        return ProfileClock(
+            t.clock,
+            self.setup.profile,
+            schedule=p.schedule,
+            stages=p.stages,
+            window=p.window,
+            microbatch_size=p.microbatch_size,
+            partition=self.setup.partition,
+            inflight=p.inflight,
+            offset=offset,
+        )
+
     def progress(self, update_index: int) -> float:
+        """Progress through the budget when step ``update_index`` is applied (read on the run's clock)."""
         t = self.cfg.training
         if t.seconds is not None:
-            return self.clock.now() / t.seconds
+            return self.clock.batch_done(update_index - self._segment_first) / t.seconds
         assert t.steps is not None
         return step_progress(update_index, t.steps)
 
@@ -106,7 +130,8 @@ class Trainer:
             ends.append((b // t.checkpoint_every + 1) * t.checkpoint_every)
         if t.steps is not None:
             ends.append(t.steps)
-        return min(ends) - b
+        n = min(ends) - b
+        return n if t.seconds is None else self.clock.batches_within(n, t.seconds)
 
     # ------------------------------------------------------------------------------- the loop
     def run(self, resume: bool = False) -> dict[str, Any] | None:
@@ -114,20 +139,26 @@ class Trainer:
             self._resume()
         self.runtime.warmup()
         self.runtime.barrier()  # ranks finish set-up at different times; do not count that as bubble
-        self.clock = WallClock(self.state.clock)
+        self.clock = self.make_clock(self.state.clock)
         self._emit_start()
         timing = [StageTiming(**d) for d in self.state.timing]
         stop = False
         while not stop and self._budget_left():
             n = self._segment_length()
+            if n == 0:
+                break  # the budget cannot fit one more global batch
+            self._segment_first = self.state.batches_done
+            self.clock.begin_segment(n)
             t0 = time.perf_counter()
             report = self.runtime.run_segment(self.state.batches_done, n, self._on_batch)
             self.state.train_wall += time.perf_counter() - t0
+            self.clock.end_segment()
             self.state.makespan += report.makespan
             for acc, seg in zip(timing, report.stages, strict=True):
                 acc.add(seg)
             self.state.timing = [dataclasses.asdict(x) for x in timing]
             self.state.batches_done += n
+            self.state.segments += 1
             self.state.tokens += n * self.tokens_per_batch
             self._emit_segment(timing)
             t = self.cfg.training
@@ -151,7 +182,7 @@ class Trainer:
                 "loss": loss,
                 "lr": self.lr_at(k),
                 "tokens": (k + 1) * self.tokens_per_batch,
-                "clock": self.clock.now(),
+                "clock": self.clock.batch_done(k - self._segment_first),
             }
         )
 
@@ -245,7 +276,11 @@ class Trainer:
         losses = [r["loss"] for r in self.sink.records if r.get("event") == "train"]
         tail = losses[-10:]
         p, m = c.pipeline.stages, c.pipeline.window or 1
-        analytic = 0.0 if c.pipeline.schedule == "paci" else (p - 1) / (m + p - 1)
+        if c.pipeline.schedule == "paci":  # fills and drains once per segment (at evals and checkpoints)
+            fill = st.segments * (p - 1)
+            analytic = fill / (m * st.batches_done + fill) if st.batches_done else 0.0
+        else:
+            analytic = (p - 1) / (m + p - 1)
         mfu_flops = self.setup.flops_per_token
         return {
             "event": "summary",
@@ -274,5 +309,7 @@ class Trainer:
             "train_loss": sum(tail) / len(tail) if tail else None,
             "clock": self.clock.now(),
             "clock_name": self.clock.name,
+            "clock_tokens_per_s": st.tokens / self.clock.now() if self.clock.now() > 0 else 0.0,
+            "profile": self.cfg.training.profile,
             "stages": stats,
         }

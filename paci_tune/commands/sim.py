@@ -1,0 +1,333 @@
+"""``paci-tune calibrate`` and ``paci-tune simulate``: measure a cost profile, predict schedules.
+
+Heavy imports (torch, matplotlib) happen inside the commands so ``paci-tune --help`` stays fast.
+Progress goes to stderr; with ``--json`` stdout carries one JSON object and nothing else, so the
+output can be piped straight into another program.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import click
+
+_DEVICES = click.Choice(["auto", "cpu", "cuda"])
+_PRECISIONS = click.Choice(["auto", "fp32", "bf16"])
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _fmt_seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"
+
+
+def _stderr(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _overrides(stages: int | None, window: int | None, microbatch_size: int | None) -> dict[str, Any]:
+    """Config overrides; giving only one of window / micro-batch size lets the config derive the other."""
+    from ..config import REMOVE
+
+    out: dict[str, Any] = {
+        "pipeline.stages": stages,
+        "pipeline.window": window,
+        "pipeline.microbatch_size": microbatch_size,
+    }
+    if window is not None and microbatch_size is None:
+        out["pipeline.microbatch_size"] = REMOVE
+    if microbatch_size is not None and window is None:
+        out["pipeline.window"] = REMOVE
+    return out
+
+
+# ------------------------------------------------------------------------------------ calibrate
+
+
+@click.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile YAML to write.")
+@click.option("--microbatch-sizes", default=None, help="Comma-separated micro-batch sizes (default: b/2,b,2b).")
+@click.option("--device", type=_DEVICES, default=None, help="Device to measure on (default: the config's).")
+@click.option("--precision", type=_PRECISIONS, default=None, help="Compute precision (default: the config's).")
+@click.option("--repeats", type=int, default=5, show_default=True, help="Timed repeats per measurement (median).")
+@click.option("--threads", type=int, default=None, help="CPU threads per stage (default: cpu_count // stages).")
+@click.option("--stages", type=int, default=None, help="Pipeline depth the default thread count assumes.")
+def calibrate(
+    config: str,
+    out: str,
+    microbatch_sizes: str | None,
+    device: str | None,
+    precision: str | None,
+    repeats: int,
+    threads: int | None,
+    stages: int | None,
+) -> None:
+    """Measure the cost profile of CONFIG's model on this machine and write it as YAML.
+
+    Per pipeline unit: forward/backward time, activation and saved bytes per micro-batch size,
+    parameter bytes and optimizer-step time; plus point-to-point latency and bandwidth. The
+    file can be edited or written by hand for other hardware (see paci_tune/sim/profile.py).
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..config import load_config
+    from ..sim.calibrate import calibrate as run_calibration
+    from ..sim.calibrate import parse_sizes
+
+    cfg = load_config(config, _overrides(stages, None, None))
+    sizes = parse_sizes(microbatch_sizes, "--microbatch-sizes")
+    profile = run_calibration(
+        cfg,
+        microbatch_sizes=sizes,
+        device=device,
+        precision=precision,
+        repeats=repeats,
+        threads=threads,
+        log=lambda m: _stderr(f"measuring {m}"),
+    )
+    profile.save(out)
+    table = Table(title=f"{profile.device} · {profile.dtype} · {profile.threads} thread(s) · seq {profile.seq_len}")
+    for col in ("unit", "params", "step", *[f"F+B @{b}" for b in profile.microbatch_sizes], "saved/mb"):
+        table.add_column(col, justify="right")
+    b_max = profile.microbatch_sizes[-1]
+    for u in profile.units:
+        table.add_row(
+            u.name,
+            _fmt_bytes(u.param_bytes),
+            _fmt_seconds(u.optimizer_s),
+            *[_fmt_seconds(u.costs[b].forward_s + u.costs[b].backward_s) for b in profile.microbatch_sizes],
+            f"{_fmt_bytes(u.costs[b_max].saved_bytes)} @{b_max}",
+        )
+    table.caption = (
+        f"p2p {profile.p2p.backend}: latency {_fmt_seconds(profile.p2p.latency_s)}, "
+        f"bandwidth {profile.p2p.bandwidth_Bps / 1e9:.2f} GB/s · written to {out}"
+    )
+    Console(width=max(Console().width, 110)).print(table)
+
+
+# ------------------------------------------------------------------------------------- simulate
+
+
+@click.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option(
+    "--schedule",
+    type=click.Choice(["paci", "1f1b", "gpipe", "all"]),
+    default="all",
+    show_default=True,
+    help="Schedule(s) to simulate.",
+)
+@click.option("--stages", type=int, default=None, help="Pipeline depth P.")
+@click.option("--window", type=int, default=None, help="Accumulation window a (micro-batches per global batch).")
+@click.option("--microbatch-size", type=int, default=None, help="Micro-batch size (global batch / a).")
+@click.option(
+    "--profile",
+    "profile_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Cost profile YAML (default: a quick in-process calibration, cached).",
+)
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Draw the timelines to FILE.png/.svg.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of a table.")
+@click.option("--batches", type=int, default=8, show_default=True, help="Global batches to simulate (PACI: >= 4P).")
+@click.option("--memory-gib", type=float, default=None, help="Device memory per stage; the cut must fit in it.")
+@click.option("--threads", type=int, default=None, help="CPU threads per stage for the quick calibration.")
+def simulate(
+    config: str,
+    schedule: str,
+    stages: int | None,
+    window: int | None,
+    microbatch_size: int | None,
+    profile_path: str | None,
+    timeline: str | None,
+    as_json: bool,
+    batches: int,
+    memory_gib: float | None,
+    threads: int | None,
+) -> None:
+    """Predict step time, tokens/s, bubble, memory and drift of CONFIG's pipeline per schedule.
+
+    The simulator replays the runtimes' own schedule action lists with durations from a cost
+    profile. Without --profile the model is calibrated quickly on this machine and the profile
+    cached under ~/.cache/paci-tune/profiles, so later calls are fast.
+    """
+    from ..config import load_config
+    from ..data import load_source
+    from ..errors import ConfigError
+    from ..model import load_model
+    from ..pipeline.schedules import SCHEDULES
+    from ..sim.memory import GIB
+    from ..sim.partitioner import partition
+    from ..sim.profile import Profile
+    from ..sim.simulator import check_partition
+    from ..sim.simulator import simulate as run_simulation
+
+    if batches < 1:
+        raise ConfigError("--batches", batches, "a positive integer")
+    if memory_gib is not None and not (memory_gib > 0 and math.isfinite(memory_gib)):
+        raise ConfigError("--memory-gib", memory_gib, "a positive number of GiB")
+    if timeline is not None and not timeline.lower().endswith((".png", ".svg")):
+        raise ConfigError("--timeline", timeline, "a file name ending in .png or .svg")
+    cfg = load_config(config, _overrides(stages, window, microbatch_size))
+    p = cfg.pipeline
+    assert p.window is not None and p.microbatch_size is not None
+    source = load_source(cfg.data, cfg.model.get("vocab_size"))
+    meta = load_model(cfg.model, source.vocab_size, cfg.training.seed, indices=[])
+
+    cached = False
+    if profile_path is not None:
+        profile = Profile.load(profile_path, "--profile")
+        where = profile_path
+    else:
+        from ..sim.calibrate import cached_profile
+
+        profile, cache_path = cached_profile(cfg, threads=threads, log=lambda m: _stderr(f"calibrating: {m}"))
+        where, cached = str(cache_path), True
+    if profile.n_units != meta.n_units:
+        raise ConfigError(
+            "--profile", where, f"a profile of this model's {meta.n_units} units (it has {profile.n_units})"
+        )
+    if profile.seq_len != meta.block_size:
+        raise ConfigError(
+            "--profile",
+            where,
+            f"a profile measured at this model's sequence length {meta.block_size} "
+            f"(it was measured at {profile.seq_len})",
+        )
+
+    if p.stages > profile.n_units:
+        raise ConfigError("pipeline.stages", p.stages, f"1..{profile.n_units} (the model has {profile.n_units} units)")
+    names = list(SCHEDULES) if schedule == "all" else [schedule]
+    memory_bytes = None if memory_gib is None else memory_gib * GIB
+    results, errors, sizes_of = {}, {}, {}
+    for name in names:
+        try:
+            if isinstance(p.partition, list):
+                sizes = check_partition(p.partition, p.stages, profile.n_units)
+            else:
+                sizes = partition(
+                    profile,
+                    p.stages,
+                    schedule=name,
+                    window=p.window,
+                    microbatch_size=p.microbatch_size,
+                    memory_bytes=memory_bytes,
+                    inflight=p.inflight,
+                    optimizer=cfg.optimizer.name,
+                ).sizes
+        except ConfigError as e:
+            if len(names) == 1 or e.key != "pipeline.stages":
+                raise
+            errors[name] = e.allowed
+            continue
+        sizes_of[name] = sizes
+        results[name] = run_simulation(
+            name,
+            p.stages,
+            p.window,
+            p.microbatch_size,
+            sizes,
+            profile,
+            batches,
+            inflight=p.inflight,
+            optimizer=cfg.optimizer.name,
+        )
+    if not results:
+        raise ConfigError("pipeline.stages", p.stages, "; ".join(f"{n}: {msg}" for n, msg in errors.items()))
+
+    drawn = None
+    if timeline is not None:
+        from ..sim.plot import plot_timelines
+
+        short = [
+            run_simulation(
+                n, p.stages, p.window, p.microbatch_size, sizes_of[n], profile, 2, inflight=p.inflight, extend=False
+            )
+            for n in ("1f1b", "gpipe", "paci")
+            if n in results
+        ]
+        drawn = str(plot_timelines(short, timeline))
+        _stderr(f"timeline written to {drawn}")
+
+    doc: dict[str, Any] = {
+        "config": config,
+        "n_stages": p.stages,
+        "window": p.window,
+        "microbatch_size": p.microbatch_size,
+        "global_batch": p.window * p.microbatch_size,
+        "seq_len": profile.seq_len,
+        "memory_limit_bytes": memory_bytes,
+        "profile": {
+            "path": where,
+            "cached": cached,
+            "device": profile.device,
+            "dtype": profile.dtype,
+            "threads": profile.threads,
+            "p2p_latency_s": profile.p2p.latency_s,
+        },
+        "schedules": {name: r.to_dict() for name, r in results.items()},
+        "not_fitting": errors,
+        "timeline": drawn,
+    }
+    if "paci" in results and "1f1b" in results:
+        doc["paci_vs_1f1b_throughput"] = results["paci"].tokens_per_s / results["1f1b"].tokens_per_s
+    if as_json:
+        click.echo(json.dumps(doc, allow_nan=False, default=_json_default))
+        return
+    _print_table(doc, results, errors, memory_bytes)
+
+
+def _json_default(o: object) -> object:
+    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
+
+
+def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], memory_bytes: float | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    prof = doc["profile"]
+    table = Table(
+        title=f"{doc['config']} · P={doc['n_stages']} · a={doc['window']} · b={doc['microbatch_size']} · "
+        f"profile: {prof['device']} {prof['dtype']}, {prof['threads']} thread(s)"
+    )
+    for col in ("schedule", "cut", "step", "tokens/s", "bubble", "steady", "peak MiB per stage", "drift"):
+        table.add_column(col, justify="right")
+    for name, r in results.items():
+        mems = "/".join(f"{st.peak_memory_bytes / 2**20:.0f}" for st in r.stages)
+        over = memory_bytes is not None and r.peak_memory_bytes > memory_bytes
+        table.add_row(
+            name,
+            ",".join(map(str, r.partition)),
+            _fmt_seconds(r.step_time_s),
+            f"{r.tokens_per_s:,.0f}",
+            f"{r.bubble_fraction:.1%}",
+            f"{r.steady_bubble_fraction:.1%}",
+            f"[red]{mems}[/red]" if over else mems,
+            f"{r.max_drift} (bound {max(st.drift_bound for st in r.stages)})" if name == "paci" else str(r.max_drift),
+        )
+    for name, msg in errors.items():
+        table.add_row(name, "-", "-", "-", "-", "-", "[red]does not fit[/red]", "-")
+        _stderr(f"{name}: {msg}")
+    notes = [
+        f"analytic flush bubble (P-1)/(m+P-1) = {(doc['n_stages'] - 1) / (doc['window'] + doc['n_stages'] - 1):.1%}"
+    ]
+    if "paci_vs_1f1b_throughput" in doc:
+        m, pp = doc["window"], doc["n_stages"]
+        notes.append(f"paci/1f1b throughput {doc['paci_vs_1f1b_throughput']:.3f} (analytic {(m + pp - 1) / m:.3f})")
+    notes.append(f"profile {prof['path']}")
+    table.caption = " · ".join(notes)
+    Console(width=max(Console().width, 110)).print(table)

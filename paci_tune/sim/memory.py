@@ -1,0 +1,94 @@
+"""Predicted peak memory of a pipeline stage, from a cost profile.
+
+A stage's memory at its peak is the sum of
+
+- its weights (``param_bytes``: fp32 master weights; bf16 runs autocast, the parameters stay fp32),
+- their gradients (same size, kept between backwards of a window),
+- the optimizer state: AdamW keeps two fp32 moments per parameter (2x the weights), SGD with
+  momentum one,
+- the activations of every micro-batch in flight (forward done, backward pending): autograd's
+  saved tensors of the stage's units (``saved_bytes``), plus the stage's output, which the stage
+  holds until its backward (it is the root the backward starts from; the last stage holds only a
+  scalar loss),
+- a fixed overhead for allocator slack and the temporaries of the action in progress.
+
+The in-flight count is what the schedule allows (:func:`paci_tune.pipeline.schedules.inflight_cap`):
+``P - s`` at stage ``s`` for 1F1B and PACI, the whole window for GPipe. That is why 1F1B-style
+schedules need less memory than GPipe, and why the first stage is the most loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from ..pipeline.schedules import Action, Op
+from .profile import Profile
+
+MIB = 2**20
+GIB = 2**30
+DEFAULT_OVERHEAD_BYTES = 256 * MIB
+"""Allocator slack and temporaries; on a GPU the CUDA context (several hundred MiB) comes on top."""
+
+OPTIMIZER_STATE_FACTOR = {"adamw": 2, "sgd": 1}
+"""Optimizer state in units of the fp32 weights: AdamW's two moments, SGD's momentum buffer."""
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """The parts of one stage's predicted peak memory, in bytes."""
+
+    params: int
+    grads: int
+    optimizer_state: int
+    activations: int
+    overhead: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer_state + self.activations + self.overhead
+
+    def to_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total": self.total}
+
+
+def inflight_bytes(profile: Profile, units: Sequence[int], microbatch_size: int, *, last: bool) -> int:
+    """Memory one in-flight micro-batch pins at a stage owning ``units`` (see the module docstring)."""
+    costs = profile.at(microbatch_size)
+    saved = sum(costs[i].saved_bytes for i in units)
+    return saved + (0 if last else costs[units[-1]].activation_bytes)
+
+
+def stage_memory(
+    profile: Profile,
+    units: Sequence[int],
+    microbatch_size: int,
+    inflight: int,
+    *,
+    last: bool,
+    optimizer: str = "adamw",
+    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+) -> StageMemory:
+    """Predicted peak memory of a stage owning ``units`` with at most ``inflight`` micro-batches in flight."""
+    if optimizer not in OPTIMIZER_STATE_FACTOR:
+        raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(OPTIMIZER_STATE_FACTOR)}")
+    params = sum(profile.units[i].param_bytes for i in units)
+    return StageMemory(
+        params=params,
+        grads=params,
+        optimizer_state=OPTIMIZER_STATE_FACTOR[optimizer] * params,
+        activations=inflight * inflight_bytes(profile, units, microbatch_size, last=last),
+        overhead=overhead_bytes,
+    )
+
+
+def peak_inflight(actions: Sequence[Action]) -> int:
+    """Most micro-batches between forward and backward at once, walking one stage's action list."""
+    live = peak = 0
+    for act in actions:
+        if act.op is Op.FORWARD:
+            live += 1
+            peak = max(peak, live)
+        elif act.op is Op.BACKWARD:
+            live -= 1
+    return peak

@@ -1,0 +1,140 @@
+"""Memory-aware pipeline partitioning from a measured cost profile.
+
+A pipeline runs at the pace of its slowest stage, so the cut minimises the largest stage time:
+forward plus backward of one micro-batch, plus the optimizer step amortised over the ``a``
+micro-batches of a window. Unlike :func:`paci_tune.pipeline.partition.balanced_partition` (FLOP
+estimates, no memory), this uses measured times and rejects cuts whose predicted memory
+(:mod:`paci_tune.sim.memory`) does not fit the device: the in-flight count differs per stage
+(``P - s`` under 1F1B/PACI), so the memory limit depends on *where* a stage sits, and the cheapest
+balanced cut can be infeasible on the first stages while a slightly slower one fits.
+
+The search is a dynamic program over (stages used, units covered): stage ``p`` covering units
+``j..i-1`` is allowed when it fits, and ``best[p][i] = min_j max(best[p-1][j], time(j, i))``.
+It is exact, O(P n^2) cost evaluations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..pipeline.partition import min_max_partition
+from ..pipeline.schedules import SCHEDULES, inflight_cap
+from .memory import DEFAULT_OVERHEAD_BYTES, GIB, stage_memory
+from .profile import Profile
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A chosen cut and what the profile predicts for each of its stages."""
+
+    sizes: list[int]
+    stage_time_s: list[float]
+    memory_bytes: list[int]
+
+    @property
+    def bottleneck_s(self) -> float:
+        return max(self.stage_time_s)
+
+
+class PartitionModel:
+    """Per-stage time and memory of candidate cuts, for one profile, schedule and batching."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        n_stages: int,
+        *,
+        schedule: str,
+        window: int,
+        microbatch_size: int,
+        inflight: int | None = None,
+        optimizer: str = "adamw",
+        overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+    ) -> None:
+        if schedule not in SCHEDULES:
+            raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
+        self.profile, self.n_stages, self.schedule = profile, n_stages, schedule
+        self.window, self.microbatch_size, self.inflight = window, microbatch_size, inflight
+        self.optimizer, self.overhead_bytes = optimizer, overhead_bytes
+        costs = profile.at(microbatch_size)
+        units = zip(costs, profile.units, strict=True)
+        per_unit = [c.forward_s + c.backward_s + u.optimizer_s / window for c, u in units]
+        self._prefix = [0.0]
+        for t in per_unit:
+            self._prefix.append(self._prefix[-1] + t)
+
+    def time(self, stage: int, first: int, stop: int) -> float:
+        """F+B of one micro-batch plus the optimizer step amortised over the window."""
+        return self._prefix[stop] - self._prefix[first]
+
+    def memory(self, stage: int, first: int, stop: int) -> int:
+        """Predicted peak bytes of ``stage`` owning units ``first..stop-1``."""
+        cap = inflight_cap(self.schedule, stage, self.n_stages, self.window, self.inflight)
+        return stage_memory(
+            self.profile,
+            list(range(first, stop)),
+            self.microbatch_size,
+            cap,
+            last=stage == self.n_stages - 1,
+            optimizer=self.optimizer,
+            overhead_bytes=self.overhead_bytes,
+        ).total
+
+    def describe(self, sizes: list[int]) -> Partition:
+        times, mems, start = [], [], 0
+        for s, size in enumerate(sizes):
+            times.append(self.time(s, start, start + size))
+            mems.append(self.memory(s, start, start + size))
+            start += size
+        return Partition(list(sizes), times, mems)
+
+
+def partition(
+    profile: Profile,
+    n_stages: int,
+    *,
+    schedule: str = "paci",
+    window: int,
+    microbatch_size: int,
+    memory_bytes: float | None = None,
+    inflight: int | None = None,
+    optimizer: str = "adamw",
+    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+) -> Partition:
+    """The fastest contiguous cut of the profile's units into ``n_stages`` that fits ``memory_bytes``.
+
+    ``memory_bytes`` is one device's memory (``None``: unlimited). When no cut fits, raises
+    ``ConfigError("pipeline.stages", ...)`` with the prediction of the cut that needs the least
+    memory, so the user sees how far off they are and on which stage.
+    """
+    n = profile.n_units
+    if isinstance(n_stages, bool) or not isinstance(n_stages, int) or not 1 <= n_stages <= n:
+        raise ConfigError("pipeline.stages", n_stages, f"1..{n} (the model has {n} pipeline units)")
+    model = PartitionModel(
+        profile,
+        n_stages,
+        schedule=schedule,
+        window=window,
+        microbatch_size=microbatch_size,
+        inflight=inflight,
+        optimizer=optimizer,
+        overhead_bytes=overhead_bytes,
+    )
+    fits = None if memory_bytes is None else (lambda s, j, i: model.memory(s, j, i) <= memory_bytes)
+    sizes = min_max_partition(n, n_stages, model.time, fits)
+    if sizes is None:
+        assert memory_bytes is not None
+        leanest = min_max_partition(n, n_stages, lambda s, j, i: float(model.memory(s, j, i)))
+        assert leanest is not None
+        plan = model.describe(leanest)
+        worst = max(range(n_stages), key=lambda s: plan.memory_bytes[s])
+        raise ConfigError(
+            "pipeline.stages",
+            n_stages,
+            f"a depth whose stages fit the device: even the leanest cut {leanest} ({schedule}, micro-batch "
+            f"{microbatch_size}) is predicted {plan.memory_bytes[worst] / GIB:.2f} GiB vs "
+            f"{memory_bytes / GIB:.2f} GiB available on stage {worst}; use more stages, a smaller micro-batch "
+            f"or a schedule with fewer micro-batches in flight",
+        )
+    return model.describe(sizes)

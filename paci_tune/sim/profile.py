@@ -1,0 +1,322 @@
+"""Cost profiles: what each pipeline unit costs on one machine, as data the simulator can read.
+
+A profile is measured by ``paci-tune calibrate`` (:mod:`paci_tune.sim.calibrate`), but it is plain
+YAML on purpose: a profile can be written by hand (or a measured one edited) to predict hardware
+you do not have. :meth:`Profile.scale` makes a uniformly faster or slower copy.
+
+Format (every time in seconds, every size in bytes)::
+
+    format: paci-tune-profile/1     # optional
+    machine: {node: host, processor: x86_64, platform: Linux-...}   # optional, informative
+    device: cpu                     # optional, informative (the device name)
+    torch: 2.13.0                   # optional, informative
+    dtype: fp32                     # optional: fp32 or bf16, the compute precision measured
+    date: 2026-01-01T00:00:00       # optional, informative
+    threads: 1                      # optional: CPU threads per stage during measurement
+    seq_len: 128                    # required: tokens per sequence the costs were measured at
+    units:                          # required: one entry per pipeline unit, in model order
+      - name: embed                 # optional
+        param_bytes: 131072         # fp32 weights of the unit (grads and AdamW state derive from it)
+        optimizer_s: 0.0002         # one optimizer step over the unit's parameters
+        microbatch:                 # per micro-batch size (sequences) measured
+          8: {forward_s: 0.001, backward_s: 0.002, activation_bytes: 524288, saved_bytes: 8192}
+          16: {forward_s: 0.002, backward_s: 0.004, activation_bytes: 1048576, saved_bytes: 16384}
+    p2p: {latency_s: 5.0e-05, bandwidth_Bps: 2.0e+09}   # one point-to-point send: latency + bytes / bandwidth
+
+``forward_s`` / ``backward_s`` are one micro-batch through the unit (the last unit includes the
+cross-entropy loss, as the real last stage computes it). ``activation_bytes`` is the unit's
+output -- what crosses a stage boundary cut after this unit (the gradient sent back has the same
+size). ``saved_bytes`` is what autograd keeps alive between the unit's forward and backward,
+excluding the parameters themselves: the activation memory of one in-flight micro-batch.
+``bandwidth_Bps: .inf`` with ``latency_s: 0`` makes transfers free.
+
+**Micro-batch sizes that were not measured** are linearly interpolated between the two nearest
+measured sizes, and extrapolated along the line through the two nearest measured sizes beyond
+either end (clamped at zero); with a single measured size, costs are taken proportional to the
+micro-batch size. Compute time is close to linear in the micro-batch size once a kernel is large
+enough to fill the device, and activation sizes are exactly linear, so this is accurate between
+measured sizes and a fair guess a little beyond them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+
+FORMAT = "paci-tune-profile/1"
+_TOP_KEYS = ("format", "machine", "device", "torch", "dtype", "date", "threads", "seq_len", "units", "p2p")
+_UNIT_KEYS = ("name", "param_bytes", "optimizer_s", "microbatch")
+_COST_KEYS = ("forward_s", "backward_s", "activation_bytes", "saved_bytes")
+_P2P_KEYS = ("latency_s", "bandwidth_Bps", "backend")
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """One unit's cost for one micro-batch of a given size."""
+
+    forward_s: float
+    backward_s: float
+    activation_bytes: int
+    saved_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "forward_s": float(self.forward_s),
+            "backward_s": float(self.backward_s),
+            "activation_bytes": int(self.activation_bytes),
+            "saved_bytes": int(self.saved_bytes),
+        }
+
+
+@dataclass(frozen=True)
+class UnitProfile:
+    """A unit's measured costs at each measured micro-batch size, and its size-independent costs."""
+
+    name: str
+    param_bytes: int
+    optimizer_s: float
+    costs: dict[int, UnitCost]
+
+    def at(self, microbatch_size: int) -> UnitCost:
+        """Cost at ``microbatch_size``; interpolated or extrapolated when not measured (module docstring)."""
+        if microbatch_size in self.costs:
+            return self.costs[microbatch_size]
+        sizes = sorted(self.costs)
+        if len(sizes) == 1:
+            (b0,) = sizes
+            f = microbatch_size / b0
+            c = self.costs[b0]
+            return UnitCost(c.forward_s * f, c.backward_s * f, round(c.activation_bytes * f), round(c.saved_bytes * f))
+        i = bisect.bisect_left(sizes, microbatch_size)
+        i = min(max(i, 1), len(sizes) - 1)  # the segment [i-1, i] containing the size, or the nearest end one
+        lo, hi = sizes[i - 1], sizes[i]
+        t = (microbatch_size - lo) / (hi - lo)
+        a, b = self.costs[lo], self.costs[hi]
+
+        def lerp(x: float, y: float) -> float:
+            return max(x + (y - x) * t, 0.0)
+
+        return UnitCost(
+            lerp(a.forward_s, b.forward_s),
+            lerp(a.backward_s, b.backward_s),
+            round(lerp(a.activation_bytes, b.activation_bytes)),
+            round(lerp(a.saved_bytes, b.saved_bytes)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": str(self.name),
+            "param_bytes": int(self.param_bytes),
+            "optimizer_s": float(self.optimizer_s),
+            "microbatch": {int(b): c.to_dict() for b, c in sorted(self.costs.items())},
+        }
+
+
+@dataclass(frozen=True)
+class P2PCost:
+    """Point-to-point transfer between neighbouring stages: ``latency_s + bytes / bandwidth_Bps``."""
+
+    latency_s: float
+    bandwidth_Bps: float
+    backend: str = "unknown"
+
+    def transfer_s(self, nbytes: float) -> float:
+        return self.latency_s + (0.0 if math.isinf(self.bandwidth_Bps) else nbytes / self.bandwidth_Bps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "latency_s": float(self.latency_s),
+            "bandwidth_Bps": float(self.bandwidth_Bps),
+            "backend": str(self.backend),
+        }
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Costs of every pipeline unit of one model on one machine; see the module docstring."""
+
+    units: list[UnitProfile]
+    p2p: P2PCost
+    seq_len: int
+    device: str = "unknown"
+    dtype: str = "fp32"
+    threads: int | None = None
+    torch_version: str = "unknown"
+    date: str = "unknown"
+    machine: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def n_units(self) -> int:
+        return len(self.units)
+
+    @property
+    def microbatch_sizes(self) -> list[int]:
+        """Sizes measured for every unit (the ones needing no interpolation)."""
+        common = set(self.units[0].costs)
+        for u in self.units[1:]:
+            common &= set(u.costs)
+        return sorted(common)
+
+    def at(self, microbatch_size: int) -> list[UnitCost]:
+        """Every unit's cost at ``microbatch_size`` (interpolated where not measured)."""
+        return [u.at(microbatch_size) for u in self.units]
+
+    def scale(self, factor: float, p2p_factor: float | None = None) -> Profile:
+        """A copy of this profile on hardware ``factor`` times slower (0.5: twice as fast).
+
+        Compute and optimizer times are multiplied by ``factor``; transfers by ``p2p_factor``
+        (default: the same factor), i.e. latency multiplied and bandwidth divided. Memory sizes
+        are unchanged: they depend on the model, not on the speed of the machine.
+        """
+        for key, f in (("factor", factor), ("p2p_factor", p2p_factor)):
+            if f is not None and not (isinstance(f, (int, float)) and f > 0 and math.isfinite(f)):
+                raise ConfigError(key, f, "a positive finite number")
+        pf = factor if p2p_factor is None else p2p_factor
+        units = [
+            replace(
+                u,
+                optimizer_s=u.optimizer_s * factor,
+                costs={
+                    b: replace(c, forward_s=c.forward_s * factor, backward_s=c.backward_s * factor)
+                    for b, c in u.costs.items()
+                },
+            )
+            for u in self.units
+        ]
+        p2p = P2PCost(self.p2p.latency_s * pf, self.p2p.bandwidth_Bps / pf, self.p2p.backend)
+        return replace(self, units=units, p2p=p2p, device=f"{self.device} (scaled x{factor:g})")
+
+    # ------------------------------------------------------------------------------ (de)serialise
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": FORMAT,
+            "machine": {str(k): str(v) for k, v in self.machine.items()},
+            "device": str(self.device),
+            "torch": str(self.torch_version),
+            "dtype": str(self.dtype),
+            "date": str(self.date),
+        }
+        if self.threads is not None:
+            out["threads"] = self.threads
+        out["seq_len"] = self.seq_len
+        out["units"] = [u.to_dict() for u in self.units]
+        out["p2p"] = self.p2p.to_dict()
+        return out
+
+    def dumps(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=120)
+
+    def save(self, path: str | Path) -> None:
+        """Write the YAML atomically: a crash leaves the old file or the new one, never half of one."""
+        from ..train.checkpoint import atomic_write_text
+
+        atomic_write_text(Path(path), self.dumps())
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "profile") -> Profile:
+        """Validate a parsed YAML document; bad values raise ConfigError naming ``where.key``."""
+        _mapping(where, data, _TOP_KEYS)
+        fmt = data.get("format", FORMAT)
+        if fmt != FORMAT:
+            raise ConfigError(f"{where}.format", fmt, FORMAT)
+        seq_len = _int(f"{where}.seq_len", data.get("seq_len"), minimum=1)
+        units_raw = data.get("units")
+        if not isinstance(units_raw, list) or not units_raw:
+            raise ConfigError(f"{where}.units", units_raw, "a non-empty list, one entry per pipeline unit")
+        units = [_unit(f"{where}.units[{i}]", u, i) for i, u in enumerate(units_raw)]
+        p2p_raw = data.get("p2p")
+        _mapping(f"{where}.p2p", p2p_raw, _P2P_KEYS)
+        latency = _number(f"{where}.p2p.latency_s", p2p_raw.get("latency_s"))
+        bandwidth = p2p_raw.get("bandwidth_Bps")
+        if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
+            raise ConfigError(f"{where}.p2p.bandwidth_Bps", bandwidth, "a positive number of bytes/s (.inf: free)")
+        threads = data.get("threads")
+        if threads is not None:
+            threads = _int(f"{where}.threads", threads, minimum=1)
+        dtype = data.get("dtype", "fp32")
+        if dtype not in ("fp32", "bf16"):
+            raise ConfigError(f"{where}.dtype", dtype, "fp32 or bf16")
+        machine = data.get("machine") or {}
+        if not isinstance(machine, dict):
+            raise ConfigError(f"{where}.machine", machine, "a mapping of descriptive strings")
+        return cls(
+            units=units,
+            p2p=P2PCost(latency, float(bandwidth), str(p2p_raw.get("backend", "unknown"))),
+            seq_len=seq_len,
+            device=str(data.get("device", "unknown")),
+            dtype=dtype,
+            threads=threads,
+            torch_version=str(data.get("torch", "unknown")),
+            date=str(data.get("date", "unknown")),
+            machine={str(k): str(v) for k, v in machine.items()},
+        )
+
+    @classmethod
+    def load(cls, path: str | Path, key: str = "profile") -> Profile:
+        """Read and validate a profile file; a missing file or bad YAML is a ConfigError on ``key``."""
+        from ..config import read_yaml
+
+        return cls.from_dict(read_yaml(path, key), key)
+
+
+# --------------------------------------------------------------------------------- validation
+
+
+def _mapping(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, value, "a mapping with keys: " + ", ".join(allowed))
+    for k, v in value.items():
+        if k not in allowed:
+            raise ConfigError(f"{key}.{k}", v, "a known key: " + ", ".join(allowed))
+
+
+def _number(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(key, value, "a finite number >= 0")
+    return float(value)
+
+
+def _int(key: str, value: Any, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(key, value, f"an integer >= {minimum}")
+    return value
+
+
+def _unit(key: str, raw: Any, index: int) -> UnitProfile:
+    _mapping(key, raw, _UNIT_KEYS)
+    mbs = raw.get("microbatch")
+    if not isinstance(mbs, Mapping) or not mbs:
+        raise ConfigError(f"{key}.microbatch", mbs, "a non-empty mapping of micro-batch size to costs")
+    costs: dict[int, UnitCost] = {}
+    for b_raw, c in mbs.items():
+        try:
+            b = int(b_raw)  # YAML written by hand may quote the size
+        except (TypeError, ValueError):
+            b = 0
+        if b < 1 or isinstance(b_raw, bool) or (isinstance(b_raw, float) and b != b_raw):
+            raise ConfigError(f"{key}.microbatch", b_raw, "positive integer micro-batch sizes as keys")
+        ck = f"{key}.microbatch.{b}"
+        _mapping(ck, c, _COST_KEYS)
+        for k in _COST_KEYS:
+            if k not in c:
+                raise ConfigError(f"{ck}.{k}", None, "a number >= 0 (every cost is required)")
+        costs[b] = UnitCost(
+            _number(f"{ck}.forward_s", c["forward_s"]),
+            _number(f"{ck}.backward_s", c["backward_s"]),
+            _int(f"{ck}.activation_bytes", c["activation_bytes"]),
+            _int(f"{ck}.saved_bytes", c["saved_bytes"]),
+        )
+    return UnitProfile(
+        name=str(raw.get("name", f"unit{index}")),
+        param_bytes=_int(f"{key}.param_bytes", raw.get("param_bytes")),
+        optimizer_s=_number(f"{key}.optimizer_s", raw.get("optimizer_s")),
+        costs=costs,
+    )

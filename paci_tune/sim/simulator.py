@@ -1,0 +1,289 @@
+"""Discrete-event simulation of a pipeline schedule from a cost profile.
+
+The simulator runs nothing new: it takes the very action lists the runtimes execute
+(:func:`paci_tune.pipeline.schedules.build`) and places them in time with the same replay the
+emulated runtime uses to report its bubble (:func:`paci_tune.pipeline.timeline.replay`). Only the
+durations differ: here they come from a :class:`~paci_tune.sim.profile.Profile` instead of a
+stopwatch. A schedule change therefore changes the runtimes and the prediction together.
+
+Durations: a forward (backward) is the sum of the stage's units' forward (backward) times at the
+micro-batch size; an optimizer step is the sum of the units' ``optimizer_s``; a transfer between
+stages ``s`` and ``s+1`` (activation forward, gradient backward: the same size) costs
+``latency + activation_bytes / bandwidth`` of stage ``s``'s last unit.
+
+PACI never drains inside a segment, so a short simulation would be dominated by its fill and
+drain; it is simulated over at least ``4 * P`` global batches, and the steady-state step time
+(measured between optimizer steps in the middle of the run) is reported next to the average.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from ..pipeline import schedules
+from ..pipeline.partition import stage_units
+from ..pipeline.schedules import Action, Op, drift_bound
+from ..pipeline.timeline import StageTimes, Timeline, drift_per_microbatch, replay
+from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, peak_inflight, stage_memory
+from .profile import Profile
+
+
+@dataclass
+class StageResult:
+    """One stage's share of a simulated run."""
+
+    stage: int
+    units: range
+    busy_s: float
+    idle_s: float
+    bubble_fraction: float
+    steady_bubble_fraction: float
+    peak_inflight: int
+    memory: StageMemory
+    max_drift: int
+    mean_drift: float
+    drift_bound: int
+    drift_histogram: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return self.memory.total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "units": [self.units.start, self.units.stop],
+            "busy_s": self.busy_s,
+            "idle_s": self.idle_s,
+            "bubble_fraction": self.bubble_fraction,
+            "steady_bubble_fraction": self.steady_bubble_fraction,
+            "peak_inflight": self.peak_inflight,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory": self.memory.to_dict(),
+            "max_drift": self.max_drift,
+            "mean_drift": self.mean_drift,
+            "drift_bound": self.drift_bound,
+            "drift_histogram": {str(k): v for k, v in sorted(self.drift_histogram.items())},
+        }
+
+
+@dataclass
+class SimResult:
+    """Predicted performance of one schedule; ``to_dict()`` is what ``simulate --json`` prints."""
+
+    schedule: str
+    n_stages: int
+    window: int
+    microbatch_size: int
+    seq_len: int
+    partition: list[int]
+    n_batches: int
+    makespan_s: float
+    step_time_s: float
+    steady_step_time_s: float
+    bubble_fraction: float
+    steady_bubble_fraction: float
+    stages: list[StageResult]
+    timeline: Timeline = field(repr=False)
+
+    @property
+    def global_batch(self) -> int:
+        return self.window * self.microbatch_size
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens per second over the whole simulated run (fill and drain included)."""
+        return self.global_batch * self.seq_len / self.step_time_s if self.step_time_s > 0 else float("inf")
+
+    @property
+    def steady_tokens_per_s(self) -> float:
+        return self.global_batch * self.seq_len / self.steady_step_time_s if self.steady_step_time_s > 0 else 0.0
+
+    @property
+    def analytic_bubble_fraction(self) -> float:
+        """Textbook bubble with equal stages and free transfers: (P-1)/(m+P-1) when flushing, 0 for PACI."""
+        if self.schedule == "paci":
+            return 0.0
+        return (self.n_stages - 1) / (self.window + self.n_stages - 1)
+
+    @property
+    def max_drift(self) -> int:
+        return max(st.max_drift for st in self.stages)
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(st.peak_memory_bytes for st in self.stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schedule": self.schedule,
+            "n_stages": self.n_stages,
+            "window": self.window,
+            "microbatch_size": self.microbatch_size,
+            "global_batch": self.global_batch,
+            "seq_len": self.seq_len,
+            "partition": list(self.partition),
+            "n_batches": self.n_batches,
+            "tokens_per_s": self.tokens_per_s,
+            "steady_tokens_per_s": self.steady_tokens_per_s,
+            "step_time_s": self.step_time_s,
+            "steady_step_time_s": self.steady_step_time_s,
+            "makespan_s": self.makespan_s,
+            "bubble_fraction": self.bubble_fraction,
+            "steady_bubble_fraction": self.steady_bubble_fraction,
+            "analytic_bubble_fraction": self.analytic_bubble_fraction,
+            "max_drift": self.max_drift,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "stages": [st.to_dict() for st in self.stages],
+        }
+
+
+def check_partition(sizes: Sequence[int], n_stages: int, n_units: int) -> list[int]:
+    """Validate stage sizes against the model; a bad user-given partition is a ConfigError."""
+    sizes = list(sizes)
+    if n_stages > n_units:
+        raise ConfigError("pipeline.stages", n_stages, f"1..{n_units} (the model has {n_units} pipeline units)")
+    if len(sizes) != n_stages or sum(sizes) != n_units or min(sizes, default=0) < 1:
+        raise ConfigError(
+            "pipeline.partition", sizes, f"{n_stages} positive unit counts (one per stage) summing to {n_units}"
+        )
+    return sizes
+
+
+def simulated_batches(schedule: str, n_stages: int, n_batches: int) -> int:
+    """Global batches actually simulated: PACI needs a run long enough to reach its steady state."""
+    return max(n_batches, 4 * n_stages) if schedule == "paci" else n_batches
+
+
+def simulate(
+    schedule: str,
+    stages: int,
+    window: int,
+    microbatch_size: int,
+    partition_sizes: Sequence[int],
+    profile: Profile,
+    n_batches: int = 4,
+    *,
+    inflight: int | None = None,
+    optimizer: str = "adamw",
+    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+    extend: bool = True,
+) -> SimResult:
+    """Predict one schedule's step time, throughput, bubble, memory and drift (module docstring).
+
+    ``extend=False`` simulates exactly ``n_batches`` even for PACI (for pictures of a short run).
+    """
+    if schedule not in schedules.SCHEDULES:
+        raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(schedules.SCHEDULES))
+    for key, value in (
+        ("pipeline.stages", stages),
+        ("pipeline.window", window),
+        ("pipeline.microbatch_size", microbatch_size),
+        ("batches", n_batches),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(key, value, "a positive integer")
+    sizes = check_partition(partition_sizes, stages, profile.n_units)
+    ranges = stage_units(sizes)
+    n = simulated_batches(schedule, stages, n_batches) if extend else n_batches
+    lists = schedules.build(schedule, stages, window, 0, n, inflight)
+
+    costs = profile.at(microbatch_size)
+    fwd = [sum(costs[i].forward_s for i in r) for r in ranges]
+    bwd = [sum(costs[i].backward_s for i in r) for r in ranges]
+    opt = [sum(profile.units[i].optimizer_s for i in r) for r in ranges]
+    link = [profile.p2p.transfer_s(costs[r[-1]].activation_bytes) for r in ranges]
+    by_op = {Op.FORWARD: fwd, Op.BACKWARD: bwd, Op.STEP: opt}
+
+    def duration(s: int, act: Action) -> float:
+        return by_op[act.op][s]
+
+    def latency(src: int, dst: int, act: Action) -> float:
+        return link[min(src, dst)]
+
+    timeline = replay(lists, duration, latency)
+    span = timeline.makespan
+    if span <= 0:
+        raise ConfigError("profile", "all costs zero", "a profile with some positive forward or backward time")
+    steady_step, windows = _steady_state(timeline, n)
+
+    out: list[StageResult] = []
+    for s, (st, r) in enumerate(zip(timeline.stages, ranges, strict=True)):
+        drift = drift_per_microbatch(lists[s])
+        peak = peak_inflight(lists[s])
+        t1, t2 = windows[s]
+        out.append(
+            StageResult(
+                stage=s,
+                units=r,
+                busy_s=st.busy,
+                idle_s=max(span - st.busy, 0.0),
+                bubble_fraction=timeline.bubble(s),
+                steady_bubble_fraction=_idle_share(st, t1, t2),
+                peak_inflight=peak,
+                memory=stage_memory(
+                    profile,
+                    list(r),
+                    microbatch_size,
+                    peak,
+                    last=s == stages - 1,
+                    optimizer=optimizer,
+                    overhead_bytes=overhead_bytes,
+                ),
+                max_drift=max(drift.values(), default=0),
+                mean_drift=sum(drift.values()) / len(drift) if drift else 0.0,
+                drift_bound=drift_bound(s, stages, window) if schedule == "paci" else 0,
+                drift_histogram=dict(Counter(drift.values())),
+            )
+        )
+    return SimResult(
+        schedule=schedule,
+        n_stages=stages,
+        window=window,
+        microbatch_size=microbatch_size,
+        seq_len=profile.seq_len,
+        partition=sizes,
+        n_batches=n,
+        makespan_s=span,
+        step_time_s=span / n,
+        steady_step_time_s=steady_step,
+        bubble_fraction=timeline.bubble_fraction,
+        steady_bubble_fraction=sum(x.steady_bubble_fraction for x in out) / len(out),
+        stages=out,
+        timeline=timeline,
+    )
+
+
+def _steady_state(timeline: Timeline, n_batches: int) -> tuple[float, list[tuple[float, float]]]:
+    """Steady-state step time, and each stage's measuring window (whole optimizer-step periods).
+
+    Each stage is measured between the ends of its optimizer steps ``k1 = n/4`` and
+    ``k2 = n - 1 - n/4``, which leaves out the fill at the start and the drain at the end; every
+    stage steps once per global batch, so each period is one global batch. With too few batches
+    for two distinct steps, the whole run is the window.
+    """
+    k1, k2 = n_batches // 4, n_batches - 1 - n_batches // 4
+    windows: list[tuple[float, float]] = []
+    periods: list[float] = []
+    for st in timeline.stages:
+        ends = [end for act, _, end in st.intervals if act.op is Op.STEP]
+        if k2 > k1 and len(ends) == n_batches:
+            t1, t2 = ends[k1], ends[k2]
+            periods.append((t2 - t1) / (k2 - k1))
+        else:
+            t1, t2 = 0.0, timeline.makespan
+            periods.append(timeline.makespan / max(n_batches, 1))
+        windows.append((t1, t2))
+    return max(periods), windows
+
+
+def _idle_share(st: StageTimes, t1: float, t2: float) -> float:
+    """Share of ``[t1, t2]`` the stage spends not computing."""
+    if t2 <= t1:
+        return 0.0
+    busy = sum(max(0.0, min(end, t2) - max(start, t1)) for _, start, end in st.intervals)
+    return max(0.0, 1.0 - busy / (t2 - t1))

@@ -1,0 +1,150 @@
+"""Shared helpers for the trainer tests: tiny run configs, running the CLI, reading metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A model and data small enough that a training step takes milliseconds on a 2-core CPU.
+# Every hyper-parameter the oracles use is spelled out, so no test depends on a default.
+BASE_CONFIG: dict[str, Any] = {
+    "model": {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32},
+    "data": {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 50_000, "n_val": 5_000},
+    "training": {"global_batch": 8, "steps": 6, "seed": 0, "eval_every": 1000, "eval_batches": 2},
+    "optimizer": {"name": "adamw", "lr": 1.0e-3, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1.0e-8},
+    "lr_schedule": {"warmup_fraction": 0.0, "min_ratio": 1.0, "scaling": "none"},
+    "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "emulated", "device": "cpu"},
+}
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``override`` into a copy of ``base`` (section by section)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def make_config(**sections: dict[str, Any]) -> dict[str, Any]:
+    """BASE_CONFIG with some keys of some sections replaced: ``make_config(training={"steps": 3})``."""
+    return merge(BASE_CONFIG, sections)
+
+
+def write_config(directory: Path, doc: dict[str, Any], name: str = "run.yaml") -> Path:
+    path = Path(directory) / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+_SCRATCH: list[Path] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _scratch_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Subprocesses put their temporary files (the launcher's work folder, torchrun's) under pytest's tmp."""
+    _SCRATCH.append(tmp_path_factory.mktemp("subprocess-tmp"))
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    if _SCRATCH:
+        env["TMPDIR"] = str(_SCRATCH[0])
+    return env
+
+
+def cli_command(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "paci_tune.cli", "train", *map(str, args), "--no-live"]
+
+
+def run_cli(*args: str | Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``paci-tune train ARGS --no-live`` in a subprocess; its output captured as text."""
+    return subprocess.run(
+        cli_command(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO, env=cli_env(), check=False
+    )
+
+
+def check_ok(proc: subprocess.CompletedProcess[str]) -> None:
+    out = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}"
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train_losses(records: list[dict[str, Any]]) -> list[float]:
+    """Per-global-batch train losses in step order; checks that every step 1..N appears once."""
+    train = sorted((r for r in records if r.get("event") == "train"), key=lambda r: r["step"])
+    assert [r["step"] for r in train] == list(range(1, len(train) + 1)), "train records are not steps 1..N"
+    return [r["loss"] for r in train]
+
+
+def summary_of(records: list[dict[str, Any]]) -> dict[str, Any]:
+    summaries = [r for r in records if r.get("event") == "summary"]
+    assert len(summaries) == 1, f"expected one summary record, got {len(summaries)}"
+    assert records[-1] is summaries[0], "the summary must be the last record"
+    return summaries[0]
+
+
+def run_in_process(doc: dict[str, Any], *, resume: bool = False) -> list[dict[str, Any]]:
+    """Run the emulated trainer in this process; return every record it emitted."""
+    from paci_tune.config import load_run_config
+    from paci_tune.train.loop import Trainer
+    from paci_tune.train.metrics import RecordSink
+
+    cfg = load_run_config(copy.deepcopy(doc))
+    sink = RecordSink()
+    Trainer(cfg, sink).run(resume=resume)
+    return list(sink.records)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux /proc), children before grandchildren."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def kill_tree(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL a process started with ``start_new_session=True``, its group and all its descendants."""
+    pids = descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
