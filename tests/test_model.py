@@ -105,9 +105,7 @@ def test_preset_param_counts_match_formula(name: str) -> None:
 
 
 def test_preset_shapes() -> None:
-    shapes = {
-        name: (c.n_layer, c.n_head, c.d_model, c.block_size, c.vocab_size) for name, c in PRESETS.items()
-    }
+    shapes = {name: (c.n_layer, c.n_head, c.d_model, c.block_size, c.vocab_size) for name, c in PRESETS.items()}
     assert shapes == {
         "tiny": (4, 4, 128, 128, 256),
         "gpt2-small": (12, 12, 768, 1024, 256),

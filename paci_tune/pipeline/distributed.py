@@ -130,7 +130,7 @@ class DistributedRuntime:
 
     def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
         """Every stage's summary entry, gathered from all ranks (the same list on each)."""
-        mine = stage_stats(self.stage, timing[self.rank], makespan, self.units[self.rank], self.device)
+        mine = stage_stats(self.stage, timing[self.rank], makespan, self.units[self.rank], self.device, self.schedule)
         out: list[dict | None] = [None] * self.n_stages
         dist.all_gather_object(out, mine)
         return [o for o in out if o is not None]

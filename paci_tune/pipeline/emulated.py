@@ -118,7 +118,10 @@ class EmulatedRuntime:
 
     def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
         """Per-stage summary entries, given the run's accumulated timing."""
-        return [stage_stats(st, timing[s], makespan, self.units[s], self.device) for s, st in enumerate(self.stages)]
+        return [
+            stage_stats(st, timing[s], makespan, self.units[s], self.device, self.schedule)
+            for s, st in enumerate(self.stages)
+        ]
 
     def close(self) -> None:
         pass

@@ -95,8 +95,12 @@ class ActionRunner:
         st, s = self.stage, self.stage.index
         t0 = time.perf_counter()
         if act.op is Op.FORWARD:
-            x = self._data(act.mb)[0] if st.is_first else self.transport.recv(s - 1, s, "act", act.mb)
-            t1 = time.perf_counter()
+            if st.is_first:
+                t1 = t0  # reading the data is this stage's work, not waiting
+                x = self._data(act.mb)[0]
+            else:
+                x = self.transport.recv(s - 1, s, "act", act.mb)
+                t1 = time.perf_counter()
             out = st.forward(act.mb, x, self._data(act.mb)[1] if st.is_last else None)
             if st.is_last:
                 assert self.losses is not None
@@ -155,8 +159,10 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
-def stage_stats(stage: Stage, timing: StageTiming, makespan: float, units: range, device: torch.device) -> dict:
-    """The per-stage entry of the run summary."""
+def stage_stats(
+    stage: Stage, timing: StageTiming, makespan: float, units: range, device: torch.device, schedule: str
+) -> dict:
+    """The per-stage entry of the run summary (flush schedules cross no update: their bound is 0)."""
     return {
         "stage": stage.index,
         "units": [units.start, units.stop],
@@ -167,7 +173,7 @@ def stage_stats(stage: Stage, timing: StageTiming, makespan: float, units: range
         "updates": stage.updates,
         "max_drift": stage.drift.maximum,
         "mean_drift": stage.drift.mean,
-        "drift_bound": drift_bound(stage.index, stage.n_stages, stage.window),
+        "drift_bound": drift_bound(stage.index, stage.n_stages, stage.window) if schedule == "paci" else 0,
         "drift_histogram": {str(k): v for k, v in sorted(stage.drift.histogram.items())},
         "parameter_bytes": stage.parameter_bytes(),
         "peak_memory_bytes": peak_memory_bytes(device),
