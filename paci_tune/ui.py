@@ -10,7 +10,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 
-def _fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float) -> str:
+    """Bytes in binary units, one decimal: 429.9 MiB."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}"
@@ -119,7 +120,7 @@ def summary_table(s: dict[str, Any]) -> Table:
             f"{st['bubble_fraction']:.1%}",
             str(st["updates"]),
             f"{st['max_drift']}/{st['mean_drift']:.2f} ({st['drift_bound']})",
-            _fmt_bytes(st["peak_memory_bytes"]),
+            fmt_bytes(st["peak_memory_bytes"]),
         )
     t.caption = (
         f"{s['steps']} steps, {s['tokens']:,} tokens, {s['tokens_per_s']:,.0f} tokens/s (pipeline), "

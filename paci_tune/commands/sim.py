@@ -13,16 +13,10 @@ from typing import Any
 
 import click
 
+from ..ui import fmt_bytes
+
 _DEVICES = click.Choice(["auto", "cpu", "cuda"])
 _PRECISIONS = click.Choice(["auto", "fp32", "bf16"])
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def _fmt_seconds(s: float) -> str:
@@ -107,10 +101,10 @@ def calibrate(
     for u in profile.units:
         table.add_row(
             u.name,
-            _fmt_bytes(u.param_bytes),
+            fmt_bytes(u.param_bytes),
             _fmt_seconds(u.optimizer_s),
             *[_fmt_seconds(u.costs[b].forward_s + u.costs[b].backward_s) for b in profile.microbatch_sizes],
-            f"{_fmt_bytes(u.costs[b_max].saved_bytes)} @{b_max}",
+            f"{fmt_bytes(u.costs[b_max].saved_bytes)} @{b_max}",
         )
     table.caption = (
         f"p2p {profile.p2p.backend}: latency {_fmt_seconds(profile.p2p.latency_s)}, "

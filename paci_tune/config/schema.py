@@ -67,6 +67,7 @@ class TrainingConfig:
     seconds: float | None = None
     seed: int = 0
     eval_every: int = 50
+    eval_every_seconds: float | None = None  # evaluate on a grid of the clock instead of every N steps
     eval_batches: int = 8
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
@@ -84,6 +85,8 @@ class TrainingConfig:
         if self.seconds is not None:
             _positive(f"{key}.seconds", self.seconds)
         _positive(f"{key}.eval_every", self.eval_every)
+        if self.eval_every_seconds is not None:
+            _positive(f"{key}.eval_every_seconds", self.eval_every_seconds)
         _positive(f"{key}.eval_batches", self.eval_batches)
         if self.checkpoint_every < 0:
             raise ConfigError(

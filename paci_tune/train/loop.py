@@ -61,6 +61,7 @@ class LoopState:
     clock: float = 0.0
     tokens: int = 0
     last_eval: int = -1
+    last_eval_clock: float = 0.0
     last_val_loss: float | None = None
     timing: list[dict] = dataclasses.field(default_factory=list)
 
@@ -123,7 +124,20 @@ class Trainer:
             return not self.runtime.agree(self.clock.now() >= t.seconds)
         return True
 
+    def _next_eval_time(self) -> float | None:
+        """The next point of the evaluation grid on the clock, when evaluating by clock time."""
+        every = self.cfg.training.eval_every_seconds
+        if every is None:
+            return None
+        return (self.state.last_eval_clock // every + 1) * every
+
     def _segment_length(self) -> int:
+        """Batches until the next evaluation, checkpoint or end of budget (0: the budget is spent).
+
+        With ``eval_every_seconds``, a profile clock knows ahead how many batches reach the next
+        grid point; the wall clock cannot, so it runs segments of ``eval_every`` batches and
+        evaluates at the first segment end past the grid point.
+        """
         t, b = self.cfg.training, self.state.batches_done
         ends = [(b // t.eval_every + 1) * t.eval_every]
         if t.checkpoint_every:
@@ -131,7 +145,19 @@ class Trainer:
         if t.steps is not None:
             ends.append(t.steps)
         n = min(ends) - b
-        return n if t.seconds is None else self.clock.batches_within(n, t.seconds)
+        if t.seconds is not None:
+            n = self.clock.batches_within(n, t.seconds)
+        next_eval = self._next_eval_time()
+        if n and next_eval is not None:
+            n = max(1, self.clock.batches_within(n, next_eval))
+        return n
+
+    def _eval_due(self) -> bool:
+        t = self.cfg.training
+        next_eval = self._next_eval_time()
+        if next_eval is not None:
+            return self.clock.now() >= next_eval - 1e-12
+        return self.state.batches_done % t.eval_every == 0
 
     # ------------------------------------------------------------------------------- the loop
     def run(self, resume: bool = False) -> dict[str, Any] | None:
@@ -162,7 +188,7 @@ class Trainer:
             self.state.tokens += n * self.tokens_per_batch
             self._emit_segment(timing)
             t = self.cfg.training
-            if self.state.batches_done % t.eval_every == 0:
+            if self._eval_due():
                 stop = self._evaluate()
             if t.checkpoint_every and self.state.batches_done % t.checkpoint_every == 0:
                 self._checkpoint()
@@ -190,6 +216,7 @@ class Trainer:
         """Validate; True when the configured target is reached (every rank gets the same answer)."""
         val = self.runtime.evaluate()
         self.state.last_eval, self.state.last_val_loss = self.state.batches_done, val
+        self.state.last_eval_clock = self.clock.now()
         self.sink.emit(
             {
                 "event": "eval",
