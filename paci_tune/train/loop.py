@@ -155,8 +155,8 @@ class Trainer:
     def _eval_due(self) -> bool:
         t = self.cfg.training
         next_eval = self._next_eval_time()
-        if next_eval is not None:
-            return self.clock.now() >= next_eval - 1e-12
+        if next_eval is not None:  # every rank must take the same decision: wall readings differ by rank
+            return self.runtime.agree(self.clock.now() >= next_eval - 1e-12)
         return self.state.batches_done % t.eval_every == 0
 
     # ------------------------------------------------------------------------------- the loop
