@@ -1,9 +1,15 @@
 """Simulated vs measured pipeline step time on the distributed runtime.
 
-For each depth P: calibrate a cost profile of the config's model on this machine (with the
-threads one stage process gets), run ``paci-tune train --runtime distributed`` for a few steps,
-and compare its measured pipeline time per global batch with the simulator's prediction for the
-very same segments (the ``rst`` clock's reading on that profile). Prints the ratio per schedule.
+For each depth P: calibrate a cost profile of the config's model on this machine for a P-stage
+pipeline (``paci-tune calibrate --stages P``: the threads one stage process gets, and as many
+measuring processes at once as stages would compute at once; see paci_tune/sim/calibrate.py),
+run ``paci-tune train --runtime distributed`` for a few steps, and compare its measured pipeline
+time per global batch with the simulator's prediction for the very same segments (the ``rst``
+clock's reading on that profile). Prints the ratio per schedule.
+
+Short runs read low: the runtime's first few micro-batches (fresh memory for the micro-batches
+in flight, the optimizer's state) run up to several times slower than the steady state, a
+one-off cost a per-step profile does not predict; at 16 steps it is worth ~5% of the step time.
 
     python bench/sim_vs_measured.py --stages 2 4 --steps 24
 """
@@ -18,6 +24,13 @@ import tempfile
 from pathlib import Path
 
 
+def run(cmd: list[str]) -> None:
+    """Run a command; on failure, exit showing its output (a bare CalledProcessError hides why)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
 def train(config: str, profile: Path, schedule: str, stages: int, args: argparse.Namespace, out: Path) -> dict:
     cmd = [
         sys.executable, "-m", "paci_tune.cli", "train", config, "--runtime", "distributed",
@@ -25,7 +38,7 @@ def train(config: str, profile: Path, schedule: str, stages: int, args: argparse
         "--steps", str(args.steps), "--eval-every", str(10**6), "--device", "cpu",
         "--clock", "rst", "--profile", str(profile), "--metrics", str(out), "--no-live",
     ]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    run(cmd)
     return [json.loads(x) for x in out.read_text().splitlines() if '"summary"' in x][-1]
 
 
@@ -41,11 +54,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for p in args.stages:
             prof = Path(tmp) / f"profile-P{p}.yaml"
-            subprocess.run(
-                [sys.executable, "-m", "paci_tune.cli", "calibrate", args.config, "--stages", str(p),
-                 "--out", str(prof)],
-                check=True, capture_output=True, text=True,
-            )  # fmt: skip
+            calibrate = [sys.executable, "-m", "paci_tune.cli", "calibrate", args.config, "--stages", str(p)]
+            run([*calibrate, "--out", str(prof)])
             for sched in args.schedules:
                 s = train(args.config, prof, sched, p, args, Path(tmp) / f"{sched}{p}.jsonl")
                 measured = s["pipeline_seconds"] / s["steps"]

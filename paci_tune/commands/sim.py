@@ -56,7 +56,9 @@ def _overrides(stages: int | None, window: int | None, microbatch_size: int | No
 @click.option("--microbatch-sizes", default=None, help="Comma-separated micro-batch sizes (default: b/2,b,2b).")
 @click.option("--device", type=_DEVICES, default=None, help="Device to measure on (default: the config's).")
 @click.option("--precision", type=_PRECISIONS, default=None, help="Compute precision (default: the config's).")
-@click.option("--repeats", type=int, default=5, show_default=True, help="Timed repeats per measurement (median).")
+@click.option(
+    "--repeats", type=int, default=5, show_default=True, help="Timed global batches per micro-batch size (medians)."
+)
 @click.option("--threads", type=int, default=None, help="CPU threads per stage (default: cpu_count // stages).")
 @click.option("--stages", type=int, default=None, help="Pipeline depth the default thread count assumes.")
 def calibrate(
