@@ -1,0 +1,110 @@
+"""Train a tiny GPT with PyTorch's own pipelining, under torch's Schedule1F1B or paci-tune's SchedulePACI.
+
+    torchrun --standalone --nproc-per-node 2 examples/torch_pipelining.py --schedule paci --steps 10
+
+Everything except the schedule line is plain ``torch.distributed.pipelining`` usage, which is the
+point: ``--schedule 1f1b`` steps the optimizer after every ``step()`` as torch users do, while
+``--schedule paci`` hands the optimizer to ``SchedulePACI``, which steps it every ``--window``
+backwards at each stage and never flushes the pipeline (``--flush`` makes it synchronous 1F1B for
+an A/B run). The last rank prints each step's mean micro-batch loss. ``--json DIR`` writes each
+rank's losses and drift to ``DIR/rank<r>.json`` (used by the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+from paci_tune.data import MicroBatchStream, synthetic_source
+from paci_tune.model import load_model
+from paci_tune.pipelining import SchedulePACI
+
+SPEC = {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32}
+VOCAB = 256
+
+
+def my_units(rank: int, world: int, n_units: int) -> list[int]:
+    """Contiguous, near-even split of the model's units (embed, blocks, head) over the ranks."""
+    bounds = [round(i * n_units / world) for i in range(world + 1)]
+    return list(range(bounds[rank], bounds[rank + 1]))
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+
+
+def adamw(module: nn.Module, lr: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (paci-tune's recipe, so the runs are comparable)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--schedule", choices=["1f1b", "paci"], default="paci")
+    ap.add_argument("--flush", action="store_true", help="SchedulePACI as synchronous 1F1B-flush")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--microbatches", type=int, default=4, help="micro-batches per step()")
+    ap.add_argument("--window", type=int, default=2, help="PACI: backwards per optimizer step")
+    ap.add_argument("--microbatch-size", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    model = load_model(SPEC, VOCAB, args.seed)
+    module = nn.Sequential(*[model.units[i] for i in my_units(rank, world, model.n_units)])
+    stage = PipelineStage(module, rank, world, torch.device("cpu"))
+    optimizer = adamw(module, args.lr)
+    m = args.microbatches
+    if args.schedule == "1f1b":
+        schedule = Schedule1F1B(stage, m, loss_fn=loss_fn)
+    else:  # the one-line swap
+        schedule = SchedulePACI(stage, m, loss_fn, window=args.window, optimizer=optimizer, flush=args.flush)
+    ptrs = [p.data_ptr() for p in module.parameters()]
+
+    data = MicroBatchStream(synthetic_source(VOCAB, n_train=200_000, n_val=1_000).train, 32, args.microbatch_size, 0)
+    step_losses: list[float] = []
+    for k in range(args.steps):
+        x, y = (torch.cat(t) for t in zip(*[data.get(k * m + i) for i in range(m)], strict=True))
+        losses: list[torch.Tensor] = []
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=y, losses=losses)
+        else:
+            schedule.step()
+        if args.schedule == "1f1b":
+            optimizer.step()
+            optimizer.zero_grad()
+        if rank == world - 1:
+            step_losses.append(float(torch.stack(losses).detach().mean()))
+            print(f"step {k} loss {step_losses[-1]:.4f}", flush=True)
+    if isinstance(schedule, SchedulePACI):
+        schedule.drain()  # finish in-flight micro-batches before evaluating or saving
+
+    if args.json is not None:
+        out = {"losses": step_losses, "ptrs_unchanged": ptrs == [p.data_ptr() for p in module.parameters()]}
+        if isinstance(schedule, SchedulePACI):
+            out |= {"max_drift": schedule.max_drift, "updates": schedule.updates}
+        args.json.mkdir(parents=True, exist_ok=True)
+        (args.json / f"rank{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""PACI as a drop-in schedule for ``torch.distributed.pipelining``.
+
+Teams that already pipeline with PyTorch's ``PipelineStage`` + ``Schedule1F1B`` can try PACI by
+swapping the schedule line. Import it as ``from paci_tune.pipelining import SchedulePACI``::
+
+    stage = PipelineStage(my_stage_module, rank, world_size, device)
+    opt = torch.optim.AdamW(my_stage_module.parameters(), lr=3e-4)
+    # schedule = Schedule1F1B(stage, n_microbatches=8, loss_fn=loss_fn)
+    schedule = SchedulePACI(stage, n_microbatches=8, loss_fn=loss_fn, window=4, optimizer=opt)
+    with schedule:
+        for x, y in batches:
+            if rank == 0:
+                schedule.step(x)
+            elif rank == world_size - 1:
+                losses = []
+                schedule.step(target=y, losses=losses)
+            else:
+                schedule.step()
+            # no opt.step() here: each stage steps its own optimizer every `window` backwards
+    # leaving the `with` block drained the pipeline: evaluate or checkpoint now
+
+What is reused, not re-implemented: the per-stage action order comes from
+:func:`paci_tune.pipeline.schedules.stage_actions` (the same lists paci-tune's own runtimes
+execute), activations and gradients travel over :class:`paci_tune.pipeline.p2p.P2P`, and drift is
+recorded in :class:`paci_tune.pipeline.stage.DriftStats`. From torch's ``PipelineStage`` only the
+module, stage index, stage count, device and process group are used: its own send/recv machinery
+assumes chunk ids below ``n_microbatches`` and a flush per ``step()``, which an un-flushed pipeline
+breaks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+
+from paci_tune.pipeline import schedules
+from paci_tune.pipeline.p2p import P2P
+from paci_tune.pipeline.stage import DriftStats
+
+__all__ = ["SchedulePACI"]
+
+_Op = schedules.Op
+
+
+class SchedulePACI:
+    """PACI asynchronous pipeline schedule with the calling convention of torch's ``Schedule1F1B``.
+
+    ``step(*args, target=..., losses=...)``: stage 0 passes the full batch in ``args`` (split into
+    ``n_microbatches`` chunks along dim 0), the last stage passes ``target`` (split the same way) and
+    gets one unscaled loss per micro-batch appended to ``losses``. Unlike ``Schedule1F1B`` the
+    pipeline never flushes: each ``step()`` runs this stage's PACI action list up to the point where
+    its next action would forward a micro-batch not submitted yet, so the next ``step()``'s
+    micro-batches enter while earlier ones drain. Every rank derives that point from the number of
+    ``step()`` calls alone, so no extra communication is needed and no rank waits on data its
+    neighbour will not send. Each stage steps ``optimizer`` after every ``window`` of its own
+    backwards (the loss is scaled by ``1/window`` so a window's gradients average), with no
+    coordination between stages. Call :meth:`drain` (or leave the ``with`` block) before evaluating
+    or checkpointing; :meth:`restart` continues training afterwards.
+
+    ``flush=True`` is synchronous 1F1B-flush for A/B runs in one script: every ``step()`` drains
+    and the optimizer steps once at its end over all ``n_microbatches`` (loss scaled by
+    ``1/n_microbatches``, as ``Schedule1F1B`` scales its gradients), numerically the same as
+    ``Schedule1F1B`` followed by ``optimizer.step()``.
+
+    Optimizer: ``optimizer`` must be freshly built over this stage's parameters. Its param groups
+    are rebound, in place, to aliases of the parameters (``p.data``), as paci-tune's own
+    :class:`~paci_tune.pipeline.stage.Stage` does: stepping through an alias updates the shared
+    storage without bumping the autograd version counter, so a micro-batch in flight runs its
+    backward against the current weights (PACI's semantics) with no weight copy and no in-place
+    modification error. Hyper-parameters, ``state_dict`` and any ``lr_scheduler`` built on the same
+    optimizer keep working; ``lr_scheduler.step()`` is called after every optimizer step.
+
+    Limits: one stage per rank, stage ``i`` on group rank ``i``; a single tensor flows between
+    stages and keeps one shape; ``step()`` returns ``None`` (outputs of micro-batches still in flight
+    do not exist yet).
+    """
+
+    def __init__(
+        self,
+        stage: PipelineStage,
+        n_microbatches: int,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        window: int,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: Any | None = None,
+        flush: bool = False,
+    ) -> None:
+        if not isinstance(stage, PipelineStage):
+            raise ValueError(
+                "SchedulePACI needs one torch.distributed.pipelining.PipelineStage per rank, "
+                f"got {type(stage).__name__}"
+            )
+        group_size = dist.get_world_size(stage.group)
+        if stage.num_stages != group_size:
+            raise ValueError(f"SchedulePACI runs one stage per rank: {stage.num_stages} stages on {group_size} ranks")
+        if stage.stage_index != dist.get_rank(stage.group):
+            raise ValueError(
+                f"SchedulePACI runs stage i on group rank i: stage {stage.stage_index} is on rank "
+                f"{dist.get_rank(stage.group)}"
+            )
+        if n_microbatches < 1 or window < 1:
+            raise ValueError(f"n_microbatches and window must be positive, got {n_microbatches} and {window}")
+        if n_microbatches % window:
+            raise ValueError(
+                f"n_microbatches ({n_microbatches}) must be a multiple of window ({window}) so every step() "
+                "submits whole accumulation windows"
+            )
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if optimizer.state:
+            raise ValueError("optimizer must be fresh (no state yet): its parameters are rebound to aliases")
+        self.module = stage.submod
+        self.index, self.n_stages, self.device = stage.stage_index, stage.num_stages, stage.device
+        self.n_microbatches, self.loss_fn, self.flush = n_microbatches, loss_fn, flush
+        self.window = n_microbatches if flush else window
+        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        self._params, self._aliases = self._rebind(optimizer)
+        ranks = [i if stage.group is None else dist.get_global_rank(stage.group, i) for i in range(self.n_stages)]
+        self._p2p = P2P(ranks, self.device)
+        self.updates = 0
+        self.drift = DriftStats()
+        self._seg_first = 0  # first global batch of the current segment (a segment ends at drain())
+        self._submitted = 0  # global batches submitted in this segment
+        self._actions: list[schedules.Action] = []
+        self._pos = 0  # actions of the current segment already executed
+        self._horizon = 0  # global batches covered by self._actions
+        self._drained = False
+        self._inputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._targets: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._inflight: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self._losses: list | None = None
+
+    # ------------------------------------------------------------------------------ properties
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.n_stages - 1
+
+    @property
+    def max_drift(self) -> int:
+        """Most optimizer updates any micro-batch crossed here between its forward and backward."""
+        return self.drift.maximum
+
+    # ---------------------------------------------------------------------------------- public
+    def step(self, *args: torch.Tensor, target: torch.Tensor | None = None, losses: list | None = None) -> None:
+        """Submit one batch of ``n_microbatches`` and run as far as the schedule allows (see class doc)."""
+        if self._drained:
+            raise RuntimeError("step() after drain(): call restart() to continue training")
+        if self.is_first and not args:
+            raise ValueError("stage 0 must pass the batch to step()")
+        if self.is_last and target is None:
+            raise ValueError("the last stage must pass target= to step()")
+        if self.is_first:
+            self._split_into(self._inputs, args)
+        if self.is_last:
+            self._split_into(self._targets, (target,))
+        self._losses = losses
+        per_step = self.n_microbatches // self.window
+        self._submitted += per_step
+        if self.flush:
+            acts = schedules.stage_actions("1f1b", self.index, self.n_stages, self.window, self._seg_first, per_step)
+            self._announce(acts)
+            for act in acts:
+                self._run(act)
+            self._seg_first += per_step
+            self._submitted = 0
+            self._p2p.wait_all()
+            return
+        limit = (self._seg_first + self._submitted) * self.window  # first micro-batch not submitted
+        self._ensure_horizon(self._submitted + math.ceil(self.n_stages / self.window) + 1)
+        start = self._pos
+        while True:
+            act = self._actions[self._pos]
+            if act.op is _Op.FORWARD and act.mb >= limit:
+                break
+            self._pos += 1
+        self._announce(self._actions[start : self._pos])
+        for act in self._actions[start : self._pos]:
+            self._run(act)
+
+    def drain(self) -> None:
+        """Finish every micro-batch in flight (backwards and optimizer steps) and end the segment."""
+        if self._drained:
+            return
+        if not self.flush and self._submitted:
+            final = schedules.stage_actions(
+                "paci", self.index, self.n_stages, self.window, self._seg_first, self._submitted
+            )
+            rest = final[self._pos :]
+            self._announce(rest)
+            for act in rest:
+                self._run(act)
+            self._seg_first += self._submitted
+        self._p2p.wait_all()
+        self._submitted, self._actions, self._pos, self._horizon = 0, [], 0, 0
+        self._drained = True
+
+    def restart(self) -> None:
+        """Allow ``step()`` again after :meth:`drain` (a new segment of the run)."""
+        self._drained = False
+
+    def __enter__(self) -> SchedulePACI:
+        self.restart()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.drain()
+
+    # -------------------------------------------------------------------------------- internal
+    @staticmethod
+    def _rebind(optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Point the optimizer at ``p.data`` aliases; return (params, aliases) in the same order."""
+        params: list[torch.Tensor] = []
+        aliases: list[torch.Tensor] = []
+        for group in optimizer.param_groups:
+            group_aliases = [p.data for p in group["params"]]
+            params += group["params"]
+            aliases += group_aliases
+            group["params"] = group_aliases
+        return params, aliases
+
+    def _split_into(self, store: dict, tensors: tuple[torch.Tensor, ...]) -> None:
+        """Chunk ``tensors`` along dim 0 into micro-batches numbered globally over the run."""
+        m = self.n_microbatches
+        for t in tensors:
+            if t.shape[0] % m:
+                raise ValueError(f"batch size {t.shape[0]} is not divisible by n_microbatches={m}")
+        first = (self._seg_first + self._submitted) * self.window
+        chunks = [t.to(self.device).chunk(m) for t in tensors]
+        for i in range(m):
+            store[first + i] = tuple(c[i] for c in chunks)
+
+    def _ensure_horizon(self, n_batches: int) -> None:
+        """Extend the segment's PACI list; prefixes agree, so executed actions stay valid."""
+        if self._horizon >= n_batches:
+            return
+        self._horizon = max(n_batches, 2 * self._horizon)
+        self._actions = schedules.stage_actions(
+            "paci", self.index, self.n_stages, self.window, self._seg_first, self._horizon
+        )
+
+    def _announce(self, acts: list[schedules.Action]) -> None:
+        """Tell the transport which messages these actions will receive, so it can post them early."""
+        if not self.is_first:
+            self._p2p.expect(self.index - 1, "act", [a.mb for a in acts if a.op is _Op.FORWARD])
+        if not self.is_last:
+            self._p2p.expect(self.index + 1, "grad", [a.mb for a in acts if a.op is _Op.BACKWARD])
+
+    def _run(self, act: schedules.Action) -> None:
+        if act.op is _Op.FORWARD:
+            self._forward(act.mb)
+        elif act.op is _Op.BACKWARD:
+            self._backward(act.mb)
+        else:
+            self._optimizer_step()
+
+    def _forward(self, mb: int) -> None:
+        if self.is_first:
+            inputs = self._inputs.pop(mb)
+        else:
+            x = self._p2p.recv(self.index - 1, self.index, "act", mb)
+            inputs = (x.detach().requires_grad_(x.is_floating_point()),)
+        out = self.module(*inputs)
+        if not isinstance(out, torch.Tensor):
+            raise RuntimeError(f"stage {self.index} returned {type(out).__name__}; SchedulePACI needs one tensor")
+        if self.is_last:
+            loss = self.loss_fn(out, self._targets.pop(mb)[0])
+            if self._losses is not None:
+                self._losses.append(loss.detach())
+            out = loss / self.window
+        else:
+            self._p2p.send(self.index, self.index + 1, "act", mb, out.detach())
+        self._inflight[mb] = (inputs[0], out, self.updates)
+
+    def _backward(self, mb: int) -> None:
+        inputs, out, updates_at_forward = self._inflight.pop(mb)
+        if self.is_last:
+            out.backward()
+        else:
+            out.backward(self._p2p.recv(self.index + 1, self.index, "grad", mb))
+        self.drift.add(self.updates - updates_at_forward)
+        if not self.is_first:
+            self._p2p.send(self.index, self.index - 1, "grad", mb, inputs.grad)
+
+    def _optimizer_step(self) -> None:
+        """Step through the aliases (see the class docstring), then clear the window's gradients."""
+        for p, alias in zip(self._params, self._aliases, strict=True):
+            alias.grad = p.grad
+        self.optimizer.step()
+        for p, alias in zip(self._params, self._aliases, strict=True):
+            p.grad = None
+            alias.grad = None
+        self.updates += 1
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()

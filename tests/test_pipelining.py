@@ -1,0 +1,135 @@
+"""SchedulePACI, the drop-in for torch.distributed.pipelining, checked against torch and paci-tune.
+
+Each multi-rank check launches ``examples/torch_pipelining.py`` under torchrun (so the example is
+tested too) and reads the per-rank JSON it writes. The asynchronous losses are compared with
+paci-tune's own trainer on the same config, run in process with the emulated runtime (which
+``test_runtimes`` checks against ``paci-tune train --runtime distributed``), to save a launch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import make_config, run_in_process, train_losses
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+
+from paci_tune.pipeline import schedules
+from paci_tune.pipelining import SchedulePACI
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "torch_pipelining.py"
+SPEC = {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32}
+
+pytestmark = pytest.mark.slow
+
+
+def _launch(out: Path, nproc: int, *args: str) -> list[dict]:
+    """Run the example on ``nproc`` ranks; return each rank's JSON record."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    cmd += [str(EXAMPLE), "--json", str(out), *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def _paci_tune_losses(n_stages: int, window: int, microbatches: int, steps: int, mb_size: int = 4) -> list[float]:
+    """Per-step mean losses of the same run under paci-tune's own trainer (emulated runtime, in process).
+
+    Model, data, partition, optimizer and constant LR are those of the example; ``test_runtimes``
+    shows the distributed runtime (``paci-tune train --runtime distributed``) gives the same numbers.
+    """
+    bounds = [round(i * 4 / n_stages) for i in range(n_stages + 1)]  # the example's split of the 4 units
+    doc = make_config(
+        model=SPEC,
+        data={"source": "synthetic", "vocab_size": 256, "n_train": 200_000, "n_val": 1_000},
+        training={"global_batch": window * mb_size, "steps": steps * microbatches // window, "eval_batches": 1},
+        pipeline={
+            "schedule": "paci",
+            "stages": n_stages,
+            "window": window,
+            "partition": [b - a for a, b in itertools.pairwise(bounds)],
+            "runtime": "emulated",
+            "device": "cpu",
+        },
+    )
+    batch_losses = train_losses(run_in_process(doc))
+    per_step = microbatches // window
+    return [sum(batch_losses[k * per_step : (k + 1) * per_step]) / per_step for k in range(steps)]
+
+
+@pytest.mark.parametrize("n_stages", [2, 3])
+def test_flush_mode_matches_torch_schedule_1f1b(tmp_path: Path, n_stages: int) -> None:
+    """SchedulePACI(flush=True) == torch's Schedule1F1B + optimizer.step() per step (both example modes run)."""
+    ref = _launch(tmp_path / "1f1b", n_stages, "--schedule", "1f1b", "--steps", "4")
+    got = _launch(tmp_path / "flush", n_stages, "--schedule", "paci", "--flush", "--steps", "4")
+    assert len(ref[-1]["losses"]) == 4
+    assert got[-1]["losses"] == pytest.approx(ref[-1]["losses"], abs=1e-5)
+    assert all(rec["max_drift"] == 0 and rec["ptrs_unchanged"] for rec in got)
+
+
+@pytest.mark.parametrize(("n_stages", "window", "microbatches"), [(2, 2, 4), (3, 1, 3)])
+def test_async_matches_paci_tune_and_drift_bound(tmp_path: Path, n_stages: int, window: int, microbatches: int) -> None:
+    """Async losses equal paci-tune's own PACI; drift reaches exactly ceil((P-s-1)/a); no weight copies."""
+    steps = 4
+    args = ["--schedule", "paci", "--steps", str(steps), "--window", str(window), "--microbatches", str(microbatches)]
+    ranks = _launch(tmp_path, n_stages, *args)
+    expected = _paci_tune_losses(n_stages, window, microbatches, steps)
+    assert ranks[-1]["losses"] == pytest.approx(expected, abs=1e-5)
+    for s, rec in enumerate(ranks):
+        assert rec["max_drift"] == math.ceil((n_stages - s - 1) / window) == schedules.drift_bound(s, n_stages, window)
+        assert rec["updates"] == steps * microbatches // window
+        assert rec["ptrs_unchanged"]
+
+
+@pytest.fixture
+def single_rank() -> None:
+    """A one-process gloo group, enough to build a one-stage PipelineStage for the error checks."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_misuse_raises_clear_errors(single_rank: None) -> None:
+    def make(**kw: object) -> SchedulePACI:
+        mod = nn.Linear(4, 4)
+        stage = PipelineStage(mod, 0, 1, torch.device("cpu"))
+        opt = torch.optim.SGD(mod.parameters(), lr=0.1)
+        args = {"window": 2, "optimizer": opt} | kw
+        return SchedulePACI(stage, args.pop("n", 4), nn.functional.mse_loss, **args)
+
+    with pytest.raises(ValueError, match="multiple of window"):
+        make(n=3)
+    with pytest.raises(ValueError, match="PipelineStage"):
+        SchedulePACI(
+            [object()], 4, nn.functional.mse_loss, window=2, optimizer=torch.optim.SGD([nn.Parameter(torch.ones(1))])
+        )  # type: ignore[arg-type]
+    sched = make()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(sched.optimizer, lambda k: 1.0)
+    sched.lr_scheduler = scheduler
+    x = torch.randn(8, 4)
+    with pytest.raises(ValueError, match="target="):
+        sched.step(x)
+    with sched:
+        sched.step(x, target=x)
+    assert sched.updates == 2 == scheduler.last_epoch
+    with pytest.raises(RuntimeError, match="restart"):
+        sched.step(x, target=x)
+    sched.restart()
+    sched.step(x, target=x)
+    sched.drain()
+    assert sched.updates == 4
