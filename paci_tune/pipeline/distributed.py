@@ -22,9 +22,9 @@ from .runtime import (
     OnBatch,
     SegmentReport,
     StageTiming,
+    run_warmup_action,
     stage_stats,
-    warmup_backward,
-    warmup_forward,
+    warmup_actions,
 )
 from .stage import Stage
 
@@ -67,8 +67,9 @@ class DistributedRuntime:
         return [self.rank]
 
     def warmup(self) -> None:
-        warmup_forward(self.runner)
-        warmup_backward(self.runner)
+        n = schedules.inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
+        for act in warmup_actions(self.rank, self.n_stages, n):
+            run_warmup_action(self.runner, act)
         self.p2p.wait_all()
 
     def run_segment(self, first_batch: int, n_batches: int, on_batch: OnBatch) -> SegmentReport:

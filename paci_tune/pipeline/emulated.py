@@ -20,10 +20,10 @@ from .runtime import (
     OnBatch,
     SegmentReport,
     StageTiming,
+    run_warmup_action,
     stage_stats,
     validation_loss,
-    warmup_backward,
-    warmup_forward,
+    warmup_actions,
 )
 from .stage import Stage
 from .timeline import replay
@@ -80,10 +80,10 @@ class EmulatedRuntime:
         return list(range(self.n_stages))
 
     def warmup(self) -> None:
-        for r in self.runners:
-            warmup_forward(r)
-        for r in reversed(self.runners):
-            warmup_backward(r)
+        n = schedules.inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
+        lists = [warmup_actions(s, self.n_stages, n) for s in range(self.n_stages)]
+        for s, act in schedules.execution_order(lists):
+            run_warmup_action(self.runners[s], act)
 
     def run_segment(self, first_batch: int, n_batches: int, on_batch: OnBatch) -> SegmentReport:
         lists = schedules.build(self.schedule, self.n_stages, self.window, first_batch, n_batches, self.inflight)

@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
+from . import schedules
 from .schedules import Action, Op, drift_bound
 from .stage import Stage
 
@@ -126,29 +127,33 @@ class ActionRunner:
         return t2 - t1
 
 
-def warmup_forward(runner: ActionRunner) -> None:
-    """First half of the warm-up pass: the real first micro-batch, forward through this stage.
+def warmup_actions(stage: int, n_stages: int, inflight: int) -> list[Action]:
+    """A 1F1B pass over ``inflight`` micro-batches with no optimizer step: the warm-up's actions.
 
-    First calls pay for allocator growth, lazy initialisation and cold caches (8x a steady
-    forward on CPU); left in the timed run they would be booked as pipeline bubble at the next
-    stage. The pass is numerically inert: its gradients are dropped.
+    Each stage then holds as many micro-batches in flight as it will in the run, so allocator
+    growth for all of them, lazy initialisation and cold caches are paid before timing starts
+    (the first micro-batches run up to 8x slower on CPU; left in the timed run they would be
+    booked as pipeline bubble at the neighbouring stage).
     """
-    st, s = runner.stage, runner.stage.index
-    x, y = runner.stream.get(0)
-    h = x if st.is_first else runner.transport.recv(s - 1, s, "act", WARMUP_MB)
-    out = st.forward(WARMUP_MB, h, y if st.is_last else None)
-    if not st.is_last:
-        runner.transport.send(s, s + 1, "act", WARMUP_MB, out)
+    acts = schedules.stage_actions("1f1b", stage, n_stages, inflight, 0, 1)
+    return [a for a in acts if a.op is not Op.STEP]
 
 
-def warmup_backward(runner: ActionRunner) -> None:
-    """Second half of the warm-up pass: backward through this stage, gradients dropped."""
-    st, s = runner.stage, runner.stage.index
-    g = None if st.is_last else runner.transport.recv(s + 1, s, "grad", WARMUP_MB)
-    gin = st.backward(WARMUP_MB, g, warmup=True)
-    if not st.is_first:
-        assert gin is not None
-        runner.transport.send(s, s - 1, "grad", WARMUP_MB, gin)
+def run_warmup_action(runner: ActionRunner, act: Action) -> None:
+    """One warm-up action: real data, numerically inert (gradients dropped, nothing recorded)."""
+    st, s, key = runner.stage, runner.stage.index, WARMUP_MB - act.mb
+    if act.op is Op.FORWARD:
+        x, y = runner.stream.get(act.mb)
+        h = x if st.is_first else runner.transport.recv(s - 1, s, "act", key)
+        out = st.forward(key, h, y if st.is_last else None)
+        if not st.is_last:
+            runner.transport.send(s, s + 1, "act", key, out)
+    else:
+        g = None if st.is_last else runner.transport.recv(s + 1, s, "grad", key)
+        gin = st.backward(key, g, warmup=True)
+        if not st.is_first:
+            assert gin is not None
+            runner.transport.send(s, s - 1, "grad", key, gin)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
