@@ -78,13 +78,13 @@ def _ratio(config: Path, profile: Path, schedule: str, metrics: Path) -> tuple[f
 def test_simulated_step_time_within_15_percent(
     calibrated: tuple[Path, Path], schedule: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """One retry: the same run's step time varies by +-6% from one run to the next on a shared
-    2-core machine, and the ratio sits near 0.9 (the pipeline's jitter idles stages, which no
-    deterministic simulation predicts), so a single noisy run would fail a few percent of the time.
-    A miscalibration (the isolated profile read 0.75-0.84) fails both tries."""
+    """Up to three runs: the same run's step time varies by +-6% from one run to the next on a
+    shared 2-core machine, and the ratio sits near 0.9 (the pipeline's jitter idles stages, which
+    no deterministic simulation predicts), so a single noisy run fails a few percent of the time
+    and CI must not. A miscalibration (the isolated profile read 0.75-0.84) fails every try."""
     config, profile = calibrated
     lines = []
-    for attempt in range(2):
+    for attempt in range(3):
         ratio, line = _ratio(config, profile, schedule, tmp_path / f"m{attempt}.jsonl")
         lines.append(line)
         with capsys.disabled():
