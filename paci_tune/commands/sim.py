@@ -32,19 +32,10 @@ def _stderr(msg: str) -> None:
 
 
 def _overrides(stages: int | None, window: int | None, microbatch_size: int | None) -> dict[str, Any]:
-    """Config overrides; giving only one of window / micro-batch size lets the config derive the other."""
-    from ..config import REMOVE
+    """Config overrides, with the same window / micro-batch size rule as ``paci-tune train``."""
+    from ..options import overrides_from
 
-    out: dict[str, Any] = {
-        "pipeline.stages": stages,
-        "pipeline.window": window,
-        "pipeline.microbatch_size": microbatch_size,
-    }
-    if window is not None and microbatch_size is None:
-        out["pipeline.microbatch_size"] = REMOVE
-    if microbatch_size is not None and window is None:
-        out["pipeline.window"] = REMOVE
-    return out
+    return overrides_from({"stages": stages, "window": window, "microbatch_size": microbatch_size})
 
 
 # ------------------------------------------------------------------------------------ calibrate
