@@ -59,12 +59,17 @@ def main(config: str, metrics: str | None, events: str | None, resume: bool, **o
         reporter = dist.get_rank() == dist.get_world_size() - 1
         trainer = Trainer(cfg, RecordSink(metrics, events, active=reporter), distributed=True)
         trainer.run(resume=resume)
-        dist.barrier()  # no rank tears its connections down while a peer still uses them
-        dist.destroy_process_group()
+        dist.barrier()  # every rank is done: metrics and checkpoints are written and closed
     except ConfigError as e:
         if rank == 0:
             click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    # Leave without running C++ destructors: tearing down gloo's threads at exit aborted the
+    # process ("terminate called without an active exception") in about 1 run in 15 on a 2-core
+    # machine, after all work was done -- and turned a finished run into a failed one.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
