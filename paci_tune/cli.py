@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import tempfile
@@ -52,18 +53,46 @@ def _preflight(cfg: RunConfig, resume: bool) -> None:
 @click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="Write JSON-lines metrics here.")
 @click.option("--resume", is_flag=True, help="Resume from the newest checkpoint in the checkpoint folder.")
 @click.option("--live/--no-live", default=True, help="Rich live progress (default on a terminal) or plain lines.")
-def train(config: str, metrics: str | None, resume: bool, live: bool, **options: Any) -> None:
+@click.option(
+    "--events",
+    type=click.Path(dir_okay=False),
+    default=None,
+    hidden=True,
+    help="Append each record to this file as it happens (how a search watches its trials).",
+)
+def train(config: str, metrics: str | None, resume: bool, live: bool, events: str | None, **options: Any) -> None:
     """Train the model of CONFIG with a pipeline schedule (paci, 1f1b or gpipe)."""
+    cfg = load_config(config, overrides_from(options))
+    run_training(cfg, metrics=metrics, resume=resume, live=live, events=events)
+
+
+def run_training(cfg: RunConfig, *, metrics: str | None, resume: bool, live: bool, events: str | None = None) -> None:
+    """Run a validated configuration on its runtime, with the live view (``train`` and ``apply``)."""
     from .ui import TrainView
 
-    cfg = load_config(config, overrides_from(options))
     view = TrainView(live=live)
+    on_record = view.on_record
+    events_file = open(events, "a", buffering=1) if events else None  # noqa: SIM115 - closed below
+    if events_file is not None:
+
+        def on_record(rec: dict[str, Any]) -> None:
+            events_file.write(json.dumps(rec) + "\n")
+            view.on_record(rec)
+
+    try:
+        _run_training(cfg, view, on_record, metrics=metrics, resume=resume)
+    finally:
+        if events_file is not None:
+            events_file.close()
+
+
+def _run_training(cfg: RunConfig, view: Any, on_record: Any, *, metrics: str | None, resume: bool) -> None:
     if cfg.pipeline.runtime == "emulated":
         from .train.loop import Trainer
         from .train.metrics import RecordSink
 
         with view:
-            Trainer(cfg, RecordSink(metrics, None, view.on_record)).run(resume=resume)
+            Trainer(cfg, RecordSink(metrics, None, on_record)).run(resume=resume)
         return
 
     from .pipeline.launch import log_tail, run_distributed
@@ -71,7 +100,7 @@ def train(config: str, metrics: str | None, resume: bool, live: bool, **options:
     _preflight(cfg, resume)
     workdir = Path(tempfile.mkdtemp(prefix="paci-tune-run-"))
     with view:
-        rc = run_distributed(cfg, workdir, view.on_record, metrics=metrics, resume=resume)
+        rc = run_distributed(cfg, workdir, on_record, metrics=metrics, resume=resume)
     if rc == 0:
         shutil.rmtree(workdir, ignore_errors=True)
         return
@@ -81,7 +110,10 @@ def train(config: str, metrics: str | None, resume: bool, live: bool, **options:
 
 
 from .commands.sim import calibrate, simulate  # noqa: E402  (commands register after the group exists)
+from .commands.tune import apply, search  # noqa: E402
 
+main.add_command(search)
+main.add_command(apply)
 main.add_command(calibrate)
 main.add_command(simulate)
 

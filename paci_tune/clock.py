@@ -130,7 +130,12 @@ class ProfileClock:
         left = budget - self.reading
         if self.plan(1).makespan > left:
             return 0
-        lo, hi = 1, n_batches  # makespan grows with the batch count: bisect on it
+        # Makespan grows with the batch count: double until past the budget, then bisect. (A plan
+        # costs time linear in its length, and ``n_batches`` may be huge when only time bounds it.)
+        lo = 1
+        while lo < n_batches and self.plan(min(2 * lo, n_batches)).makespan <= left:
+            lo = min(2 * lo, n_batches)
+        hi = min(2 * lo, n_batches)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if self.plan(mid).makespan <= left:

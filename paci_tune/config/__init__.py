@@ -17,6 +17,7 @@ from .schema import (
     from_dict,
     load_run_config,
 )
+from .tune import parse_tune_sections, split_tune_sections
 
 __all__ = [
     "REMOVE",
@@ -71,4 +72,6 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     data = read_yaml(path)
     if data is not None and not isinstance(data, dict):
         raise ConfigError("config", str(path), "a YAML mapping with sections model, data, training, ...")
-    return load_run_config(apply_overrides(data, overrides or {}))
+    run_doc, tune = split_tune_sections(data or {})
+    parse_tune_sections(tune, require=False)  # checked, then left to `paci-tune search`
+    return load_run_config(apply_overrides(run_doc, overrides or {}))

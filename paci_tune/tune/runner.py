@@ -1,0 +1,192 @@
+"""Trial runners: turn one configuration into a training run and watch it.
+
+:class:`SubprocessRunner` is the real one: ``paci-tune train`` in a child process (its own
+process group, tied to this process's life), streaming its records through an events file. The
+parent reads them as they come, reports each validation on the clock grid (``on_eval``), and
+kills the child when the pruner says so, when the loss goes non-finite or blows up, when it
+falls silent (a hang) or runs past its timeout. Its exit code and log tail classify a crash
+(out of memory, a configuration the machine refuses, anything else).
+
+A runner is pluggable (:class:`TrialRunner`): the benchmark replays recorded curves through the
+same search loop with a table runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import yaml
+
+from ..train.checkpoint import atomic_write_text
+from .objective import Progress, grid_step
+from .space import TrialParams
+
+OnEval = Callable[[int, Progress], bool]  # (grid step, progress so far) -> prune now?
+OnRecord = Callable[[dict[str, Any]], None]
+
+DIVERGENCE_FACTOR = 2.0  # a train loss above this many times the first one is a divergence
+
+
+@dataclass
+class TrialJob:
+    """Everything a runner needs: the point, the complete run document, where to write."""
+
+    params: TrialParams
+    run_doc: dict[str, Any]
+    workdir: Path
+    budget: float
+    grid: int
+    target: float
+
+
+@dataclass
+class TrialResult:
+    status: Literal["complete", "pruned", "failed"]
+    progress: Progress
+    reason: str | None = None
+    pruned_step: int | None = None
+    summary: dict[str, Any] | None = None
+    wall_seconds: float = 0.0
+    evals: list[tuple[float, float]] = field(default_factory=list)
+
+
+class TrialRunner(Protocol):
+    def run(self, job: TrialJob, on_eval: OnEval, on_record: OnRecord | None = None) -> TrialResult: ...
+
+
+class _Watch:
+    """Folds a trial's records: the progress, the grid reports, the divergence check."""
+
+    def __init__(self, job: TrialJob, on_eval: OnEval, on_record: OnRecord | None) -> None:
+        self.job, self.on_eval, self.on_record = job, on_eval, on_record
+        self.progress = Progress(job.target, job.budget)
+        self.evals: list[tuple[float, float]] = []
+        self.first_loss: float | None = None
+        self.summary: dict[str, Any] | None = None
+        self.stop: tuple[Literal["pruned", "failed"], str, int | None] | None = None
+
+    def feed(self, rec: dict[str, Any]) -> None:
+        if self.on_record is not None:
+            self.on_record(rec)
+        kind = rec.get("event")
+        if kind == "train":
+            loss = float(rec["loss"])
+            if not math.isfinite(loss):
+                self.stop = ("failed", f"diverged: loss {loss} at step {rec.get('step')}", None)
+            elif self.first_loss is None:
+                self.first_loss = loss
+            elif loss > DIVERGENCE_FACTOR * self.first_loss:
+                self.stop = (
+                    "failed",
+                    f"diverged: loss {loss:.3g} at step {rec.get('step')} > {DIVERGENCE_FACTOR:g}x the first "
+                    f"({self.first_loss:.3g})",
+                    None,
+                )
+        elif kind == "eval":
+            clock, val = float(rec["clock"]), float(rec["val_loss"])
+            if not math.isfinite(val):
+                self.stop = ("failed", f"diverged: validation loss {val} at clock {clock:.3g}s", None)
+                return
+            self.evals.append((clock, val))
+            self.progress.add_eval(clock, val)
+            step = grid_step(clock, self.job.budget, self.job.grid)
+            if self.on_eval(step, self.progress) and self.progress.reached_at is None:
+                self.stop = ("pruned", f"pruned at grid step {step} (clock {clock:.3g}s)", step)
+        elif kind == "summary":
+            self.summary = rec
+
+
+class SubprocessRunner:
+    """Each trial is ``paci-tune train`` in its own process group (module docstring)."""
+
+    def __init__(self, stall_seconds: float = 300.0, timeout: float | None = None, poll_s: float = 0.1) -> None:
+        self.stall_seconds, self.timeout, self.poll_s = stall_seconds, timeout, poll_s
+
+    def run(self, job: TrialJob, on_eval: OnEval, on_record: OnRecord | None = None) -> TrialResult:
+        job.workdir.mkdir(parents=True, exist_ok=True)
+        config, events, log = job.workdir / "trial.yaml", job.workdir / "events.jsonl", job.workdir / "trial.log"
+        atomic_write_text(config, yaml.safe_dump(job.run_doc, sort_keys=False))
+        events.write_text("")
+        cmd = [
+            sys.executable, "-m", "paci_tune.tune.child", str(os.getpid()),
+            "train", str(config), "--no-live", "--events", str(events),
+            "--metrics", str(job.workdir / "metrics.jsonl"),
+        ]  # fmt: skip
+        watch = _Watch(job, on_eval, on_record)
+        t0 = time.monotonic()
+        with open(log, "w") as logf, open(events) as tail:
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+            last_activity, seen, pending = t0, 0, ""
+            try:
+                while True:
+                    done = proc.poll() is not None
+                    chunk = tail.read()
+                    pending += chunk
+                    *lines, pending = pending.split("\n")
+                    for line in lines:
+                        if line.strip() and watch.stop is None:
+                            watch.feed(json.loads(line))
+                    size = log.stat().st_size
+                    if chunk or size != seen:
+                        last_activity, seen = time.monotonic(), size
+                    now = time.monotonic()
+                    if watch.stop is None and not done:
+                        if now - last_activity > self.stall_seconds:
+                            watch.stop = ("failed", f"hang: no progress for {self.stall_seconds:g}s", None)
+                        elif self.timeout is not None and now - t0 > self.timeout:
+                            watch.stop = ("failed", f"timeout: still running after {self.timeout:g}s", None)
+                    if watch.stop is not None:
+                        _kill_group(proc)
+                        break
+                    if done:
+                        break
+                    time.sleep(self.poll_s)
+            except BaseException:
+                _kill_group(proc)
+                raise
+        wall = time.monotonic() - t0
+        if watch.stop is not None:
+            status, reason, step = watch.stop
+            return TrialResult(status, watch.progress, reason, step, watch.summary, wall, watch.evals)
+        if proc.returncode != 0:
+            return TrialResult(
+                "failed", watch.progress, crash_reason(proc.returncode, log), None, watch.summary, wall, watch.evals
+            )
+        return TrialResult("complete", watch.progress, None, None, watch.summary, wall, watch.evals)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Stop the trial's whole process group: SIGTERM, then SIGKILL after a grace period."""
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def crash_reason(returncode: int, log: Path) -> str:
+    """Name why a trial's process failed, from its exit code and the last lines it printed."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    text = "\n".join(lines[-40:]).lower()
+    last = lines[-1] if lines else ""
+    if "out of memory" in text or "outofmemoryerror" in text or "a size whose stages fit" in text:
+        return f"oom: {last[:200]}"
+    if returncode < 0:
+        return f"crash: killed by signal {-returncode}"
+    if returncode == 2 and last.startswith("error:"):
+        return f"rejected: {last[len('error:') :].strip()[:200]}"
+    return f"crash: exit code {returncode}: {last[:200]}"

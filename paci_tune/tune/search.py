@@ -1,0 +1,259 @@
+"""The search loop: ask Optuna for a point, run it as a trial, report it on the clock grid, tell.
+
+Everything here is storage-backed, so the loop can be killed at any moment and started again:
+finished trials stay, the interrupted one is failed and retried (:mod:`.study`), and the loop
+goes on until each schedule's study has its quota of trials.
+
+A point already run (samplers propose repeats in small discrete spaces) is not trained again:
+a finished one's result is copied, a deterministic failure (out of memory, divergence) repeated,
+and a pruned one's curve is replayed against the pruner, which trains it only if it now survives
+past the point where it was stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from ..config import REMOVE, apply_overrides
+from ..config.tune import TuneConfig
+from .objective import Progress
+from .runner import TrialJob, TrialResult, TrialRunner
+from .space import SearchSpace, TrialParams
+from .study import Heartbeat, claim, counted, reap_dead, running_elsewhere
+
+DETERMINISTIC_FAILURES = ("oom", "diverged", "rejected")
+EVIDENCE_KEYS = ("tokens_per_s", "bubble_fraction", "max_drift", "peak_memory_bytes", "partition", "steps")
+
+
+@dataclass
+class SearchEvent:
+    """What the live view hears: a trial started, made progress, or ended."""
+
+    kind: str  # "start" | "eval" | "record" | "end" | "wait"
+    schedule: str
+    number: int
+    params: TrialParams | None = None
+    step: int | None = None
+    progress: Progress | None = None
+    record: dict[str, Any] | None = None
+    state: str | None = None
+    reason: str | None = None
+    value: float | None = None
+
+
+@dataclass
+class Search:
+    """One worker's part of a search (see the module docstring)."""
+
+    tune: TuneConfig
+    space: SearchSpace
+    studies: dict[str, optuna.Study]
+    runner: TrialRunner
+    workdir: Path
+    profile: str | None
+    on_event: Callable[[SearchEvent], None] = lambda e: None
+    poll_s: float = 2.0
+    ran: list[int] = field(default_factory=list)
+
+    @property
+    def quota(self) -> int:
+        return self.tune.search.trials
+
+    def run(self) -> None:
+        """Run trials until every schedule's study holds its quota of finished trials."""
+        while True:
+            for study in self.studies.values():
+                reap_dead(study, self.tune.search.retries)
+            schedule = self._next_schedule()
+            if schedule is not None:
+                self.run_trial(schedule)
+                continue
+            if not any(running_elsewhere(s.get_trials(deepcopy=False)) for s in self.studies.values()):
+                return
+            self.on_event(SearchEvent("wait", "", -1))
+            time.sleep(self.poll_s)  # other workers' last trials: wait for them or for their death
+
+    def _next_schedule(self) -> str | None:
+        """The schedule furthest from its quota (ties: the order of the space's schedules)."""
+        counts = {s: counted(st.get_trials(deepcopy=False), self.quota) for s, st in self.studies.items()}
+        open_ = [s for s in self.studies if counts[s] < self.quota]
+        return min(open_, key=lambda s: counts[s]) if open_ else None
+
+    # ------------------------------------------------------------------------- one trial
+    def run_trial(self, schedule: str) -> None:
+        study = self.studies[schedule]
+        trial = study.ask()
+        claim(trial)
+        params = self.space.suggest(trial, schedule)
+        trial.set_user_attr("label", params.label())
+        self.on_event(SearchEvent("start", schedule, trial.number, params))
+        with Heartbeat(study, trial._trial_id):
+            if not self._reuse(study, trial, params):
+                self._run_fresh(study, trial, params)
+        self.ran.append(trial.number)
+
+    def _run_fresh(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams) -> None:
+        b = self.tune.budget
+        job = TrialJob(
+            params=params,
+            run_doc=self.trial_doc(params),
+            workdir=self.workdir / "trials" / study.study_name / f"trial-{trial.number:04d}",
+            budget=float(b.seconds or 0.0),
+            grid=b.grid,
+            target=float(self.tune.target.value or 0.0),
+        )
+        reported: set[int] = set()
+        schedule = trial.study.user_attrs.get("schedule", params.schedule)
+
+        def on_eval(step: int, progress: Progress) -> bool:
+            self.on_event(SearchEvent("eval", schedule, trial.number, params, step, progress))
+            if step in reported:
+                return False
+            reported.add(step)
+            trial.report(progress.value, step)
+            return progress.reached_at is None and trial.should_prune()
+
+        def on_record(rec: dict[str, Any]) -> None:
+            self.on_event(SearchEvent("record", schedule, trial.number, params, record=rec))
+
+        result = self.runner.run(job, on_eval, on_record)
+        self._tell(study, trial, params, result)
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, result: TrialResult) -> None:
+        p = result.progress
+        attrs: dict[str, Any] = {
+            "time_to_target": p.reached_at,
+            "best_val_loss": p.best_val,
+            "clock_used": p.clock,
+            "wall_seconds": round(result.wall_seconds, 3),
+            "curve": [[round(c, 6), v] for c, v in result.evals],
+        }
+        if result.summary:
+            attrs.update({k: result.summary.get(k) for k in EVIDENCE_KEYS})
+            attrs["clock_used"] = float(result.summary.get("clock", p.clock))
+            attrs["predicted_peak_memory_bytes"] = self._predicted_memory(params, result.summary.get("partition"))
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        value: float | None = None
+        if result.status == "complete":
+            value = p.value
+            study.tell(trial, value)
+        elif result.status == "pruned":
+            trial.set_user_attr("pruned_step", result.pruned_step)
+            trial.set_user_attr("pruned_clock", p.clock)
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            trial.set_user_attr("fail_reason", result.reason)
+            study.tell(trial, state=TrialState.FAIL)
+        self.on_event(
+            SearchEvent("end", params.schedule, trial.number, params, result.pruned_step, p, None,
+                        result.status, result.reason, value)
+        )  # fmt: skip
+
+    def _predicted_memory(self, params: TrialParams, partition: Any) -> int | None:
+        if not self.profile or not isinstance(partition, list):
+            return None
+        from ..config import load_run_config
+        from ..pipeline.planning import predicted_memory
+        from ..sim.profile import Profile
+
+        try:
+            cfg = load_run_config(self.trial_doc(params))
+            return int(max(predicted_memory(cfg, Profile.load(self.profile), partition)))
+        except Exception:
+            return None
+
+    # -------------------------------------------------------------------- repeated points
+    def _reuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams) -> bool:
+        """Answer a repeated point from its earlier trial; False when it must be trained."""
+        earlier = _same_point(study, trial)
+        if earlier is None:
+            return False
+        if earlier.state == TrialState.COMPLETE:
+            trial.set_user_attr("repeat_of", earlier.number)
+            for k, v in earlier.user_attrs.items():
+                if k not in ("worker", "heartbeat", "label", "retry_of", "attempt", "repeat_of"):
+                    trial.set_user_attr(k, v)
+            for step, v in sorted(earlier.intermediate_values.items()):
+                trial.report(v, step)
+            study.tell(trial, earlier.value)
+            self.on_event(SearchEvent("end", params.schedule, trial.number, params, None, None, None,
+                                      "complete", f"same point as trial {earlier.number}", earlier.value))  # fmt: skip
+            return True
+        if earlier.state == TrialState.FAIL:
+            reason = str(earlier.user_attrs.get("fail_reason", ""))
+            if not reason.startswith(DETERMINISTIC_FAILURES):
+                return False
+            trial.set_user_attr("repeat_of", earlier.number)
+            trial.set_user_attr("fail_reason", f"{reason} (same point as trial {earlier.number})")
+            study.tell(trial, state=TrialState.FAIL)
+            self.on_event(SearchEvent("end", params.schedule, trial.number, params, None, None, None,
+                                      "failed", trial.user_attrs.get("fail_reason"), None))  # fmt: skip
+            return True
+        # Pruned before: replay its curve; train it again only if the pruner now lets it through.
+        for step, v in sorted(earlier.intermediate_values.items()):
+            trial.report(v, step)
+            if trial.should_prune():
+                trial.set_user_attr("repeat_of", earlier.number)
+                trial.set_user_attr("pruned_step", step)
+                trial.set_user_attr("pruned_clock", earlier.user_attrs.get("pruned_clock"))
+                trial.set_user_attr("best_val_loss", earlier.user_attrs.get("best_val_loss"))
+                trial.set_user_attr("curve", earlier.user_attrs.get("curve"))
+                study.tell(trial, state=TrialState.PRUNED)
+                self.on_event(SearchEvent("end", params.schedule, trial.number, params, step, None, None,
+                                          "pruned", f"same point as trial {earlier.number}", None))  # fmt: skip
+                return True
+        trial.set_user_attr("rerun_of", earlier.number)  # survives where it was pruned: train it again
+        return False
+
+    # ------------------------------------------------------------------------- configs
+    def trial_doc(self, params: TrialParams) -> dict[str, Any]:
+        """The complete run document of one trial: the base run, the point, the budget."""
+        t, b = self.tune, self.tune.budget
+        doc = copy.deepcopy(t.run_doc)
+        over: dict[str, Any] = dict(params.overrides())
+        over.update(
+            {
+                "training.seconds": b.seconds,
+                "training.steps": REMOVE,
+                "training.clock": b.clock,
+                "training.profile": self.profile or REMOVE,
+                "training.eval_every_seconds": (b.seconds or 0.0) / b.grid,
+                "training.target_val_loss": t.target.value,
+                "training.checkpoint_every": 0,
+                "pipeline.partition": "auto",
+                "pipeline.runtime": t.hardware.runtime or ("distributed" if b.clock == "wall" else "emulated"),
+                "pipeline.device": t.hardware.device,
+                "pipeline.backend": t.hardware.backend,
+                "pipeline.inflight": REMOVE,
+                "optimizer.lr": float(t.run.optimizer.lr) * params.lr_scale,
+            }
+        )
+        if b.clock != "wall":
+            over["training.eval_every"] = 10**9  # segments end on the clock grid only (no extra fills)
+        return apply_overrides(doc, over)
+
+
+def _same_point(study: optuna.Study, trial: optuna.Trial) -> FrozenTrial | None:
+    """The most recent finished trial of ``study`` with exactly ``trial``'s parameters."""
+    done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    same = [t for t in study.get_trials(deepcopy=False, states=done) if t.params == trial.params]
+    if not same:
+        return None
+    complete = [t for t in same if t.state == TrialState.COMPLETE]
+    return (complete or same)[-1]
+
+
+def finished_trials(study: optuna.Study) -> list[FrozenTrial]:
+    with contextlib.suppress(Exception):
+        return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    return []

@@ -1,0 +1,221 @@
+"""Optuna plumbing: storage URLs, samplers, pruners, one study per schedule, dead-worker recovery.
+
+One search is a pair of Optuna studies in one storage, ``NAME.paci`` and ``NAME.1f1b``: each
+schedule gets its own sampler model and the same number of trials, so the flush baseline is tuned
+as hard as PACI. Any number of workers (``paci-tune search`` processes, on any machines that
+reach the storage) can run the same search; each takes the next trial of whichever schedule is
+furthest from its quota.
+
+Dead workers: a running trial carries its worker's host and pid and a heartbeat the worker
+refreshes every few seconds. A trial whose worker is gone (same host, pid dead) or whose
+heartbeat is stale (another host) is failed as ``interrupted`` and enqueued again with the same
+parameters, up to ``search.retries`` times. This works the same on SQLite, a journal file and a
+database server (Optuna's own heartbeat covers only RDB storages).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import FrozenTrial, TrialState
+
+from ..config.tune import SearchConfig
+from ..errors import ConfigError
+from .space import SearchSpace
+
+HEARTBEAT_S = 5.0
+GRACE_S = 60.0  # a heartbeat this old, from another host, means its worker died
+HOST = socket.gethostname()
+
+
+def open_storage(url: str) -> BaseStorage:
+    """An Optuna storage from a URL: ``sqlite:///f.db``, ``postgresql://...``, ``mysql://...``, or
+    a journal file (``journal:///path/f.log`` or any path ending in ``.log``/``.journal``)."""
+    if url.startswith("journal://"):
+        return _journal(url[len("journal://") :])
+    if "://" not in url:
+        if url.endswith((".log", ".journal")):
+            return _journal(url)
+        raise ConfigError(
+            "--storage", url, "an Optuna storage URL (sqlite:///f.db, postgresql://..., journal:///f.log)"
+        )
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        # Several local workers share one file: wait for the write lock rather than fail.
+        return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+    try:
+        return RDBStorage(url)
+    except (ImportError, ModuleNotFoundError) as e:
+        raise ConfigError("--storage", url, f"a URL whose database driver is installed ({e})") from None
+    except Exception as e:
+        raise ConfigError("--storage", url, f"a reachable database ({type(e).__name__}: {str(e)[:160]})") from None
+
+
+def _journal(path: str) -> JournalStorage:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(path))
+
+
+def make_sampler(search: SearchConfig, space: SearchSpace, schedule_index: int) -> optuna.samplers.BaseSampler:
+    seed = search.seed * 100 + schedule_index
+    if search.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if search.sampler == "grid":
+        # The grid's points are enqueued when the study is created (see enqueue_grid): Optuna's
+        # GridSampler stops a study from inside ``optimize`` only, which this ask/tell loop is not.
+        space.grid_params()  # refuses a continuous dimension
+        return optuna.samplers.RandomSampler(seed=seed)
+    startup = search.startup_trials if search.startup_trials is not None else max(2, search.trials // 3)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, constant_liar=True)
+
+
+def make_pruner(search: SearchConfig, grid: int) -> optuna.pruners.BasePruner:
+    """Pruners on the clock grid: step k is the k-th of ``grid`` validations over the budget."""
+    if search.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=grid, reduction_factor=3)
+    if search.pruner == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
+    if search.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
+    return optuna.pruners.NopPruner()
+
+
+def open_studies(
+    storage: BaseStorage, name: str, schedules: tuple[str, ...], search: SearchConfig, space: SearchSpace, grid: int,
+    fingerprint: dict[str, Any],
+) -> dict[str, optuna.Study]:  # fmt: skip
+    """Create or load ``NAME.<schedule>`` for each schedule; refuse to mix a different search in."""
+    studies = {}
+    for i, schedule in enumerate(schedules):
+        study = optuna.create_study(
+            study_name=f"{name}.{schedule}", storage=storage, direction="minimize", load_if_exists=True,
+            sampler=make_sampler(search, space, i), pruner=make_pruner(search, grid),
+        )  # fmt: skip
+        stored = study.user_attrs.get("fingerprint")
+        if stored is None:
+            study.set_user_attr("fingerprint", fingerprint)
+            study.set_user_attr("schedule", schedule)
+        elif stored != fingerprint:
+            diff = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != fingerprint.get(k))
+            raise ConfigError(
+                "--study-name", name,
+                f"a new name or storage: the stored study was run with a different {', '.join(diff)}",
+            )  # fmt: skip
+        studies[schedule] = study
+    return studies
+
+
+def enqueue_grid(study: optuna.Study, space: SearchSpace, schedule: str, seed: int) -> None:
+    """Queue every point of ``schedule``'s grid, in a seeded random order (a grid search)."""
+    import random
+
+    points = space.grid(schedule)
+    random.Random(seed).shuffle(points)
+    for p in points:
+        params: dict[str, Any] = {"stages": p.stages, "microbatch_size": p.microbatch_size}
+        if space.fixed_batch is None:
+            params["window"] = p.window
+        if space.lr_scale is not None:
+            params["lr_scale"] = p.lr_scale
+        study.enqueue_trial(params, skip_if_exists=True)
+
+
+def counted(trials: list[FrozenTrial], quota: int) -> int:
+    """Trials that use up the quota.
+
+    Not counted: failures that were enqueued again (their retry counts), and repeats of a point
+    already run (answered from the earlier trial, no compute spent) -- samplers propose repeats
+    often in small discrete spaces, and counting them would leave most of the quota unexplored.
+    Repeats beyond twice the quota do count, so a search of an exhausted space still ends.
+    """
+    retried = {t.user_attrs.get("retry_of") for t in trials}
+    fresh = repeats = 0
+    for t in trials:
+        if t.state == TrialState.FAIL and t.number in retried:
+            continue
+        if "repeat_of" in t.user_attrs:
+            repeats += 1
+        else:
+            fresh += 1
+    return fresh + max(0, repeats - 2 * quota)
+
+
+def running_elsewhere(trials: list[FrozenTrial]) -> int:
+    return sum(1 for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING))
+
+
+def claim(trial: optuna.Trial) -> None:
+    """Mark a trial as this worker's, so others can tell when it died with it."""
+    trial.set_user_attr("worker", {"host": HOST, "pid": os.getpid()})
+    trial.set_user_attr("heartbeat", time.time())
+
+
+class Heartbeat:
+    """Refreshes a running trial's heartbeat from a thread while this worker runs it."""
+
+    def __init__(self, study: optuna.Study, trial_id: int) -> None:
+        self.study, self.trial_id = study, trial_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self.study._storage.set_trial_user_attr(self.trial_id, "heartbeat", time.time())
+            except Exception:
+                return
+
+
+def _is_dead(t: FrozenTrial, now: float) -> bool:
+    worker = t.user_attrs.get("worker")
+    beat = t.user_attrs.get("heartbeat")
+    if not isinstance(worker, dict):
+        # Claimed trials always have a worker; an unclaimed RUNNING one died between ask and claim.
+        return t.datetime_start is not None and now - t.datetime_start.timestamp() > GRACE_S
+    if worker.get("host") == HOST:
+        pid = int(worker.get("pid", -1))
+        if pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    return beat is not None and now - float(beat) > GRACE_S
+
+
+def reap_dead(study: optuna.Study, retries: int) -> list[int]:
+    """Fail the running trials whose worker died and enqueue each again; the numbers failed."""
+    storage, now, failed = study._storage, time.time(), []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not _is_dead(t, now):
+            continue
+        try:
+            storage.set_trial_user_attr(t._trial_id, "fail_reason", "interrupted: its worker died")
+            if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker reaped it first
+        failed.append(t.number)
+        attempt = int(t.user_attrs.get("attempt", 0)) + 1
+        if attempt <= retries and t.params:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, "attempt": attempt})
+    return failed

@@ -1,0 +1,142 @@
+"""Terminal output for a search: a rich live table of trials, or plain lines off a terminal.
+
+Live: one row per trial (schedule, point, state, time to target, where it was pruned or why it
+failed), a progress bar for the running trial on the budget's clock with its latest validation
+loss, and a footer with the best of each schedule and PACI's speedup over the flush baseline.
+Plain: one line when a trial starts, one per validation, one when it ends.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from .search import SearchEvent
+
+_STYLE = {"complete": "green", "pruned": "yellow", "failed": "red", "running": "cyan"}
+MAX_ROWS = 24
+
+
+def _fmt(x: float | None, unit: str = "s") -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.3g}{unit}"
+
+
+class SearchView:
+    """Consumes :class:`SearchEvent` from the search loop (module docstring)."""
+
+    def __init__(self, budget: float, clock: str, target: float, console: Console | None = None, live: bool = True):
+        self.console = console or Console(stderr=True)
+        self.live = live and self.console.is_terminal
+        self.budget, self.clock, self.target = budget, clock, target
+        self.rows: dict[tuple[str, int], dict[str, Any]] = {}
+        self.best: dict[str, tuple[float, str]] = {}
+        self.current: tuple[str, int] | None = None
+        self._live: Live | None = None
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[clock]}"),
+            TextColumn("val {task.fields[val]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+        )
+        self.task = self.progress.add_task("waiting", total=budget, clock="-", val="-")
+
+    def __enter__(self) -> SearchView:
+        if self.live:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.stop()
+
+    def seed(self, rows: list[dict[str, Any]]) -> None:
+        """Trials already in the storage (a resumed search), shown before new ones."""
+        for r in rows:
+            self.rows[(r["schedule"], r["number"])] = r
+            if r["state"] == "complete" and r.get("value") is not None:
+                self._note_best(r["schedule"], r["value"], r["point"])
+
+    # ----------------------------------------------------------------------------- events
+    def on_event(self, e: SearchEvent) -> None:
+        key = (e.schedule, e.number)
+        if e.kind == "start":
+            assert e.params is not None
+            self.rows[key] = {"schedule": e.schedule, "number": e.number, "point": e.params.label(),
+                              "state": "running", "ttt": None, "note": ""}  # fmt: skip
+            self.current = key
+            self.progress.update(self.task, description=f"trial {e.number} {e.params.label()}", completed=0,
+                                 clock="-", val="-")  # fmt: skip
+            if not self.live:
+                self.console.print(f"trial {e.schedule}#{e.number}: {e.params.label()} ...")
+        elif e.kind == "eval" and e.progress is not None:
+            p = e.progress
+            val = p.best_val
+            self.progress.update(
+                self.task, completed=min(p.clock, self.budget), clock=f"{p.clock:.3g}/{self.budget:g}s {self.clock}",
+                val=_fmt(val, ""),
+            )  # fmt: skip
+            if not self.live:
+                self.console.print(
+                    f"  step {e.step}: clock {p.clock:.3g}s val {_fmt(val, '')} (target {self.target:g})"
+                )
+        elif e.kind == "end":
+            row = self.rows.setdefault(key, {"schedule": e.schedule, "number": e.number,
+                                             "point": e.params.label() if e.params else "", "ttt": None})  # fmt: skip
+            row["state"] = e.state or "?"
+            p = e.progress
+            if e.state == "complete":
+                row["value"] = e.value
+                reached = e.value if e.value is not None and e.value <= self.budget else None
+                row["ttt"] = p.reached_at if p is not None else reached
+                row["note"] = e.reason or ("target reached" if row["ttt"] is not None else "budget spent")
+                if e.value is not None:
+                    self._note_best(e.schedule, e.value, row["point"])
+            elif e.state == "pruned":
+                row["note"] = f"pruned at step {e.step}" + (f" ({e.reason})" if e.reason else "")
+            else:
+                row["note"] = e.reason or "failed"
+            self.current = None
+            if not self.live:
+                self.console.print(f"trial {e.schedule}#{e.number}: {row['state']} -- {row['note']}"
+                                   + (f", score {_fmt(e.value)}" if e.value is not None else ""))  # fmt: skip
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def _note_best(self, schedule: str, value: float, point: str) -> None:
+        if schedule not in self.best or value < self.best[schedule][0]:
+            self.best[schedule] = (value, point)
+
+    # ----------------------------------------------------------------------------- drawing
+    def _render(self) -> Group:
+        title = f"trials (target val_loss {self.target:g}, budget {self.budget:g}s on the {self.clock} clock)"
+        table = Table(title=title)
+        for col in ("trial", "point", "state", "time to target", "note"):
+            table.add_column(col)
+        rows = list(self.rows.values())[-MAX_ROWS:]
+        for r in rows:
+            st = r.get("state", "?")
+            table.add_row(f"{r['schedule']}#{r['number']}", r["point"], Text(st, style=_STYLE.get(st, "")),
+                          _fmt(r.get("ttt")), r.get("note", ""))  # fmt: skip
+        parts: list[Any] = [table]
+        if self.current is not None:
+            parts.append(self.progress)
+        parts.append(Text(self.footer()))
+        return Group(*parts)
+
+    def footer(self) -> str:
+        bits = [f"best {s}: {_fmt(v)} ({pt})" for s, (v, pt) in sorted(self.best.items())]
+        if "paci" in self.best and "1f1b" in self.best:
+            bits.append(f"PACI vs flush: {self.best['1f1b'][0] / self.best['paci'][0]:.2f}x")
+        return "  |  ".join(bits) if bits else "no finished trial yet"
