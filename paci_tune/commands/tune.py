@@ -282,7 +282,8 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
     if over.get("training.checkpoint_dir") is None:
         over["training.checkpoint_dir"] = str(best_path.parent / f"{best_path.stem}-checkpoints")
     if over.get("training.checkpoint_every") is None and not run_doc["training"].get("checkpoint_every"):
-        steps = (doc.get("evidence") or {}).get("steps") or 100
+        # About four checkpoints over the run: its length in steps, or the search's trial's.
+        steps = over.get("training.steps") or (doc.get("evidence") or {}).get("steps") or 100
         over["training.checkpoint_every"] = max(1, int(steps) // 4)
     if over.get("training.steps") is not None:
         over["training.eval_every_seconds"] = None

@@ -112,6 +112,7 @@ class SubprocessRunner:
 
     def __init__(self, stall_seconds: float = 300.0, timeout: float | None = None, poll_s: float = 0.1) -> None:
         self.stall_seconds, self.timeout, self.poll_s = stall_seconds, timeout, poll_s
+        self.last_pid: int | None = None  # the latest trial's process (and process group) id
 
     def run(self, job: TrialJob, on_eval: OnEval, on_record: OnRecord | None = None) -> TrialResult:
         job.workdir.mkdir(parents=True, exist_ok=True)
@@ -127,6 +128,7 @@ class SubprocessRunner:
         t0 = time.monotonic()
         with open(log, "w") as logf, open(events) as tail:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+            self.last_pid = proc.pid
             last_activity, seen, pending = t0, 0, ""
             try:
                 while True:

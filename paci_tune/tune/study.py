@@ -129,17 +129,18 @@ def enqueue_grid(study: optuna.Study, space: SearchSpace, schedule: str, seed: i
 
 
 def counted(trials: list[FrozenTrial], quota: int) -> int:
-    """Trials that use up the quota.
+    """Trials that use up the quota: running or finished ones.
 
-    Not counted: failures that were enqueued again (their retry counts), and repeats of a point
-    already run (answered from the earlier trial, no compute spent) -- samplers propose repeats
+    Not counted: queued ones (not started yet), failures that were enqueued again (their retry
+    counts), and repeats of a point already run (answered from the earlier trial, no compute
+    spent) -- samplers propose repeats
     often in small discrete spaces, and counting them would leave most of the quota unexplored.
     Repeats beyond twice the quota do count, so a search of an exhausted space still ends.
     """
     retried = {t.user_attrs.get("retry_of") for t in trials}
     fresh = repeats = 0
     for t in trials:
-        if t.state == TrialState.FAIL and t.number in retried:
+        if t.state == TrialState.WAITING or (t.state == TrialState.FAIL and t.number in retried):
             continue
         if "repeat_of" in t.user_attrs:
             repeats += 1
@@ -149,7 +150,7 @@ def counted(trials: list[FrozenTrial], quota: int) -> int:
 
 
 def running_elsewhere(trials: list[FrozenTrial]) -> int:
-    return sum(1 for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING))
+    return sum(1 for t in trials if t.state == TrialState.RUNNING)
 
 
 def claim(trial: optuna.Trial) -> None:

@@ -1,0 +1,312 @@
+"""``paci-tune search`` and ``apply`` end to end: real Optuna storages, real trial processes.
+
+Oracles: the storage itself (the recommendation must be the best finished trial in it, read
+back with Optuna), the operating system (a pruned or orphaned trial's process must be gone),
+and the known behaviour of deliberately broken models (crash, hang, NaN).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from conftest import REPO, check_ok, cli_env, kill_tree, read_metrics, summary_of
+from optuna.trial import TrialState
+
+from paci_tune.tune.study import counted
+
+SEARCH_DOC: dict[str, Any] = {
+    "model": {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32},
+    "data": {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 50_000, "n_val": 5_000},
+    "training": {"global_batch": 8, "steps": 6, "seed": 0, "eval_every": 1000, "eval_batches": 2},
+    "optimizer": {"name": "adamw", "lr": 3.0e-3},
+    "lr_schedule": {"warmup_fraction": 0.0, "min_ratio": 0.1, "scaling": "none"},
+    "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "emulated", "device": "cpu"},
+    "target": {"value": 1.6},
+    "budget": {"clock": "sim", "seconds": 0.6, "grid": 4},
+    "search": {"trials": 2, "seed": 0, "stall_seconds": 120},
+}
+SPACE = {"schedules": ["paci", "1f1b"], "stages": [2, 4], "microbatch_size": [2, 4]}
+
+
+def write_search(tmp: Path, **sections: dict[str, Any]) -> Path:
+    doc = {k: dict(v) if isinstance(v, dict) else v for k, v in SEARCH_DOC.items()}
+    for k, v in sections.items():
+        doc[k] = {**doc.get(k, {}), **v}
+    space = tmp / "space.yaml"
+    if not space.exists():
+        space.write_text(yaml.safe_dump(SPACE))
+    doc["search"].setdefault("space", str(space))
+    path = tmp / "model.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def search_cmd(config: Path, tmp: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "paci_tune.cli", "search", str(config), "--no-live",
+            "--workdir", str(tmp / "work"), "--out", str(tmp / "best.yaml"), *extra]  # fmt: skip
+
+
+def run(cmd: list[str], timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env or cli_env())
+
+
+def studies(storage: str, name: str = "model") -> dict[str, optuna.Study]:
+    return {s: optuna.load_study(study_name=f"{name}.{s}", storage=storage) for s in ("paci", "1f1b")}
+
+
+def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
+    config = write_search(tmp_path)
+    proc = run(search_cmd(config, tmp_path))
+    check_ok(proc)
+    best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    for key in ("recommended", "evidence", "baseline", "speedup_vs_flush", "provenance", "run"):
+        assert key in best, key
+    rec = best["recommended"]
+    assert rec["window"] * rec["microbatch_size"] == 8 and rec["stages"] in (2, 4)
+
+    # Independent check: the recommendation is the best finished trial in the storage.
+    storage = f"sqlite:///{tmp_path / 'work' / 'study.db'}"
+    done = [(t.value, s, t) for s, st in studies(storage).items() for t in st.trials if t.state == TrialState.COMPLETE]
+    value, schedule, trial = min(done, key=lambda x: x[0])
+    assert best["evidence"]["score"] == pytest.approx(value)
+    assert rec["schedule"] == schedule and rec["microbatch_size"] == trial.params["microbatch_size"]
+    flush = min(t.value for t in studies(storage)["1f1b"].trials if t.state == TrialState.COMPLETE)
+    assert best["speedup_vs_flush"] == pytest.approx(flush / value, abs=1e-3)
+    for s, c in best["provenance"]["trials"].items():
+        assert c["complete"] + c["pruned"] + c["failed"] - c["repeats_reused"] >= 2, s
+
+    # A second run resumes the finished study: no new trial, the same recommendation.
+    n_before = sum(len(st.trials) for st in studies(storage).values())
+    check_ok(run(search_cmd(config, tmp_path)))
+    assert sum(len(st.trials) for st in studies(storage).values()) == n_before
+    assert yaml.safe_load((tmp_path / "best.yaml").read_text())["recommended"] == rec
+
+    dry = run([sys.executable, "-m", "paci_tune.cli", "apply", str(tmp_path / "best.yaml"), "--dry-run"])
+    check_ok(dry)
+    run_yaml = tmp_path / "best.run.yaml"
+    assert f"paci-tune train {run_yaml}" in dry.stdout
+    written = yaml.safe_load(run_yaml.read_text())
+    assert written["pipeline"]["schedule"] == rec["schedule"]
+    pipe = written["pipeline"]
+    assert (pipe["stages"], pipe["microbatch_size"]) == (rec["stages"], rec["microbatch_size"])
+    assert not (tmp_path / "best-checkpoints").exists(), "a dry run trains nothing"
+
+    metrics = tmp_path / "apply.jsonl"
+    check_ok(run([sys.executable, "-m", "paci_tune.cli", "apply", str(tmp_path / "best.yaml"), "--steps", "4",
+                  "--no-live", "--metrics", str(metrics)]))  # fmt: skip
+    s = summary_of(read_metrics(metrics))
+    assert s["steps"] == 4 and s["schedule"] == rec["schedule"] and s["window"] == rec["window"]
+    assert (tmp_path / "best-checkpoints").is_dir()
+
+
+def test_bad_search_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = [
+        ({"target": {"value": -1.0}}, "target.value"),
+        ({"budget": {"grid": 1}}, "budget.grid"),
+        ({"search": {"sampler": "bayes"}}, "search.sampler"),
+        ({"search": {"space": "no-such-space"}}, "search.space"),
+    ]
+    for sections, key in bad:
+        config = write_search(tmp_path, **sections)
+        proc = run(search_cmd(config, tmp_path))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {key}:"), proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not (tmp_path / "best.yaml").exists()
+    proc = run([sys.executable, "-m", "paci_tune.cli", "apply", str(config)])
+    assert proc.returncode == 2 and "best.yaml" in proc.stderr
+
+
+# --------------------------------------------------------------------------- pruning
+def test_pruning_stops_the_trial_process(tmp_path: Path) -> None:
+    """A pruned trial's whole process group is gone, and Optuna has it PRUNED at the step it was stopped."""
+    from paci_tune.config import read_yaml
+    from paci_tune.config.tune import load_tune_config
+    from paci_tune.tune.runner import SubprocessRunner
+    from paci_tune.tune.search import Search
+    from paci_tune.tune.space import load_space
+    from paci_tune.tune.study import open_studies
+
+    config = write_search(tmp_path, budget={"clock": "wall", "seconds": 30.0, "grid": 10}, training={"eval_every": 5},
+                          hardware={"runtime": "emulated", "devices": 2}, search={"trials": 1})  # fmt: skip
+    tune = load_tune_config(read_yaml(config))
+    space = load_space(str(tmp_path / "space.yaml"), global_batch=8, n_units=4, max_stages=2)
+    storage = optuna.storages.InMemoryStorage()
+    st = open_studies(storage, "p", ("paci",), tune.search, space, 10, {"x": 1})
+    st["paci"].pruner = optuna.pruners.ThresholdPruner(upper=1e-9)  # any value: prune at the first report
+    runner = SubprocessRunner(stall_seconds=120)
+    t0 = time.monotonic()
+    Search(tune, space, st, runner, tmp_path / "work", None).run_trial("paci")
+    took = time.monotonic() - t0
+    trial = st["paci"].trials[0]
+    assert trial.state == TrialState.PRUNED
+    assert trial.user_attrs["pruned_step"] == 1 == max(trial.intermediate_values)
+    assert runner.last_pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(runner.last_pid, 0)  # no process of the trial's group is left
+    assert took < 30, "the trial was not stopped early"
+
+
+# ---------------------------------------------------------------------- crash recovery
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"paci_tune.tune.child" in cmd and str(pid).encode() in cmd:
+                out.append(int(d.name))
+    return out
+
+
+def test_sigkill_mid_trial_then_resume(tmp_path: Path) -> None:
+    config = write_search(tmp_path, search={"trials": 3})
+    storage = f"sqlite:///{tmp_path / 'work' / 'study.db'}"
+    proc = subprocess.Popen(search_cmd(config, tmp_path), cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    running = None
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and running is None:
+            time.sleep(0.2)
+            try:
+                trials = [t for st in studies(storage).values() for t in st.trials]
+            except Exception:  # the database or the studies do not exist yet
+                continue
+            if any(t.state == TrialState.COMPLETE for t in trials):
+                live = [(s, t) for s, st in studies(storage).items() for t in st.trials
+                        if t.state == TrialState.RUNNING and "repeat_of" not in t.user_attrs]  # fmt: skip
+                if live and _children_of(proc.pid):
+                    running = live[0]
+        assert running is not None, "never saw a finished trial and a running one together"
+        os.kill(proc.pid, signal.SIGKILL)  # the search only: its trial must die with it
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    deadline = time.monotonic() + 20
+    while _children_of(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _children_of(proc.pid), "the trial outlived its killed search"
+    before = {(s, t.number): (t.state, t.value) for s, st in studies(storage).items() for t in st.trials
+              if t.state.is_finished()}  # fmt: skip
+
+    check_ok(run(search_cmd(config, tmp_path)))
+    after = studies(storage)
+    for (s, n), (state, value) in before.items():
+        t = after[s].trials[n]
+        assert (t.state, t.value) == (state, value), f"{s}#{n} changed on resume"
+    sched, killed = running
+    dead = after[sched].trials[killed.number]
+    assert dead.state == TrialState.FAIL and dead.user_attrs["fail_reason"].startswith("interrupted")
+    assert any(t.user_attrs.get("retry_of") == killed.number for t in after[sched].trials)
+    for st in after.values():
+        assert not [t for t in st.trials if t.state == TrialState.RUNNING]
+        assert counted(st.trials, 3) == 3
+    assert (tmp_path / "best.yaml").is_file()
+
+
+BROKEN_MODEL = '''
+"""A model that misbehaves by micro-batch size: 1 crashes, 2 hangs, 4 goes NaN, 8 trains."""
+import time
+import torch
+from torch import nn
+
+class Embed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(64, 16)
+    def forward(self, x):
+        return self.emb(x)
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 64)
+        self.calls = 0
+    def forward(self, h):
+        if torch.is_grad_enabled():
+            self.calls += 1
+            b = h.shape[0]
+            if self.calls > 3 and b == 1:
+                raise RuntimeError("boom: a bug in the user's model")
+            if self.calls > 3 and b == 2:
+                time.sleep(3600)
+            if self.calls > 3 and b == 4:
+                return self.lin(h) * float("nan")
+        return self.lin(h)
+
+def build():
+    return [Embed(), Head()]
+'''
+
+
+def test_crash_hang_and_divergence_are_recorded_and_the_study_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "broken_model.py").write_text(BROKEN_MODEL)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"schedules": ["paci"], "stages": [2],
+                                                         "microbatch_size": [1, 2, 4, 8]}))  # fmt: skip
+    config = write_search(
+        tmp_path,
+        model={"entry": "broken_model:build", "block_size": 32},
+        budget={"clock": "wall", "seconds": 2.0, "grid": 2},
+        training={"eval_every": 5},
+        hardware={"runtime": "emulated", "devices": 2},
+        search={"trials": 4, "sampler": "grid", "stall_seconds": 8, "trial_timeout": 120},
+    )
+    doc = yaml.safe_load(config.read_text())
+    doc["model"] = {"entry": "broken_model:build", "block_size": 32}
+    doc["target"]["value"] = 0.01  # never reached: the healthy trial runs its budget
+    config.write_text(yaml.safe_dump(doc))
+    env = cli_env()
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    proc = run(search_cmd(config, tmp_path), env=env)
+    check_ok(proc)
+    study = optuna.load_study(study_name="model.paci", storage=f"sqlite:///{tmp_path / 'work' / 'study.db'}")
+    by_size = {t.params["microbatch_size"]: t for t in study.trials}
+    assert by_size[1].state == TrialState.FAIL and by_size[1].user_attrs["fail_reason"].startswith("crash")
+    assert "boom" in by_size[1].user_attrs["fail_reason"]
+    assert by_size[2].state == TrialState.FAIL and by_size[2].user_attrs["fail_reason"].startswith("hang")
+    assert by_size[4].state == TrialState.FAIL and by_size[4].user_attrs["fail_reason"].startswith("diverged")
+    assert by_size[8].state == TrialState.COMPLETE
+    best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert best["recommended"]["microbatch_size"] == 8
+    assert best["provenance"]["trials"]["paci"]["failed"] == 3
+
+
+# ---------------------------------------------------------------------- several workers
+def test_two_workers_share_one_journal_file(tmp_path: Path) -> None:
+    config = write_search(tmp_path, search={"trials": 3})
+    journal = tmp_path / "study.log"
+    cmds = [search_cmd(config, tmp_path, "--storage", f"journal://{journal}", "--study-name", "shared",
+                       "--out", str(tmp_path / f"best{i}.yaml")) for i in range(2)]  # fmt: skip
+    procs = [subprocess.Popen(c, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c in cmds]  # fmt: skip
+    outs = [p.communicate(timeout=400) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    workers = set()
+    for s in ("paci", "1f1b"):
+        st = optuna.load_study(study_name=f"shared.{s}", storage=storage)
+        numbers = [t.number for t in st.trials]
+        assert numbers == list(range(len(numbers))), "trial numbers must be unique and contiguous"
+        assert not [t for t in st.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+        assert 3 <= counted(st.trials, 3) <= 4  # at most (workers - 1) extra from a race at the very end
+        fresh = [t for t in st.trials if "repeat_of" not in t.user_attrs]
+        dirs = sorted(p.name for p in (tmp_path / "work" / "trials" / f"shared.{s}").iterdir())
+        assert dirs == [f"trial-{t.number:04d}" for t in sorted(fresh, key=lambda t: t.number)], "each trial ran once"
+        workers |= {t.user_attrs["worker"]["pid"] for t in st.trials}
+    assert workers == {p.pid for p in procs}, "both workers ran trials"
+    b0, b1 = (yaml.safe_load((tmp_path / f"best{i}.yaml").read_text()) for i in range(2))
+    assert b0["recommended"] == b1["recommended"]
