@@ -30,8 +30,8 @@ SEARCH_DOC: dict[str, Any] = {
     "optimizer": {"name": "adamw", "lr": 3.0e-3},
     "lr_schedule": {"warmup_fraction": 0.0, "min_ratio": 0.1, "scaling": "none"},
     "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "emulated", "device": "cpu"},
-    "target": {"value": 1.6},
-    "budget": {"clock": "sim", "seconds": 0.6, "grid": 4},
+    "target": {"value": 1.85},
+    "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
     "search": {"trials": 2, "seed": 0, "stall_seconds": 120},
 }
 SPACE = {"schedules": ["paci", "1f1b"], "stages": [2, 4], "microbatch_size": [2, 4]}

@@ -127,6 +127,10 @@ def build_best(
             doc["paci_speedup_vs_flush"] = round(float(bt.value) / float(paci[0].value), 4)
             doc["paci_won"] = bool(paci[0].value < bt.value)
         notes = []
+        spacing = float(budget.get("seconds") or 0.0) / int(budget.get("grid") or 1)
+        if paci is not None and abs(float(paci[0].value) - float(bt.value)) < spacing:
+            notes.append(f"PACI and flush are within one validation interval ({spacing:.3g}s), the resolution of "
+                         "time to target: treat them as tied")  # fmt: skip
         if bt.user_attrs.get("time_to_target") is None:
             notes.append("the flush baseline never reached the target within the budget: its score is the "
                          "not-reached penalty, so the speedup is a lower bound")  # fmt: skip

@@ -12,7 +12,6 @@ past the point where it was stopped.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from collections.abc import Callable
@@ -111,8 +110,9 @@ class Search:
             grid=b.grid,
             target=float(self.tune.target.value or 0.0),
         )
-        reported: set[int] = set()
-        schedule = trial.study.user_attrs.get("schedule", params.schedule)
+        # Steps already reported (a pruned point's curve replayed by _reuse) are not reported twice.
+        reported = set(study._storage.get_trial(trial._trial_id).intermediate_values)
+        schedule = params.schedule
 
         def on_eval(step: int, progress: Progress) -> bool:
             self.on_event(SearchEvent("eval", schedule, trial.number, params, step, progress))
@@ -251,9 +251,3 @@ def _same_point(study: optuna.Study, trial: optuna.Trial) -> FrozenTrial | None:
         return None
     complete = [t for t in same if t.state == TrialState.COMPLETE]
     return (complete or same)[-1]
-
-
-def finished_trials(study: optuna.Study) -> list[FrozenTrial]:
-    with contextlib.suppress(Exception):
-        return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-    return []

@@ -76,7 +76,7 @@ class SearchView:
             self.rows[key] = {"schedule": e.schedule, "number": e.number, "point": e.params.label(),
                               "state": "running", "ttt": None, "note": ""}  # fmt: skip
             self.current = key
-            self.progress.update(self.task, description=f"trial {e.number} {e.params.label()}", completed=0,
+            self.progress.update(self.task, description=f"{e.schedule}#{e.number} {e.params.label()}", completed=0,
                                  clock="-", val="-")  # fmt: skip
             if not self.live:
                 self.console.print(f"trial {e.schedule}#{e.number}: {e.params.label()} ...")
@@ -136,7 +136,10 @@ class SearchView:
         return Group(*parts)
 
     def footer(self) -> str:
-        bits = [f"best {s}: {_fmt(v)} ({pt})" for s, (v, pt) in sorted(self.best.items())]
+        bits = [
+            f"best {s}: " + (f"{_fmt(v)} to target" if v <= self.budget else f"missed (score {v:.3g})") + f" ({pt})"
+            for s, (v, pt) in sorted(self.best.items())
+        ]
         if "paci" in self.best and "1f1b" in self.best:
             bits.append(f"PACI vs flush: {self.best['1f1b'][0] / self.best['paci'][0]:.2f}x")
         return "  |  ".join(bits) if bits else "no finished trial yet"

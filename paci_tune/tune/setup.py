@@ -1,0 +1,112 @@
+"""Binding a search file to this machine: its space, its sim-clock profile, its start points.
+
+Shared by ``paci-tune search`` and the benchmark that replays searches against a full grid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..config import apply_overrides, load_run_config
+from ..config.tune import TuneConfig
+from ..errors import ConfigError
+from .space import SearchSpace
+
+
+def _stderr(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def bind_space(tune: TuneConfig) -> SearchSpace:
+    """The space file, constrained by this run's global batch, model depth and devices."""
+    from ..pipeline.factory import load_pieces
+    from .space import load_space
+
+    one_stage = load_run_config(apply_overrides(tune.run_doc, {"pipeline.stages": 1, "pipeline.partition": "auto"}))
+    _, meta, _, _ = load_pieces(one_stage, [], distributed=True)
+    max_stages = None
+    if tune.budget.clock == "wall":
+        max_stages = tune.hardware.devices or _devices(tune)
+    return load_space(
+        tune.search.space, global_batch=tune.run.training.global_batch, n_units=meta.n_units, max_stages=max_stages
+    )
+
+
+def _devices(tune: TuneConfig) -> int:
+    import torch
+
+    if tune.hardware.device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+def profile_for(tune: TuneConfig, space: Any, work: Path) -> str | None:
+    """The cost profile every trial's sim/rst clock reads: given, or measured once per search.
+
+    Measured at every micro-batch size of the space and kept in the work folder, so a resumed
+    search times its trials exactly as before.
+    """
+    b = tune.budget
+    if b.clock == "wall":
+        return None
+    if b.profile:
+        if not Path(b.profile).is_file():
+            raise ConfigError("budget.profile", b.profile, "an existing profile file (paci-tune calibrate)")
+        return str(Path(b.profile).resolve())
+    path = work / "profile.yaml"
+    if path.is_file():
+        return str(path)
+    from ..sim.calibrate import calibrate
+
+    _stderr(f"measuring the model once for the sim clock at micro-batch sizes {list(space.microbatch_size)} ...")
+    profile = calibrate(tune.run, microbatch_sizes=list(space.microbatch_size), repeats=3, warmup=1, p2p_repeats=30,
+                        log=_stderr)  # fmt: skip
+    work.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    return str(path)
+
+
+def fingerprint(tune: TuneConfig, space: Any) -> dict[str, Any]:
+    """What makes two runs of ``search`` the same search (a resume must match it)."""
+    run = hashlib.sha256(json.dumps(tune.run_doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {
+        "run": run,
+        "space": space.describe(),
+        "target": tune.target.value,
+        "budget": [tune.budget.clock, tune.budget.seconds, tune.budget.grid],
+        "sampler": tune.search.sampler,
+        "pruner": tune.search.pruner,
+    }
+
+
+def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) -> None:
+    """Start each new study from the configuration the user wrote, when it is in the space;
+    a grid search queues its whole grid instead."""
+    if tune.search.sampler == "grid":
+        from .study import enqueue_grid
+
+        for schedule, study in studies.items():
+            if not study.get_trials(deepcopy=False):
+                enqueue_grid(study, space, schedule, tune.search.seed)
+        return
+    p = tune.run.pipeline
+    point = {"stages": p.stages, "microbatch_size": p.microbatch_size}
+    if space.fixed_batch is None:
+        point["window"] = p.window
+    if p.stages not in space.stages or p.microbatch_size not in space.microbatch_size:
+        return
+    if space.fixed_batch is None and p.window not in space.window:
+        return
+    if space.lr_scale is not None:
+        if not space.lr_is_range and 1.0 not in space.lr_scale:
+            return
+        point["lr_scale"] = 1.0
+    for study in studies.values():
+        if not study.get_trials(deepcopy=False):
+            study.enqueue_trial(point, skip_if_exists=True)
