@@ -137,7 +137,8 @@ def test_pruning_stops_the_trial_process(tmp_path: Path) -> None:
     from paci_tune.tune.study import open_studies
 
     config = write_search(tmp_path, budget={"clock": "wall", "seconds": 30.0, "grid": 10}, training={"eval_every": 5},
-                          hardware={"runtime": "emulated", "devices": 2}, search={"trials": 1})  # fmt: skip
+                          hardware={"runtime": "emulated", "devices": 2}, search={"trials": 1},
+                          target={"value": 0.01})  # fmt: skip
     tune = load_tune_config(read_yaml(config))
     space = load_space(str(tmp_path / "space.yaml"), global_batch=8, n_units=4, max_stages=2)
     storage = optuna.storages.InMemoryStorage()
@@ -290,7 +291,9 @@ def test_two_workers_share_one_journal_file(tmp_path: Path) -> None:
     journal = tmp_path / "study.log"
     cmds = [search_cmd(config, tmp_path, "--storage", f"journal://{journal}", "--study-name", "shared",
                        "--out", str(tmp_path / f"best{i}.yaml")) for i in range(2)]  # fmt: skip
-    procs = [subprocess.Popen(c, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = cli_env()
+    env.pop("OMP_NUM_THREADS", None)  # the workers split the cores between their trials themselves
+    procs = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for c in cmds]  # fmt: skip
     outs = [p.communicate(timeout=400) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=True):

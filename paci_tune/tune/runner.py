@@ -48,6 +48,7 @@ class TrialJob:
     budget: float
     grid: int
     target: float
+    threads: int | None = None  # CPU threads for the trial (None: torch's default, or the user's OMP_NUM_THREADS)
 
 
 @dataclass
@@ -127,7 +128,10 @@ class SubprocessRunner:
         watch = _Watch(job, on_eval, on_record)
         t0 = time.monotonic()
         with open(log, "w") as logf, open(events) as tail:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+            env = dict(os.environ)
+            if job.threads is not None and "OMP_NUM_THREADS" not in env:
+                env["OMP_NUM_THREADS"] = str(job.threads)
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, env=env)
             self.last_pid = proc.pid
             last_activity, seen, pending = t0, 0, ""
             try:

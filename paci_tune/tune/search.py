@@ -13,6 +13,7 @@ past the point where it was stopped.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from ..config.tune import TuneConfig
 from .objective import Progress
 from .runner import TrialJob, TrialResult, TrialRunner
 from .space import SearchSpace, TrialParams
-from .study import Heartbeat, claim, counted, reap_dead, running_elsewhere
+from .study import HOST, Heartbeat, claim, counted, reap_dead, running_elsewhere
 
 DETERMINISTIC_FAILURES = ("oom", "diverged", "rejected")
 EVIDENCE_KEYS = ("tokens_per_s", "bubble_fraction", "max_drift", "peak_memory_bytes", "partition", "steps")
@@ -109,6 +110,7 @@ class Search:
             budget=float(b.seconds or 0.0),
             grid=b.grid,
             target=float(self.tune.target.value or 0.0),
+            threads=self._threads(),
         )
         # Steps already reported (a pruned point's curve replayed by _reuse) are not reported twice.
         reported = set(study._storage.get_trial(trial._trial_id).intermediate_values)
@@ -127,6 +129,23 @@ class Search:
 
         result = self.runner.run(job, on_eval, on_record)
         self._tell(study, trial, params, result)
+
+    def _threads(self) -> int | None:
+        """Split this machine's cores among the workers running trials on it right now.
+
+        Several ``paci-tune search`` workers on one CPU machine would otherwise each start trials
+        with every core's worth of threads, and oversubscribed OpenMP threads spin: trials ran
+        ten times slower in that case. One worker alone keeps torch's default.
+        """
+        pids = {os.getpid()}
+        for study in self.studies.values():
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                w = t.user_attrs.get("worker")
+                if isinstance(w, dict) and w.get("host") == HOST:
+                    pids.add(int(w.get("pid", -1)))
+        if len(pids) == 1:
+            return None
+        return max(1, (os.cpu_count() or 1) // len(pids))
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, result: TrialResult) -> None:
         p = result.progress
