@@ -263,7 +263,7 @@ def test_crash_hang_and_divergence_are_recorded_and_the_study_goes_on(tmp_path: 
         budget={"clock": "wall", "seconds": 2.0, "grid": 2},
         training={"eval_every": 5},
         hardware={"runtime": "emulated", "devices": 2},
-        search={"trials": 4, "sampler": "grid", "stall_seconds": 8, "trial_timeout": 120},
+        search={"trials": 4, "sampler": "grid", "stall_seconds": 20, "trial_timeout": 120},
     )
     doc = yaml.safe_load(config.read_text())
     doc["model"] = {"entry": "broken_model:build", "block_size": 32}

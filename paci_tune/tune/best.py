@@ -59,7 +59,7 @@ def describe_trial(t: FrozenTrial, schedule: str, params: TrialParams, lr: float
         "global_batch": params.global_batch,
         "lr": lr,
         "lr_scale": params.lr_scale,
-        "trial": f"{t.number}",
+        "trial": t.number,
         "time_to_target": a.get("time_to_target"),
         "reached_target": a.get("time_to_target") is not None,
         "best_val_loss": a.get("best_val_loss"),
@@ -122,6 +122,7 @@ def build_best(
     if base is not None:
         bt, bp = base
         doc["baseline"] = describe_trial(bt, "1f1b", bp, base_lr * bp.lr_scale)
+        doc["baseline"]["trial"] = f"{studies['1f1b'].study_name}#{bt.number}"
         doc["speedup_vs_flush"] = round(float(bt.value) / float(rec_t.value), 4)
         if paci is not None:
             doc["paci_speedup_vs_flush"] = round(float(bt.value) / float(paci[0].value), 4)
