@@ -81,6 +81,7 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     assert rec["schedule"] == schedule and rec["microbatch_size"] == trial.params["microbatch_size"]
     flush = min(t.value for t in studies(storage)["1f1b"].trials if t.state == TrialState.COMPLETE)
     assert best["speedup_vs_flush"] == pytest.approx(flush / value, abs=1e-3)
+    assert Path(best["provenance"]["plot"]).stat().st_size > 10_000  # the curves' picture
     for s, c in best["provenance"]["trials"].items():
         assert c["complete"] + c["pruned"] + c["failed"] - c["repeats_reused"] >= 2, s
 

@@ -109,6 +109,12 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
                     "seed": tune.search.seed, "config": str(Path(config).resolve())},
     )  # fmt: skip
     out_path = Path(out)
+    from ..tune.plot import plot_search
+
+    rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
+    picture = plot_search(studies, target=float(tune.target.value or 0), budget=float(b.seconds or 0), clock=b.clock,
+                          best=(best["recommended"]["schedule"], rec_number), path=work / "trials.png")  # fmt: skip
+    best["provenance"]["plot"] = str(picture)
     write_best(out_path, best)
     _print_best(best, out_path)
 
@@ -153,7 +159,7 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
     counts = best["provenance"]["trials"]
     _stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed"
                                   for s, c in counts.items()))  # fmt: skip
-    _stderr(f"wrote {path}")
+    _stderr(f"wrote {path}; the trials' curves: {best['provenance'].get('plot')}")
 
 
 # ------------------------------------------------------------------------------------ apply

@@ -104,7 +104,9 @@ class SearchView:
                 if e.value is not None:
                     self._note_best(e.schedule, e.value, row["point"])
             elif e.state == "pruned":
-                row["note"] = f"pruned at step {e.step}" + (f" ({e.reason})" if e.reason else "")
+                why = e.reason or ""
+                at = f"pruned at step {e.step}"
+                row["note"] = why if why.startswith("pruned") else at + (f" ({why})" if why else "")
             else:
                 row["note"] = e.reason or "failed"
             self.current = None

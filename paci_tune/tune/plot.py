@@ -1,0 +1,53 @@
+"""A picture of a search: every trial's validation curve on the budget's clock.
+
+One panel per schedule, the target as a line, finished trials solid, pruned ones dashed and
+ending where they were stopped, the recommendation drawn thick. It shows at a glance what a
+table of numbers hides: how early the pruner cut, and how close the runners-up came.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+
+def plot_search(
+    studies: dict[str, optuna.Study], *, target: float, budget: float, clock: str, best: tuple[str, int] | None,
+    path: Path,
+) -> Path:  # fmt: skip
+    """Write the PNG (atomically: a temporary file renamed into place) and return its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(studies), figsize=(6 * len(studies), 4.2), sharey=True, squeeze=False)
+    for ax, (schedule, study) in zip(axes[0], studies.items(), strict=True):
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            curve: Any = t.user_attrs.get("curve")
+            if not curve or "repeat_of" in t.user_attrs:
+                continue
+            xs, ys = [c for c, _ in curve], [v for _, v in curve]
+            chosen = best == (schedule, t.number)
+            style = "-" if t.state == TrialState.COMPLETE else "--"
+            ax.plot(xs, ys, style, lw=3 if chosen else 1, alpha=1 if chosen else 0.6,
+                    label=f"#{t.number} {t.user_attrs.get('label', '')}" if chosen else None)  # fmt: skip
+            if t.state == TrialState.PRUNED:
+                ax.plot(xs[-1:], ys[-1:], "x", color="grey")
+        ax.axhline(target, color="black", lw=0.8, ls=":")
+        ax.set_xlim(0, budget)
+        ax.set_title(f"{schedule}: {len(study.trials)} trials (dashed: pruned)")
+        ax.set_xlabel(f"{clock} clock (s)")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper right", fontsize=8)
+    axes[0][0].set_ylabel("validation loss")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
