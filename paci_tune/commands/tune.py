@@ -79,10 +79,11 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
     work = Path(workdir or Path("paci-search") / name).resolve()
     storage_url = storage or f"sqlite:///{work / 'study.db'}"
     space_ = bind_space(tune)
-    profile = profile_for(tune, space_, work)
     stamp = fingerprint(tune, space_)
+    # The storage first: a bad URL or a different stored search is refused before any measuring.
     studies = open_studies(open_storage(storage_url), name, space_.schedules, tune.search, space_, tune.budget.grid,
                            stamp)  # fmt: skip
+    profile = profile_for(tune, space_, work)
     enqueue_start_points(tune, space_, studies)
     runner = SubprocessRunner(stall_seconds=tune.search.stall_seconds, timeout=tune.search.trial_timeout)
     b = tune.budget
