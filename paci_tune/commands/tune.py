@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..config import apply_overrides, load_run_config, read_yaml
+from ..config import REMOVE, apply_overrides, load_run_config, read_yaml
 from ..config.tune import load_tune_config
 from ..errors import ConfigError
 from ..options import overrides_from, run_options
@@ -100,7 +99,7 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
         sys.exit(130)
     best = build_best(
         studies,
-        run_doc_for=lambda p: _runnable(srch.trial_doc(p)),
+        run_doc_for=srch.trial_doc,
         base_lr=float(tune.run.optimizer.lr),
         fixed_batch=space_.fixed_batch,
         target={"metric": tune.target.metric, "value": tune.target.value},
@@ -136,12 +135,6 @@ def _existing_rows(studies: dict[str, Any], fixed_batch: int | None) -> list[dic
                          "state": state, "ttt": t.user_attrs.get("time_to_target"), "note": note,
                          "value": t.value})  # fmt: skip
     return rows
-
-
-def _runnable(doc: dict[str, Any]) -> dict[str, Any]:
-    """A trial's run document, as ``apply`` should train it (no per-trial scratch keys)."""
-    out = json.loads(json.dumps(doc, default=list))
-    return out
 
 
 def _print_best(best: dict[str, Any], path: Path) -> None:
@@ -190,12 +183,11 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
     from ..tune.best import read_best
 
     doc = read_best(best)
-    run_doc = dict(doc["run"])
+    run_doc = doc["run"]
     best_path = Path(best).resolve()
     over = overrides_from(options)
     if until == "budget":
-        over["training.target_val_loss"] = None
-        run_doc["training"] = {k: v for k, v in run_doc["training"].items() if k != "target_val_loss"}
+        over["training.target_val_loss"] = REMOVE
     if over.get("training.checkpoint_dir") is None:
         over["training.checkpoint_dir"] = str(best_path.parent / f"{best_path.stem}-checkpoints")
     if over.get("training.checkpoint_every") is None and not run_doc["training"].get("checkpoint_every"):
@@ -203,8 +195,7 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
         steps = over.get("training.steps") or (doc.get("evidence") or {}).get("steps") or 100
         over["training.checkpoint_every"] = max(1, int(steps) // 4)
     if over.get("training.steps") is not None:
-        over["training.eval_every_seconds"] = None
-        run_doc["training"] = {k: v for k, v in run_doc["training"].items() if k != "eval_every_seconds"}
+        over["training.eval_every_seconds"] = REMOVE
         over["training.eval_every"] = max(1, int(over["training.steps"]) // 8)
     cfg = load_run_config(apply_overrides(run_doc, over))
     run_path = best_path.parent / f"{best_path.stem}.run.yaml"

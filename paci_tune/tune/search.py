@@ -63,6 +63,7 @@ class Search:
     on_event: Callable[[SearchEvent], None] = lambda e: None
     poll_s: float = 2.0
     ran: list[int] = field(default_factory=list)
+    _profile: Any = field(default=None, repr=False)
 
     @property
     def quota(self) -> int:
@@ -186,8 +187,10 @@ class Search:
         from ..sim.profile import Profile
 
         try:
+            if self._profile is None:
+                self._profile = Profile.load(self.profile)  # read once per search, not per trial
             cfg = load_run_config(self.trial_doc(params))
-            return int(max(predicted_memory(cfg, Profile.load(self.profile), partition)))
+            return int(max(predicted_memory(cfg, self._profile, partition)))
         except Exception:
             return None
 

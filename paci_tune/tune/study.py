@@ -194,11 +194,11 @@ def _is_dead(t: FrozenTrial, now: float) -> bool:
         if pid == os.getpid():
             return False
         try:
-            os.kill(pid, 0)
+            os.kill(pid, 0)  # signal 0: only asks whether the process exists
         except ProcessLookupError:
             return True
         except PermissionError:
-            return False
+            pass  # alive, another user's
         return False
     return beat is not None and now - float(beat) > GRACE_S
 
