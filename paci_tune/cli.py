@@ -36,6 +36,7 @@ def main() -> None:
 
 def _preflight(cfg: RunConfig, resume: bool) -> None:
     """Catch data, model and partition errors here, before any worker process starts."""
+    from .pipeline.backend import choose_backend, shares_gpus, visible_gpus
     from .pipeline.factory import load_pieces
 
     if cfg.training.clock == "sim" and not cfg.training.profile:
@@ -43,6 +44,14 @@ def _preflight(cfg: RunConfig, resume: bool) -> None:
 
         cfg.training.profile = str(cached_profile(cfg)[1])  # measured once here, not once per worker
     load_pieces(cfg, [], distributed=True)
+    p, n_gpus = cfg.pipeline, visible_gpus()
+    backend = choose_backend(p.backend, p.device, p.stages, n_gpus)  # all stages run on this machine
+    if shares_gpus(backend, p.device, p.stages, n_gpus):
+        click.echo(
+            f"note: {p.stages} stages share {n_gpus} GPU(s): NCCL needs a GPU per stage, so the stages talk over "
+            "gloo through host memory (right numbers, not a speed measurement; --runtime emulated is faster here)",
+            err=True,
+        )
     if resume and not cfg.training.checkpoint_dir:
         raise ConfigError("training.checkpoint_dir", None, "a checkpoint folder to resume from (--checkpoint-dir)")
 

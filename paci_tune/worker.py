@@ -24,14 +24,8 @@ import torch.distributed as dist
 from .config import load_config
 from .errors import ConfigError
 from .options import overrides_from, run_options
+from .pipeline.backend import choose_backend, visible_gpus
 from .pipeline.lifetime import die_with_parent
-
-
-def _backend(cfg_backend: str, device: str) -> str:
-    if cfg_backend != "auto":
-        return cfg_backend
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    return "nccl" if use_cuda else "gloo"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,7 +46,7 @@ def main(config: str, metrics: str | None, events: str | None, resume: bool, **o
         cfg.pipeline.runtime = "distributed"
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-        backend = _backend(cfg.pipeline.backend, cfg.pipeline.device)
+        backend = choose_backend(cfg.pipeline.backend, cfg.pipeline.device, local_world, visible_gpus())
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         dist.init_process_group(backend, timeout=timedelta(minutes=10))

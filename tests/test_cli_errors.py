@@ -67,6 +67,13 @@ def test_bad_input_distributed_is_caught_before_launch(tmp_path: Path, case: str
     check_error(proc, metrics, key, value)
 
 
+def test_nccl_on_cpu_is_caught_before_launch(tmp_path: Path):
+    metrics = tmp_path / "metrics.jsonl"
+    config = write_config(tmp_path, make_config(pipeline={"backend": "nccl"}))
+    proc = run_cli(config, "--runtime", "distributed", "--metrics", metrics)
+    check_error(proc, metrics, "pipeline.backend", "nccl")
+
+
 @pytest.mark.parametrize("runtime", ["emulated", pytest.param("distributed", marks=pytest.mark.slow)])
 def test_cuda_requested_without_cuda(tmp_path: Path, runtime: str):
     if torch.cuda.is_available():

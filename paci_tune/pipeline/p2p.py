@@ -15,6 +15,9 @@ Every tensor is preceded by a small header (dtype, kind, micro-batch, shape): th
 that what arrives is what its action list expects, so a schedule mismatch fails loudly instead of
 silently training on the wrong data. The first message on a link is received blind (header, then
 payload) to learn the shape; later ones reuse it.
+
+On gloo, which sends host memory only, CUDA tensors are staged through the CPU on both ends
+(:mod:`paci_tune.pipeline.backend`); on NCCL they go GPU to GPU.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from .backend import wire_device
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64]
 _KINDS = ["act", "grad"]
@@ -43,8 +48,17 @@ class _Posted:
 class P2P:
     """Transport between pipeline stages that live on ranks ``rank_of[stage]``."""
 
-    def __init__(self, rank_of: list[int], device: torch.device, depth: int = 2, max_pending: int = 64) -> None:
+    def __init__(
+        self,
+        rank_of: list[int],
+        device: torch.device,
+        depth: int = 2,
+        max_pending: int = 64,
+        wire: torch.device | None = None,
+    ) -> None:
+        """``wire`` is where tensors travel; by default host memory on gloo, ``device`` otherwise."""
         self.rank_of, self.device, self.depth = rank_of, device, depth
+        self.wire = wire if wire is not None else wire_device(dist.get_backend(), device)
         self._sends: deque[tuple[dist.Work, torch.Tensor]] = deque()
         self._max_pending = max_pending
         self._layout: dict[tuple[int, str], tuple[torch.dtype, list[int]]] = {}
@@ -53,11 +67,11 @@ class P2P:
 
     # ------------------------------------------------------------------------------------ send
     def send(self, src: int, dst: int, kind: str, mb: int, tensor: torch.Tensor) -> None:
-        tensor = tensor.contiguous()
+        tensor = tensor.contiguous().to(self.wire)
         if tensor.dim() > _HEADER - 4:
             raise ValueError(f"cannot send a {tensor.dim()}-d tensor between stages (at most {_HEADER - 4})")
         head = [_DTYPES.index(tensor.dtype), _KINDS.index(kind), mb, tensor.dim(), *tensor.shape]
-        header = torch.tensor(head + [0] * (_HEADER - len(head)), dtype=torch.int64, device=self.device)
+        header = torch.tensor(head + [0] * (_HEADER - len(head)), dtype=torch.int64, device=self.wire)
         peer = self.rank_of[dst]
         for t in (header, tensor):
             self._sends.append((dist.isend(t, peer), t))
@@ -79,8 +93,8 @@ class P2P:
         posted = self._posted.setdefault(key, deque())
         peer = self.rank_of[key[0]]
         while plan and len(posted) < self.depth:
-            header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
-            payload = torch.empty(layout[1], dtype=layout[0], device=self.device)
+            header = torch.empty(_HEADER, dtype=torch.int64, device=self.wire)
+            payload = torch.empty(layout[1], dtype=layout[0], device=self.wire)
             hw = dist.irecv(header, peer)
             pw = dist.irecv(payload, peer)
             posted.append(_Posted(plan.popleft(), header, hw, payload, pw))
@@ -94,21 +108,21 @@ class P2P:
             self._check(p.header.tolist(), src, dst, kind, mb, expect_mb=p.mb)
             p.payload_work.wait()
             self._post(key)
-            return p.payload
+            return p.payload.to(self.device)
         peer = self.rank_of[src]
-        header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
+        header = torch.empty(_HEADER, dtype=torch.int64, device=self.wire)
         dist.recv(header, peer)
         h = header.tolist()
         self._check(h, src, dst, kind, mb, expect_mb=mb)
         dtype, shape = _DTYPES[h[0]], h[4 : 4 + h[3]]
-        out = torch.empty(shape, dtype=dtype, device=self.device)
+        out = torch.empty(shape, dtype=dtype, device=self.wire)
         dist.recv(out, peer)
         plan = self._plan.get(key)
         if plan and plan[0] == mb:
             plan.popleft()
         self._layout[key] = (dtype, shape)
         self._post(key)
-        return out
+        return out.to(self.device)
 
     def _check(self, h: list[int], src: int, dst: int, kind: str, mb: int, expect_mb: int) -> None:
         got = (_KINDS[h[1]], h[2])

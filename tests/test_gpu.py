@@ -1,0 +1,135 @@
+"""The CUDA path, checked against oracles that do not depend on it (skipped without a GPU).
+
+CI has no GPU; these run on a lent one through ``bash bench/gpu_check.sh``. What only a GPU shows:
+device placement of every unit, batch and transfer; bf16 autocast with fp32 weights; CUDA memory
+accounting; the backend choice (NCCL with a GPU per stage, host-staged gloo when stages share
+one); calibration timed with CUDA synchronisation. The oracles: plain single-process training on
+the CPU (tests/test_numerics.py), the same run on the CPU, an analytic lower bound on memory.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from conftest import (
+    REPO,
+    check_ok,
+    cli_env,
+    make_config,
+    read_metrics,
+    run_cli,
+    run_in_process,
+    summary_of,
+    train_losses,
+    write_config,
+)
+from test_numerics import plain_training
+
+from paci_tune.data import load_source
+from paci_tune.model import load_model
+from paci_tune.pipeline.backend import choose_backend, visible_gpus
+from paci_tune.pipeline.factory import resolve_device, resolve_precision
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def cuda_config(**pipeline: Any) -> dict[str, Any]:
+    return make_config(pipeline={"device": "cuda", "precision": "fp32", **pipeline})
+
+
+def test_auto_means_cuda_bf16_and_nccl_here():
+    dev = resolve_device("auto")
+    assert dev.type == "cuda"
+    assert resolve_precision("auto", dev) == "bf16"
+    assert choose_backend("auto", "auto", 1, visible_gpus()) == "nccl"
+
+
+def test_flush_on_cuda_trains_like_plain_training_on_cpu():
+    doc = cuda_config(schedule="1f1b", stages=2, window=4)
+    records = run_in_process(doc)
+    want, want_val, _ = plain_training(make_config(pipeline={"schedule": "1f1b", "stages": 2, "window": 4}))
+    assert summary_of(records)["device"].startswith("cuda")
+    assert train_losses(records) == pytest.approx(want, rel=1e-4)
+    assert summary_of(records)["final_val_loss"] == pytest.approx(want_val, rel=1e-4)
+
+
+def test_paci_on_cuda_matches_paci_on_cpu():
+    got = run_in_process(cuda_config(schedule="paci", stages=3, window=2))
+    want = run_in_process(make_config(pipeline={"schedule": "paci", "stages": 3, "window": 2}))
+    assert train_losses(got) == pytest.approx(train_losses(want), rel=1e-4)
+    assert summary_of(got)["max_drift"] == summary_of(want)["max_drift"]
+
+
+def test_bf16_autocast_tracks_fp32():
+    fp32 = run_in_process(cuda_config(schedule="1f1b"))
+    bf16 = run_in_process(cuda_config(schedule="1f1b", precision="bf16"))
+    assert summary_of(bf16)["precision"] == "bf16"
+    assert train_losses(bf16) == pytest.approx(train_losses(fp32), rel=0.02)
+    assert train_losses(bf16) != train_losses(fp32)  # autocast really ran in bf16
+
+
+def test_peak_memory_is_cuda_memory_and_covers_the_training_state():
+    doc = cuda_config(schedule="paci", stages=2, window=4)
+    torch.cuda.reset_peak_memory_stats()
+    peak = summary_of(run_in_process(doc))["peak_memory_bytes"]
+    source = load_source(doc["data"], None)
+    model = load_model(doc["model"], source.vocab_size, 0)
+    n_params = sum(p.numel() for u in model.units.values() for p in u.parameters())
+    # fp32 weights, gradients and AdamW's two moments: 16 bytes per parameter at least.
+    assert 16 * n_params <= peak < 2**30
+
+
+def test_distributed_on_cuda_equals_emulated(tmp_path: Path):
+    doc = cuda_config(schedule="paci", stages=2, window=4)
+    emu, dist = tmp_path / "emu.jsonl", tmp_path / "dist.jsonl"
+    config = write_config(tmp_path, doc)
+    check_ok(run_cli(config, "--metrics", emu))
+    proc = run_cli(config, "--runtime", "distributed", "--metrics", dist)
+    check_ok(proc)
+    if visible_gpus() < 2:
+        assert "share 1 GPU" in proc.stderr  # host-staged gloo, said out loud
+    got, want = read_metrics(dist), read_metrics(emu)
+    assert summary_of(got)["device"].startswith("cuda")
+    assert train_losses(got) == pytest.approx(train_losses(want), abs=1e-5, rel=1e-5)
+
+
+def test_single_stage_on_nccl(tmp_path: Path):
+    doc = cuda_config(schedule="paci", stages=1, window=4, backend="nccl")
+    metrics = tmp_path / "m.jsonl"
+    check_ok(run_cli(write_config(tmp_path, doc), "--runtime", "distributed", "--metrics", metrics))
+    want = run_in_process(cuda_config(schedule="paci", stages=1, window=4))
+    assert train_losses(read_metrics(metrics)) == pytest.approx(train_losses(want), abs=1e-5, rel=1e-5)
+
+
+def test_explicit_nccl_with_more_stages_than_gpus_is_refused(tmp_path: Path):
+    n = visible_gpus()
+    doc = cuda_config(schedule="paci", stages=n + 1, window=4, backend="nccl")
+    proc = run_cli(write_config(tmp_path, doc), "--runtime", "distributed")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().startswith("error: pipeline.backend: got 'nccl'"), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_calibrate_on_cuda(tmp_path: Path):
+    out = tmp_path / "profile.yaml"
+    config = write_config(tmp_path, make_config())
+    cmd = [
+        sys.executable, "-m", "paci_tune.cli", "calibrate", str(config), "--out", str(out), "--device", "cuda",
+        "--precision", "bf16", "--microbatch-sizes", "2,4", "--repeats", "2",
+    ]  # fmt: skip
+    check_ok(subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=cli_env(), check=False))
+    doc = yaml.safe_load(out.read_text())
+    assert doc["dtype"] == "bf16" and doc["device"] == torch.cuda.get_device_name(0)
+    for unit in doc["units"]:
+        two, four = unit["microbatch"][2], unit["microbatch"][4]
+        assert two["forward_s"] > 0 and two["backward_s"] > 0
+        assert four["activation_bytes"] == 2 * two["activation_bytes"]  # activations are exactly linear in b
