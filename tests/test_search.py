@@ -177,26 +177,36 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'work' / 'study.db'}"
     proc = subprocess.Popen(search_cmd(config, tmp_path), cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    running = None
+    # Kill once a trial has finished and another one's process is alive. Polls must be cheap (one
+    # storage object, a /proc scan): a trial lives a few seconds, and a loaded CI machine once let
+    # a poll that reopened the storage every time miss every window.
+    seen, why = False, "the storage never appeared"
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and running is None:
-            time.sleep(0.2)
+        db: optuna.storages.BaseStorage | None = None
+        while time.monotonic() < deadline and not seen and proc.poll() is None:
+            time.sleep(0.1)
+            if not (tmp_path / "work" / "study.db").exists():
+                continue  # let the search create it: a second creator could race its schema set-up
             try:
-                trials = [t for st in studies(storage).values() for t in st.trials]
-            except Exception:  # the database or the studies do not exist yet
+                db = db or optuna.storages.RDBStorage(storage)
+                ids = [db.get_study_id_from_name(f"model.{s}") for s in ("paci", "1f1b")]
+                done = any(t.state == TrialState.COMPLETE for i in ids for t in db.get_all_trials(i, deepcopy=False))
+            except Exception as exc:  # the database or the studies do not exist yet
+                why = repr(exc)
                 continue
-            if any(t.state == TrialState.COMPLETE for t in trials):
-                live = [(s, t) for s, st in studies(storage).items() for t in st.trials
-                        if t.state == TrialState.RUNNING and "repeat_of" not in t.user_attrs]  # fmt: skip
-                if live and _children_of(proc.pid):
-                    running = live[0]
-        assert running is not None, "never saw a finished trial and a running one together"
+            why = "no trial process alive after the first finished trial"
+            seen = done and bool(_children_of(proc.pid))
+        assert seen, f"never saw a finished trial and a running one together ({why}; search exit {proc.poll()})"
         os.kill(proc.pid, signal.SIGKILL)  # the search only: its trial must die with it
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             kill_tree(proc)
+    # The trial the kill interrupted is the one left RUNNING in the storage.
+    running = next(((s, t) for s, st in studies(storage).items() for t in st.trials
+                    if t.state == TrialState.RUNNING and "repeat_of" not in t.user_attrs), None)  # fmt: skip
+    assert running is not None, "the killed search left no running trial behind"
     deadline = time.monotonic() + 20
     while _children_of(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
