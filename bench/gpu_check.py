@@ -132,6 +132,7 @@ class Check:
     def __init__(self, out: Path, work: Path, scale: Scale) -> None:
         self.out, self.work, self.scale = out, work, scale
         self.results: dict[str, Any] = {"smoke": scale is SMOKE, "steps": {}}
+        self.medium_profile: Path | None = None  # written by the calibrate step, read by the paper step
         self.failed: list[str] = []
 
     # ---------------------------------------------------------------------------- plumbing
@@ -277,9 +278,8 @@ class Check:
         )  # fmt: skip
         doc = yaml.safe_load(prof.read_text())
         doc["p2p"] = FREE_P2P
-        free = self.write("small-profile-free-p2p.yaml", doc)
-        name = "gpt2-small-h200-bf16.yaml" if s.device == "cuda" else "smoke-small-profile.yaml"
-        (self.out / name).write_text(yaml.safe_dump(doc, sort_keys=False))
+        free = self.out / ("gpt2-small-h200-bf16.yaml" if s.device == "cuda" else "smoke-small-profile.yaml")
+        free.write_text(yaml.safe_dump(doc, sort_keys=False))
         out: dict[str, Any] = {"stages": p, "window": a, "global_batch": gb}
         sim = self.cli("simulate", cfg, "--profile", free, "--schedule", "all", "--json", json_out=True)
         for sched in ("paci", "1f1b"):

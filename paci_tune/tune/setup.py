@@ -39,10 +39,11 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
 
 
 def _devices(tune: TuneConfig) -> int:
-    import torch
+    from ..pipeline.backend import visible_gpus
 
-    if tune.hardware.device != "cpu" and torch.cuda.is_available():
-        return torch.cuda.device_count()
+    n_gpus = visible_gpus()
+    if tune.hardware.device != "cpu" and n_gpus:
+        return n_gpus
     return os.cpu_count() or 1
 
 
