@@ -2,7 +2,7 @@
 
 For each depth P: calibrate a cost profile of the config's model on this machine for a P-stage
 pipeline (``paci-tune calibrate --stages P``: the threads one stage process gets, and as many
-measuring processes at once as stages would compute at once; see paci_tune/sim/calibrate.py),
+measuring processes at once as stages would compute at once; see paci_tune/calibrate/),
 run ``paci-tune train --runtime distributed`` for a few steps, and compare its measured pipeline
 time per global batch with the simulator's prediction for the very same segments (the ``rst``
 clock's reading on that profile). Prints the ratio per schedule.

@@ -49,7 +49,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from paci_tune.config import apply_overrides, read_yaml
+from paci_tune.base.files import read_yaml
+from paci_tune.config import derive_doc
 from paci_tune.config.tune import TuneConfig, load_tune_config
 from paci_tune.errors import ConfigError
 from paci_tune.tune.best import build_best, params_of
@@ -128,7 +129,7 @@ class Table:
 
 def tune_config(doc: dict[str, Any], **search: Any) -> TuneConfig:
     over = {f"search.{k}": v for k, v in search.items()}
-    return load_tune_config(apply_overrides(doc, over), CONFIG)
+    return load_tune_config(derive_doc(doc, over), CONFIG)
 
 
 def grid_point(t: FrozenTrial, schedule: str, space: SearchSpace) -> Point:
@@ -205,7 +206,7 @@ def noise_check(doc: dict[str, Any], space: SearchSpace, table: Table, workdir: 
     pts = sorted((p for p in table.points.values() if p.time_to_target is not None), key=lambda p: p.score)[:top]
     print(f"noise check: the grid's {len(pts)} best points again, training seed 1 (the grid's: 0)", flush=True)
     for p in pts:
-        run_doc = apply_overrides(search.trial_doc(p.params), {"training.seed": 1})
+        run_doc = derive_doc(search.trial_doc(p.params), {"training.seed": 1})
         work = workdir / "noise" / p.params.label().replace(" ", "_")
         job = TrialJob(p.params, run_doc, work, table.budget, table.grid, table.target)
         got = SubprocessRunner().run(job, lambda step, progress: False).progress

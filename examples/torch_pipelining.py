@@ -24,7 +24,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from paci_tune.data import MicroBatchStream, synthetic_source
 from paci_tune.model import load_model
-from paci_tune.pipelining import SchedulePACI
+from paci_tune import SchedulePACI
 
 SPEC = {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32}
 VOCAB = 256

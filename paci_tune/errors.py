@@ -2,7 +2,8 @@
 
 Bad input must end the command with one clear line naming the key, the value and what is
 allowed, and exit code 2 -- never a traceback. Everything that validates user input raises
-:class:`ConfigError`; the CLI turns it into that line.
+:class:`ConfigError`; the CLI turns it into that line. May import: nothing (the ground under every
+layer).
 """
 
 from __future__ import annotations

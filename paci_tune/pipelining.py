@@ -20,12 +20,13 @@ swapping the schedule line. Import it as ``from paci_tune.pipelining import Sche
     # leaving the `with` block drained the pipeline: evaluate or checkpoint now
 
 What is reused, not re-implemented: the per-stage action order comes from
-:func:`paci_tune.pipeline.schedules.stage_actions` (the same lists paci-tune's own runtimes
-execute), activations and gradients travel over :class:`paci_tune.pipeline.p2p.P2P`, and drift is
+:func:`paci_tune.schedule.stage_actions` (the same lists paci-tune's own runtimes execute), the
+optimizer steps through :class:`paci_tune.pipeline.optim.AliasedOptimizer` (the runtimes' own
+step), activations and gradients travel over :class:`paci_tune.pipeline.p2p.P2P`, and drift is
 recorded in :class:`paci_tune.pipeline.stage.DriftStats`. From torch's ``PipelineStage`` only the
 module, stage index, stage count, device and process group are used: its own send/recv machinery
 assumes chunk ids below ``n_microbatches`` and a flush per ``step()``, which an un-flushed pipeline
-breaks.
+breaks. May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.schedule`, torch.
 """
 
 from __future__ import annotations
@@ -39,13 +40,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
-from paci_tune.pipeline import schedules
-from paci_tune.pipeline.p2p import P2P
-from paci_tune.pipeline.stage import DriftStats
+from .pipeline.optim import AliasedOptimizer
+from .pipeline.p2p import P2P
+from .pipeline.stage import DriftStats
+from .schedule import Action, Op, stage_actions
 
 __all__ = ["SchedulePACI"]
-
-_Op = schedules.Op
 
 
 class SchedulePACI:
@@ -121,14 +121,14 @@ class SchedulePACI:
         self.n_microbatches, self.loss_fn, self.flush = n_microbatches, loss_fn, flush
         self.window = n_microbatches if flush else window
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
-        self._params, self._aliases = self._rebind(optimizer)
+        self._optim = AliasedOptimizer.rebind(optimizer)
         ranks = [i if stage.group is None else dist.get_global_rank(stage.group, i) for i in range(self.n_stages)]
         self._p2p = P2P(ranks, self.device)
         self.updates = 0
         self.drift = DriftStats()
         self._seg_first = 0  # first global batch of the current segment (a segment ends at drain())
         self._submitted = 0  # global batches submitted in this segment
-        self._actions: list[schedules.Action] = []
+        self._actions: list[Action] = []
         self._pos = 0  # actions of the current segment already executed
         self._horizon = 0  # global batches covered by self._actions
         self._drained = False
@@ -168,7 +168,7 @@ class SchedulePACI:
         per_step = self.n_microbatches // self.window
         self._submitted += per_step
         if self.flush:
-            acts = schedules.stage_actions("1f1b", self.index, self.n_stages, self.window, self._seg_first, per_step)
+            acts = stage_actions("1f1b", self.index, self.n_stages, self.window, self._seg_first, per_step)
             self._announce(acts)
             for act in acts:
                 self._run(act)
@@ -181,7 +181,7 @@ class SchedulePACI:
         start = self._pos
         while True:
             act = self._actions[self._pos]
-            if act.op is _Op.FORWARD and act.mb >= limit:
+            if act.op is Op.FORWARD and act.mb >= limit:
                 break
             self._pos += 1
         self._announce(self._actions[start : self._pos])
@@ -193,7 +193,7 @@ class SchedulePACI:
         if self._drained:
             return
         if not self.flush and self._submitted:
-            final = schedules.stage_actions(
+            final = stage_actions(
                 "paci", self.index, self.n_stages, self.window, self._seg_first, self._submitted
             )
             rest = final[self._pos :]
@@ -220,18 +220,6 @@ class SchedulePACI:
             self.drain()
 
     # -------------------------------------------------------------------------------- internal
-    @staticmethod
-    def _rebind(optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Point the optimizer at ``p.data`` aliases; return (params, aliases) in the same order."""
-        params: list[torch.Tensor] = []
-        aliases: list[torch.Tensor] = []
-        for group in optimizer.param_groups:
-            group_aliases = [p.data for p in group["params"]]
-            params += group["params"]
-            aliases += group_aliases
-            group["params"] = group_aliases
-        return params, aliases
-
     def _split_into(self, store: dict, tensors: tuple[torch.Tensor, ...]) -> None:
         """Chunk ``tensors`` along dim 0 into micro-batches numbered globally over the run."""
         m = self.n_microbatches
@@ -248,21 +236,21 @@ class SchedulePACI:
         if self._horizon >= n_batches:
             return
         self._horizon = max(n_batches, 2 * self._horizon)
-        self._actions = schedules.stage_actions(
+        self._actions = stage_actions(
             "paci", self.index, self.n_stages, self.window, self._seg_first, self._horizon
         )
 
-    def _announce(self, acts: list[schedules.Action]) -> None:
+    def _announce(self, acts: list[Action]) -> None:
         """Tell the transport which messages these actions will receive, so it can post them early."""
         if not self.is_first:
-            self._p2p.expect(self.index - 1, "act", [a.mb for a in acts if a.op is _Op.FORWARD])
+            self._p2p.expect(self.index - 1, "act", [a.mb for a in acts if a.op is Op.FORWARD])
         if not self.is_last:
-            self._p2p.expect(self.index + 1, "grad", [a.mb for a in acts if a.op is _Op.BACKWARD])
+            self._p2p.expect(self.index + 1, "grad", [a.mb for a in acts if a.op is Op.BACKWARD])
 
-    def _run(self, act: schedules.Action) -> None:
-        if act.op is _Op.FORWARD:
+    def _run(self, act: Action) -> None:
+        if act.op is Op.FORWARD:
             self._forward(act.mb)
-        elif act.op is _Op.BACKWARD:
+        elif act.op is Op.BACKWARD:
             self._backward(act.mb)
         else:
             self._optimizer_step()
@@ -297,12 +285,7 @@ class SchedulePACI:
 
     def _optimizer_step(self) -> None:
         """Step through the aliases (see the class docstring), then clear the window's gradients."""
-        for p, alias in zip(self._params, self._aliases, strict=True):
-            alias.grad = p.grad
-        self.optimizer.step()
-        for p, alias in zip(self._params, self._aliases, strict=True):
-            p.grad = None
-            alias.grad = None
+        self._optim.step()
         self.updates += 1
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()

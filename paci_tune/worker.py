@@ -8,7 +8,8 @@ machines, run the same entry point under your own launch on every node, e.g.::
         -m paci_tune.worker config.yaml --stages 8 --metrics run.jsonl
 
 The world size must equal the number of stages; stage s runs on global rank s. The last rank
-reports progress and writes the metrics file.
+reports progress and writes the metrics file. An entry point, like :mod:`paci_tune.cli`: may
+import the train layer and everything below it, and the command-line options of :mod:`paci_tune.cli`.
 """
 
 from __future__ import annotations
@@ -18,14 +19,11 @@ import sys
 from datetime import timedelta
 
 import click
-import torch
-import torch.distributed as dist
 
+from .base.processes import die_with_parent, threads_per_process
+from .cli.options import overrides_from, run_options
 from .config import load_config
 from .errors import ConfigError
-from .options import overrides_from, run_options
-from .pipeline.backend import choose_backend, visible_gpus
-from .pipeline.lifetime import die_with_parent
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,22 +34,26 @@ from .pipeline.lifetime import die_with_parent
 @click.option("--resume", is_flag=True, help="Resume from the newest checkpoint in the checkpoint folder.")
 def main(config: str, metrics: str | None, events: str | None, resume: bool, **options: object) -> None:
     """Run this rank's pipeline stage of CONFIG."""
+    import torch
+    import torch.distributed as dist
+
+    from .pipeline.backend import choose_backend, visible_gpus
     from .train.loop import Trainer
     from .train.metrics import RecordSink
+    from .train.run import resolve_run
 
     die_with_parent()  # a worker never outlives the torchrun agent that started it
     rank = int(os.environ.get("RANK", "0"))
     try:
-        cfg = load_config(config, overrides_from(options))
-        cfg.pipeline.runtime = "distributed"
+        cfg = load_config(config, {**overrides_from(options), "pipeline.runtime": "distributed"})
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(threads_per_process(local_world))
         backend = choose_backend(cfg.pipeline.backend, cfg.pipeline.device, local_world, visible_gpus())
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         dist.init_process_group(backend, timeout=timedelta(minutes=10))
         reporter = dist.get_rank() == dist.get_world_size() - 1
-        trainer = Trainer(cfg, RecordSink(metrics, events, active=reporter), distributed=True)
+        trainer = Trainer(resolve_run(cfg), RecordSink(metrics, events, active=reporter), distributed=True)
         trainer.run(resume=resume)
         dist.barrier()  # every rank is done: metrics and checkpoints are written and closed
     except ConfigError as e:

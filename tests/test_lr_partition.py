@@ -10,7 +10,7 @@ import pytest
 
 from paci_tune.config import LRScheduleConfig, OptimizerConfig
 from paci_tune.errors import ConfigError
-from paci_tune.pipeline.partition import balanced_partition, resolve_partition, stage_units
+from paci_tune.schedule.partition import balanced_partition, resolve_partition, stage_units
 from paci_tune.train.lr import lr_factor, peak_lr, step_progress
 
 # ---------------------------------------------------------------------------------------- LR

@@ -9,7 +9,8 @@ import random
 import pytest
 
 from paci_tune.errors import ConfigError
-from paci_tune.sim import Profile, min_max_partition, partition
+from paci_tune.schedule import min_max_partition
+from paci_tune.sim import Profile, partition
 
 OVERHEAD = 1000
 

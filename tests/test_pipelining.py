@@ -24,8 +24,8 @@ from conftest import make_config, run_in_process, train_losses
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
-from paci_tune.pipeline import schedules
 from paci_tune.pipelining import SchedulePACI
+from paci_tune.schedule import actions as schedules
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "torch_pipelining.py"

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from paci_tune.pipeline.schedules import (
+from paci_tune.schedule.actions import (
     SCHEDULES,
     Action,
     Op,
@@ -24,7 +24,7 @@ from paci_tune.pipeline.schedules import (
     inflight_cap,
     stage_actions,
 )
-from paci_tune.pipeline.timeline import drift_per_microbatch, replay
+from paci_tune.schedule.replay import drift_per_microbatch, replay
 
 F, B, S = Op.FORWARD, Op.BACKWARD, Op.STEP
 GRID = [(p, a) for p in range(1, 6) for a in range(1, 7)]

@@ -130,7 +130,7 @@ def test_bad_search_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- pruning
 def test_pruning_stops_the_trial_process(tmp_path: Path) -> None:
     """A pruned trial's whole process group is gone, and Optuna has it PRUNED at the step it was stopped."""
-    from paci_tune.config import read_yaml
+    from paci_tune.base.files import read_yaml
     from paci_tune.config.tune import load_tune_config
     from paci_tune.tune.runner import SubprocessRunner
     from paci_tune.tune.search import Search

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from paci_tune.cli import main
 from paci_tune.errors import ConfigError
-from paci_tune.pipeline.schedules import Op
+from paci_tune.schedule.actions import Op
 from paci_tune.sim import P2PCost, Profile, simulate, stage_memory
 from paci_tune.sim.memory import MIB
 from paci_tune.sim.plot import plot_timelines
@@ -371,7 +371,7 @@ def test_simulate_rejects_profile_of_another_model(tmp_path: Path) -> None:
 def test_saved_bytes_exclude_parameters() -> None:
     import torch
 
-    from paci_tune.sim.calibrate import measure_unit
+    from paci_tune.calibrate import measure_unit
 
     lin = torch.nn.Linear(8, 4, bias=False)
     x = torch.randn(3, 8)
@@ -381,8 +381,8 @@ def test_saved_bytes_exclude_parameters() -> None:
 
 
 def test_calibrate_smoke_one_layer(tmp_path: Path) -> None:
+    from paci_tune.calibrate import calibrate
     from paci_tune.config import load_config
-    from paci_tune.sim.calibrate import calibrate
 
     cfg_path = _config(tmp_path)
     cfg = load_config(cfg_path, {"model.n_layer": 1})
@@ -400,7 +400,7 @@ def test_calibrate_smoke_one_layer(tmp_path: Path) -> None:
 
 
 def test_p2p_measurement_and_fit() -> None:
-    from paci_tune.sim.calibrate import fit_p2p, measure_p2p
+    from paci_tune.calibrate import fit_p2p, measure_p2p
 
     lat, bw = fit_p2p({1000: 1e-4 + 1000 / 1e9, 10**6: 1e-4 + 10**6 / 1e9, 10**7: 1e-4 + 10**7 / 1e9})
     assert lat == pytest.approx(1e-4) and bw == pytest.approx(1e9)

@@ -43,8 +43,8 @@ DOC: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(config, profile) with the profile calibrated once, in process, at the trained micro-batch size."""
+    from paci_tune.calibrate import calibrate
     from paci_tune.config import load_config
-    from paci_tune.sim.calibrate import calibrate
 
     d = tmp_path_factory.mktemp("accuracy")
     config = write_config(d, DOC)
@@ -115,7 +115,7 @@ def _timing_spec(**changes: Any) -> dict[str, Any]:
 )
 def test_co_run_failure_leaves_no_process(changes: dict[str, Any], timeout: float, error: str) -> None:
     """A failing or stuck timing process is an error naming why, and no child outlives the call."""
-    from paci_tune.sim.calibrate import co_run_pattern
+    from paci_tune.calibrate import co_run_pattern
 
     before = set(descendants(os.getpid()))
     with pytest.raises(RuntimeError, match=error):

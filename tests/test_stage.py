@@ -78,7 +78,7 @@ def test_forward_saves_weights_by_reference_and_step_keeps_storage(index: int):
     stage.backward(0, grad)
     stage.step()
     assert {id(p): p.data_ptr() for p in stage.params} == ptrs, "step() moved a parameter to new storage"
-    assert all(a.data_ptr() == p.data_ptr() for a, p in zip(stage._aliases, stage.params, strict=True))
+    assert all(a.data_ptr() == p.data_ptr() for a, p in zip(stage.optim.aliases, stage.params, strict=True))
     assert any(not torch.equal(b, p.detach()) for b, p in zip(before, stage.params, strict=True)), "no update"
 
 

@@ -1,12 +1,17 @@
-"""Configuration: YAML files in, validated dataclasses out."""
+"""Configuration: YAML in, validated frozen dataclasses out, and the one rule for deriving a run.
+
+Every run -- ``paci-tune train`` with its options, a pipeline worker, a search trial's point,
+``apply`` of a ``best.yaml`` -- is a document plus dotted overrides, turned into a
+:class:`RunConfig` by :func:`derive_run`. May import: :mod:`paci_tune.base`,
+:mod:`paci_tune.errors`, PyYAML and the standard library.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ..base.files import read_yaml
 from ..errors import ConfigError
 from .schema import (
     LRScheduleConfig,
@@ -20,46 +25,40 @@ from .schema import (
 from .tune import parse_tune_sections, split_tune_sections
 
 __all__ = [
-    "REMOVE",
     "LRScheduleConfig",
     "OptimizerConfig",
     "PipelineConfig",
     "RunConfig",
     "TrainingConfig",
-    "apply_overrides",
+    "derive_doc",
+    "derive_run",
     "from_dict",
     "load_config",
     "load_run_config",
-    "read_yaml",
 ]
 
-
-def read_yaml(path: str | Path, key: str = "config") -> Any:
-    """Parse a YAML file, turning a missing file or a syntax error into a ConfigError."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(key, str(path), "an existing YAML file")
-    try:
-        return yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(key, str(path), f"valid YAML ({str(e).splitlines()[0]})") from None
+PAIRED = (("pipeline.window", "pipeline.microbatch_size"), ("training.steps", "training.seconds"))
+"""Keys that determine each other (a * b = global batch) or exclude each other (one budget)."""
 
 
-REMOVE = object()
-"""Override value that deletes a key, so a derived setting is recomputed (window from micro-batch size)."""
+def derive_doc(data: Any, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A run document with dotted overrides (``pipeline.stages``) applied to a copy of ``data``.
 
-
-def apply_overrides(data: Any, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Set dotted keys (``pipeline.stages``) in a parsed document; ``None`` values are skipped,
-    :data:`REMOVE` deletes the key."""
+    A ``None`` value unsets the key (its default, or derived). Overriding one key of a
+    :data:`PAIRED` pair and not the other unsets the other, so it is derived (window from
+    micro-batch size) or unused (the other budget) rather than contradicted.
+    """
+    overrides = dict(overrides or {})
+    for a, b in PAIRED:
+        for key, other in ((a, b), (b, a)):
+            if overrides.get(key) is not None and other not in overrides:
+                overrides[other] = None
     doc: dict[str, Any] = dict(data or {})
     for dotted, value in overrides.items():
-        if value is None:
-            continue
         section, _, leaf = dotted.partition(".")
         node = doc.get(section)
         node = dict(node) if isinstance(node, dict) else {}
-        if value is REMOVE:
+        if value is None:
             node.pop(leaf, None)
         else:
             node[leaf] = value
@@ -67,11 +66,16 @@ def apply_overrides(data: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def derive_run(data: Any, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The validated run of a document plus overrides (see :func:`derive_doc`)."""
+    return load_run_config(derive_doc(data, overrides))
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read, override and validate a run configuration file."""
+    """Read a run (or search) file, check its tuning sections if any, and derive the run."""
     data = read_yaml(path)
     if data is not None and not isinstance(data, dict):
         raise ConfigError("config", str(path), "a YAML mapping with sections model, data, training, ...")
     run_doc, tune = split_tune_sections(data or {})
     parse_tune_sections(tune, require=False)  # checked, then left to `paci-tune search`
-    return load_run_config(apply_overrides(run_doc, overrides or {}))
+    return derive_run(run_doc, overrides)

@@ -4,6 +4,11 @@ Every bad value is caught here, before any process starts, with a message that n
 key, the value and what is allowed (:class:`~paci_tune.errors.ConfigError`). Sections map onto
 dataclasses; ``model`` and ``data`` stay plain dicts because their keys depend on the chosen preset
 or source and are validated by the loaders that own them.
+
+A :class:`RunConfig` is frozen and checked when it is built (``__post_init__``): one that exists is
+valid, window and micro-batch size are both known integers, and nothing downstream can change it
+-- a different run is a new config (:func:`paci_tune.config.derive_run`). May import:
+:mod:`paci_tune.errors` and the standard library.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any, Literal
 from ..errors import ConfigError
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimizerConfig:
     name: Literal["adamw", "sgd"] = "adamw"
     lr: float = 6e-4
@@ -26,6 +31,9 @@ class OptimizerConfig:
     eps: float = 1e-8
     momentum: float = 0.9
     grad_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        self.check("optimizer")
 
     def check(self, key: str) -> None:
         _positive(f"{key}.lr", self.lr)
@@ -38,7 +46,7 @@ class OptimizerConfig:
             _positive(f"{key}.grad_clip", self.grad_clip)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LRScheduleConfig:
     """Linear warm-up, then cosine decay to ``min_ratio`` of peak over the whole budget.
 
@@ -51,6 +59,9 @@ class LRScheduleConfig:
     reference_batch: int | None = None
     scaling: Literal["sqrt", "linear", "none"] = "sqrt"
 
+    def __post_init__(self) -> None:
+        self.check("lr_schedule")
+
     def check(self, key: str) -> None:
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ConfigError(f"{key}.warmup_fraction", self.warmup_fraction, "a number in [0, 1)")
@@ -60,7 +71,7 @@ class LRScheduleConfig:
             _positive(f"{key}.reference_batch", self.reference_batch)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainingConfig:
     global_batch: int = 32
     steps: int | None = None
@@ -75,6 +86,9 @@ class TrainingConfig:
     target_val_loss: float | None = None
     clock: Literal["wall", "rst", "sim"] = "wall"
     profile: str | None = None
+
+    def __post_init__(self) -> None:
+        self.check("training")
 
     def check(self, key: str) -> None:
         _positive(f"{key}.global_batch", self.global_batch)
@@ -101,12 +115,12 @@ class TrainingConfig:
             )
 
 
-@dataclass
+@dataclass(frozen=True)
 class PipelineConfig:
     schedule: Literal["paci", "1f1b", "gpipe"] = "paci"
     stages: int = 1
-    window: int | None = None  # 4 when neither window nor microbatch_size is given
-    microbatch_size: int | None = None
+    window: int = 4  # in a file: derived from microbatch_size, 4 when neither is given
+    microbatch_size: int = 8  # in a file: training.global_batch / window
     inflight: int | None = None
     partition: Literal["auto"] | list[int] = "auto"
     runtime: Literal["emulated", "distributed"] = "emulated"
@@ -114,12 +128,13 @@ class PipelineConfig:
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
 
+    def __post_init__(self) -> None:
+        self.check("pipeline")
+
     def check(self, key: str) -> None:
         _positive(f"{key}.stages", self.stages)
-        if self.window is not None:
-            _positive(f"{key}.window", self.window)
-        if self.microbatch_size is not None:
-            _positive(f"{key}.microbatch_size", self.microbatch_size)
+        _positive(f"{key}.window", self.window)
+        _positive(f"{key}.microbatch_size", self.microbatch_size)
         if self.inflight is not None:
             _positive(f"{key}.inflight", self.inflight)
         if isinstance(self.partition, list):
@@ -127,7 +142,7 @@ class PipelineConfig:
                 _positive(f"{key}.partition[{i}]", n)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     """A whole training run: what ``paci-tune train`` and each pipeline worker execute."""
 
@@ -138,30 +153,9 @@ class RunConfig:
     lr_schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
-    def check(self) -> None:
-        self.training.check("training")
-        self.optimizer.check("optimizer")
-        self.lr_schedule.check("lr_schedule")
-        self.pipeline.check("pipeline")
-        self.resolve_batching()
-
-    def resolve_batching(self) -> None:
-        """Fill in window or micro-batch size from the other: a * micro-batch size = global batch."""
+    def __post_init__(self) -> None:
         g, p = self.training.global_batch, self.pipeline
-        if p.microbatch_size is not None and p.window is None:
-            if g % p.microbatch_size:
-                raise ConfigError(
-                    "pipeline.microbatch_size", p.microbatch_size, f"a divisor of training.global_batch={g}"
-                )
-            p.window = g // p.microbatch_size
-        if p.window is None:
-            p.window = 4
-        if g % p.window:
-            divisors = [d for d in range(1, g + 1) if g % d == 0]
-            raise ConfigError("pipeline.window", p.window, f"a divisor of training.global_batch={g}: {divisors}")
-        if p.microbatch_size is None:
-            p.microbatch_size = g // p.window
-        elif p.microbatch_size * p.window != g:
+        if p.window * p.microbatch_size != g:
             raise ConfigError(
                 "pipeline.microbatch_size",
                 p.microbatch_size,
@@ -170,6 +164,12 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_doc(self) -> dict[str, Any]:
+        """The config as a YAML document that loads back to an equal config (tuples as lists)."""
+        doc = self.to_dict()
+        doc["optimizer"]["betas"] = list(doc["optimizer"]["betas"])
+        return doc
 
 
 # ----------------------------------------------------------------------------- generic parsing
@@ -266,8 +266,39 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+def resolve_batching(doc: dict[str, Any]) -> dict[str, Any]:
+    """Fill in window or micro-batch size from the other in a parsed document: a * b = global batch.
+
+    Only well-typed positive values are resolved; anything else is left for the dataclasses to
+    refuse with the key's own message.
+    """
+    training, pipeline = doc.get("training") or {}, doc.get("pipeline") or {}
+    if not isinstance(training, dict) or not isinstance(pipeline, dict):
+        return doc
+    g = training.get("global_batch", TrainingConfig.global_batch)
+    w, b = pipeline.get("window"), pipeline.get("microbatch_size")
+
+    def ok(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+    if not ok(g) or not all(v is None or ok(v) for v in (w, b)):
+        return doc
+    if b is not None and w is None:
+        if g % b:
+            raise ConfigError("pipeline.microbatch_size", b, f"a divisor of training.global_batch={g}")
+        w = g // b
+    if w is None:
+        w = 4
+    if g % w:
+        divisors = [d for d in range(1, g + 1) if g % d == 0]
+        raise ConfigError("pipeline.window", w, f"a divisor of training.global_batch={g}: {divisors}")
+    if b is None:
+        b = g // w
+    return {**doc, "pipeline": {**pipeline, "window": w, "microbatch_size": b}}
+
+
 def load_run_config(data: Any) -> RunConfig:
-    """Validate a parsed YAML document into a checked :class:`RunConfig`."""
-    cfg = from_dict(RunConfig, data)
-    cfg.check()
-    return cfg
+    """Validate a parsed YAML document into a :class:`RunConfig` (checked as it is built)."""
+    if isinstance(data, dict):
+        data = resolve_batching(data)
+    return from_dict(RunConfig, data)

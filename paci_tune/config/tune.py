@@ -2,7 +2,8 @@
 
 A search file is a run configuration (model, data, training, optimizer, lr_schedule, pipeline)
 plus these four sections. ``paci-tune train`` accepts the same file and ignores them (after
-checking them), so one file describes both the search and the run it tunes.
+checking them), so one file describes both the search and the run it tunes. May import:
+:mod:`.schema`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations

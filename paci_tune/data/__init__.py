@@ -1,4 +1,7 @@
-"""Deterministic, download-free data: token sources and index-addressed micro-batches."""
+"""Deterministic, download-free data: token sources and index-addressed micro-batches.
+
+May import: numpy, torch, :mod:`paci_tune.errors`.
+"""
 
 from paci_tune.data.sources import (
     TokenSource,

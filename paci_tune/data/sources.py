@@ -12,7 +12,8 @@ because tuning compares runs that differ only in their pipeline settings.
   loss curve can be judged against the best achievable loss, not just against another run.
 
 Validation is held out by whole files, chosen by a stable hash of the relative path, so adding
-a file does not reshuffle which others are held out, and no file is in both splits.
+a file does not reshuffle which others are held out, and no file is in both splits. May import:
+numpy, :mod:`paci_tune.errors` and the data layer's tokenizer.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 In a pipeline, stage 0 needs the inputs of micro-batch ``j`` and the last stage needs its
 targets, in different processes and at different times; a checkpoint resumed at ``j`` must see
 the same data again. So there is no iterator state: micro-batch ``j`` is drawn from a generator
-seeded by ``(seed, j)`` alone, and any process can recompute it.
+seeded by ``(seed, j)`` alone, and any process can recompute it. May import: numpy, torch,
+:mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations

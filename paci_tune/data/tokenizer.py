@@ -2,7 +2,7 @@
 
 Fetching a BPE vocabulary fails on offline machines, and the tuner only needs *a* stable
 tokenization whose cost it can measure, not the best compression. UTF-8 bytes give a fixed
-vocabulary of 256 that every run agrees on.
+vocabulary of 256 that every run agrees on. May import: the standard library only.
 """
 
 from __future__ import annotations

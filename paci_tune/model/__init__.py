@@ -1,4 +1,7 @@
-"""Models as flat lists of pipeline units; see :mod:`paci_tune.model.gpt` for why."""
+"""Models as flat lists of pipeline units (see :mod:`paci_tune.model.gpt` for why) and their loss.
+
+May import: torch, numpy, :mod:`paci_tune.errors` and the standard library.
+"""
 
 from paci_tune.model.gpt import (
     PRESETS,
@@ -10,6 +13,7 @@ from paci_tune.model.gpt import (
     unit_names,
 )
 from paci_tune.model.loader import LoadedModel, load_model
+from paci_tune.model.loss import next_token_loss
 
 __all__ = [
     "PRESETS",
@@ -18,6 +22,7 @@ __all__ = [
     "build_units",
     "load_model",
     "model_flops_per_token",
+    "next_token_loss",
     "num_units",
     "unit_flops",
     "unit_names",

@@ -12,7 +12,7 @@ Two properties matter more here than in a single-process trainer:
   ``torch.Generator``, so the global RNG is never read or advanced.
 - **No dropout.** Dropout draws from an RNG whose state would differ between runtimes that run
   the same micro-batches in a different interleaving; with none, numerics depend only on the
-  order of operations.
+  order of operations. May import: torch, numpy.
 """
 
 from __future__ import annotations

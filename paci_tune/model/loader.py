@@ -13,7 +13,7 @@ Two kinds of model are accepted, exactly one per config:
   rely on this -- ``len(units) == n_units`` is how they tell an entry model apart.
 
 All bad input raises :class:`ConfigError` naming the ``model.<key>``, so the CLI can print one
-line instead of a traceback.
+line instead of a traceback. May import: torch, :mod:`.gpt`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations

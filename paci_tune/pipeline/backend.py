@@ -11,7 +11,8 @@ Two facts decide it (torch's backend table and NCCL's own checks):
 
 So ``backend: auto`` picks NCCL on CUDA when this machine has a GPU for every stage process it
 runs, gloo otherwise (CPU, or more stages than GPUs: the stages then share GPUs and their
-transfers go through host memory); an explicit ``nccl`` that cannot work is a config error.
+transfers go through host memory); an explicit ``nccl`` that cannot work is a config error. May
+import: torch, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations

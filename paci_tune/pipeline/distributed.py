@@ -3,7 +3,8 @@
 Each rank walks its own stage's action list. Inside a segment there is no collective at all --
 in ``paci`` mode stages never wait for each other except for the data they need -- and a single
 ``all_gather`` at the segment's end (the pipeline is drained there anyway) shares timing so every
-rank can report the same pipeline makespan.
+rank can report the same pipeline makespan. May import: torch, the pipeline layer's modules,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from . import schedules
+from ..schedule import Op, inflight_cap, stage_actions
 from .p2p import P2P
 from .runtime import (
     ActionRunner,
@@ -67,21 +68,21 @@ class DistributedRuntime:
         return [self.rank]
 
     def warmup(self) -> None:
-        n = schedules.inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
+        n = inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
         for act in warmup_actions(self.rank, self.n_stages, n):
             run_warmup_action(self.runner, act)
         self.p2p.wait_all()
 
     def run_segment(self, first_batch: int, n_batches: int, on_batch: OnBatch) -> SegmentReport:
-        actions = schedules.stage_actions(
+        actions = stage_actions(
             self.schedule, self.rank, self.n_stages, self.window, first_batch, n_batches, self.inflight
         )
         if self.stage.is_last:
             self.runner.losses = BatchLosses(self.window, on_batch)
         if not self.stage.is_first:
-            self.p2p.expect(self.rank - 1, "act", [a.mb for a in actions if a.op is schedules.Op.FORWARD])
+            self.p2p.expect(self.rank - 1, "act", [a.mb for a in actions if a.op is Op.FORWARD])
         if not self.stage.is_last:
-            self.p2p.expect(self.rank + 1, "grad", [a.mb for a in actions if a.op is schedules.Op.BACKWARD])
+            self.p2p.expect(self.rank + 1, "grad", [a.mb for a in actions if a.op is Op.BACKWARD])
         mine = StageTiming()
         t0 = time.perf_counter()
         for act in actions:

@@ -3,7 +3,8 @@
 It executes the very same per-stage action lists as the distributed runtime, in an order that
 respects every dependency, so its numerics are the distributed runtime's. Its pipeline timing
 comes from replaying the measured per-action compute times on the schedule (zero transfer cost),
-which is the pipeline the schedule would give on P identical devices.
+which is the pipeline the schedule would give on P identical devices. May import: torch, the
+pipeline layer's modules, :mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from . import schedules
+from ..schedule import Action, build, execution_order, inflight_cap, replay
 from .runtime import (
     ActionRunner,
     BatchLosses,
@@ -26,7 +27,6 @@ from .runtime import (
     warmup_actions,
 )
 from .stage import Stage
-from .timeline import replay
 
 
 class Mailbox:
@@ -80,18 +80,18 @@ class EmulatedRuntime:
         return list(range(self.n_stages))
 
     def warmup(self) -> None:
-        n = schedules.inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
+        n = inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
         lists = [warmup_actions(s, self.n_stages, n) for s in range(self.n_stages)]
-        for s, act in schedules.execution_order(lists):
+        for s, act in execution_order(lists):
             run_warmup_action(self.runners[s], act)
 
     def run_segment(self, first_batch: int, n_batches: int, on_batch: OnBatch) -> SegmentReport:
-        lists = schedules.build(self.schedule, self.n_stages, self.window, first_batch, n_batches, self.inflight)
+        lists = build(self.schedule, self.n_stages, self.window, first_batch, n_batches, self.inflight)
         self.runners[-1].losses = BatchLosses(self.window, on_batch)
         seg = [StageTiming() for _ in self.stages]
-        durations: dict[tuple[int, schedules.Action], float] = {}
+        durations: dict[tuple[int, Action], float] = {}
         t0 = time.perf_counter()
-        for s, act in schedules.execution_order(lists, self.sync_steps):
+        for s, act in execution_order(lists, self.sync_steps):
             durations[(s, act)] = self.runners[s].run(act, seg[s])
         wall = time.perf_counter() - t0
         timeline = replay(lists, lambda s, a: durations[(s, a)], sync_steps=self.sync_steps)

@@ -2,7 +2,9 @@
 
 Both runtimes are built here from the same pieces, so the only thing that differs between them
 is the transport. Under ``distributed`` each rank builds only its own stage's units; the built-in
-GPT's units are seeded per unit, so they come out identical to the emulated runtime's.
+GPT's units are seeded per unit, so they come out identical to the emulated runtime's. May import:
+the pipeline layer's modules, :mod:`paci_tune.model`, :mod:`paci_tune.data`, :mod:`paci_tune.sim`,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.config`, torch.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from ..config.schema import RunConfig
 from ..data import MicroBatchStream, TokenSource, ValidationSet, load_source
 from ..errors import ConfigError
 from ..model import LoadedModel, load_model
+from ..schedule import check_depth, stage_units
 from ..sim.profile import Profile
 from .emulated import EmulatedRuntime
-from .partition import stage_units
 from .planning import choose_partition, load_profile
 from .stage import Stage
 
@@ -56,7 +58,8 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return name
 
 
-def _unit_costs(model: LoadedModel) -> list[float]:
+def unit_costs(model: LoadedModel) -> list[float]:
+    """Per-unit cost estimates for a cut without a profile: FLOPs for the built-in GPT, else parameter counts."""
     if model.flops is not None:
         return list(model.flops)
     return [float(sum(p.numel() for p in u.parameters())) + 1.0 for _, u in sorted(model.units.items())]
@@ -77,12 +80,10 @@ def load_pieces(
     seed = cfg.training.seed
     meta = load_model(cfg.model, source.vocab_size, seed, indices=[])
     built_all = meta.units and len(meta.units) == meta.n_units  # user entry models always build everything
-    if cfg.pipeline.stages > meta.n_units:
-        n = meta.n_units
-        raise ConfigError("pipeline.stages", cfg.pipeline.stages, f"1..{n} (the model has {n} pipeline units)")
-    profile = load_profile(cfg, meta.n_units)
+    check_depth(cfg.pipeline.stages, meta.n_units)
+    profile = load_profile(cfg, meta.n_units, meta.block_size)
     device = device or resolve_device(cfg.pipeline.device)
-    sizes = choose_partition(cfg, _unit_costs(meta), profile, device, distributed)
+    sizes = choose_partition(cfg, unit_costs(meta), profile, device, distributed)
     if built_all:
         return source, meta, sizes, profile
     ranges = stage_units(sizes)
@@ -98,7 +99,6 @@ def build_setup(
 ) -> Setup:
     """Build the runtime named by ``cfg.pipeline.runtime`` for this process."""
     p, t = cfg.pipeline, cfg.training
-    assert p.window is not None and p.microbatch_size is not None
     if distributed:
         import torch.distributed as dist
 

@@ -17,7 +17,7 @@ silently training on the wrong data. The first message on a link is received bli
 payload) to learn the shape; later ones reuse it.
 
 On gloo, which sends host memory only, CUDA tensors are staged through the CPU on both ends
-(:mod:`paci_tune.pipeline.backend`); on NCCL they go GPU to GPU.
+(:mod:`paci_tune.pipeline.backend`); on NCCL they go GPU to GPU. May import: torch, :mod:`.backend`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 With a cost profile (``training.profile``), ``partition: auto`` uses the measured, memory-aware
 partitioner, and the run's predicted peak memory per stage is checked against the device: a
 configuration that will not fit is refused with the numbers, not discovered by an OOM. Without
-one, the cut balances FLOP estimates and no prediction is made.
+one, the cut balances FLOP estimates and no prediction is made. ``paci-tune simulate`` cuts with the
+same function, per schedule. May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`,
+:mod:`paci_tune.config`, :mod:`paci_tune.errors`, torch.
 """
 
 from __future__ import annotations
@@ -15,24 +17,30 @@ import torch
 
 from ..config.schema import RunConfig
 from ..errors import ConfigError
+from ..schedule import check_partition, inflight_cap, resolve_partition, stage_units
 from ..sim.memory import GIB, stage_memory
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
-from .partition import resolve_partition, stage_units
-from .schedules import inflight_cap
 
 
-def load_profile(cfg: RunConfig, n_units: int) -> Profile | None:
-    """The run's cost profile, checked against the model it is used for."""
+def check_profile(profile: Profile, n_units: int, seq_len: int, key: str, where: str) -> Profile:
+    """A profile is only good for the model it was measured on: its units and its sequence length."""
+    if profile.n_units != n_units:
+        raise ConfigError(key, where, f"a profile of this model's {n_units} units (it has {profile.n_units})")
+    if profile.seq_len != seq_len:
+        raise ConfigError(
+            key, where,
+            f"a profile measured at this model's sequence length {seq_len} (it was measured at {profile.seq_len})",
+        )  # fmt: skip
+    return profile
+
+
+def load_profile(cfg: RunConfig, n_units: int, seq_len: int) -> Profile | None:
+    """The run's cost profile (``training.profile``), checked against the model it is used for."""
     path = cfg.training.profile
     if not path:
         return None
-    profile = Profile.load(path, key="training.profile")
-    if profile.n_units != n_units:
-        raise ConfigError(
-            "training.profile", path, f"a profile of this model ({n_units} units; this one has {profile.n_units})"
-        )
-    return profile
+    return check_profile(Profile.load(path, key="training.profile"), n_units, seq_len, "training.profile", path)
 
 
 def memory_available(device: torch.device, processes_here: int) -> float:
@@ -46,7 +54,6 @@ def memory_available(device: torch.device, processes_here: int) -> float:
 def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[int]:
     """Peak bytes per stage: weights, gradients, optimizer state, in-flight activations."""
     p = cfg.pipeline
-    assert p.window is not None and p.microbatch_size is not None
     out = []
     for s, units in enumerate(stage_units(sizes)):
         inflight = inflight_cap(p.schedule, s, p.stages, p.window, p.inflight)
@@ -57,26 +64,41 @@ def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> 
     return out
 
 
+def plan_partition(
+    cfg: RunConfig,
+    unit_costs: Sequence[float],
+    profile: Profile | None,
+    *,
+    schedule: str | None = None,
+    memory_bytes: float | None = None,
+) -> list[int]:
+    """Stage sizes: pinned by hand, profile-optimal within ``memory_bytes`` per device, or FLOP-balanced.
+
+    ``schedule`` overrides the config's (the simulator cuts each schedule it compares).
+    """
+    p = cfg.pipeline
+    if isinstance(p.partition, list):
+        return check_partition(p.partition, p.stages, len(unit_costs))
+    if profile is None:
+        return resolve_partition("auto", unit_costs, p.stages)
+    return profile_partition(
+        profile,
+        p.stages,
+        schedule=schedule or p.schedule,
+        window=p.window,
+        microbatch_size=p.microbatch_size,
+        memory_bytes=memory_bytes,
+        inflight=p.inflight,
+        optimizer=cfg.optimizer.name,
+    ).sizes
+
+
 def choose_partition(
     cfg: RunConfig, unit_costs: Sequence[float], profile: Profile | None, device: torch.device, distributed: bool
 ) -> list[int]:
-    """Stage sizes: pinned by hand, profile-optimal and memory-checked, or FLOP-balanced."""
-    p = cfg.pipeline
-    assert p.window is not None and p.microbatch_size is not None
-    if profile is None or isinstance(p.partition, list):
-        sizes = resolve_partition(p.partition, unit_costs, p.stages)
-    else:
-        here = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if distributed else 1
-        sizes = profile_partition(
-            profile,
-            p.stages,
-            schedule=p.schedule,
-            window=p.window,
-            microbatch_size=p.microbatch_size,
-            memory_bytes=memory_available(device, here) if distributed else None,
-            inflight=p.inflight,
-            optimizer=cfg.optimizer.name,
-        ).sizes
+    """The run's cut (:func:`plan_partition`), with its predicted memory checked against this machine."""
+    limit = memory_available(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) if distributed else None
+    sizes = plan_partition(cfg, unit_costs, profile, memory_bytes=limit)
     if profile is not None:
         check_memory(cfg, profile, sizes, device, distributed)
     return sizes

@@ -3,7 +3,8 @@
 A runtime is the thing that moves activations and gradients between stages. The emulated one
 keeps every stage in this process and hands tensors over through a mailbox; the distributed
 one sends them point to point between processes. Everything else -- what an action does to a
-stage, how long it took, how a global batch's loss is assembled -- lives here, once.
+stage, how long it took, how a global batch's loss is assembled -- lives here, once. May import:
+torch, :mod:`.stage`, :mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from typing import Protocol
 import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from . import schedules
-from .schedules import Action, Op, drift_bound
+from ..schedule import Action, Op, drift_bound, stage_actions
 from .stage import Stage
 
 OnBatch = Callable[[int, float], None]
@@ -135,7 +135,7 @@ def warmup_actions(stage: int, n_stages: int, inflight: int) -> list[Action]:
     (the first micro-batches run up to 8x slower on CPU; left in the timed run they would be
     booked as pipeline bubble at the neighbouring stage).
     """
-    acts = schedules.stage_actions("1f1b", stage, n_stages, inflight, 0, 1)
+    acts = stage_actions("1f1b", stage, n_stages, inflight, 0, 1)
     return [a for a in acts if a.op is not Op.STEP]
 
 

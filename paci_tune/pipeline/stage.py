@@ -1,11 +1,8 @@
 """One pipeline stage: its units, its optimizer, its local accumulation counter, its drift record.
 
-The optimizer is built over *aliases* of the parameters (``p.data``), not the parameters
-themselves. Stepping through an alias updates the shared storage in place without bumping the
-parameter's autograd version counter, so a micro-batch still in flight (forward done, backward
-pending) runs its backward against the *current* weights -- PACI's semantics -- with no weight
-stash and no "modified by an inplace operation" error. Stepping the parameters directly would
-raise that error; replacing ``p.data`` out of place would silently keep the old weights alive.
+The stage steps its optimizer through parameter aliases (:mod:`.optim`), so a micro-batch in flight
+runs its backward against the current weights, PACI's semantics, with no weight copy. May import:
+:mod:`.optim`, :mod:`paci_tune.model`, :mod:`paci_tune.config`, torch.
 """
 
 from __future__ import annotations
@@ -15,10 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config.schema import OptimizerConfig
+from ..model.loss import next_token_loss
+from .optim import AliasedOptimizer
 
 
 @dataclass
@@ -57,20 +55,6 @@ class DriftStats:
         self.histogram = {int(k): int(v) for k, v in state["histogram"].items()}
 
 
-def build_optimizer(params: Sequence[torch.Tensor], cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """AdamW (or SGD) with weight decay on matrices only, as GPT-2 recipes do."""
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    groups = [g for g in groups if g["params"]]
-    if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
-
-
 class Stage:
     """A contiguous run of model units on one device, trained with local gradient accumulation.
 
@@ -98,8 +82,7 @@ class Stage:
         self.autocast_dtype = autocast_dtype
         self.grad_clip = optimizer.grad_clip
         self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self._aliases = [p.data for p in self.params]
-        self.optimizer = build_optimizer(self._aliases, optimizer)
+        self.optim = AliasedOptimizer.from_config(self.params, optimizer)
         self.updates = 0
         self.backwards = 0
         self.drift = DriftStats()
@@ -136,7 +119,7 @@ class Stage:
             out = self.module(inputs)
             if self.is_last:
                 assert targets is not None
-                loss = F.cross_entropy(out.float().flatten(0, -2), targets.to(self.device).flatten())
+                loss = next_token_loss(out, targets.to(self.device))
                 out = loss / self.window
         self._inflight[mb] = _InFlight(inputs, out, self.updates)
         return loss.detach() if self.is_last else out.detach()
@@ -154,8 +137,7 @@ class Stage:
             assert grad is not None
             rec.outputs.backward(grad.to(self.device, non_blocking=True))
         if warmup:
-            for p in self.params:
-                p.grad = None
+            self.optim.discard_grads()
         else:
             self.backwards += 1
             self.drift.add(self.updates - rec.updates_at_forward)
@@ -163,35 +145,12 @@ class Stage:
 
     def grad_sq_norm(self) -> float:
         """Squared L2 norm of this stage's accumulated gradients (for clipping across stages)."""
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if not grads:
-            return 0.0
-        return float(sum(torch.linalg.vector_norm(g.float()) ** 2 for g in grads))
+        return self.optim.grad_sq_norm()
 
     def step(self, grad_norm: float | None = None) -> None:
-        """Apply the accumulated window through the parameter aliases (see the module docstring).
-
-        With ``optimizer.grad_clip``, gradients are scaled down to that norm as ``clip_grad_norm_``
-        does. ``grad_norm`` is the norm to clip by -- the whole model's under a flush schedule,
-        which synchronises its steps anyway; ``None`` means this stage's own norm, which is what
-        PACI can do without coordinating stages.
-        """
-        lr = self.lr_at(self.updates)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        for p, alias in zip(self.params, self._aliases, strict=True):
-            alias.grad = p.grad
-        if self.grad_clip:
-            norm = grad_norm if grad_norm is not None else self.grad_sq_norm() ** 0.5
-            coef = self.grad_clip / (norm + 1e-6)
-            if coef < 1.0:
-                for alias in self._aliases:
-                    if alias.grad is not None:
-                        alias.grad.mul_(coef)
-        self.optimizer.step()
-        for p, alias in zip(self.params, self._aliases, strict=True):
-            p.grad = None
-            alias.grad = None
+        """Apply the accumulated window at this step's LR (see :meth:`.AliasedOptimizer.step` for ``grad_norm``)."""
+        self.optim.set_lr(self.lr_at(self.updates))
+        self.optim.step(grad_norm)
         self.updates += 1
 
     @torch.no_grad()
@@ -201,7 +160,7 @@ class Stage:
             out = self.module(inputs.to(self.device))
             if self.is_last:
                 assert targets is not None
-                return F.cross_entropy(out.float().flatten(0, -2), targets.to(self.device).flatten())
+                return next_token_loss(out, targets.to(self.device))
         return out
 
     def state_dict(self) -> dict:
@@ -209,7 +168,7 @@ class Stage:
             raise RuntimeError("a stage can only be checkpointed drained (no micro-batch in flight)")
         return {
             "module": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optim.optimizer.state_dict(),
             "updates": self.updates,
             "backwards": self.backwards,
             "drift": self.drift.state_dict(),
@@ -217,7 +176,7 @@ class Stage:
 
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["module"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optim.optimizer.load_state_dict(state["optimizer"])
         self.updates, self.backwards = state["updates"], state["backwards"]
         self.drift.load_state_dict(state["drift"])
 

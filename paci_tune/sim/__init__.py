@@ -2,12 +2,14 @@
 
 Everything here predicts; nothing trains. The simulator replays the same schedule action lists
 the runtimes execute, with durations from a measured or hand-written profile, so predictions and
-runs cannot disagree about what a schedule is. Calibration (which imports torch) and plotting
-(which imports matplotlib) are left to their modules so importing this package stays light.
+runs cannot disagree about what a schedule is. Torch-free: measuring a profile is the job of
+:mod:`paci_tune.calibrate`, which stands above the runtimes. Plotting (matplotlib) is imported by
+:mod:`.plot` only when a picture is drawn. May import: :mod:`paci_tune.schedule`,
+:mod:`paci_tune.base`, :mod:`paci_tune.errors`, PyYAML and the standard library.
 """
 
-from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, peak_inflight, stage_memory
-from .partitioner import Partition, PartitionModel, min_max_partition, partition
+from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, stage_memory
+from .partitioner import Partition, PartitionModel, partition
 from .profile import P2PCost, Profile, UnitCost, UnitProfile
 from .simulator import SimResult, StageResult, simulate
 
@@ -22,9 +24,7 @@ __all__ = [
     "StageResult",
     "UnitCost",
     "UnitProfile",
-    "min_max_partition",
     "partition",
-    "peak_inflight",
     "simulate",
     "stage_memory",
 ]

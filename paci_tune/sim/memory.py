@@ -12,9 +12,10 @@ A stage's memory at its peak is the sum of
   scalar loss),
 - a fixed overhead for allocator slack and the temporaries of the action in progress.
 
-The in-flight count is what the schedule allows (:func:`paci_tune.pipeline.schedules.inflight_cap`):
+The in-flight count is what the schedule allows (:func:`paci_tune.schedule.inflight_cap`):
 ``P - s`` at stage ``s`` for 1F1B and PACI, the whole window for GPipe. That is why 1F1B-style
-schedules need less memory than GPipe, and why the first stage is the most loaded.
+schedules need less memory than GPipe, and why the first stage is the most loaded. May import:
+:mod:`.profile` and the standard library.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from ..pipeline.schedules import Action, Op
 from .profile import Profile
 
 MIB = 2**20
@@ -80,15 +80,3 @@ def stage_memory(
         activations=inflight * inflight_bytes(profile, units, microbatch_size, last=last),
         overhead=overhead_bytes,
     )
-
-
-def peak_inflight(actions: Sequence[Action]) -> int:
-    """Most micro-batches between forward and backward at once, walking one stage's action list."""
-    live = peak = 0
-    for act in actions:
-        if act.op is Op.FORWARD:
-            live += 1
-            peak = max(peak, live)
-        elif act.op is Op.BACKWARD:
-            live -= 1
-    return peak

@@ -2,7 +2,7 @@
 
 A pipeline runs at the pace of its slowest stage, so the cut minimises the largest stage time:
 forward plus backward of one micro-batch, plus the optimizer step amortised over the ``a``
-micro-batches of a window. Unlike :func:`paci_tune.pipeline.partition.balanced_partition` (FLOP
+micro-batches of a window. Unlike :func:`paci_tune.schedule.balanced_partition` (FLOP
 estimates, no memory), this uses measured times and rejects cuts whose predicted memory
 (:mod:`paci_tune.sim.memory`) does not fit the device: the in-flight count differs per stage
 (``P - s`` under 1F1B/PACI), so the memory limit depends on *where* a stage sits, and the cheapest
@@ -10,7 +10,8 @@ balanced cut can be infeasible on the first stages while a slightly slower one f
 
 The search is a dynamic program over (stages used, units covered): stage ``p`` covering units
 ``j..i-1`` is allowed when it fits, and ``best[p][i] = min_j max(best[p-1][j], time(j, i))``.
-It is exact, O(P n^2) cost evaluations.
+It is exact, O(P n^2) cost evaluations. May import: :mod:`.memory`, :mod:`.profile`,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..pipeline.partition import min_max_partition
-from ..pipeline.schedules import SCHEDULES, inflight_cap
+from ..schedule import SCHEDULES, inflight_cap, min_max_partition
 from .memory import DEFAULT_OVERHEAD_BYTES, GIB, stage_memory
 from .profile import Profile
 

@@ -5,18 +5,18 @@ Forward, backward and optimizer-step boxes have distinct colours and carry their
 a dark and a light shade so a reader can see where PACI lets batches overlap; idle time is the
 hatched grey left between boxes. Panels share the time axis, so the schedule that finishes first
 is visibly shorter. The format follows the file suffix (``.png`` or ``.svg``); the file is written
-atomically.
+atomically. May import: matplotlib (when drawing), :mod:`.simulator`, :mod:`paci_tune.schedule`,
+:mod:`paci_tune.base`.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..base.files import atomic_write
 from ..errors import ConfigError
-from ..pipeline.schedules import Op
+from ..schedule import Op
 from .simulator import SimResult
 
 FORMATS = ("png", "svg")
@@ -127,15 +127,8 @@ def plot_timelines(results: Sequence[SimResult], path: str | Path, *, title: str
         fontsize=8,
         color="#444444",
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=f".{fmt}")
-    os.close(fd)
     try:
-        fig.savefig(tmp, format=fmt, dpi=130)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        atomic_write(out, lambda tmp: fig.savefig(tmp, format=fmt, dpi=130), suffix=f".{fmt}")
     finally:
         plt.close(fig)
     return out

@@ -1,6 +1,6 @@
 """Cost profiles: what each pipeline unit costs on one machine, as data the simulator can read.
 
-A profile is measured by ``paci-tune calibrate`` (:mod:`paci_tune.sim.calibrate`), but it is plain
+A profile is measured by ``paci-tune calibrate`` (:mod:`paci_tune.calibrate`), but it is plain
 YAML on purpose: a profile can be written by hand (or a measured one edited) to predict hardware
 you do not have. :meth:`Profile.scale` makes a uniformly faster or slower copy.
 
@@ -35,7 +35,8 @@ measured sizes, and extrapolated along the line through the two nearest measured
 either end (clamped at zero); with a single measured size, costs are taken proportional to the
 micro-batch size. Compute time is close to linear in the micro-batch size once a kernel is large
 enough to fill the device, and activation sizes are exactly linear, so this is accurate between
-measured sizes and a fair guess a little beyond them.
+measured sizes and a fair guess a little beyond them. May import: PyYAML, :mod:`paci_tune.base`,
+:mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from typing import Any
 
 import yaml
 
+from ..base.files import atomic_write_text, read_yaml
 from ..errors import ConfigError
 
 FORMAT = "paci-tune-profile/1"
@@ -216,8 +218,6 @@ class Profile:
 
     def save(self, path: str | Path) -> None:
         """Write the YAML atomically: a crash leaves the old file or the new one, never half of one."""
-        from ..train.checkpoint import atomic_write_text
-
         atomic_write_text(Path(path), self.dumps())
 
     @classmethod
@@ -262,8 +262,6 @@ class Profile:
     @classmethod
     def load(cls, path: str | Path, key: str = "profile") -> Profile:
         """Read and validate a profile file; a missing file or bad YAML is a ConfigError on ``key``."""
-        from ..config import read_yaml
-
         return cls.from_dict(read_yaml(path, key), key)
 
 

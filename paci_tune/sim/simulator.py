@@ -1,8 +1,8 @@
 """Discrete-event simulation of a pipeline schedule from a cost profile.
 
 The simulator runs nothing new: it takes the very action lists the runtimes execute
-(:func:`paci_tune.pipeline.schedules.build`) and places them in time with the same replay the
-emulated runtime uses to report its bubble (:func:`paci_tune.pipeline.timeline.replay`). Only the
+(:func:`paci_tune.schedule.build`) and places them in time with the same replay the
+emulated runtime uses to report its bubble (:func:`paci_tune.schedule.replay`). Only the
 durations differ: here they come from a :class:`~paci_tune.sim.profile.Profile` instead of a
 stopwatch. A schedule change therefore changes the runtimes and the prediction together.
 
@@ -13,7 +13,8 @@ stages ``s`` and ``s+1`` (activation forward, gradient backward: the same size) 
 
 PACI never drains inside a segment, so a short simulation would be dominated by its fill and
 drain; it is simulated over at least ``4 * P`` global batches, and the steady-state step time
-(measured between optimizer steps in the middle of the run) is reported next to the average.
+(measured between optimizer steps in the middle of the run) is reported next to the average. May
+import: :mod:`.memory`, :mod:`.profile`, :mod:`paci_tune.schedule`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -24,11 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..pipeline import schedules
-from ..pipeline.partition import stage_units
-from ..pipeline.schedules import Action, Op, drift_bound
-from ..pipeline.timeline import StageTimes, Timeline, drift_per_microbatch, replay
-from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, peak_inflight, stage_memory
+from ..schedule import SCHEDULES, Action, Op, build, check_partition, drift_bound, stage_units
+from ..schedule.replay import StageTimes, Timeline, drift_per_microbatch, peak_inflight, replay
+from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, stage_memory
 from .profile import Profile
 
 
@@ -142,18 +141,6 @@ class SimResult:
         }
 
 
-def check_partition(sizes: Sequence[int], n_stages: int, n_units: int) -> list[int]:
-    """Validate stage sizes against the model; a bad user-given partition is a ConfigError."""
-    sizes = list(sizes)
-    if n_stages > n_units:
-        raise ConfigError("pipeline.stages", n_stages, f"1..{n_units} (the model has {n_units} pipeline units)")
-    if len(sizes) != n_stages or sum(sizes) != n_units or min(sizes, default=0) < 1:
-        raise ConfigError(
-            "pipeline.partition", sizes, f"{n_stages} positive unit counts (one per stage) summing to {n_units}"
-        )
-    return sizes
-
-
 def simulated_batches(schedule: str, n_stages: int, n_batches: int) -> int:
     """Global batches actually simulated: PACI needs a run long enough to reach its steady state."""
     return max(n_batches, 4 * n_stages) if schedule == "paci" else n_batches
@@ -177,8 +164,8 @@ def simulate(
 
     ``extend=False`` simulates exactly ``n_batches`` even for PACI (for pictures of a short run).
     """
-    if schedule not in schedules.SCHEDULES:
-        raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(schedules.SCHEDULES))
+    if schedule not in SCHEDULES:
+        raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
     for key, value in (
         ("pipeline.stages", stages),
         ("pipeline.window", window),
@@ -190,7 +177,7 @@ def simulate(
     sizes = check_partition(partition_sizes, stages, profile.n_units)
     ranges = stage_units(sizes)
     n = simulated_batches(schedule, stages, n_batches) if extend else n_batches
-    lists = schedules.build(schedule, stages, window, 0, n, inflight)
+    lists = build(schedule, stages, window, 0, n, inflight)
 
     costs = profile.at(microbatch_size)
     fwd = [sum(costs[i].forward_s for i in r) for r in ranges]

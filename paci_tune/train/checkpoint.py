@@ -3,51 +3,25 @@
 Layout: ``DIR/batch_00000120/stage_0.pt .. stage_{P-1}.pt`` and ``meta.json`` (the loop's state),
 then ``DIR/LATEST`` naming that folder. Each file is written to a temporary name and renamed;
 ``LATEST`` moves only after every rank's stage file and the meta file exist, so resuming always
-finds a complete checkpoint. Several machines need ``DIR`` on a shared file system.
+finds a complete checkpoint. Several machines need ``DIR`` on a shared file system. May import:
+:mod:`paci_tune.base`, :mod:`paci_tune.errors`, torch.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..base.files import atomic_write, atomic_write_text
 from ..errors import ConfigError
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
 def _atomic_torch_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def folder_for(root: Path, batches_done: int) -> Path:

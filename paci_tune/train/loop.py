@@ -3,7 +3,9 @@
 It knows nothing of how the pipeline runs. It asks the runtime to run *segments* of global
 batches -- each ends drained, at an evaluation or checkpoint point -- and the runtime reports
 losses as batches complete. The same loop runs in the single emulated process and on every rank
-of the distributed runtime (SPMD); only the reporting rank writes records.
+of the distributed runtime (SPMD); only the reporting rank writes records. It runs a resolved
+config (:func:`paci_tune.train.run.resolve_run`): a profile clock finds its profile named.
+May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, the train layer's own modules.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..clock import Clock, ProfileClock, WallClock
 from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..pipeline.factory import Setup, build_setup
 from ..pipeline.runtime import StageTiming
 from . import checkpoint
+from .clock import Clock, ProfileClock, WallClock
 from .lr import lr_factor, peak_lr, step_progress
 from .metrics import RecordSink
 
@@ -72,12 +74,9 @@ class Trainer:
     def __init__(self, cfg: RunConfig, sink: RecordSink, *, distributed: bool = False) -> None:
         self.cfg, self.sink = cfg, sink
         t, p = cfg.training, cfg.pipeline
-        assert p.window is not None and p.microbatch_size is not None
         self.peak = peak_lr(cfg.optimizer, cfg.lr_schedule, t.global_batch)
-        if t.clock == "sim" and not t.profile:
-            from ..sim.calibrate import cached_profile
-
-            t.profile = str(cached_profile(cfg)[1])
+        if t.clock != "wall" and not t.profile:
+            raise ConfigError("training.profile", None, f"a cost profile for the {t.clock} clock (see resolve_run)")
         self.clock: Clock = WallClock()
         self._segment_first = 0
         self.setup: Setup = build_setup(cfg, self.lr_at, distributed=distributed)
@@ -91,7 +90,7 @@ class Trainer:
         t, p = self.cfg.training, self.cfg.pipeline
         if t.clock == "wall":
             return WallClock(offset)
-        assert self.setup.profile is not None and p.window is not None and p.microbatch_size is not None
+        assert self.setup.profile is not None  # a profile clock's config names one (checked in __init__)
         return ProfileClock(
             t.clock,
             self.setup.profile,
@@ -302,7 +301,7 @@ class Trainer:
         stats = self.runtime.stats(timing, st.makespan)
         losses = [r["loss"] for r in self.sink.records if r.get("event") == "train"]
         tail = losses[-10:]
-        p, m = c.pipeline.stages, c.pipeline.window or 1
+        p, m = c.pipeline.stages, c.pipeline.window
         if c.pipeline.schedule == "paci":  # fills and drains once per segment (at evals and checkpoints)
             fill = st.segments * (p - 1)
             analytic = fill / (m * st.batches_done + fill) if st.batches_done else 0.0

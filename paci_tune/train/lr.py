@@ -3,7 +3,7 @@
 "No Train No Gain" (Kaddour et al., 2023): a schedule must decay over the *budget*, in the
 budget's own unit, or a short budget is judged with a learning rate that never came down. So
 the schedule is a function of progress through the budget (steps done / steps, or clock /
-seconds), not of an absolute step count.
+seconds), not of an absolute step count. May import: :mod:`paci_tune.config`.
 """
 
 from __future__ import annotations

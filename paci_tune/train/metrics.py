@@ -4,7 +4,7 @@ Record kinds (``event``): ``start`` (what is being run), ``train`` (one per glob
 ``loss``), ``segment`` (after each drained segment: running tokens/s, bubble, drift), ``eval``
 (``val_loss``), ``checkpoint`` and ``summary`` (the last one). The metrics file is written once,
 atomically, when the run ends, and holds every record of the run, including those from before a
-resume (they travel in the checkpoint).
+resume (they travel in the checkpoint). May import: :mod:`paci_tune.base`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from .checkpoint import atomic_write_text
+from ..base.files import atomic_write_text
 
 Record = dict[str, Any]
 

@@ -9,7 +9,8 @@ against it, below 1 when PACI lost. Scores are times to target, or the not-reach
 bound, and the file says so.
 
 The file also carries ``run``: the complete run configuration of the recommended trial, which
-``paci-tune apply`` trains.
+``paci-tune apply`` trains. May import: optuna, torch (its version), :mod:`paci_tune.base`,
+:mod:`.space`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from typing import Any
 
 import optuna
 import torch
-import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from .. import __version__
+from ..base.files import read_yaml, write_yaml
 from ..errors import ConfigError
-from ..train.checkpoint import atomic_write_text
 from .space import TrialParams
 
 HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}`.\n"
@@ -162,13 +162,10 @@ def build_best(
 
 def write_best(path: Path, doc: dict[str, Any]) -> None:
     """Write ``best.yaml`` atomically: a reader sees the old file or the whole new one."""
-    text = HEADER.format(name=path.name) + yaml.safe_dump(_plain(doc), sort_keys=False)
-    atomic_write_text(path, text)
+    write_yaml(path, _plain(doc), header=HEADER.format(name=path.name))
 
 
 def read_best(path: str | Path) -> dict[str, Any]:
-    from ..config import read_yaml
-
     doc = read_yaml(path, "best.yaml")
     if not isinstance(doc, dict) or not isinstance(doc.get("run"), dict) or "recommended" not in doc:
         raise ConfigError("best.yaml", str(path), "a file written by `paci-tune search` (with recommended and run)")

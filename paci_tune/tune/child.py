@@ -1,18 +1,56 @@
-"""``python -m paci_tune.tune.child PARENT_PID train ...``: one trial's process.
+"""``python -m paci_tune.tune.child PARENT_PID RUN.yaml EVENTS METRICS``: one trial's process.
 
-Runs the ``paci-tune`` command line, after asking the kernel to stop this process when the
-search that started it dies (SIGKILL included), so a killed search leaves no trial training.
+It trains the trial's run through the train layer (:func:`paci_tune.train.run_training`), appending
+every record to EVENTS as it happens (the search tails it) and writing METRICS at the end; it dies
+with the search that started it (SIGKILL included), so a killed search leaves no trial training.
+Exit codes and the log's last line tell the runner why a trial failed (:func:`.runner.crash_reason`):
+2 with an ``error:`` line for a configuration this machine refuses, a traceback otherwise. May
+import: :mod:`paci_tune.train`, :mod:`paci_tune.config`, :mod:`paci_tune.base`.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
-from ..pipeline.lifetime import die_with_parent
+from ..base.files import read_yaml
+from ..base.processes import Record, die_with_parent
+from ..config import derive_run
+from ..errors import ConfigError
+from ..train.run import WorkersFailed, run_training
+
+
+def _log_line(rec: Record) -> str | None:
+    """The trial log's plain progress: validations and the end."""
+    kind = rec.get("event")
+    if kind == "eval":
+        return f"step {rec['step']}: val_loss {rec['val_loss']:.4f} at {rec['clock']:.4g}s"
+    if kind == "summary":
+        return f"done: {rec['steps']} steps, {rec['tokens_per_s']:,.0f} tokens/s, val_loss {rec['final_val_loss']}"
+    return None
+
+
+def main(config: str, events_path: str, metrics: str) -> int:
+    with open(events_path, "a", buffering=1) as events:
+
+        def on_record(rec: Record) -> None:
+            events.write(json.dumps(rec) + "\n")
+            line = _log_line(rec)
+            if line:
+                print(line, flush=True)
+
+        try:
+            run_training(derive_run(read_yaml(config, "trial")), on_record=on_record, metrics=metrics,
+                         log=lambda m: print(m, flush=True))  # fmt: skip
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return 2
+        except WorkersFailed as e:
+            print(e.message, file=sys.stderr, flush=True)
+            return e.exit_code
+    return 0
+
 
 if __name__ == "__main__":
     die_with_parent(parent=int(sys.argv[1]))
-    from ..cli import main
-
-    sys.argv = ["paci-tune", *sys.argv[2:]]
-    main()
+    sys.exit(main(*sys.argv[2:5]))

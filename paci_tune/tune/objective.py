@@ -10,7 +10,7 @@ validation loss ``L`` stayed from the target ``T``:
 so every trial that got there ranks before every trial that did not, and among the latter a
 closer miss ranks first. The same formula, applied to what a trial has shown so far, is the
 intermediate value reported to Optuna at each grid point, so a pruned trial's last value is on
-the same scale as a finished one's.
+the same scale as a finished one's. May import: the standard library only.
 """
 
 from __future__ import annotations

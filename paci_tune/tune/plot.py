@@ -2,7 +2,8 @@
 
 One panel per schedule, the target as a line, finished trials solid, pruned ones dashed and
 ending where they were stopped, the recommendation drawn thick. It shows at a glance what a
-table of numbers hides: how early the pruner cut, and how close the runners-up came.
+table of numbers hides: how early the pruner cut, and how close the runners-up came. May import:
+matplotlib, optuna, :mod:`paci_tune.base`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+
+from ..base.files import atomic_write
 
 
 def plot_search(
@@ -45,9 +48,7 @@ def plot_search(
             ax.legend(loc="upper right", fontsize=8)
     axes[0][0].set_ylabel("validation loss")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    try:
+        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110), suffix=".png")
+    finally:
+        plt.close(fig)

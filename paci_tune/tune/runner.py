@@ -1,24 +1,22 @@
 """Trial runners: turn one configuration into a training run and watch it.
 
-:class:`SubprocessRunner` is the real one: ``paci-tune train`` in a child process (its own
-process group, tied to this process's life), streaming its records through an events file. The
+:class:`SubprocessRunner` is the real one: the trial's training in a child process
+(:mod:`.child`; its own process group, tied to this process's life, through
+:class:`paci_tune.base.processes.Child`), streaming its records through an events file. The
 parent reads them as they come, reports each validation on the clock grid (``on_eval``), and
 kills the child when the pruner says so, when the loss goes non-finite or blows up, when it
 falls silent (a hang) or runs past its timeout. Its exit code and log tail classify a crash
 (out of memory, a configuration the machine refuses, anything else).
 
 A runner is pluggable (:class:`TrialRunner`): the benchmark replays recorded curves through the
-same search loop with a table runner.
+same search loop with a table runner. May import: :mod:`paci_tune.base` and the tune layer's
+:mod:`.objective` and :mod:`.space`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -26,9 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import yaml
-
-from ..train.checkpoint import atomic_write_text
+from ..base.files import write_yaml
+from ..base.processes import Child, follow
 from .objective import Progress, grid_step
 from .space import TrialParams
 
@@ -118,70 +115,43 @@ class SubprocessRunner:
     def run(self, job: TrialJob, on_eval: OnEval, on_record: OnRecord | None = None) -> TrialResult:
         job.workdir.mkdir(parents=True, exist_ok=True)
         config, events, log = job.workdir / "trial.yaml", job.workdir / "events.jsonl", job.workdir / "trial.log"
-        atomic_write_text(config, yaml.safe_dump(job.run_doc, sort_keys=False))
-        events.write_text("")
-        cmd = [
-            sys.executable, "-m", "paci_tune.tune.child", str(os.getpid()),
-            "train", str(config), "--no-live", "--events", str(events),
-            "--metrics", str(job.workdir / "metrics.jsonl"),
-        ]  # fmt: skip
+        write_yaml(config, job.run_doc)
+        cmd = [sys.executable, "-m", "paci_tune.tune.child", str(os.getpid()), str(config), str(events),
+               str(job.workdir / "metrics.jsonl")]  # fmt: skip
+        env = dict(os.environ)
+        if job.threads is not None and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(job.threads)
         watch = _Watch(job, on_eval, on_record)
-        t0 = time.monotonic()
-        with open(log, "w") as logf, open(events) as tail:
-            env = dict(os.environ)
-            if job.threads is not None and "OMP_NUM_THREADS" not in env:
-                env["OMP_NUM_THREADS"] = str(job.threads)
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-            self.last_pid = proc.pid
-            last_activity, seen, pending = t0, 0, ""
-            try:
-                while True:
-                    done = proc.poll() is not None
-                    chunk = tail.read()
-                    pending += chunk
-                    *lines, pending = pending.split("\n")
-                    for line in lines:
-                        if line.strip() and watch.stop is None:
-                            watch.feed(json.loads(line))
-                    size = log.stat().st_size
-                    if chunk or size != seen:
-                        last_activity, seen = time.monotonic(), size
-                    now = time.monotonic()
-                    if watch.stop is None and not done:
-                        if now - last_activity > self.stall_seconds:
-                            watch.stop = ("failed", f"hang: no progress for {self.stall_seconds:g}s", None)
-                        elif self.timeout is not None and now - t0 > self.timeout:
-                            watch.stop = ("failed", f"timeout: still running after {self.timeout:g}s", None)
-                    if watch.stop is not None:
-                        _kill_group(proc)
-                        break
-                    if done:
-                        break
-                    time.sleep(self.poll_s)
-            except BaseException:
-                _kill_group(proc)
-                raise
+        t0 = last_activity = time.monotonic()
+
+        def feed(rec: dict[str, Any]) -> None:
+            if watch.stop is None:
+                watch.feed(rec)
+
+        def stop(active: bool) -> bool:
+            nonlocal last_activity
+            now = time.monotonic()
+            if active:
+                last_activity = now
+            if watch.stop is None and now - last_activity > self.stall_seconds:
+                watch.stop = ("failed", f"hang: no progress for {self.stall_seconds:g}s", None)
+            elif watch.stop is None and self.timeout is not None and now - t0 > self.timeout:
+                watch.stop = ("failed", f"timeout: still running after {self.timeout:g}s", None)
+            return watch.stop is not None
+
+        with Child(cmd, log=log, events=events, env=env) as child:
+            self.last_pid = child.pid
+            follow(child, feed, poll_s=self.poll_s, stop=stop)
+            returncode = child.returncode
         wall = time.monotonic() - t0
         if watch.stop is not None:
             status, reason, step = watch.stop
             return TrialResult(status, watch.progress, reason, step, watch.summary, wall, watch.evals)
-        if proc.returncode != 0:
+        if returncode != 0:
             return TrialResult(
-                "failed", watch.progress, crash_reason(proc.returncode, log), None, watch.summary, wall, watch.evals
+                "failed", watch.progress, crash_reason(returncode or 0, log), None, watch.summary, wall, watch.evals
             )
         return TrialResult("complete", watch.progress, None, None, watch.summary, wall, watch.evals)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop the trial's whole process group: SIGTERM, then SIGKILL after a grace period."""
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def crash_reason(returncode: int, log: Path) -> str:

@@ -7,7 +7,8 @@ goes on until each schedule's study has its quota of trials.
 A point already run (samplers propose repeats in small discrete spaces) is not trained again:
 a finished one's result is copied, a deterministic failure (out of memory, divergence) repeated,
 and a pruned one's curve is replayed against the pruner, which trains it only if it now survives
-past the point where it was stopped.
+past the point where it was stopped. May import: optuna, :mod:`paci_tune.pipeline` (predicted memory),
+:mod:`paci_tune.sim`, :mod:`paci_tune.config` and the tune layer's own modules.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ..config import REMOVE, apply_overrides
+from ..base.processes import threads_per_process
+from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
 from .objective import Progress
 from .runner import TrialJob, TrialResult, TrialRunner
@@ -146,7 +148,7 @@ class Search:
                     pids.add(int(w.get("pid", -1)))
         if len(pids) == 1:
             return None
-        return max(1, (os.cpu_count() or 1) // len(pids))
+        return threads_per_process(len(pids))
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, result: TrialResult) -> None:
         p = result.progress
@@ -182,14 +184,13 @@ class Search:
     def _predicted_memory(self, params: TrialParams, partition: Any) -> int | None:
         if not self.profile or not isinstance(partition, list):
             return None
-        from ..config import load_run_config
         from ..pipeline.planning import predicted_memory
         from ..sim.profile import Profile
 
         try:
             if self._profile is None:
                 self._profile = Profile.load(self.profile)  # read once per search, not per trial
-            cfg = load_run_config(self.trial_doc(params))
+            cfg = derive_run(self.trial_doc(params))
             return int(max(predicted_memory(cfg, self._profile, partition)))
         except Exception:
             return None
@@ -240,29 +241,26 @@ class Search:
     # ------------------------------------------------------------------------- configs
     def trial_doc(self, params: TrialParams) -> dict[str, Any]:
         """The complete run document of one trial: the base run, the point, the budget."""
-        t, b = self.tune, self.tune.budget
-        doc = copy.deepcopy(t.run_doc)
+        t, b, hw = self.tune, self.tune.budget, self.tune.hardware
         over: dict[str, Any] = dict(params.overrides())
         over.update(
             {
                 "training.seconds": b.seconds,
-                "training.steps": REMOVE,
                 "training.clock": b.clock,
-                "training.profile": self.profile or REMOVE,
+                "training.profile": self.profile,
                 "training.eval_every_seconds": (b.seconds or 0.0) / b.grid,
                 "training.target_val_loss": t.target.value,
                 "training.checkpoint_every": 0,
                 "pipeline.partition": "auto",
-                "pipeline.runtime": t.hardware.runtime or ("distributed" if b.clock == "wall" else "emulated"),
-                "pipeline.device": t.hardware.device,
-                "pipeline.backend": t.hardware.backend,
-                "pipeline.inflight": REMOVE,
+                "pipeline.runtime": hw.runtime or ("distributed" if b.clock == "wall" else "emulated"),
+                "pipeline.inflight": None,
                 "optimizer.lr": float(t.run.optimizer.lr) * params.lr_scale,
             }
         )
+        over.update({k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v})
         if b.clock != "wall":
             over["training.eval_every"] = 10**9  # segments end on the clock grid only (no extra fills)
-        return apply_overrides(doc, over)
+        return derive_doc(copy.deepcopy(t.run_doc), over)
 
 
 def _same_point(study: optuna.Study, trial: optuna.Trial) -> FrozenTrial | None:

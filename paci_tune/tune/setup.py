@@ -1,34 +1,32 @@
 """Binding a search file to this machine: its space, its sim-clock profile, its start points.
 
-Shared by ``paci-tune search`` and the benchmark that replays searches against a full grid.
+Shared by ``paci-tune search`` (:mod:`.session`) and the benchmark that replays searches against a
+full grid. May import: :mod:`paci_tune.calibrate`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`,
+:mod:`paci_tune.base` and the tune layer's :mod:`.space` and :mod:`.study`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import click
-
-from ..config import apply_overrides, load_run_config
+from ..base.processes import cpu_count
+from ..config import derive_run
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
 from .space import SearchSpace
 
-
-def _stderr(msg: str) -> None:
-    click.echo(msg, err=True)
-
+Log = Callable[[str], None]
 
 def bind_space(tune: TuneConfig) -> SearchSpace:
     """The space file, constrained by this run's global batch, model depth and devices."""
     from ..pipeline.factory import load_pieces
     from .space import load_space
 
-    one_stage = load_run_config(apply_overrides(tune.run_doc, {"pipeline.stages": 1, "pipeline.partition": "auto"}))
+    one_stage = derive_run(tune.run_doc, {"pipeline.stages": 1, "pipeline.partition": "auto"})
     _, meta, _, _ = load_pieces(one_stage, [], distributed=True)
     max_stages = None
     if tune.budget.clock == "wall":
@@ -44,10 +42,10 @@ def _devices(tune: TuneConfig) -> int:
     n_gpus = visible_gpus()
     if tune.hardware.device != "cpu" and n_gpus:
         return n_gpus
-    return os.cpu_count() or 1
+    return cpu_count()
 
 
-def profile_for(tune: TuneConfig, space: Any, work: Path) -> str | None:
+def profile_for(tune: TuneConfig, space: Any, work: Path, log: Log | None = None) -> str | None:
     """The cost profile every trial's sim/rst clock reads: given, or measured once per search.
 
     Measured at every micro-batch size of the space and kept in the work folder, so a resumed
@@ -60,16 +58,10 @@ def profile_for(tune: TuneConfig, space: Any, work: Path) -> str | None:
         if not Path(b.profile).is_file():
             raise ConfigError("budget.profile", b.profile, "an existing profile file (paci-tune calibrate)")
         return str(Path(b.profile).resolve())
-    path = work / "profile.yaml"
-    if path.is_file():
-        return str(path)
-    from ..sim.calibrate import calibrate
+    from ..calibrate.cache import measured_profile
 
-    _stderr(f"measuring the model once for the sim clock at micro-batch sizes {list(space.microbatch_size)} ...")
-    profile = calibrate(tune.run, microbatch_sizes=list(space.microbatch_size), repeats=3, warmup=1, p2p_repeats=30,
-                        log=_stderr)  # fmt: skip
-    work.mkdir(parents=True, exist_ok=True)
-    profile.save(path)
+    _, path = measured_profile(tune.run, microbatch_sizes=list(space.microbatch_size), path=work / "profile.yaml",
+                               log=log)  # fmt: skip
     return str(path)
 
 

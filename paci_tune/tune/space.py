@@ -12,7 +12,8 @@ feasible values and the grid is finite:
 - ``global_batch: free`` -- a and micro-batch size are searched independently; the LR follows the
   batch through ``lr_schedule.reference_batch`` scaling;
 - P <= the model's units (a stage holds at least one), and P <= ``hardware.devices`` when the
-  clock is the wall (the sim and rst clocks model one device per stage).
+  clock is the wall (the sim and rst clocks model one device per stage). May import: optuna,
+:mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import optuna
 
-from ..config import read_yaml
+from ..base.files import read_yaml
 from ..errors import ConfigError
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"

@@ -10,7 +10,8 @@ Dead workers: a running trial carries its worker's host and pid and a heartbeat 
 refreshes every few seconds. A trial whose worker is gone (same host, pid dead) or whose
 heartbeat is stale (another host) is failed as ``interrupted`` and enqueued again with the same
 parameters, up to ``search.retries`` times. This works the same on SQLite, a journal file and a
-database server (Optuna's own heartbeat covers only RDB storages).
+database server (Optuna's own heartbeat covers only RDB storages). May import: optuna,
+:mod:`paci_tune.config`, :mod:`paci_tune.errors`, :mod:`.space`.
 """
 
 from __future__ import annotations

@@ -4,15 +4,16 @@ Given each action's duration (measured by the emulated runtime, or predicted fro
 profile) and a transfer latency between neighbouring stages, place every action at the earliest
 time its stage is free and its dependency has arrived. This is what a real pipeline with those
 costs would do, so the emulated runtime can report the bubble the schedule would have, and the
-simulator can predict step times, without running P processes.
+simulator can predict step times, without running P processes. May import: :mod:`.actions` and the
+standard library (no torch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .schedules import Action, Op, dependency, execution_order, step_barrier
+from .actions import Action, Op, dependency, execution_order, step_barrier
 
 Duration = Callable[[int, Action], float]
 Latency = Callable[[int, int, Action], float]
@@ -61,7 +62,7 @@ def replay(
     """Place every action of ``lists`` in time; see the module docstring.
 
     ``sync_steps=a``: steps wait for every stage's backwards of their batch (global-norm clipping
-    in flush schedules, see :func:`~paci_tune.pipeline.schedules.step_barrier`).
+    in flush schedules, see :func:`~paci_tune.schedule.actions.step_barrier`).
     """
     n = len(lists)
     free = [0.0] * n
@@ -100,3 +101,15 @@ def drift_per_microbatch(actions: list[Action]) -> dict[int, int]:
         else:
             steps += 1
     return out
+
+
+def peak_inflight(actions: Sequence[Action]) -> int:
+    """Most micro-batches between forward and backward at once, walking one stage's action list."""
+    live = peak = 0
+    for act in actions:
+        if act.op is Op.FORWARD:
+            live += 1
+            peak = max(peak, live)
+        elif act.op is Op.BACKWARD:
+            live -= 1
+    return peak

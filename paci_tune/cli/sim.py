@@ -2,7 +2,7 @@
 
 Heavy imports (torch, matplotlib) happen inside the commands so ``paci-tune --help`` stays fast.
 Progress goes to stderr; with ``--json`` stdout carries one JSON object and nothing else, so the
-output can be piped straight into another program.
+output can be piped straight into another program. May import: every layer, click, rich.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from ..ui import fmt_bytes
+from .common import stderr
+from .ui import fmt_bytes
 
 _DEVICES = click.Choice(["auto", "cpu", "cuda"])
 _PRECISIONS = click.Choice(["auto", "fp32", "bf16"])
@@ -27,15 +28,10 @@ def _fmt_seconds(s: float) -> str:
     return f"{s * 1e6:.3g} µs"
 
 
-def _stderr(msg: str) -> None:
-    click.echo(msg, err=True)
-
-
 def _overrides(stages: int | None, window: int | None, microbatch_size: int | None) -> dict[str, Any]:
-    """Config overrides, with the same window / micro-batch size rule as ``paci-tune train``."""
-    from ..options import overrides_from
-
-    return overrides_from({"stages": stages, "window": window, "microbatch_size": microbatch_size})
+    """Config overrides of the options given (window and micro-batch size derive each other as in ``train``)."""
+    given = {"pipeline.stages": stages, "pipeline.window": window, "pipeline.microbatch_size": microbatch_size}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 # ------------------------------------------------------------------------------------ calibrate
@@ -71,9 +67,9 @@ def calibrate(
     from rich.console import Console
     from rich.table import Table
 
+    from ..calibrate import calibrate as run_calibration
+    from ..calibrate import parse_sizes
     from ..config import load_config
-    from ..sim.calibrate import calibrate as run_calibration
-    from ..sim.calibrate import parse_sizes
 
     cfg = load_config(config, _overrides(stages, None, None))
     sizes = parse_sizes(microbatch_sizes, "--microbatch-sizes")
@@ -84,7 +80,7 @@ def calibrate(
         precision=precision,
         repeats=repeats,
         threads=threads,
-        log=lambda m: _stderr(f"measuring {m}"),
+        log=lambda m: stderr(f"measuring {m}"),
     )
     profile.save(out)
     table = Table(title=f"{profile.device} · {profile.dtype} · {profile.threads} thread(s) · seq {profile.seq_len}")
@@ -156,11 +152,11 @@ def simulate(
     from ..data import load_source
     from ..errors import ConfigError
     from ..model import load_model
-    from ..pipeline.schedules import SCHEDULES
+    from ..pipeline.factory import unit_costs
+    from ..pipeline.planning import check_profile, plan_partition
+    from ..schedule import SCHEDULES, check_depth
     from ..sim.memory import GIB
-    from ..sim.partitioner import partition
     from ..sim.profile import Profile
-    from ..sim.simulator import check_partition
     from ..sim.simulator import simulate as run_simulation
 
     if batches < 1:
@@ -171,7 +167,6 @@ def simulate(
         raise ConfigError("--timeline", timeline, "a file name ending in .png or .svg")
     cfg = load_config(config, _overrides(stages, window, microbatch_size))
     p = cfg.pipeline
-    assert p.window is not None and p.microbatch_size is not None
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     meta = load_model(cfg.model, source.vocab_size, cfg.training.seed, indices=[])
 
@@ -180,42 +175,19 @@ def simulate(
         profile = Profile.load(profile_path, "--profile")
         where = profile_path
     else:
-        from ..sim.calibrate import cached_profile
+        from ..calibrate.cache import measured_profile
 
-        profile, cache_path = cached_profile(cfg, threads=threads, log=lambda m: _stderr(f"calibrating: {m}"))
+        profile, cache_path = measured_profile(cfg, threads=threads, log=lambda m: stderr(f"calibrating: {m}"))
         where, cached = str(cache_path), True
-    if profile.n_units != meta.n_units:
-        raise ConfigError(
-            "--profile", where, f"a profile of this model's {meta.n_units} units (it has {profile.n_units})"
-        )
-    if profile.seq_len != meta.block_size:
-        raise ConfigError(
-            "--profile",
-            where,
-            f"a profile measured at this model's sequence length {meta.block_size} "
-            f"(it was measured at {profile.seq_len})",
-        )
-
-    if p.stages > profile.n_units:
-        raise ConfigError("pipeline.stages", p.stages, f"1..{profile.n_units} (the model has {profile.n_units} units)")
+    check_profile(profile, meta.n_units, meta.block_size, "--profile", where)
+    check_depth(p.stages, profile.n_units)
     names = list(SCHEDULES) if schedule == "all" else [schedule]
     memory_bytes = None if memory_gib is None else memory_gib * GIB
+    costs = unit_costs(meta)
     results, errors, sizes_of = {}, {}, {}
     for name in names:
         try:
-            if isinstance(p.partition, list):
-                sizes = check_partition(p.partition, p.stages, profile.n_units)
-            else:
-                sizes = partition(
-                    profile,
-                    p.stages,
-                    schedule=name,
-                    window=p.window,
-                    microbatch_size=p.microbatch_size,
-                    memory_bytes=memory_bytes,
-                    inflight=p.inflight,
-                    optimizer=cfg.optimizer.name,
-                ).sizes
+            sizes = plan_partition(cfg, costs, profile, schedule=name, memory_bytes=memory_bytes)
         except ConfigError as e:
             if len(names) == 1 or e.key != "pipeline.stages":
                 raise
@@ -248,7 +220,7 @@ def simulate(
             if n in results
         ]
         drawn = str(plot_timelines(short, timeline))
-        _stderr(f"timeline written to {drawn}")
+        stderr(f"timeline written to {drawn}")
 
     doc: dict[str, Any] = {
         "config": config,
@@ -308,7 +280,7 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
         )
     for name, msg in errors.items():
         table.add_row(name, "-", "-", "-", "-", "-", "[red]does not fit[/red]", "-")
-        _stderr(f"{name}: {msg}")
+        stderr(f"{name}: {msg}")
     notes = [
         f"analytic flush bubble (P-1)/(m+P-1) = {(doc['n_stages'] - 1) / (doc['window'] + doc['n_stages'] - 1):.1%}"
     ]

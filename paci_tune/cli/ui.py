@@ -1,4 +1,7 @@
-"""Terminal output for training runs: a rich live view, or plain lines when not on a terminal."""
+"""Terminal output for training runs: a rich live view, or plain lines when not on a terminal.
+
+May import: rich.
+"""
 
 from __future__ import annotations
 

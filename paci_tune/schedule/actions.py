@@ -1,9 +1,10 @@
 """Pipeline schedules as data: each stage's ordered list of actions.
 
 This module is the single source of truth for what a schedule *is*. The emulated runtime, the
-distributed runtime and the timeline replay all read these lists; nothing else encodes a
-schedule. Numerics depend only on each stage's local order of actions, which is why two
-runtimes that execute the same lists produce the same losses.
+distributed runtime, ``SchedulePACI`` and the simulator all read these lists; nothing else
+encodes a schedule. Numerics depend only on each stage's local order of actions, which is why two
+runtimes that execute the same lists produce the same losses. May import: the standard library only
+(no torch).
 
 Micro-batches are numbered globally over the run. Global batch ``k`` is micro-batches
 ``k*a .. k*a + a - 1`` where ``a`` is the accumulation window. A ``STEP`` action carries the

@@ -3,7 +3,8 @@
 Live: one row per trial (schedule, point, state, time to target, where it was pruned or why it
 failed), a progress bar for the running trial on the budget's clock with its latest validation
 loss, and a footer with the best of each schedule and PACI's speedup over the flush baseline.
-Plain: one line when a trial starts, one per validation, one when it ends.
+Plain: one line when a trial starts, one per validation, one when it ends. May import: rich and
+:mod:`paci_tune.tune` (the search's events).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from .search import SearchEvent
+from ..tune.search import SearchEvent
 
 _STYLE = {"complete": "green", "pruned": "yellow", "failed": "red", "running": "cyan"}
 MAX_ROWS = 24

@@ -3,7 +3,8 @@
 A pipeline runs at the pace of its slowest stage, so the default cut minimises the largest
 stage cost (dynamic programming over contiguous splits). Without a cost profile the costs are
 per-unit estimates (FLOPs for the built-in GPT, parameter counts otherwise); with one, the
-memory-aware :func:`paci_tune.sim.partition` decides instead (see ``pipeline.factory``).
+memory-aware :func:`paci_tune.sim.partition` runs the same dynamic program on measured times and
+memory (see ``pipeline.planning``). May import: :mod:`paci_tune.errors` and the standard library.
 """
 
 from __future__ import annotations
@@ -61,21 +62,31 @@ def balanced_partition(costs: Sequence[float], n_stages: int) -> list[int]:
     return sizes
 
 
-def resolve_partition(spec: str | Sequence[int], costs: Sequence[float], n_stages: int) -> list[int]:
-    """Stage sizes from the config: ``"auto"`` balances ``costs``; a list pins the cut by hand."""
-    n = len(costs)
-    if n_stages > n:
-        raise ConfigError("pipeline.stages", n_stages, f"1..{n} (the model has {n} pipeline units)")
-    if spec == "auto":
-        return balanced_partition(costs, n_stages)
-    sizes = list(spec)
-    if len(sizes) != n_stages or sum(sizes) != n or min(sizes) < 1:
+def check_depth(n_stages: int, n_units: int) -> None:
+    """A pipeline cannot have more stages than the model has units."""
+    if n_stages > n_units:
+        raise ConfigError("pipeline.stages", n_stages, f"1..{n_units} (the model has {n_units} pipeline units)")
+
+
+def check_partition(sizes: Sequence[int], n_stages: int, n_units: int) -> list[int]:
+    """Validate a hand-pinned cut against the model: one positive unit count per stage, summing to all units."""
+    check_depth(n_stages, n_units)
+    sizes = list(sizes)
+    if len(sizes) != n_stages or sum(sizes) != n_units or min(sizes, default=0) < 1:
         raise ConfigError(
             "pipeline.partition",
             sizes,
-            f"'auto' or {n_stages} positive unit counts (one per stage) summing to the model's {n} units",
+            f"'auto' or {n_stages} positive unit counts (one per stage) summing to the model's {n_units} units",
         )
     return sizes
+
+
+def resolve_partition(spec: str | Sequence[int], costs: Sequence[float], n_stages: int) -> list[int]:
+    """Stage sizes from the config: ``"auto"`` balances ``costs``; a list pins the cut by hand."""
+    if spec == "auto":
+        check_depth(n_stages, len(costs))
+        return balanced_partition(costs, n_stages)
+    return check_partition(spec, n_stages, len(costs))
 
 
 def stage_units(sizes: Sequence[int]) -> list[range]:

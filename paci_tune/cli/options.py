@@ -1,7 +1,9 @@
-"""Command-line options shared by ``paci-tune train`` and the pipeline worker entry point.
+"""Command-line options shared by ``paci-tune train``, ``apply`` and the pipeline worker entry point.
 
 Options override keys of the YAML config; the worker accepts the same ones so that a user's own
-multi-node ``torchrun`` launch and ``paci-tune train`` describe a run the same way.
+multi-node ``torchrun`` launch and ``paci-tune train`` describe a run the same way. How an override
+combines with the file (giving the window derives the micro-batch size, ...) is the config layer's
+rule (:func:`paci_tune.config.derive_doc`). May import: click.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-
-from .config import REMOVE
 
 _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     (
@@ -46,21 +46,10 @@ def run_options(f: Callable) -> Callable:
 
 
 def overrides_from(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Dotted config overrides from the parsed options (which it removes from ``kwargs``).
-
-    Giving only one of window / micro-batch size, or only one of steps / seconds, drops the
-    other from the file so it is derived (or unused) rather than contradicted.
-    """
+    """Dotted config overrides of the options that were given (which it removes from ``kwargs``)."""
     out: dict[str, Any] = {}
     for flag, key, _ in _RUN_OPTIONS:
-        name = flag.lstrip("-").replace("-", "_")
-        out[key] = kwargs.pop(name, None)
-    if out["pipeline.microbatch_size"] is not None and out["pipeline.window"] is None:
-        out["pipeline.window"] = REMOVE
-    if out["pipeline.window"] is not None and out["pipeline.microbatch_size"] is None:
-        out["pipeline.microbatch_size"] = REMOVE
-    if out["training.steps"] is not None and out["training.seconds"] is None:
-        out["training.seconds"] = REMOVE
-    if out["training.seconds"] is not None and out["training.steps"] is None:
-        out["training.steps"] = REMOVE
+        value = kwargs.pop(flag.lstrip("-").replace("-", "_"), None)
+        if value is not None:
+            out[key] = value
     return out

@@ -2,7 +2,8 @@
 
 Two gloo processes on loopback ping-pong tensors of a few sizes; the fastest one-way time of each
 size is fitted to ``latency + bytes / bandwidth``. This is the transport the distributed runtime
-uses on a CPU; for a real interconnect, measure there or edit the profile's ``p2p`` by hand.
+uses on a CPU; for a real interconnect, measure there or edit the profile's ``p2p`` by hand. May
+import: :mod:`paci_tune.sim`, torch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .profile import P2PCost
+from ..sim.profile import P2PCost
 
 P2P_SIZES = (4 * 1024, 256 * 1024, 4 * 2**20)
 P2P_TIMEOUT_S = 120.0
@@ -106,7 +107,7 @@ def measure_p2p(sizes: Sequence[int] = P2P_SIZES, repeats: int = 30, timeout_s: 
         logs = []
         for rank in range(2):
             args = f"{rank}, {port}, {list(sizes)!r}, {repeats}, {out!r}"
-            code = f"from paci_tune.sim.p2p_cost import _p2p_worker; _p2p_worker({args})"
+            code = f"from paci_tune.calibrate.p2p import _p2p_worker; _p2p_worker({args})"
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")  # noqa: SIM115 -- closed below
             logs.append(log)
             procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, env=env))

@@ -12,7 +12,7 @@
 Profile clocks time each segment by replaying the segment's own action lists
 (:func:`paci_tune.sim.simulate`), so the fill and drain at evaluation points are paid for, and
 the reading at global batch k is when the last stage closes batch k. Evaluation is not training
-time and does not advance them.
+time and does not advance them. May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .pipeline.schedules import Op
-from .sim.profile import Profile
-from .sim.simulator import simulate
+from ..schedule import Op
+from ..sim.profile import Profile
+from ..sim.simulator import simulate
 
 CLOCKS = ("wall", "rst", "sim")
 

@@ -1,4 +1,8 @@
-"""``paci-tune search`` and ``paci-tune apply``: the tuner's command line."""
+"""``paci-tune search`` and ``paci-tune apply``: the tuner's command line.
+
+The work is the tune layer's (:mod:`paci_tune.tune.session`, :mod:`paci_tune.tune.apply`); this
+module parses options and shows progress and the result. May import: every layer, click, rich.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,9 @@ from typing import Any
 
 import click
 
-from ..config import REMOVE, apply_overrides, load_run_config, read_yaml
-from ..config.tune import load_tune_config
 from ..errors import ConfigError
-from ..options import overrides_from, run_options
-
-
-def _stderr(msg: str) -> None:
-    click.echo(msg, err=True)
+from .common import stderr, train_with_view
+from .options import overrides_from, run_options
 
 
 @click.command()
@@ -62,61 +61,28 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
     """
     import optuna
 
-    from ..tune.best import build_best, write_best
-    from ..tune.runner import SubprocessRunner
-    from ..tune.search import Search
-    from ..tune.setup import bind_space, enqueue_start_points, fingerprint, profile_for
-    from ..tune.study import open_storage, open_studies
-    from ..tune.view import SearchView
+    from ..tune.session import open_search, recommend
+    from .search_view import SearchView
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the view reports trials; Optuna's INFO lines repeat it
-    doc = read_yaml(config)
-    over = {"search.trials": trials, "search.space": space, "search.sampler": sampler, "search.pruner": pruner,
-            "search.seed": seed}  # fmt: skip
-    tune = load_tune_config(apply_overrides(doc, over), config)
-    name = study_name or tune.search.study_name or Path(config).stem
-    work = Path(workdir or Path("paci-search") / name).resolve()
-    storage_url = storage or f"sqlite:///{work / 'study.db'}"
-    space_ = bind_space(tune)
-    stamp = fingerprint(tune, space_)
-    # The storage first: a bad URL or a different stored search is refused before any measuring.
-    studies = open_studies(open_storage(storage_url), name, space_.schedules, tune.search, space_, tune.budget.grid,
-                           stamp)  # fmt: skip
-    profile = profile_for(tune, space_, work)
-    enqueue_start_points(tune, space_, studies)
-    runner = SubprocessRunner(stall_seconds=tune.search.stall_seconds, timeout=tune.search.trial_timeout)
-    b = tune.budget
+    given = {"search.trials": trials, "search.space": space, "search.sampler": sampler, "search.pruner": pruner,
+             "search.seed": seed}  # fmt: skip
+    session = open_search(config, overrides={k: v for k, v in given.items() if v is not None}, study_name=study_name,
+                          workdir=workdir, storage=storage, log=stderr)  # fmt: skip
+    tune, b = session.tune, session.tune.budget
     view = SearchView(float(b.seconds or 0), b.clock, float(tune.target.value or 0), live=live)
-    view.seed(_existing_rows(studies, space_.fixed_batch))
-    srch = Search(tune, space_, studies, runner, work, profile, on_event=view.on_event)
-    _stderr(f"study {name} ({', '.join(space_.schedules)}; {tune.search.trials} trials each) in {storage_url}; "
-            f"trial logs in {work / 'trials'}")  # fmt: skip
+    view.seed(_existing_rows(session.studies, session.space.fixed_batch))
+    srch = session.search(view.on_event)
+    stderr(f"study {session.name} ({', '.join(session.space.schedules)}; {tune.search.trials} trials each) in "
+           f"{session.storage_url}; trial logs in {session.workdir / 'trials'}")  # fmt: skip
     try:
         with view:
             srch.run()
     except KeyboardInterrupt:
-        _stderr("interrupted: finished trials are in the storage; run the same command again to resume")
+        stderr("interrupted: finished trials are in the storage; run the same command again to resume")
         sys.exit(130)
-    best = build_best(
-        studies,
-        run_doc_for=srch.trial_doc,
-        base_lr=float(tune.run.optimizer.lr),
-        fixed_batch=space_.fixed_batch,
-        target={"metric": tune.target.metric, "value": tune.target.value},
-        budget={"clock": b.clock, "seconds": b.seconds, "grid": b.grid},
-        provenance={"study_name": name, "storage": storage_url, "clock": b.clock, "profile": profile,
-                    "space": space_.describe(), "sampler": tune.search.sampler, "pruner": tune.search.pruner,
-                    "seed": tune.search.seed, "config": str(Path(config).resolve())},
-    )  # fmt: skip
     out_path = Path(out)
-    from ..tune.plot import plot_search
-
-    rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
-    picture = plot_search(studies, target=float(tune.target.value or 0), budget=float(b.seconds or 0), clock=b.clock,
-                          best=(best["recommended"]["schedule"], rec_number), path=work / "trials.png")  # fmt: skip
-    best["provenance"]["plot"] = str(picture)
-    write_best(out_path, best)
-    _print_best(best, out_path)
+    _print_best(recommend(session, srch, out_path), out_path)
 
 
 def _existing_rows(studies: dict[str, Any], fixed_batch: int | None) -> list[dict[str, Any]]:
@@ -141,19 +107,19 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
     r, e = best["recommended"], best["evidence"]
     ttt = e.get("time_to_target")
     reached = f"reaches val_loss {best['target']['value']:g} at {ttt:.3g}s" if ttt is not None else "misses the target"
-    _stderr(f"recommended: {r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} "
+    stderr(f"recommended: {r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} "
             f"lr={r['lr']:.3g}: {reached} on the {best['budget']['clock']} clock")  # fmt: skip
     base = best.get("baseline")
     if base:
         bt = base.get("time_to_target")
         won = f", PACI {'won' if best.get('paci_won') else 'did not win'}" if "paci_won" in best else ""
         took = f"{bt:.3g}s" if bt is not None else "misses the target"
-        _stderr(f"flush baseline: 1f1b P={base['stages']} m={base['window']} b={base['microbatch_size']}: {took}; "
+        stderr(f"flush baseline: 1f1b P={base['stages']} m={base['window']} b={base['microbatch_size']}: {took}; "
                 f"speedup_vs_flush {best['speedup_vs_flush']}x{won}")  # fmt: skip
     counts = best["provenance"]["trials"]
-    _stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed"
+    stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed"
                                   for s, c in counts.items()))  # fmt: skip
-    _stderr(f"wrote {path}; the trials' curves: {best['provenance'].get('plot')}")
+    stderr(f"wrote {path}; the trials' curves: {best['provenance'].get('plot')}")
 
 
 # ------------------------------------------------------------------------------------ apply
@@ -179,29 +145,12 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
     distributed --clock wall for the real pipeline). Checkpoints go to BEST's folder unless
     --checkpoint-dir says otherwise, so an interrupted run continues with --resume.
     """
-    from ..cli import run_training
-    from ..tune.best import read_best
+    from ..train.launch import torchrun_command, write_resolved
+    from ..train.run import resolve_run
+    from ..tune.apply import apply_run, run_file_for
 
-    doc = read_best(best)
-    run_doc = doc["run"]
-    best_path = Path(best).resolve()
-    over = overrides_from(options)
-    if until == "budget":
-        over["training.target_val_loss"] = REMOVE
-    if over.get("training.checkpoint_dir") is None:
-        over["training.checkpoint_dir"] = str(best_path.parent / f"{best_path.stem}-checkpoints")
-    if over.get("training.checkpoint_every") is None and not run_doc["training"].get("checkpoint_every"):
-        # About four checkpoints over the run: its length in steps, or the search's trial's.
-        steps = over.get("training.steps") or (doc.get("evidence") or {}).get("steps") or 100
-        over["training.checkpoint_every"] = max(1, int(steps) // 4)
-    if over.get("training.steps") is not None:
-        over["training.eval_every_seconds"] = REMOVE
-        over["training.eval_every"] = max(1, int(over["training.steps"]) // 8)
-    cfg = load_run_config(apply_overrides(run_doc, over))
-    run_path = best_path.parent / f"{best_path.stem}.run.yaml"
-    from ..pipeline.launch import write_resolved
-
-    write_resolved(cfg, run_path)
+    cfg = resolve_run(apply_run(best, overrides_from(options), until=until), log=stderr)
+    run_path = write_resolved(cfg, run_file_for(best))
     if dry_run:
         click.echo(f"# {run_path}")
         click.echo(run_path.read_text(), nl=False)
@@ -211,19 +160,17 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
         click.echo("# launch:")
         click.echo(shlex.join(cmd))
         if cfg.pipeline.runtime == "distributed":
-            from ..pipeline.launch import worker_command
-
             click.echo("# which starts the pipeline workers as (torchrun, one process per stage):")
-            click.echo(shlex.join(["torchrun", *worker_command(run_path, cfg.pipeline.stages, [])[4:]]))
+            click.echo(shlex.join(torchrun_command(run_path, cfg.pipeline.stages)))
         return
     from ..train import checkpoint
 
     if not resume and cfg.training.checkpoint_dir and checkpoint.latest(Path(cfg.training.checkpoint_dir)):
         raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {cfg.training.checkpoint_dir} "
                                              "already holds checkpoints of a run")  # fmt: skip
-    _stderr(f"training {cfg.pipeline.schedule} P={cfg.pipeline.stages} a={cfg.pipeline.window} "
-            f"b={cfg.pipeline.microbatch_size} from {best} (config {run_path})")  # fmt: skip
-    run_training(cfg, metrics=metrics, resume=resume, live=live)
+    stderr(f"training {cfg.pipeline.schedule} P={cfg.pipeline.stages} a={cfg.pipeline.window} "
+           f"b={cfg.pipeline.microbatch_size} from {best} (config {run_path})")  # fmt: skip
+    train_with_view(cfg, metrics=metrics, resume=resume, live=live)
 
 
 __all__ = ["apply", "search"]

@@ -1,0 +1,5 @@
+"""``python -m paci_tune``: the ``paci-tune`` command line."""
+
+from .cli import main
+
+main()

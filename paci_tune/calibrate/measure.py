@@ -1,0 +1,269 @@
+"""Calibration of a whole config: the stage pattern at every micro-batch size, bytes, p2p -> a Profile.
+
+See :mod:`paci_tune.calibrate` for what is measured and why. May import: :mod:`.units`,
+:mod:`.pattern`, :mod:`.corun`, :mod:`.p2p`, :mod:`paci_tune.pipeline` (device and precision),
+:mod:`paci_tune.model`, :mod:`paci_tune.data`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, torch.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..base.processes import cpu_count, threads_per_process
+from ..config.schema import RunConfig
+from ..data import load_source
+from ..errors import ConfigError
+from ..model import LoadedModel, load_model
+from ..pipeline.factory import resolve_device, resolve_precision
+from ..sim.profile import P2PCost, Profile, UnitCost, UnitProfile
+from .corun import co_run_pattern
+from .p2p import P2P_SIZES, measure_p2p
+from .pattern import PatternSamples, StagePattern, pooled_costs, pooled_optimizer
+from .units import measure_units, signature
+from .units import probe as probe_unit
+
+Log = Callable[[str], None]
+
+METHOD = "stage-pattern/1"
+"""How compute is measured (see the package docstring); part of the profile cache's key."""
+
+
+def default_threads(n_stages: int) -> int:
+    """Threads one pipeline stage gets when every stage shares this machine's CPUs."""
+    return threads_per_process(n_stages)
+
+
+def default_processes(n_stages: int, threads: int, device: torch.device) -> int:
+    """Stage processes that compute at once on this machine: what a CPU calibration co-runs.
+
+    A pipeline of P stages with ``threads`` each keeps ``min(P, cpu_count // threads)`` cores busy
+    (more stages than that time-share the cores, which no co-runner count reproduces). On CUDA the
+    stages are on separate devices: 1.
+    """
+    if device.type == "cuda":
+        return 1
+    return max(1, min(max(n_stages, 1), cpu_count() // max(threads, 1)))
+
+
+def default_inflight(n_stages: int) -> int:
+    """Micro-batches in flight in the stage pattern: 2 for a pipeline (the first stage's 1F1B), 1 alone."""
+    return 2 if n_stages >= 2 else 1
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def parse_sizes(text: str | Sequence[int] | None, key: str = "microbatch_sizes") -> list[int] | None:
+    """``"4,8,16"`` -> [4, 8, 16]; anything else that is not positive integers is a ConfigError."""
+    if text is None:
+        return None
+    items = text.split(",") if isinstance(text, str) else list(text)
+    try:
+        sizes = sorted({int(str(s).strip()) for s in items})
+    except ValueError:
+        raise ConfigError(key, text, "comma-separated positive integers, e.g. 4,8,16") from None
+    if not sizes or sizes[0] < 1:
+        raise ConfigError(key, text, "comma-separated positive integers, e.g. 4,8,16")
+    return sizes
+
+
+def resolve_target(cfg: RunConfig, device: str | None, precision: str | None) -> tuple[torch.device, str]:
+    """The device and compute dtype a calibration of ``cfg`` measures on (options override the config)."""
+    dev = resolve_device(device or cfg.pipeline.device)
+    return dev, resolve_precision(precision or cfg.pipeline.precision, dev)
+
+
+def _measure_pattern(
+    cfg: RunConfig,
+    model: LoadedModel,
+    *,
+    vocab: int,
+    n_classes: int,
+    sizes: Sequence[int],
+    device: torch.device,
+    dtype: str,
+    threads: int,
+    processes: int,
+    inflight: int,
+    repeats: int,
+    warmup: int,
+    log: Log | None,
+) -> list[PatternSamples]:
+    """Stage-pattern samples: from ``processes`` children on a CPU, in this process on CUDA."""
+    window = cfg.pipeline.window or 4
+    if device.type == "cpu":
+        if log:
+            log(f"stage pattern in {processes} process(es) at once, {threads} thread(s) each, {inflight} in flight")
+        spec = {
+            "model": cfg.model,
+            "vocab_size": vocab,
+            "n_classes": n_classes,
+            "seed": cfg.training.seed,
+            "sizes": list(sizes),
+            "device": "cpu",
+            "dtype": dtype,
+            "threads": threads,
+            "window": window,
+            "inflight": inflight,
+            "repeats": repeats,
+            "warmup": warmup,
+            "optimizer": asdict(cfg.optimizer),
+        }
+        return co_run_pattern(spec, processes, log=log)
+    pattern = StagePattern(
+        [model.units[i] for i in range(model.n_units)],
+        vocab_size=vocab,
+        n_classes=n_classes,
+        seq_len=model.block_size,
+        device=device,
+        dtype=dtype,
+        window=window,
+        inflight=inflight,
+        optimizer=cfg.optimizer,
+        seed=cfg.training.seed,
+    )
+    for b in sizes:
+        if log:
+            log(f"stage pattern, micro-batch {b}")
+        pattern.measure(b, repeats=repeats, warmup=warmup)
+    return [pattern.samples]
+
+
+def _stage_costs(
+    cfg: RunConfig,
+    model: LoadedModel,
+    units: Sequence[nn.Module],
+    *,
+    groups: dict[int, list[list[int]]],
+    nbytes: dict[int, list[tuple[int, int]]],
+    **kw: Any,
+) -> tuple[list[dict[int, UnitCost]] | None, list[float]]:
+    """Per-unit costs and optimizer steps from the stage pattern; ``(None, [])`` if it ran out of GPU memory.
+
+    The out-of-memory error is dropped here, not handled by the caller, so its traceback (and with
+    it the pattern's tensors) is gone before anything else is measured.
+    """
+    try:
+        samples = _measure_pattern(cfg, model, **kw)
+    except torch.cuda.OutOfMemoryError:
+        return None, []
+    return pooled_costs(samples, groups, nbytes), pooled_optimizer(samples, units)
+
+
+def calibrate(
+    cfg: RunConfig,
+    *,
+    microbatch_sizes: Sequence[int] | None = None,
+    device: str | None = None,
+    precision: str | None = None,
+    repeats: int = 5,
+    warmup: int = 2,
+    threads: int | None = None,
+    p2p: P2PCost | None = None,
+    p2p_repeats: int = 30,
+    processes: int | None = None,
+    log: Log | None = None,
+) -> Profile:
+    """Measure ``cfg``'s model on this machine, as a pipeline stage runs it (module docstring).
+
+    Defaults: micro-batch sizes ``b/2, b, 2b`` around the config's ``b`` (so nearby sizes
+    interpolate rather than extrapolate), the config's device and precision, ``cpu_count //
+    stages`` threads, and on a CPU as many processes at once as the pipeline's stages would keep
+    busy (:func:`default_processes`; ``processes`` overrides it, and is ignored on CUDA, where
+    stages do not share a device). ``repeats`` and ``warmup`` count global batches of the stage
+    pattern (``window`` micro-batches and one optimizer step each). Pass ``p2p`` to reuse a known
+    transfer cost and skip the two-process measurement.
+    """
+    def bad(value: object, minimum: int) -> bool:
+        return isinstance(value, bool) or not isinstance(value, int) or value < minimum
+
+    if bad(repeats, 1):
+        raise ConfigError("repeats", repeats, "a positive integer")
+    if bad(warmup, 0):
+        raise ConfigError("warmup", warmup, "an integer >= 0")
+    for key, value in (("threads", threads), ("processes", processes)):
+        if value is not None and bad(value, 1):
+            raise ConfigError(key, value, "a positive integer")
+    b = cfg.pipeline.microbatch_size or 1
+    sizes = list(microbatch_sizes) if microbatch_sizes else sorted({max(b // 2, 1), b, 2 * b})
+    dev, dtype = resolve_target(cfg, device, precision)
+    stages = cfg.pipeline.stages
+    n_threads = threads or default_threads(stages)
+    n_procs = processes or default_processes(stages, n_threads, dev)
+    source = load_source(cfg.data, cfg.model.get("vocab_size"))
+    model = load_model(cfg.model, source.vocab_size, cfg.training.seed)
+    vocab = model.gpt.vocab_size if model.gpt is not None else source.vocab_size
+    units = [model.units[i].to(dev) for i in range(model.n_units)]
+    # Bytes, and which units are identical (their samples are pooled), from one untimed pass per size.
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    nbytes: dict[int, list[tuple[int, int]]] = {}
+    groups: dict[int, list[list[int]]] = {}
+    n_classes = vocab
+    for size in sizes:
+        x = torch.randint(0, vocab, (size, model.block_size), generator=gen).to(dev)
+        by_sig: dict[str, list[int]] = {}
+        nbytes[size] = []
+        for i, unit in enumerate(units):
+            by_sig.setdefault(signature(unit, x), []).append(i)
+            probe = probe_unit(unit, x, last=i == len(units) - 1, device=dev, dtype=dtype)
+            nbytes[size].append((probe.activation_bytes, probe.saved_bytes))
+            x = probe.output
+        n_classes = int(x.shape[-1])  # the logits' width: the range of the pattern's targets
+        groups[size] = list(by_sig.values())
+        del x, probe
+    before = torch.get_num_threads()
+    torch.set_num_threads(n_threads)
+    try:
+        costs, optimizer_s = _stage_costs(
+            cfg, model, units, vocab=vocab, n_classes=n_classes, sizes=sizes, device=dev, dtype=dtype,
+            threads=n_threads, processes=n_procs, inflight=default_inflight(stages), repeats=repeats,
+            warmup=warmup, groups=groups, nbytes=nbytes, log=log,
+        )  # fmt: skip
+        if costs is None:
+            # The whole model with micro-batches in flight does not fit on the device: time units alone.
+            if log:
+                log("the whole model does not fit on the device: timing units one at a time instead")
+            torch.cuda.empty_cache()
+            isolated = measure_units(model, vocab, sizes, device=dev, dtype=dtype, repeats=repeats, warmup=warmup)
+            costs, optimizer_s = [u.costs for u in isolated], [u.optimizer_s for u in isolated]
+    finally:
+        torch.set_num_threads(before)
+    unit_profiles = [
+        UnitProfile(
+            model.names[i], sum(p.numel() * p.element_size() for p in unit.parameters()), optimizer_s[i], costs[i]
+        )
+        for i, unit in enumerate(units)
+    ]
+    if p2p is None:
+        if log:
+            log("point-to-point transfers (2 gloo processes on loopback)")
+        biggest = max(u.costs[max(sizes)].activation_bytes for u in unit_profiles[:-1]) if len(units) > 1 else 0
+        p2p_sizes = sorted({*P2P_SIZES, min(max(biggest, 1), 64 * 2**20)})
+        p2p = measure_p2p(p2p_sizes, repeats=p2p_repeats)
+    return Profile(
+        units=unit_profiles,
+        p2p=p2p,
+        seq_len=model.block_size,
+        device=device_name(dev),
+        dtype=dtype,
+        threads=n_threads,
+        torch_version=str(torch.__version__),
+        date=_dt.datetime.now().isoformat(timespec="seconds"),
+        machine={
+            "node": platform.node(),
+            "processor": platform.processor() or platform.machine(),
+            "platform": platform.platform(),
+        },
+    )
+
+

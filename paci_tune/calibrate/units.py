@@ -1,0 +1,212 @@
+"""Measuring one unit at a time: bytes it saves and sends, and its isolated forward/backward time.
+
+The byte counts (output activation, autograd's saved tensors) are exact and what the memory model
+needs. The *times* measured here are of a unit alone on a hot cache, which under-predicts a
+pipeline stage (see :mod:`paci_tune.calibrate`); :func:`measure_units` remains for quick checks and
+as the fallback when the whole model with its micro-batches in flight does not fit on a GPU.
+May import: :mod:`paci_tune.model`, :mod:`paci_tune.sim`, torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..model import LoadedModel, next_token_loss
+from ..sim.profile import UnitCost, UnitProfile
+
+Log = Callable[[str], None]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    if dtype == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    """(address, bytes) of the storage behind ``t``; tensors without one count their own size."""
+    try:
+        st = t.untyped_storage()
+        return st.data_ptr(), st.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return id(t), t.numel() * t.element_size()
+
+
+def _saved_bytes(unit: nn.Module, run: Callable[[], torch.Tensor]) -> int:
+    """Bytes autograd saves during ``run()``: distinct storages, parameters' own storages excluded."""
+    params = {_storage_key(p)[0] for p in unit.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr, nbytes = _storage_key(t)
+        if ptr not in params:
+            seen[ptr] = nbytes
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())
+
+
+def signature(unit: nn.Module, x: torch.Tensor) -> str:
+    return f"{type(unit).__module__}.{type(unit).__qualname__}|{unit!r}|{tuple(x.shape)}|{x.dtype}"
+
+
+def unit_signature(unit: nn.Module) -> str:
+    """Units with equal signatures have equal optimizer steps (same class, structure, parameter shapes)."""
+    return f"{type(unit).__module__}.{type(unit).__qualname__}|{unit!r}"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one unit's forward on an input shows without timing anything."""
+
+    activation_bytes: int
+    saved_bytes: int
+    output: torch.Tensor  # detached: the next unit's input
+
+
+def probe(unit: nn.Module, x: torch.Tensor, *, last: bool, device: torch.device, dtype: str) -> Probe:
+    """Output activation bytes and saved bytes of ``unit`` on ``x`` (the last unit with its loss)."""
+    with torch.no_grad(), autocast(device, dtype):
+        out = unit(x)
+    targets = torch.randint(0, out.shape[-1], out.shape[:-1], device=device) if last else None
+
+    def forward() -> torch.Tensor:
+        inp = x.detach().requires_grad_(True) if x.is_floating_point() else x
+        with autocast(device, dtype):
+            y = unit(inp)
+            if targets is not None:
+                return next_token_loss(y, targets)
+        return y
+
+    return Probe(out.numel() * out.element_size(), _saved_bytes(unit, forward), out.detach())
+
+
+def measure_unit(
+    unit: nn.Module,
+    x: torch.Tensor,
+    *,
+    last: bool,
+    device: torch.device,
+    dtype: str,
+    repeats: int,
+    warmup: int = 2,
+) -> UnitCost:
+    """Time one unit alone, forward and backward on input ``x`` (ids for the first unit).
+
+    Median of ``repeats`` after ``warmup`` untimed passes. This is the *isolated* cost, which
+    under-predicts a pipeline stage (see :mod:`paci_tune.calibrate`); calibration uses the stage
+    pattern and keeps this for quick checks and as a fallback.
+    """
+    seen = probe(unit, x, last=last, device=device, dtype=dtype)
+    out_shape = seen.output.shape
+    targets = torch.randint(0, out_shape[-1], out_shape[:-1], device=device) if last else None
+    grad = None if last else torch.randn_like(seen.output)
+
+    def forward() -> torch.Tensor:
+        inp = x.detach().requires_grad_(True) if x.is_floating_point() else x
+        with autocast(device, dtype):
+            out = unit(inp)
+            if targets is not None:
+                return next_token_loss(out, targets)
+        return out
+
+    fwd, bwd = [], []
+    for r in range(warmup + repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        out = forward()
+        sync(device)
+        t1 = time.perf_counter()
+        out.backward(grad)
+        sync(device)
+        t2 = time.perf_counter()
+        if r >= warmup:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+        del out
+    return UnitCost(statistics.median(fwd), statistics.median(bwd), seen.activation_bytes, seen.saved_bytes)
+
+
+def measure_optimizer(unit: nn.Module, *, device: torch.device, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of one AdamW step over ``unit``'s parameters alone (0 for a unit without any).
+
+    Runs on clones so the unit's weights are untouched. Isolated, hence optimistic: see the
+    package docstring for the step :func:`calibrate` measures.
+    """
+    params = [p.detach().clone().requires_grad_(True) for p in unit.parameters() if p.requires_grad]
+    if not params:
+        return 0.0
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    times = []
+    for r in range(warmup + repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        opt.step()
+        sync(device)
+        if r >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_units(
+    model: LoadedModel,
+    vocab_size: int,
+    microbatch_sizes: Sequence[int],
+    *,
+    device: torch.device,
+    dtype: str,
+    repeats: int,
+    warmup: int = 2,
+    log: Log | None = None,
+) -> list[UnitProfile]:
+    """Profile every unit of ``model`` *in isolation* at each micro-batch size (identical units once).
+
+    The isolated measurement (see :func:`measure_unit`); :func:`calibrate` measures the stage
+    pattern instead and uses this only where that does not fit on the device.
+    """
+    units = [model.units[i].to(device) for i in range(model.n_units)]
+    seq = model.block_size
+    costs: list[dict[int, UnitCost]] = [{} for _ in units]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for b in microbatch_sizes:
+        x = torch.randint(0, vocab_size, (b, seq), generator=gen).to(device)
+        measured: dict[str, UnitCost] = {}
+        for i, unit in enumerate(units):
+            sig = signature(unit, x)
+            if sig not in measured:
+                if log:
+                    log(f"unit {i} ({model.names[i]}), micro-batch {b}")
+                measured[sig] = measure_unit(
+                    unit, x, last=i == len(units) - 1, device=device, dtype=dtype, repeats=repeats, warmup=warmup
+                )
+            costs[i][b] = measured[sig]
+            if i < len(units) - 1:
+                with torch.no_grad(), autocast(device, dtype):
+                    x = unit(x)
+    out: list[UnitProfile] = []
+    opt_seen: dict[str, float] = {}
+    for i, unit in enumerate(units):
+        param_bytes = sum(p.numel() * p.element_size() for p in unit.parameters())
+        sig = unit_signature(unit)
+        if sig not in opt_seen:
+            opt_seen[sig] = measure_optimizer(unit, device=device, repeats=repeats, warmup=warmup)
+        out.append(UnitProfile(model.names[i], param_bytes, opt_seen[sig], costs[i]))
+    for unit in units:
+        unit.zero_grad(set_to_none=True)
+    return out

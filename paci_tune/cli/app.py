@@ -1,0 +1,55 @@
+"""``paci-tune``: the click group, its error handling, and ``paci-tune train``.
+
+Bad input anywhere below ends the command with one line and exit code 2 (the commands raise
+:class:`~paci_tune.errors.ConfigError`; this turns it into the line). Heavy imports (torch,
+optuna, matplotlib) happen inside the commands so ``paci-tune --help`` stays fast. May import:
+every layer of the package (this is the top floor), click and rich.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import ConfigError
+from .common import train_with_view
+from .options import overrides_from, run_options
+from .sim import calibrate, simulate
+from .tune import apply, search
+
+
+class _Group(click.Group):
+    """Turns bad input anywhere below into one line and exit code 2, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="paci-tune")
+def main() -> None:
+    """Auto-tune and run PACI asynchronous pipeline-parallel training."""
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_options
+@click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="Write JSON-lines metrics here.")
+@click.option("--resume", is_flag=True, help="Resume from the newest checkpoint in the checkpoint folder.")
+@click.option("--live/--no-live", default=True, help="Rich live progress (default on a terminal) or plain lines.")
+def train(config: str, metrics: str | None, resume: bool, live: bool, **options: Any) -> None:
+    """Train the model of CONFIG with a pipeline schedule (paci, 1f1b or gpipe)."""
+    from ..config import load_config
+
+    train_with_view(load_config(config, overrides_from(options)), metrics=metrics, resume=resume, live=live)
+
+
+for _command in (search, apply, calibrate, simulate):
+    main.add_command(_command)

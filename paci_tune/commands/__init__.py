@@ -1,1 +1,0 @@
-"""Click commands that live outside ``cli.py``; ``cli.py`` registers them on the main group."""

@@ -1,0 +1,67 @@
+"""Start the distributed runtime on this machine: ``torchrun`` with one process per stage.
+
+The user never types torchrun. The run's config is written out resolved (every override applied,
+the partition and profile pinned) so the workers run exactly what the launcher validated; the
+workers append their records to an events file, which the launcher tails for the live view
+(:class:`paci_tune.base.processes.Child`). torchrun is tethered to the launcher, so killing the
+launcher, even with SIGKILL, takes the workers down. May import: :mod:`paci_tune.base`,
+:mod:`paci_tune.config`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..base.files import write_yaml
+from ..base.processes import Child, Record, follow, tethered, threads_per_process, worker_env
+from ..config.schema import RunConfig
+
+WORKER_MODULE = "paci_tune.worker"
+
+
+def worker_command(config_path: Path, n_procs: int, extra: list[str]) -> list[str]:
+    """torchrun, tied to this launcher's life, starting ``n_procs`` pipeline workers on ``config_path``."""
+    return tethered("torch.distributed.run", "--standalone", f"--nproc-per-node={n_procs}", "-m", WORKER_MODULE,
+                    str(config_path), *extra)  # fmt: skip
+
+
+def torchrun_command(config_path: Path, n_procs: int) -> list[str]:
+    """What a user would type for the same launch (``apply --dry-run`` shows it)."""
+    return ["torchrun", *worker_command(config_path, n_procs, [])[4:]]
+
+
+def write_resolved(cfg: RunConfig, path: Path) -> Path:
+    """The run as a YAML file that loads back to the same config (what the workers read)."""
+    return write_yaml(path, cfg.to_doc())
+
+
+def run_distributed(
+    cfg: RunConfig,
+    workdir: Path,
+    on_record: Callable[[Record], None],
+    *,
+    metrics: str | None = None,
+    resume: bool = False,
+    poll_s: float = 0.1,
+) -> tuple[int, str]:
+    """Run ``cfg`` under torchrun; feed each worker record to ``on_record``; (exit code, log tail).
+
+    Worker output goes to ``workdir/workers.log``; on failure its tail is what to show the user.
+    Ctrl-C (or any error here) takes the whole process group down with it.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = write_resolved(cfg, workdir / "run.yaml")
+    events = workdir / "events.jsonl"
+    extra = ["--events", str(events)]
+    if metrics:
+        extra += ["--metrics", str(Path(metrics).resolve())]
+    if resume:
+        extra.append("--resume")
+    env = worker_env(threads_per_process(cfg.pipeline.stages))
+    cmd = worker_command(config_path, cfg.pipeline.stages, extra)
+    with Child(cmd, log=workdir / "workers.log", events=events, env=env) as child:
+        follow(child, on_record, poll_s=poll_s)
+        rc = child.returncode
+    assert rc is not None
+    return rc, child.log_tail()

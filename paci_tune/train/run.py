@@ -1,0 +1,111 @@
+"""Running a training: resolve its config once, then train here (emulated) or on torchrun workers.
+
+Every way of training -- ``paci-tune train``, ``paci-tune apply``, a search's trial process --
+goes through :func:`resolve_run` and :func:`run_training`, so each runs exactly the same thing for
+the same config. May import: the train layer's own modules, :mod:`paci_tune.calibrate` (a sim
+clock's profile), :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci_tune.base`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..base.processes import Record
+from ..calibrate.cache import measured_profile
+from ..config.schema import RunConfig
+from ..errors import ConfigError
+from ..pipeline.backend import choose_backend, shares_gpus, visible_gpus
+from ..pipeline.factory import load_pieces
+
+Log = Callable[[str], None]
+
+
+class WorkersFailed(Exception):
+    """The distributed runtime's workers exited with an error; :attr:`message` says where to look."""
+
+    def __init__(self, returncode: int, log_path: Path, tail: str) -> None:
+        self.returncode, self.log_path, self.tail = returncode, log_path, tail
+        super().__init__(f"pipeline workers exited with code {returncode}")
+
+    @property
+    def exit_code(self) -> int:
+        """2 when the workers refused the configuration (they print why), 1 for any other failure."""
+        return 2 if self.returncode == 2 else 1
+
+    @property
+    def message(self) -> str:
+        return f"error: pipeline workers exited with code {self.returncode}; their log is {self.log_path}:\n{self.tail}"
+
+
+def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> RunConfig:
+    """The run as it will execute: its profile known and its partition pinned. Idempotent.
+
+    The sim clock without a profile gets this machine's, measured once and cached; the stage cut
+    (``partition: auto``) is computed here, with every check that can refuse the run (data, model,
+    depth, partition, memory), so distributed workers and a later resume all run the same cut.
+    """
+    t = cfg.training
+    if t.clock == "sim" and not t.profile:
+        _, path = measured_profile(cfg, log=log)
+        cfg = dataclasses.replace(cfg, training=dataclasses.replace(t, profile=str(path)))
+    _, _, sizes, _ = load_pieces(cfg, [], distributed=cfg.pipeline.runtime == "distributed")
+    if cfg.pipeline.partition != sizes:
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, partition=sizes))
+    return cfg
+
+
+def _check_launch(cfg: RunConfig, resume: bool, log: Log | None) -> None:
+    """What the distributed runtime refuses, caught before any worker starts."""
+    p, n_gpus = cfg.pipeline, visible_gpus()
+    backend = choose_backend(p.backend, p.device, p.stages, n_gpus)  # all stages run on this machine
+    if shares_gpus(backend, p.device, p.stages, n_gpus) and log:
+        log(
+            f"note: {p.stages} stages share {n_gpus} GPU(s): NCCL needs a GPU per stage, so the stages talk over "
+            "gloo through host memory (right numbers, not a speed measurement; --runtime emulated is faster here)"
+        )
+    if resume and not cfg.training.checkpoint_dir:
+        raise ConfigError("training.checkpoint_dir", None, "a checkpoint folder to resume from (--checkpoint-dir)")
+
+
+def run_training(
+    cfg: RunConfig,
+    *,
+    on_record: Callable[[Record], None] | None = None,
+    metrics: str | None = None,
+    resume: bool = False,
+    log: Log | None = None,
+) -> dict[str, Any] | None:
+    """Train ``cfg`` on its runtime; every record goes to ``on_record``; the summary record is returned.
+
+    Raises :class:`~paci_tune.errors.ConfigError` for a run that cannot start and
+    :class:`WorkersFailed` when distributed workers fail.
+    """
+    from .loop import Trainer
+    from .metrics import RecordSink
+
+    cfg = resolve_run(cfg, log=log)
+    if cfg.pipeline.runtime == "emulated":
+        return Trainer(cfg, RecordSink(metrics, None, on_record)).run(resume=resume)
+
+    from .launch import run_distributed
+
+    _check_launch(cfg, resume, log)
+    summary: list[Record] = []
+
+    def record(rec: Record) -> None:
+        if rec.get("event") == "summary":
+            summary.append(rec)
+        if on_record is not None:
+            on_record(rec)
+
+    workdir = Path(tempfile.mkdtemp(prefix="paci-tune-run-"))
+    rc, tail = run_distributed(cfg, workdir, record, metrics=metrics, resume=resume)
+    if rc != 0:
+        raise WorkersFailed(rc, workdir / "workers.log", tail)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return summary[-1] if summary else None

@@ -1,0 +1,41 @@
+"""``paci-tune apply``'s run: the recommended trial's configuration, with the user's overrides.
+
+Checkpoints go beside ``best.yaml`` (about four over the run) so an interrupted run continues with
+``--resume``. May import: :mod:`paci_tune.config` and the tune layer's :mod:`.best`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..config import RunConfig, derive_run
+from .best import read_best
+
+
+def apply_run(best: str | Path, overrides: dict[str, Any], *, until: str = "target") -> RunConfig:
+    """The run ``apply`` trains: ``best``'s ``run`` plus ``overrides`` (dotted keys of what was given).
+
+    ``until="budget"`` trains through the whole budget instead of stopping at the target.
+    """
+    doc = read_best(best)
+    run_doc = doc["run"]
+    best_path = Path(best).resolve()
+    over = dict(overrides)
+    if until == "budget":
+        over["training.target_val_loss"] = None
+    over.setdefault("training.checkpoint_dir", str(best_path.parent / f"{best_path.stem}-checkpoints"))
+    if "training.checkpoint_every" not in over and not run_doc["training"].get("checkpoint_every"):
+        # About four checkpoints over the run: its length in steps, or the search's trial's.
+        steps = over.get("training.steps") or (doc.get("evidence") or {}).get("steps") or 100
+        over["training.checkpoint_every"] = max(1, int(steps) // 4)
+    if over.get("training.steps") is not None:
+        over["training.eval_every_seconds"] = None
+        over["training.eval_every"] = max(1, int(over["training.steps"]) // 8)
+    return derive_run(run_doc, over)
+
+
+def run_file_for(best: str | Path) -> Path:
+    """Where ``apply`` writes the resolved run it trains: ``best.run.yaml`` beside ``best.yaml``."""
+    p = Path(best).resolve()
+    return p.parent / f"{p.stem}.run.yaml"

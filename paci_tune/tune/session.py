@@ -1,0 +1,98 @@
+"""One search from a search file: open it (space, storage, studies, profile, start points), run it,
+and turn its studies into ``best.yaml``.
+
+``paci-tune search`` is this module plus a live view. May import: optuna, :mod:`paci_tune.config`,
+:mod:`paci_tune.base` and the tune layer's own modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from ..base.files import read_yaml
+from ..config import derive_doc
+from ..config.tune import TuneConfig, load_tune_config
+from .best import build_best, write_best
+from .runner import SubprocessRunner
+from .search import Search, SearchEvent
+from .setup import bind_space, enqueue_start_points, fingerprint, profile_for
+from .space import SearchSpace
+from .study import open_storage, open_studies
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class SearchSession:
+    """A search file bound to this machine and its storage, ready to run (or to be resumed)."""
+
+    config: Path
+    tune: TuneConfig
+    name: str
+    workdir: Path
+    storage_url: str
+    space: SearchSpace
+    studies: dict[str, optuna.Study]
+    profile: str | None
+
+    def search(self, on_event: Callable[[SearchEvent], None]) -> Search:
+        s = self.tune.search
+        runner = SubprocessRunner(stall_seconds=s.stall_seconds, timeout=s.trial_timeout)
+        return Search(self.tune, self.space, self.studies, runner, self.workdir, self.profile, on_event=on_event)
+
+
+def open_search(
+    config: str | Path,
+    *,
+    overrides: dict[str, Any] | None = None,
+    study_name: str | None = None,
+    workdir: str | Path | None = None,
+    storage: str | None = None,
+    log: Log | None = None,
+) -> SearchSession:
+    """Validate the file (with ``search.*`` overrides), bind its space, open its studies, get its profile.
+
+    The storage is opened before anything is measured, so a bad URL or a different stored search
+    is refused first.
+    """
+    tune = load_tune_config(derive_doc(read_yaml(config), overrides), str(config))
+    name = study_name or tune.search.study_name or Path(config).stem
+    work = Path(workdir or Path("paci-search") / name).resolve()
+    storage_url = storage or f"sqlite:///{work / 'study.db'}"
+    space = bind_space(tune)
+    studies = open_studies(open_storage(storage_url), name, space.schedules, tune.search, space, tune.budget.grid,
+                           fingerprint(tune, space))  # fmt: skip
+    profile = profile_for(tune, space, work, log)
+    enqueue_start_points(tune, space, studies)
+    return SearchSession(Path(config), tune, name, work, storage_url, space, studies, profile)
+
+
+def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, Any]:
+    """Build ``best.yaml`` from the studies, draw every trial's curve beside it, write it atomically."""
+    from .plot import plot_search
+
+    tune, b = session.tune, session.tune.budget
+    best = build_best(
+        session.studies,
+        run_doc_for=search.trial_doc,
+        base_lr=float(tune.run.optimizer.lr),
+        fixed_batch=session.space.fixed_batch,
+        target={"metric": tune.target.metric, "value": tune.target.value},
+        budget={"clock": b.clock, "seconds": b.seconds, "grid": b.grid},
+        provenance={"study_name": session.name, "storage": session.storage_url, "clock": b.clock,
+                    "profile": session.profile, "space": session.space.describe(), "sampler": tune.search.sampler,
+                    "pruner": tune.search.pruner, "seed": tune.search.seed,
+                    "config": str(session.config.resolve())},
+    )  # fmt: skip
+    rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
+    picture = plot_search(session.studies, target=float(tune.target.value or 0), budget=float(b.seconds or 0),
+                          clock=b.clock, best=(best["recommended"]["schedule"], rec_number),
+                          path=session.workdir / "trials.png")  # fmt: skip
+    best["provenance"]["plot"] = str(picture)
+    write_best(out, best)
+    return best

@@ -1,0 +1,208 @@
+"""The package's shape, read from its own source: layers, cycles, module sizes, one copy of each mechanism.
+
+Oracle: the code's import statements (function-level ones included), parsed with ``ast`` -- not
+what any module says about itself. The layer table below is the design; a change that needs to
+break it should change the table here, in review, not slip past it.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "paci_tune"
+
+# Bottom to top. A node (subpackage or top-level module) may import its own layer's node and any
+# node of a lower layer; nodes sharing a layer are independent of each other, except as listed.
+LAYERS: list[set[str]] = [
+    {"errors"},
+    {"base"},
+    {"config"},
+    {"schedule", "model", "data"},
+    {"sim"},
+    {"pipeline"},
+    {"calibrate"},
+    {"train"},
+    {"tune"},
+    {"cli", "worker", "pipelining", "__main__"},  # entry points
+]
+SAME_LAYER = {("worker", "cli"), ("__main__", "cli")}  # the worker takes `paci-tune train`'s options
+TORCH_FREE = ("base", "config", "schedule", "sim", "errors")
+MAX_LINES = 450
+
+
+def _module_parts(path: Path) -> list[str]:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def _imports(path: Path) -> set[str]:
+    """Dotted names of every module imported anywhere in ``path`` (relative imports resolved)."""
+    parts = _module_parts(path)
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = parts[: len(parts) - node.level + (1 if path.name == "__init__.py" else 0)]
+                if node.module:
+                    out.add(".".join([*base, node.module]))
+                else:
+                    out.update(".".join([*base, a.name]) for a in node.names)
+            elif node.module:
+                out.add(node.module)
+    return out
+
+
+def _node(dotted: str) -> str | None:
+    """The subpackage or top-level module ``dotted`` belongs to; None outside the package.
+
+    The root's own attributes are not a node: only ``__version__`` may be taken from it (the root
+    imports nothing when it loads; its public names load lazily).
+    """
+    parts = dotted.split(".")
+    if parts[0] != "paci_tune" or len(parts) < 2:
+        return None
+    if not (PKG / parts[1]).is_dir() and not (PKG / f"{parts[1]}.py").is_file():
+        assert dotted == "paci_tune.__version__", f"{dotted}: only __version__ may be imported from the root"
+        return None
+    return parts[1]
+
+
+def _graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for f in PKG.rglob("*.py"):
+        parts = _module_parts(f)
+        if len(parts) < 2:
+            continue  # the package root: exports only (checked below)
+        src = parts[1]
+        for target in _imports(f):
+            dst = _node(target)
+            if dst is not None and dst != src:
+                edges.setdefault(src, set()).add(dst)
+    return edges
+
+
+def _layer_of(node: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if node in layer:
+            return i
+    raise AssertionError(f"{node} is in no layer of the table: add it")
+
+
+def test_every_node_is_in_the_layer_table() -> None:
+    nodes = {p.stem if p.is_file() else p.name for p in PKG.iterdir() if p.suffix == ".py" or p.is_dir()}
+    nodes -= {"__pycache__"}
+    nodes.discard("__init__")
+    for node in nodes:
+        _layer_of(node)
+    assert all((PKG / d / "__init__.py").exists() for d in nodes if (PKG / d).is_dir()), "a folder without __init__.py"
+
+
+def test_no_layer_imports_a_layer_above_it_or_a_peer() -> None:
+    bad = []
+    for src, dsts in _graph().items():
+        for dst in dsts:
+            ls, ld = _layer_of(src), _layer_of(dst)
+            if ld > ls or (ld == ls and (src, dst) not in SAME_LAYER):
+                bad.append(f"{src} (layer {ls}) imports {dst} (layer {ld})")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_import_cycle() -> None:
+    edges = _graph()
+    state: dict[str, int] = {}
+
+    def visit(v: str, path: list[str]) -> None:
+        state[v] = 1
+        for w in edges.get(v, ()):
+            assert state.get(w) != 1, f"import cycle: {' -> '.join([*path, v, w])}"
+            if w not in state:
+                visit(w, [*path, v])
+        state[v] = 2
+
+    for v in list(edges):
+        if v not in state:
+            visit(v, [])
+
+
+def test_no_module_is_too_long_and_each_says_its_job_and_what_it_may_import() -> None:
+    for f in PKG.rglob("*.py"):
+        text = f.read_text()
+        assert len(text.splitlines()) <= MAX_LINES, f"{f.relative_to(PKG)}: over {MAX_LINES} lines"
+        doc = ast.get_docstring(ast.parse(text))
+        assert doc, f"{f.relative_to(PKG)} has no module docstring"
+        if f.name not in ("__main__.py",) and f != PKG / "__init__.py":
+            assert "may import" in " ".join(doc.lower().split()), (
+                f"{f.relative_to(PKG)}: the docstring does not say what it may import"
+            )
+
+
+@pytest.mark.parametrize(
+    ("needle", "home"),
+    [
+        ("alias.grad = p.grad", "pipeline/optim.py"),  # the aliased optimizer step
+        ("cross_entropy", "model/loss.py"),  # the last stage's loss
+        ("start_new_session", "base/processes.py"),  # the process-group harness
+        ("killpg", "base/processes.py"),
+        ("PR_SET_PDEATHSIG", "base/processes.py"),
+        ("GLIBC_TUNABLES", "base/processes.py"),  # a compute child's environment
+        ("os.replace", "base/files.py"),  # atomic writes
+        ("yaml.safe_load", "base/files.py"),  # reading YAML
+    ],
+)
+def test_one_copy_of_each_mechanism(needle: str, home: str) -> None:
+    where = sorted(str(f.relative_to(PKG)) for f in PKG.rglob("*.py") if needle in f.read_text())
+    assert where == [home], f"{needle!r} appears in {where}, expected only {home}"
+
+
+def test_torch_free_layers_import_without_torch() -> None:
+    """The schedule layer, the simulator, the config and the ground floor never load torch."""
+    mods = ", ".join(f"paci_tune.{m}" for m in TORCH_FREE)
+    code = (
+        f"import sys, {mods}\n"
+        "import paci_tune.sim.profile, paci_tune.sim.simulator, paci_tune.sim.partitioner, paci_tune.base.processes\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_public_api() -> None:
+    """The package root exports its public API lazily, and ``python -m paci_tune`` is the CLI."""
+    import paci_tune
+
+    assert "SchedulePACI" in paci_tune.__all__
+    from paci_tune import SchedulePACI
+    from paci_tune.pipelining import SchedulePACI as direct
+
+    assert SchedulePACI is direct
+    for name in paci_tune.__all__:
+        assert getattr(paci_tune, name) is not None, name
+    with pytest.raises(AttributeError):
+        paci_tune.no_such_name  # noqa: B018
+    proc = subprocess.run([sys.executable, "-m", "paci_tune", "--help"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and "search" in proc.stdout and "apply" in proc.stdout
+
+
+def test_a_run_config_is_frozen_and_valid_once_built() -> None:
+    """Derived, never mutated: changing a checked config raises, and deriving one checks it again."""
+    import dataclasses
+
+    from paci_tune.config import derive_run
+    from paci_tune.errors import ConfigError
+
+    doc = {"training": {"global_batch": 8, "steps": 2}, "pipeline": {"microbatch_size": 2}}
+    cfg = derive_run(doc)
+    assert (cfg.pipeline.window, cfg.pipeline.microbatch_size) == (4, 2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.pipeline.window = 8  # type: ignore[misc]
+    assert derive_run(doc, {"pipeline.window": 2}).pipeline.microbatch_size == 4  # the pair is re-derived
+    assert derive_run(doc, {"training.seconds": 5.0}).training.steps is None  # one budget replaces the other
+    with pytest.raises(ConfigError, match=r"pipeline\.microbatch_size"):
+        dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, window=2))  # 2 * 2 != 8
