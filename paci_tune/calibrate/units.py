@@ -82,7 +82,16 @@ def probe(unit: nn.Module, x: torch.Tensor, *, last: bool, device: torch.device,
     """Output activation bytes and saved bytes of ``unit`` on ``x`` (the last unit with its loss)."""
     with torch.no_grad(), autocast(device, dtype):
         out = unit(x)
-    targets = torch.randint(0, out.shape[-1], out.shape[:-1], device=device) if last else None
+    forward = _training_forward(unit, x, out if last else None, device, dtype)
+    return Probe(out.numel() * out.element_size(), _saved_bytes(unit, forward), out.detach())
+
+
+def _training_forward(
+    unit: nn.Module, x: torch.Tensor, logits: torch.Tensor | None, device: torch.device, dtype: str
+) -> Callable[[], torch.Tensor]:
+    """A forward of ``unit`` on ``x`` as training runs it; with ``logits`` (the last unit) it returns the loss
+    against random targets of their shape."""
+    targets = None if logits is None else torch.randint(0, logits.shape[-1], logits.shape[:-1], device=device)
 
     def forward() -> torch.Tensor:
         inp = x.detach().requires_grad_(True) if x.is_floating_point() else x
@@ -92,7 +101,7 @@ def probe(unit: nn.Module, x: torch.Tensor, *, last: bool, device: torch.device,
                 return next_token_loss(y, targets)
         return y
 
-    return Probe(out.numel() * out.element_size(), _saved_bytes(unit, forward), out.detach())
+    return forward
 
 
 def measure_unit(
@@ -112,18 +121,8 @@ def measure_unit(
     pattern and keeps this for quick checks and as a fallback.
     """
     seen = probe(unit, x, last=last, device=device, dtype=dtype)
-    out_shape = seen.output.shape
-    targets = torch.randint(0, out_shape[-1], out_shape[:-1], device=device) if last else None
     grad = None if last else torch.randn_like(seen.output)
-
-    def forward() -> torch.Tensor:
-        inp = x.detach().requires_grad_(True) if x.is_floating_point() else x
-        with autocast(device, dtype):
-            out = unit(inp)
-            if targets is not None:
-                return next_token_loss(out, targets)
-        return out
-
+    forward = _training_forward(unit, x, seen.output if last else None, device, dtype)
     fwd, bwd = [], []
     for r in range(warmup + repeats):
         sync(device)
