@@ -13,7 +13,7 @@ import pytest
 from conftest import make_config, run_cli, run_in_process, summary_of, write_config
 from test_sim import make_profile, unit
 
-from paci_tune.schedule.actions import Op, build
+from paci_tune.schedule import Op, build
 from paci_tune.schedule.replay import replay
 
 # BASE_CONFIG's model: tiny preset, 2 blocks -> 4 units; micro-batch 2 (global batch 8, a=4).

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from paci_tune.schedule.actions import (
+from paci_tune.schedule import (
     SCHEDULES,
     Action,
     Op,

@@ -5,7 +5,7 @@ times them; both stand on this package and neither needs the other to know what 
 May import: :mod:`paci_tune.errors` and the standard library only.
 """
 
-from .actions import SCHEDULES, Action, Op, build, drift_bound, execution_order, inflight_cap, stage_actions
+from .actions import SCHEDULES, Action, Op, dependency, drift_bound, execution_order, inflight_cap, step_barrier, sweep
 from .partition import (
     balanced_partition,
     check_depth,
@@ -14,25 +14,31 @@ from .partition import (
     resolve_partition,
     stage_units,
 )
+from .program import Program, build, needs_snapshot, stage_actions
 from .replay import Timeline, drift_per_microbatch, peak_inflight, replay
 
 __all__ = [
     "SCHEDULES",
     "Action",
     "Op",
+    "Program",
     "Timeline",
     "balanced_partition",
     "build",
     "check_depth",
     "check_partition",
+    "dependency",
     "drift_bound",
     "drift_per_microbatch",
     "execution_order",
     "inflight_cap",
     "min_max_partition",
+    "needs_snapshot",
     "peak_inflight",
     "replay",
     "resolve_partition",
     "stage_actions",
     "stage_units",
+    "step_barrier",
+    "sweep",
 ]

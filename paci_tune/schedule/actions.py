@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 SCHEDULES = ("paci", "1f1b", "gpipe")
@@ -34,12 +35,13 @@ class Op(str, enum.Enum):
     FORWARD = "F"
     BACKWARD = "B"
     STEP = "S"
+    EVAL = "E"  # score the model after STEP(mb) on the validation set (see :mod:`.program`)
 
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    """One unit of work at one stage: forward or backward of micro-batch ``mb``, or an optimizer
-    step closing global batch ``mb``."""
+    """One unit of work at one stage: forward or backward of micro-batch ``mb``, an optimizer step
+    closing global batch ``mb``, or an evaluation of the model after that step."""
 
     op: Op
     mb: int
@@ -70,76 +72,15 @@ def drift_bound(stage: int, n_stages: int, window: int) -> int:
     return math.ceil((n_stages - stage - 1) / window)
 
 
-def _one_f_one_b(mbs: list[int], cap: int, window: int | None) -> list[Action]:
-    """1F1B over ``mbs`` with at most ``cap`` in flight; a STEP after every ``window`` backwards."""
-    warm = min(cap - 1, len(mbs))
-    out = [Action(Op.FORWARD, m) for m in mbs[:warm]]
-    fwd, bwd = warm, 0
-    while bwd < len(mbs):
-        if fwd < len(mbs):
-            out.append(Action(Op.FORWARD, mbs[fwd]))
-            fwd += 1
-        out.append(Action(Op.BACKWARD, mbs[bwd]))
-        bwd += 1
-        if window is not None and mbs[bwd - 1] % window == window - 1:
-            out.append(Action(Op.STEP, mbs[bwd - 1] // window))
-    return out
-
-
-def stage_actions(
-    schedule: str,
-    stage: int,
-    n_stages: int,
-    window: int,
-    first_batch: int,
-    n_batches: int,
-    inflight: int | None = None,
-) -> list[Action]:
-    """Ordered actions of one stage for global batches ``first_batch .. first_batch+n_batches-1``.
-
-    A run is cut into segments at evaluation and checkpoint points; every schedule (PACI too) ends
-    a segment drained, so evaluation and checkpoints see a consistent set of weights.
-    """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
-    if not 0 <= stage < n_stages:
-        raise ValueError(f"stage {stage} out of range for {n_stages} stages")
-    cap = inflight_cap(schedule, stage, n_stages, window, inflight)
-    batches = range(first_batch, first_batch + n_batches)
-    if schedule == "paci":
-        mbs = [m for k in batches for m in range(k * window, (k + 1) * window)]
-        return _one_f_one_b(mbs, cap, window)
-    out: list[Action] = []
-    for k in batches:
-        mbs = list(range(k * window, (k + 1) * window))
-        if schedule == "gpipe":
-            out += [Action(Op.FORWARD, m) for m in mbs] + [Action(Op.BACKWARD, m) for m in mbs]
-        else:
-            out += _one_f_one_b(mbs, cap, None)
-        out.append(Action(Op.STEP, k))
-    return out
-
-
-def build(
-    schedule: str,
-    n_stages: int,
-    window: int,
-    first_batch: int,
-    n_batches: int,
-    inflight: int | None = None,
-) -> list[list[Action]]:
-    """Every stage's action list for one segment of the run."""
-    return [stage_actions(schedule, s, n_stages, window, first_batch, n_batches, inflight) for s in range(n_stages)]
-
-
 def dependency(action: Action, stage: int, n_stages: int) -> tuple[int, Action] | None:
     """The action at a neighbouring stage that must finish before ``action`` can start.
 
     A forward needs the previous stage's forward of the same micro-batch (its activation); a
-    backward needs the next stage's backward (its gradient). Steps and the first/last stage's
-    boundary actions depend only on the stage's own order.
+    backward needs the next stage's backward (its gradient); an evaluation needs the previous
+    stage's evaluation (its activations). Steps and the first/last stage's boundary actions depend
+    only on the stage's own order.
     """
-    if action.op is Op.FORWARD and stage > 0:
+    if action.op in (Op.FORWARD, Op.EVAL) and stage > 0:
         return stage - 1, action
     if action.op is Op.BACKWARD and stage < n_stages - 1:
         return stage + 1, action
@@ -162,31 +103,53 @@ def execution_order(lists: list[list[Action]], sync_steps: int | None = None) ->
     """A global order of all actions that respects every stage's order and every dependency.
 
     Any such order gives the same numerics; this one sweeps the stages round-robin and runs each as
-    far as it can, which keeps in-flight activations close to a real pipeline's. ``sync_steps=a``
-    adds the :func:`step_barrier` dependencies of a window of ``a``. Raises ``RuntimeError`` if the
-    lists deadlock (a schedule bug, never a user error).
+    far as it can (:func:`sweep`), which keeps in-flight activations close to a real pipeline's.
+    ``sync_steps=a`` adds the :func:`step_barrier` dependencies of a window of ``a``. Raises
+    ``RuntimeError`` if the lists deadlock (a schedule bug, never a user error).
     """
-    n = len(lists)
-    pos = [0] * n
-    done: set[tuple[int, Action]] = set()
-    order: list[tuple[int, Action]] = []
-    remaining = sum(len(x) for x in lists)
-    while remaining:
+    return list(sweep([iter(x) for x in lists], sync_steps))
+
+
+def sweep(programs: Sequence[Iterator[Action]], sync_steps: int | None = None) -> Iterator[tuple[int, Action]]:
+    """:func:`execution_order` over stage programs that are generated as they run (one process).
+
+    Yields ``(stage, action)``; the caller executes the action before asking for the next, and may
+    shorten the programs in between (:meth:`paci_tune.schedule.program.Program.set_end`). Each
+    stage's next action is drawn from its program only when the stage is about to try it. Progress is
+    kept as counters (each stage forwards, backwards, steps and evaluates in increasing order), so a
+    run of any length takes constant memory.
+    """
+    n = len(programs)
+    done = {op: [-1] * n for op in Op}
+    held: list[Action | None] = [None] * n
+    finished = [False] * n
+
+    def ready(s: int, act: Action) -> bool:
+        dep = dependency(act, s, n)
+        if dep is not None and done[dep[1].op][dep[0]] < act.mb:
+            return False
+        if sync_steps and act.op is Op.STEP:
+            last = act.mb * sync_steps + sync_steps - 1
+            return all(done[Op.BACKWARD][o] >= last for o in range(n) if o != s)
+        return True
+
+    while not all(finished):
         progressed = False
         for s in range(n):
-            while pos[s] < len(lists[s]):
-                act = lists[s][pos[s]]
-                dep = dependency(act, s, n)
-                if dep is not None and dep not in done:
+            while not finished[s]:
+                if held[s] is None:
+                    held[s] = next(programs[s], None)
+                    if held[s] is None:
+                        finished[s] = True
+                        break
+                act = held[s]
+                assert act is not None
+                if not ready(s, act):
                     break
-                if sync_steps and any(d not in done for d in step_barrier(act, s, n, sync_steps)):
-                    break
-                done.add((s, act))
-                order.append((s, act))
-                pos[s] += 1
-                remaining -= 1
+                held[s] = None
+                yield s, act
+                done[act.op][s] = act.mb
                 progressed = True
-        if not progressed:
-            stuck = {s: lists[s][pos[s]] for s in range(n) if pos[s] < len(lists[s])}
+        if not progressed and not all(finished):
+            stuck = {s: held[s] for s in range(n) if not finished[s]}
             raise RuntimeError(f"schedule deadlocks; next actions per stage: {stuck}")
-    return order
