@@ -112,7 +112,7 @@ def run_config(model: dict[str, Any], scale: Scale, global_batch: int, window: i
     return {
         "model": dict(model),
         "data": {"source": "stdlib"},
-        "training": {"global_batch": global_batch, "steps": 10, "seed": 0, "eval_every": 10**6, "eval_batches": 2},
+        "training": {"global_batch": global_batch, "steps": 10, "seed": 0, "eval_every": 10**6, "eval_sequences": 16},
         "optimizer": {"name": "adamw", "lr": 6.0e-4, "betas": [0.9, 0.95], "weight_decay": 0.1},
         "lr_schedule": {"warmup_fraction": 0.02, "min_ratio": 0.1},
         "pipeline": {

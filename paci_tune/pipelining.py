@@ -243,9 +243,9 @@ class SchedulePACI:
     def _announce(self, acts: list[Action]) -> None:
         """Tell the transport which messages these actions will receive, so it can post them early."""
         if not self.is_first:
-            self._p2p.expect(self.index - 1, "act", [a.mb for a in acts if a.op is Op.FORWARD])
+            self._p2p.expect(self.index - 1, [("act", a.mb) for a in acts if a.op is Op.FORWARD])
         if not self.is_last:
-            self._p2p.expect(self.index + 1, "grad", [a.mb for a in acts if a.op is Op.BACKWARD])
+            self._p2p.expect(self.index + 1, [("grad", a.mb) for a in acts if a.op is Op.BACKWARD])
 
     def _run(self, act: Action) -> None:
         if act.op is Op.FORWARD:
@@ -259,7 +259,7 @@ class SchedulePACI:
         if self.is_first:
             inputs = self._inputs.pop(mb)
         else:
-            x = self._p2p.recv(self.index - 1, self.index, "act", mb)
+            x = self._p2p.recv(self.index - 1, self.index, "act", mb)[0]
             inputs = (x.detach().requires_grad_(x.is_floating_point()),)
         out = self.module(*inputs)
         if not isinstance(out, torch.Tensor):
@@ -278,7 +278,7 @@ class SchedulePACI:
         if self.is_last:
             out.backward()
         else:
-            out.backward(self._p2p.recv(self.index + 1, self.index, "grad", mb))
+            out.backward(self._p2p.recv(self.index + 1, self.index, "grad", mb)[0])
         self.drift.add(self.updates - updates_at_forward)
         if not self.is_first:
             self._p2p.send(self.index, self.index - 1, "grad", mb, inputs.grad)

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 BASE_CONFIG: dict[str, Any] = {
     "model": {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32},
     "data": {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 50_000, "n_val": 5_000},
-    "training": {"global_batch": 8, "steps": 6, "seed": 0, "eval_every": 1000, "eval_batches": 2},
+    "training": {"global_batch": 8, "steps": 6, "seed": 0, "eval_every": 1000, "eval_sequences": 4},
     "optimizer": {"name": "adamw", "lr": 1.0e-3, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1.0e-8},
     "lr_schedule": {"warmup_fraction": 0.0, "min_ratio": 1.0, "scaling": "none"},
     "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "emulated", "device": "cpu"},

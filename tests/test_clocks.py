@@ -47,15 +47,17 @@ def test_rst_readings_repeat_exactly(tmp_path: Path) -> None:
 
 
 def test_rst_reading_is_the_replayed_schedule(tmp_path: Path) -> None:
-    """Two drained segments of 3 batches: each costs the makespan of replaying its action lists."""
+    """One drained segment of 6 batches (evaluating never drains): it costs the makespan of replaying
+    its action lists, and an evaluation reads when every stage has applied its batch."""
     records = run_in_process(rst_doc(tmp_path))
-    lists = build("paci", 2, 4, 0, 3)
+    lists = build("paci", 2, 4, 0, 6)
     cost = {Op.FORWARD: 2 * FWD, Op.BACKWARD: 2 * BWD, Op.STEP: 2 * OPT}
     act_bytes = 1000  # unit()'s activation bytes at the measured micro-batch size
-    segment = replay(lists, lambda s, a: cost[a.op], lambda src, dst, a: 1e-4 + act_bytes / 1e9).makespan
-    assert summary_of(records)["clock"] == pytest.approx(2 * segment, rel=1e-9)
+    timeline = replay(lists, lambda s, a: cost[a.op], lambda src, dst, a: 1e-4 + act_bytes / 1e9)
+    assert summary_of(records)["clock"] == pytest.approx(timeline.makespan, rel=1e-9)
+    step_end = {(s, a.mb): end for s, st in enumerate(timeline.stages) for a, _, end in st.intervals if a.op is Op.STEP}
     evals = [r["clock"] for r in records if r["event"] == "eval"]
-    assert evals == pytest.approx([segment, 2 * segment], rel=1e-9)
+    assert evals == pytest.approx([max(step_end[(0, 2)], step_end[(1, 2)]), timeline.makespan], rel=1e-9)
 
 
 def test_rst_time_budget_is_deterministic_and_respected(tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ def test_stream_rejects_too_short_data() -> None:
 
 def test_validation_set_is_fixed_and_evenly_spaced() -> None:
     tokens = np.arange(1_000)
-    val = ValidationSet(tokens, seq_len=10, micro_batch_size=3, n_batches=4)
+    val = ValidationSet(tokens, seq_len=10, n_sequences=12, chunk=3)
     assert len(val) == 4 and len(list(val)) == 4
     x0, _ = val.get(0)
     _, y3 = val.get(3)
@@ -69,10 +69,19 @@ def test_validation_set_is_fixed_and_evenly_spaced() -> None:
     starts = torch.cat([val.get(i)[0][:, 0] for i in range(4)])
     gaps = torch.diff(starts)
     assert gaps.min() >= 89 and gaps.max() <= 91
-    again = ValidationSet(tokens, 10, 3, 4)
+    again = ValidationSet(tokens, 10, 12, 3)
     assert all(torch.equal(val.get(i)[0], again.get(i)[0]) for i in range(4))
     with pytest.raises(IndexError):
         val.get(4)
+
+
+def test_validation_set_does_not_depend_on_how_it_is_chunked() -> None:
+    """The same sequences whatever the chunk; the mean is over sequences, a short last chunk included."""
+    tokens = np.arange(5_000)
+    a, b = ValidationSet(tokens, 16, 10, 4), ValidationSet(tokens, 16, 10, 10)
+    assert torch.equal(torch.cat([x for x, _ in a]), torch.cat([x for x, _ in b]))
+    assert [len(x) for x, _ in a] == [4, 4, 2]
+    assert a.mean_loss([1.0, 1.0, 4.0]) == pytest.approx((8 * 1.0 + 2 * 4.0) / 10)
 
 
 def _conditional_entropy(tokens: np.ndarray, vocab: int) -> float:

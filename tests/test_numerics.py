@@ -73,9 +73,9 @@ def plain_training(doc: dict[str, Any]) -> tuple[list[float], float, list[float]
         opt.zero_grad(set_to_none=True)
         losses.append(total / a)
         lrs.append(lr)
-    val = ValidationSet(source.val, loaded.block_size, b, t["eval_batches"])
+    val = ValidationSet(source.val, loaded.block_size, t["eval_sequences"], 32)  # 32: eval_microbatch_size's default
     with torch.no_grad():
-        val_loss = sum(F.cross_entropy(net(x).flatten(0, -2), y.flatten()).item() for x, y in val) / len(val)
+        val_loss = val.mean_loss([F.cross_entropy(net(x).flatten(0, -2), y.flatten()).item() for x, y in val])
     return losses, val_loss, lrs
 
 
@@ -85,7 +85,7 @@ COSINE_LR = {"warmup_fraction": 0.25, "min_ratio": 0.1, "reference_batch": 16, "
 
 def numerics_doc(schedule: str, stages: int, lr_schedule: dict[str, Any], **pipeline: Any) -> dict[str, Any]:
     return make_config(
-        training={"steps": 8, "global_batch": 8, "eval_every": 1000, "eval_batches": 2},
+        training={"steps": 8, "global_batch": 8, "eval_every": 1000, "eval_sequences": 4},
         optimizer={"lr": 3e-3},
         lr_schedule=lr_schedule,
         pipeline={"schedule": schedule, "stages": stages, "window": 4, **pipeline},
@@ -152,7 +152,7 @@ def test_paci_is_stale_but_close(stages: int):
 def test_paci_learns_the_markov_chain():
     """Tiny GPT on an order-1 Markov chain (64 tokens, 4 successors each): context is learned."""
     doc = make_config(
-        training={"steps": 80, "global_batch": 8, "eval_every": 1000, "eval_batches": 4},
+        training={"steps": 80, "global_batch": 8, "eval_every": 1000, "eval_sequences": 8},
         optimizer={"lr": 1e-2, "weight_decay": 0.0},
         lr_schedule={"warmup_fraction": 0.05, "min_ratio": 0.1, "scaling": "none"},
         pipeline={"schedule": "paci", "stages": 2, "window": 2},
@@ -285,7 +285,7 @@ def simulate_paci(doc: dict[str, Any], sizes: list[int]) -> list[float]:
 )
 def test_paci_equals_an_independent_simulation_of_paci(sizes: list[int], window: int):
     doc = make_config(
-        training={"steps": 10, "global_batch": 8, "eval_every": 1000, "eval_batches": 1},
+        training={"steps": 10, "global_batch": 8, "eval_every": 1000, "eval_sequences": 2},
         optimizer={"lr": 2e-2},
         lr_schedule=CONSTANT_LR,
         pipeline={"schedule": "paci", "stages": len(sizes), "window": window, "partition": sizes},

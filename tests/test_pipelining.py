@@ -54,7 +54,7 @@ def _paci_tune_losses(n_stages: int, window: int, microbatches: int, steps: int,
     doc = make_config(
         model=SPEC,
         data={"source": "synthetic", "vocab_size": 256, "n_train": 200_000, "n_val": 1_000},
-        training={"global_batch": window * mb_size, "steps": steps * microbatches // window, "eval_batches": 1},
+        training={"global_batch": window * mb_size, "steps": steps * microbatches // window, "eval_sequences": 2},
         pipeline={
             "schedule": "paci",
             "stages": n_stages,

@@ -26,13 +26,13 @@ from paci_tune.tune.study import counted
 SEARCH_DOC: dict[str, Any] = {
     "model": {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32},
     "data": {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 50_000, "n_val": 5_000},
-    "training": {"global_batch": 8, "steps": 6, "seed": 0, "eval_every": 1000, "eval_batches": 2},
+    "training": {"global_batch": 8, "steps": 6, "seed": 0, "eval_every": 1000, "eval_sequences": 4},
     "optimizer": {"name": "adamw", "lr": 3.0e-3},
     "lr_schedule": {"warmup_fraction": 0.0, "min_ratio": 0.1, "scaling": "none"},
     "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "emulated", "device": "cpu"},
     "target": {"value": 1.85},
     "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
-    "search": {"trials": 2, "seed": 0, "stall_seconds": 120},
+    "search": {"trials": 2, "seed": 0, "stall_seconds": 120, "confirm": {"top": 0}},
 }
 SPACE = {"schedules": ["paci", "1f1b"], "stages": [2, 4], "microbatch_size": [2, 4]}
 
@@ -63,27 +63,60 @@ def studies(storage: str, name: str = "model") -> dict[str, optuna.Study]:
     return {s: optuna.load_study(study_name=f"{name}.{s}", storage=storage) for s in ("paci", "1f1b")}
 
 
+def _metrics_losses(path: Path) -> list[float]:
+    return [r["loss"] for r in sorted(read_metrics(path), key=lambda r: r.get("step", 0)) if r["event"] == "train"]
+
+
 def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
-    config = write_search(tmp_path)
+    config = write_search(tmp_path, search={"confirm": {"top": 1, "seeds": 2}})
     proc = run(search_cmd(config, tmp_path))
     check_ok(proc)
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
-    for key in ("recommended", "evidence", "baseline", "speedup_vs_flush", "provenance", "run"):
+    for key in ("recommended", "evidence", "baseline", "speedup_vs_flush", "provenance", "run", "confirmation"):
         assert key in best, key
     rec = best["recommended"]
     assert rec["window"] * rec["microbatch_size"] == 8 and rec["stages"] in (2, 4)
 
-    # Independent check: the recommendation is the best finished trial in the storage.
+    # Independent check against the storage: each schedule's best search trial was trained again on
+    # seeds 1 and 2 (training.seed 0 + 1, + 2); the recommendation is the lower mean of those.
     storage = f"sqlite:///{tmp_path / 'work' / 'study.db'}"
-    done = [(t.value, s, t) for s, st in studies(storage).items() for t in st.trials if t.state == TrialState.COMPLETE]
-    value, schedule, trial = min(done, key=lambda x: x[0])
-    assert best["evidence"]["score"] == pytest.approx(value)
+    means, per_seed, best_search = {}, {}, {}
+    for s, st in studies(storage).items():
+        search = [t for t in st.trials if t.state == TrialState.COMPLETE and "confirm" not in t.user_attrs]
+        best_search[s] = min(search, key=lambda t: (t.value, t.number))
+        conf = [t for t in st.trials if "confirm" in t.user_attrs]
+        assert sorted(t.user_attrs["confirm"]["seed"] for t in conf) == [1, 2]
+        assert all(t.user_attrs["confirm"]["of"] == best_search[s].number and t.params == best_search[s].params
+                   for t in conf)  # fmt: skip
+        assert all(t.state == TrialState.COMPLETE and "pruned_step" not in t.user_attrs for t in conf)
+        per_seed[s] = {t.user_attrs["confirm"]["seed"]: t.value for t in conf}
+        means[s] = sum(per_seed[s].values()) / 2
+        row = best["confirmation"][s][0]
+        assert {int(k): v["score"] for k, v in row["seeds"].items()} == pytest.approx(per_seed[s])
+        assert row["mean"] == pytest.approx(means[s])
+    schedule = min(means, key=lambda s: (means[s], s != "paci"))
+    trial = best_search[schedule]
     assert rec["schedule"] == schedule and rec["microbatch_size"] == trial.params["microbatch_size"]
-    flush = min(t.value for t in studies(storage)["1f1b"].trials if t.state == TrialState.COMPLETE)
-    assert best["speedup_vs_flush"] == pytest.approx(flush / value, abs=1e-3)
+    assert best["evidence"]["trial"] == f"model.{schedule}#{trial.number}"
+    f, q = per_seed["1f1b"], per_seed["paci"]
+    assert best["paci_speedup_vs_flush"] == pytest.approx(means["1f1b"] / means["paci"], abs=1e-3)
+    # Two paired seeds: the bootstrap's resamples are seed 1 twice, seed 2 twice, or both.
+    assert best["paci_speedup_interval"] == pytest.approx(sorted([f[1] / q[1], f[2] / q[2]]), abs=1e-3)
+    low, high = best["paci_speedup_interval"]
+    assert best["verdict"] == ("paci" if low > 1 else "flush" if high < 1 else "tie")
+    assert best["paci_won"] is (best["verdict"] == "paci")
     assert Path(best["provenance"]["plot"]).stat().st_size > 10_000  # the curves' picture
     for s, c in best["provenance"]["trials"].items():
         assert c["complete"] + c["pruned"] + c["failed"] - c["repeats_reused"] >= 2, s
+        assert c["confirmation"] == 2
+
+    # apply trains exactly the numerics of the trial it recommends, over the trial's steps.
+    trial_dir = tmp_path / "work" / "trials" / f"model.{schedule}" / f"trial-{trial.number:04d}"
+    want = _metrics_losses(trial_dir / "metrics.jsonl")
+    replayed = tmp_path / "replay.jsonl"
+    check_ok(run([sys.executable, "-m", "paci_tune.cli", "apply", str(tmp_path / "best.yaml"), "--no-live",
+                  "--metrics", str(replayed), "--checkpoint-dir", str(tmp_path / "replay-ckpt")]))  # fmt: skip
+    assert _metrics_losses(replayed)[: len(want)] == want
 
     # A second run resumes the finished study: no new trial, the same recommendation.
     n_before = sum(len(st.trials) for st in studies(storage).values())

@@ -33,7 +33,7 @@ STEPS = 32
 DOC: dict[str, Any] = {
     "model": {"preset": "tiny", "n_layer": 4},
     "data": {"source": "synthetic", "vocab_size": 256, "branching": 4, "n_train": 200_000, "n_val": 10_000},
-    "training": {"global_batch": 32, "steps": STEPS, "seed": 0, "eval_every": 1000, "eval_batches": 1},
+    "training": {"global_batch": 32, "steps": STEPS, "seed": 0, "eval_every": 1000, "eval_sequences": 2},
     "optimizer": {"name": "adamw", "lr": 1.0e-3, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1.0e-8},
     "lr_schedule": {"warmup_fraction": 0.0, "min_ratio": 1.0, "scaling": "none"},
     "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "distributed", "device": "cpu"},

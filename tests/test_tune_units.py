@@ -152,14 +152,16 @@ def _best(studies: dict[str, optuna.Study]) -> dict:
 
 
 def test_best_recommends_the_fastest_and_states_the_speedup_over_flush(tmp_path: Path) -> None:
-    studies = {"paci": _study("paci", [(8, 6.0, 6.0), (4, 3.0, 3.0)]), "1f1b": _study("1f1b", [(16, 4.5, 4.5)])}
+    studies = {"paci": _study("paci", [(8, 6.0, 6.0), (4, 3.0, 3.0)]), "1f1b": _study("1f1b", [(16, 5.5, 5.5)])}
     best = _best(studies)
     rec = best["recommended"]
     assert (rec["schedule"], rec["microbatch_size"], rec["window"]) == ("paci", 4, 8)
     assert best["baseline"]["microbatch_size"] == 16 and best["baseline"]["window"] == 2
-    assert best["speedup_vs_flush"] == pytest.approx(4.5 / 3.0, abs=1e-4)
-    assert best["paci_won"] is True
-    assert best["provenance"]["trials"]["paci"] == {"complete": 2, "pruned": 1, "failed": 0, "repeats_reused": 0}
+    assert best["speedup_vs_flush"] == pytest.approx(5.5 / 3.0, abs=1e-4)
+    assert best["paci_won"] is True and best["verdict"] == "paci"  # 2.5 s apart: more than one 2 s grid step
+    assert "not confirmed" in best["speedup_note"]
+    counts = {"complete": 2, "pruned": 1, "failed": 0, "repeats_reused": 0, "confirmation": 0}
+    assert best["provenance"]["trials"]["paci"] == counts
     assert best["run"] == {"pipeline": {"schedule": "paci"}}
     out = tmp_path / "best.yaml"
     write_best(out, best)
@@ -174,6 +176,8 @@ def test_best_says_when_flush_wins_and_when_it_never_reached() -> None:
     assert flush_wins["paci_speedup_vs_flush"] == pytest.approx(5.0 / 6.0, abs=1e-4)
     never = _best({"paci": _study("paci", [(8, 6.0, 6.0)]), "1f1b": _study("1f1b", [(8, None, 12.0)])})
     assert never["speedup_vs_flush"] == pytest.approx(2.0) and "lower bound" in never["speedup_note"]
+    close = _best({"paci": _study("paci", [(8, 4.0, 4.0)]), "1f1b": _study("1f1b", [(8, 5.0, 5.0)])})
+    assert close["verdict"] == "tie" and close["paci_won"] is False  # within one validation interval
 
 
 def test_no_finished_trial_is_a_clear_error() -> None:
@@ -186,3 +190,68 @@ def test_trial_params_overrides_keep_the_batch_identity() -> None:
     p = TrialParams("paci", 4, 8, 4, 0.5)
     o = p.overrides()
     assert o["training.global_batch"] == 32 and o["pipeline.window"] * o["pipeline.microbatch_size"] == 32
+
+
+# ----------------------------------------------------------------------------- confirmation
+def _confirmed_study(schedule: str, points: dict[int, dict[int, float]]) -> optuna.Study:
+    """Search trials (micro-batch size -> its search score) plus confirmation trials per seed."""
+    from paci_tune.tune.confirm import CONFIRM_ATTR, plan
+
+    study = optuna.create_study(study_name=f"t.{schedule}", direction="minimize")
+    dists = {"stages": CategoricalDistribution([2, 4]), "microbatch_size": CategoricalDistribution([4, 8, 16])}
+    numbers = {}
+    for b, seeds in points.items():
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=min(seeds.values()) - 1.0,  # the lucky draw
+                                     params={"stages": 2, "microbatch_size": b}, distributions=dists,
+                                     user_attrs={"time_to_target": 1.0}))  # fmt: skip
+        numbers[b] = study.trials[-1].number
+    assert plan(study, top=len(points)) == sorted(numbers.values(), key=lambda n: study.trials[n].value)
+    for b, seeds in points.items():
+        for seed, value in seeds.items():
+            attrs = {CONFIRM_ATTR: {"of": numbers[b], "seed": seed}, "time_to_target": value}
+            study.add_trial(create_trial(state=TrialState.COMPLETE, value=value, distributions=dists,
+                                         params={"stages": 2, "microbatch_size": b}, user_attrs=attrs))  # fmt: skip
+    return study
+
+
+def _best_confirmed(studies: dict[str, optuna.Study]) -> dict:
+    return build_best(
+        studies, run_doc_for=lambda p: {"b": p.microbatch_size}, base_lr=1e-3, fixed_batch=32,
+        target={"metric": "val_loss", "value": 2.0}, budget={"clock": "sim", "seconds": 10.0, "grid": 5},
+        provenance={"study_name": "t"}, confirm_seeds=[1, 2, 3],
+    )  # fmt: skip
+
+
+def test_confirmation_ranks_by_the_mean_over_fresh_seeds_not_the_lucky_draw() -> None:
+    # b=4 had the best search draw (1.0) but confirms worse (mean 5) than b=8 (mean 3).
+    paci = _confirmed_study("paci", {4: {1: 2.0, 2: 8.0, 3: 5.0}, 8: {1: 3.0, 2: 3.1, 3: 2.9}})
+    flush = _confirmed_study("1f1b", {8: {1: 6.0, 2: 6.2, 3: 5.8}})
+    best = _best_confirmed({"paci": paci, "1f1b": flush})
+    assert best["recommended"]["microbatch_size"] == 8 and best["run"] == {"b": 8}
+    rows = {r["point"]: r for r in best["confirmation"]["paci"]}
+    assert rows["paci P=2 a=4 b=8"]["mean"] == pytest.approx(3.0) and len(rows["paci P=2 a=4 b=8"]["seeds"]) == 3
+    assert best["paci_speedup_vs_flush"] == pytest.approx(6.0 / 3.0, abs=1e-3)
+    low, high = best["paci_speedup_interval"]
+    assert 1.0 < low <= 2.0 <= high  # paired seeds, every resample favours PACI: the interval excludes 1
+    assert best["verdict"] == "paci" and best["paci_won"] is True
+    assert best["provenance"]["trials"]["paci"]["confirmation"] == 6
+
+
+def test_an_interval_that_contains_one_is_a_tie() -> None:
+    paci = _confirmed_study("paci", {8: {1: 3.0, 2: 7.0, 3: 5.0}})
+    flush = _confirmed_study("1f1b", {8: {1: 4.0, 2: 6.0, 3: 5.5}})
+    best = _best_confirmed({"paci": paci, "1f1b": flush})
+    low, high = best["paci_speedup_interval"]
+    assert low < 1.0 < high and best["verdict"] == "tie" and best["paci_won"] is False
+
+
+def test_the_bootstrap_interval_against_its_definition() -> None:
+    """Oracle: the ratio of means, and an interval that shrinks to the point when every seed agrees."""
+    from paci_tune.tune.confirm import Confirmed, paired_speedup
+
+    p = TrialParams("paci", 2, 4, 8)
+    same = paired_speedup(Confirmed(0, p, {1: 4.0, 2: 4.0, 3: 4.0}), Confirmed(1, p, {1: 2.0, 2: 2.0, 3: 2.0}))
+    assert same == pytest.approx((2.0, 2.0, 2.0))
+    point, low, high = paired_speedup(Confirmed(0, p, {1: 4.0, 2: 6.0}), Confirmed(1, p, {1: 2.0, 2: 2.0, 3: 9.0}))
+    assert point == pytest.approx(5.0 / 2.0)  # only the seeds both ran count
+    assert low == pytest.approx(2.0) and high == pytest.approx(3.0)

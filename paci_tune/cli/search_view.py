@@ -74,13 +74,14 @@ class SearchView:
         key = (e.schedule, e.number)
         if e.kind == "start":
             assert e.params is not None
-            self.rows[key] = {"schedule": e.schedule, "number": e.number, "point": e.params.label(),
+            point = e.params.label() + (f" [{e.reason}]" if e.reason else "")  # a confirmation says so
+            self.rows[key] = {"schedule": e.schedule, "number": e.number, "point": point,
                               "state": "running", "ttt": None, "note": ""}  # fmt: skip
             self.current = key
-            self.progress.update(self.task, description=f"{e.schedule}#{e.number} {e.params.label()}", completed=0,
+            self.progress.update(self.task, description=f"{e.schedule}#{e.number} {point}", completed=0,
                                  clock="-", val="-")  # fmt: skip
             if not self.live:
-                self.console.print(f"trial {e.schedule}#{e.number}: {e.params.label()} ...")
+                self.console.print(f"trial {e.schedule}#{e.number}: {point} ...")
         elif e.kind == "eval" and e.progress is not None:
             p = e.progress
             val = p.best_val

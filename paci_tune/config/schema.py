@@ -79,7 +79,8 @@ class TrainingConfig:
     seed: int = 0
     eval_every: int = 50
     eval_every_seconds: float | None = None  # evaluate on a grid of the clock instead of every N steps
-    eval_batches: int = 8
+    eval_sequences: int = 512  # the validation set: the same sequences for every run of a model and data
+    eval_microbatch_size: int = 32  # sequences per evaluation forward (memory, not what is measured)
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
     keep_checkpoints: int = 2
@@ -101,7 +102,8 @@ class TrainingConfig:
         _positive(f"{key}.eval_every", self.eval_every)
         if self.eval_every_seconds is not None:
             _positive(f"{key}.eval_every_seconds", self.eval_every_seconds)
-        _positive(f"{key}.eval_batches", self.eval_batches)
+        _positive(f"{key}.eval_sequences", self.eval_sequences)
+        _positive(f"{key}.eval_microbatch_size", self.eval_microbatch_size)
         if self.checkpoint_every < 0:
             raise ConfigError(
                 f"{key}.checkpoint_every", self.checkpoint_every, "0 (off) or a positive number of batches"

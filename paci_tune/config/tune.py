@@ -68,6 +68,26 @@ class HardwareConfig:
 
 
 @dataclass
+class ConfirmConfig:
+    """Before recommending, train the ``top`` best points of each schedule again on ``seeds`` fresh seeds.
+
+    ``top: 0`` (or ``seeds: 0``) recommends from the search's single draws, as a quick look.
+    """
+
+    top: int = 2
+    seeds: int = 3
+
+    def check(self, key: str) -> None:
+        for name in ("top", "seeds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{key}.{name}", getattr(self, name), "an integer >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.top > 0 and self.seeds > 0
+
+
+@dataclass
 class SearchConfig:
     """How the study runs. ``trials`` counts per schedule: PACI and the 1F1B-flush baseline get
     the same number of trials, sampler and pruner, so the comparison is fair."""
@@ -82,6 +102,7 @@ class SearchConfig:
     trial_timeout: float | None = None  # wall seconds a trial may take in all
     retries: int = 1  # times a trial interrupted by a dead worker is run again
     study_name: str | None = None
+    confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
 
     def check(self, key: str) -> None:
         if self.trials < 1:
@@ -94,6 +115,7 @@ class SearchConfig:
             raise ConfigError(f"{key}.trial_timeout", self.trial_timeout, "a positive number of seconds")
         if self.retries < 0:
             raise ConfigError(f"{key}.retries", self.retries, "an integer >= 0")
+        self.confirm.check(f"{key}.confirm")
 
 
 @dataclass

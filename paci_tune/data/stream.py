@@ -52,29 +52,35 @@ class MicroBatchStream:
 
 
 class ValidationSet:
-    """Fixed windows evenly spaced through the validation tokens.
+    """``n_sequences`` fixed windows evenly spaced through the validation tokens, served in chunks.
 
-    No seed on purpose: every run, whatever its seed or pipeline layout, is scored on the same
-    tokens, so validation losses are comparable across the runs a tuner ranks.
+    No seed and no dependence on the run's micro-batch size, window, depth or schedule: every run
+    of a model on a data source is scored on the same tokens, so the validation losses a tuner
+    ranks are comparable. ``chunk`` is how many sequences one evaluation forward carries (memory,
+    not what is measured); the loss is the mean over all ``n_sequences`` (:meth:`mean_loss`).
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, n_batches: int) -> None:
-        _check(tokens, seq_len, micro_batch_size)
-        if n_batches < 1:
-            raise ValueError(f"n_batches must be positive, got {n_batches}")
-        self.tokens, self.seq_len, self.micro_batch_size = tokens, seq_len, micro_batch_size
+    def __init__(self, tokens: np.ndarray, seq_len: int, n_sequences: int, chunk: int) -> None:
+        _check(tokens, seq_len, 1)
+        if n_sequences < 1 or chunk < 1:
+            raise ValueError(f"n_sequences and chunk must be positive, got {n_sequences}, {chunk}")
+        self.tokens, self.seq_len, self.n_sequences, self.chunk = tokens, seq_len, n_sequences, chunk
         last = len(tokens) - seq_len - 1
-        self.offsets = np.linspace(0, last, micro_batch_size * n_batches).round().astype(np.int64)
-        self.n_batches = n_batches
+        self.offsets = np.linspace(0, last, n_sequences).round().astype(np.int64)
 
     def __len__(self) -> int:
-        return self.n_batches
+        """Chunks (evaluation forwards) in the set."""
+        return -(-self.n_sequences // self.chunk)
 
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= i < self.n_batches:
-            raise IndexError(f"validation batch {i} out of range [0, {self.n_batches})")
-        b = self.micro_batch_size
-        return _windows(self.tokens, self.offsets[i * b : (i + 1) * b], self.seq_len)
+        if not 0 <= i < len(self):
+            raise IndexError(f"validation chunk {i} out of range [0, {len(self)})")
+        return _windows(self.tokens, self.offsets[i * self.chunk : (i + 1) * self.chunk], self.seq_len)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return (self.get(i) for i in range(self.n_batches))
+        return (self.get(i) for i in range(len(self)))
+
+    def mean_loss(self, chunk_losses: list[float]) -> float:
+        """The mean over every sequence (and token) from the chunks' mean losses, in chunk order."""
+        sizes = [min(self.chunk, self.n_sequences - i * self.chunk) for i in range(len(self))]
+        return sum(loss * n for loss, n in zip(chunk_losses, sizes, strict=True)) / self.n_sequences

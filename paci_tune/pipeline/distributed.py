@@ -1,21 +1,25 @@
 """The distributed runtime: one process per stage, activations and gradients sent point to point.
 
-Each rank walks its own stage's action list. Inside a segment there is no collective at all --
-in ``paci`` mode stages never wait for each other except for the data they need -- and a single
-``all_gather`` at the segment's end (the pipeline is drained there anyway) shares timing so every
-rank can report the same pipeline makespan. May import: torch, the pipeline layer's modules,
+Each rank walks its own stage's program. Inside a segment there is no collective at all -- in
+``paci`` mode stages never wait for each other except for the data they need, evaluations
+included (:mod:`.evaluation`) -- and a single ``all_gather`` at the segment's end (the pipeline is
+drained there anyway) shares timing so every rank can report the same pipeline makespan. The
+program is read a few actions ahead so that receives are posted before they are needed, never
+past an evaluation (whose control message may change what follows). May import: torch, the pipeline layer's modules,
 :mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import torch
 import torch.distributed as dist
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from ..schedule import Op, inflight_cap, stage_actions
+from ..schedule import Action, Op, Program, inflight_cap
+from .evaluation import EvalPlan
 from .p2p import P2P
 from .runtime import (
     ActionRunner,
@@ -28,6 +32,9 @@ from .runtime import (
     warmup_actions,
 )
 from .stage import Stage
+
+LOOKAHEAD = 16
+"""Actions of the program read ahead, so their receives are posted early (never past an evaluation)."""
 
 
 class DistributedRuntime:
@@ -48,7 +55,7 @@ class DistributedRuntime:
         self.window = stage.window
         self.device = stage.device
         self.p2p = P2P(list(range(self.n_stages)), stage.device)
-        self.runner = ActionRunner(stage, self.p2p, stream)
+        self.runner = ActionRunner(stage, self.p2p, stream, val)
         if schedule != "paci" and stage.grad_clip:
             self.runner.global_grad_norm = self._global_grad_norm
 
@@ -73,47 +80,70 @@ class DistributedRuntime:
             run_warmup_action(self.runner, act)
         self.p2p.wait_all()
 
-    def run_segment(self, first_batch: int, n_batches: int, on_batch: OnBatch) -> SegmentReport:
-        actions = stage_actions(
-            self.schedule, self.rank, self.n_stages, self.window, first_batch, n_batches, self.inflight
-        )
+    def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
+        """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), drained at the end."""
+        end = None if n_batches is None else first_batch + n_batches - 1
+        program = Program(self.schedule, self.rank, self.n_stages, self.window, first_batch, end,
+                          inflight=self.inflight, eval_at=plan.eval_at)  # fmt: skip
+        self.runner.begin(program, plan)
         if self.stage.is_last:
             self.runner.losses = BatchLosses(self.window, on_batch)
-        if not self.stage.is_first:
-            self.p2p.expect(self.rank - 1, "act", [a.mb for a in actions if a.op is Op.FORWARD])
-        if not self.stage.is_last:
-            self.p2p.expect(self.rank + 1, "grad", [a.mb for a in actions if a.op is Op.BACKWARD])
+        actions = iter(program)
+        ahead: deque[Action] = deque()
         mine = StageTiming()
         t0 = time.perf_counter()
-        for act in actions:
-            self.runner.run(act, mine)
+        while True:
+            while len(ahead) < LOOKAHEAD and not (ahead and ahead[-1].op is Op.EVAL):
+                act = next(actions, None)
+                if act is None:
+                    break
+                ahead.append(act)
+                self._announce(act)
+            if not ahead:
+                break
+            self.runner.run(ahead.popleft(), mine)
         self.p2p.wait_all()
-        mine.span = time.perf_counter() - t0
+        mine.span = time.perf_counter() - t0 - self.runner.eval_seconds
         gathered: list[StageTiming | None] = [None] * self.n_stages
         dist.all_gather_object(gathered, mine)
         timings = [t for t in gathered if t is not None]
         makespan = max(t.span for t in timings)
         for t in timings:
             t.idle = makespan - t.busy
-        return SegmentReport(n_batches, mine.span, makespan, timings)
+        assert program.end is not None
+        return SegmentReport(program.end - first_batch + 1, mine.span, makespan, timings, self.runner.eval_seconds)
+
+    def _announce(self, act: Action) -> None:
+        """Post the receive ``act`` will need (activations and evaluations from the left, gradients from the right)."""
+        s = self.rank
+        if act.op is Op.FORWARD and s > 0:
+            self.p2p.expect(s - 1, [("act", act.mb)])
+        elif act.op is Op.EVAL and s > 0:
+            self.p2p.expect(s - 1, [("ctl", act.mb)])
+        elif act.op is Op.BACKWARD and s < self.n_stages - 1:
+            self.p2p.expect(s + 1, [("grad", act.mb)])
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Pipeline the validation set forward; the last rank's mean loss is shared with all ranks."""
+        """Pipeline the validation set forward (drained); the last rank's mean loss is shared with all ranks."""
         st, s = self.stage, self.rank
-        total = 0.0
+        losses = []
         for i in range(len(self.val)):
             x, y = self.val.get(i)
-            h = x if st.is_first else self.p2p.recv(s - 1, s, "act", -1 - i)
+            h = x if st.is_first else self.p2p.recv(s - 1, s, "eval", -1 - i)[0]
             out = st.evaluate(h, y if st.is_last else None)
             if st.is_last:
-                total += float(out)
+                losses.append(float(out))
             else:
-                self.p2p.send(s, s + 1, "act", -1 - i, out)
+                self.p2p.send(s, s + 1, "eval", -1 - i, out)
         self.p2p.wait_all()
-        box = [total / len(self.val)]
+        return float(self.share(self.val.mean_loss(losses) if st.is_last else None))
+
+    def share(self, value: object) -> object:
+        """The reporting (last) rank's ``value``, on every rank."""
+        box = [value]
         dist.broadcast_object_list(box, src=self.n_stages - 1)
-        return float(box[0])
+        return box[0]
 
     def agree(self, flag: bool) -> bool:
         """True on every rank if it is true on any (e.g. the time budget ran out somewhere)."""

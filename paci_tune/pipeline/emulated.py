@@ -1,10 +1,10 @@
 """The emulated runtime: every stage in one process, on one device.
 
-It executes the very same per-stage action lists as the distributed runtime, in an order that
-respects every dependency, so its numerics are the distributed runtime's. Its pipeline timing
-comes from replaying the measured per-action compute times on the schedule (zero transfer cost),
-which is the pipeline the schedule would give on P identical devices. May import: torch, the
-pipeline layer's modules, :mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
+It executes the very same per-stage programs as the distributed runtime, in an order that respects
+every dependency, so its numerics are the distributed runtime's. Its pipeline timing comes from
+placing the measured per-action compute times on the schedule as they run (zero transfer cost,
+evaluation left out), which is the pipeline the schedule would give on P identical devices.
+May import: torch, the pipeline layer's modules, :mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import time
 import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from ..schedule import Action, build, execution_order, inflight_cap, replay
+from ..schedule import Op, Placer, Program, execution_order, inflight_cap, sweep
+from .evaluation import EvalPlan
 from .runtime import (
     ActionRunner,
     BatchLosses,
@@ -30,16 +31,19 @@ from .stage import Stage
 
 
 class Mailbox:
-    """In-process transport: tensors wait in a dict until their receiver takes them."""
+    """In-process transport: tensors (and their flags) wait in a dict until their receiver takes them."""
 
     def __init__(self) -> None:
-        self._box: dict[tuple[int, str, int], torch.Tensor] = {}
+        self._box: dict[tuple[int, str, int], tuple[torch.Tensor, int]] = {}
 
-    def send(self, src: int, dst: int, kind: str, mb: int, tensor: torch.Tensor) -> None:
-        self._box[(dst, kind, mb)] = tensor
+    def send(self, src: int, dst: int, kind: str, mb: int, tensor: torch.Tensor, flag: int = 0) -> None:
+        self._box[(dst, kind, mb)] = (tensor, flag)
 
-    def recv(self, src: int, dst: int, kind: str, mb: int) -> torch.Tensor:
+    def recv(self, src: int, dst: int, kind: str, mb: int) -> tuple[torch.Tensor, int]:
         return self._box.pop((dst, kind, mb))
+
+    def expect(self, src: int, items: list[tuple[str, int]]) -> None:
+        """Nothing to post ahead in one process."""
 
 
 class EmulatedRuntime:
@@ -62,7 +66,7 @@ class EmulatedRuntime:
         self.window = stages[0].window
         self.device = stages[0].device
         box = Mailbox()
-        self.runners = [ActionRunner(st, box, stream) for st in stages]
+        self.runners = [ActionRunner(st, box, stream, val) for st in stages]
         self.sync_steps = self.window if schedule != "paci" and stages[0].grad_clip else None
         self._norm: tuple[int, float] = (-1, 0.0)
         if self.sync_steps:
@@ -85,26 +89,41 @@ class EmulatedRuntime:
         for s, act in execution_order(lists):
             run_warmup_action(self.runners[s], act)
 
-    def run_segment(self, first_batch: int, n_batches: int, on_batch: OnBatch) -> SegmentReport:
-        lists = build(self.schedule, self.n_stages, self.window, first_batch, n_batches, self.inflight)
+    def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
+        """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), drained at the end."""
+        end = None if n_batches is None else first_batch + n_batches - 1
+        programs = [
+            Program(self.schedule, s, self.n_stages, self.window, first_batch, end, inflight=self.inflight,
+                    eval_at=plan.eval_at)
+            for s in range(self.n_stages)
+        ]  # fmt: skip
+        for runner, program in zip(self.runners, programs, strict=True):
+            runner.begin(program, plan)
         self.runners[-1].losses = BatchLosses(self.window, on_batch)
         seg = [StageTiming() for _ in self.stages]
-        durations: dict[tuple[int, Action], float] = {}
+        placer = Placer(self.n_stages, sync_steps=self.sync_steps)
         t0 = time.perf_counter()
-        for s, act in execution_order(lists, self.sync_steps):
-            durations[(s, act)] = self.runners[s].run(act, seg[s])
-        wall = time.perf_counter() - t0
-        timeline = replay(lists, lambda s, a: durations[(s, a)], sync_steps=self.sync_steps)
+        for s, act in sweep([iter(p) for p in programs], self.sync_steps):
+            seconds = self.runners[s].run(act, seg[s])
+            if act.op is not Op.EVAL:
+                placer.place(s, act, seconds)
+        eval_seconds = sum(r.eval_seconds for r in self.runners)
+        wall = time.perf_counter() - t0 - eval_seconds
         for t in seg:
-            t.idle = timeline.makespan - t.busy
-            t.span = timeline.makespan
-        return SegmentReport(n_batches, wall, timeline.makespan, seg)
+            t.idle = placer.makespan - t.busy
+            t.span = placer.makespan
+        assert programs[0].end is not None
+        return SegmentReport(programs[0].end - first_batch + 1, wall, placer.makespan, seg, eval_seconds)
 
     def evaluate(self) -> float:
         return validation_loss(self.stages, self.val)
 
     def agree(self, flag: bool) -> bool:
         return flag
+
+    def share(self, value: object) -> object:
+        """The reporting stage's ``value``, on every rank (here: one process)."""
+        return value
 
     def barrier(self) -> None:
         pass

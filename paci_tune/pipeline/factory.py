@@ -116,7 +116,7 @@ def build_setup(
     source, model, sizes, profile = load_pieces(cfg, mine, device, distributed)
     ranges = stage_units(sizes)
     stream = MicroBatchStream(source.train, model.block_size, p.microbatch_size, t.seed)
-    val = ValidationSet(source.val, model.block_size, p.microbatch_size, t.eval_batches)
+    val = ValidationSet(source.val, model.block_size, t.eval_sequences, t.eval_microbatch_size)
     autocast = torch.bfloat16 if precision == "bf16" else None
 
     def make_stage(s: int) -> Stage:

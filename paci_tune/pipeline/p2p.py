@@ -4,17 +4,19 @@ Plain ``dist.isend`` / ``dist.irecv`` rather than ``batch_isend_irecv``, which i
 under gloo in some orders. Sends never block, so two neighbours sending to each other cannot
 deadlock.
 
-Receives are *posted ahead*: each segment's action list says exactly which micro-batches will
-arrive on each link and in which order, so the next ones are posted before they are needed.
-This matters: gloo moves a message only once the receiver has posted a buffer for it, so a
-receive posted late makes the sender's transfer wait for a background thread that competes with
-the sender's compute -- measured at 10-20 ms per activation on a 2-core CPU, a 15% bubble on its
-own. Posted ahead, the transfer completes from the sender's call.
+Receives are *posted ahead*: a stage's program says exactly which messages will arrive from each
+neighbour and in which order (activations, and the control message and activations of an
+evaluation, on one ordered link; gradients on the other), so the next ones are posted before they
+are needed. This matters: gloo moves a message only once the receiver has posted a buffer for it,
+so a receive posted late makes the sender's transfer wait for a background thread that competes
+with the sender's compute -- measured at 10-20 ms per activation on a 2-core CPU, a 15% bubble on
+its own. Posted ahead, the transfer completes from the sender's call.
 
-Every tensor is preceded by a small header (dtype, kind, micro-batch, shape): the receiver checks
-that what arrives is what its action list expects, so a schedule mismatch fails loudly instead of
-silently training on the wrong data. The first message on a link is received blind (header, then
-payload) to learn the shape; later ones reuse it.
+Every tensor is preceded by a small header (dtype, kind, micro-batch, a flag, shape): the receiver
+checks that what arrives is what its program expects, so a schedule mismatch fails loudly instead
+of silently training on the wrong data. The first message of each kind on a link is received blind
+(header, then payload) to learn its shape; later ones reuse it. The flag carries one bit of news
+along a gradient (the target was reached; see :mod:`.evaluation`).
 
 On gloo, which sends host memory only, CUDA tensors are staged through the CPU on both ends
 (:mod:`paci_tune.pipeline.backend`); on NCCL they go GPU to GPU. May import: torch, :mod:`.backend`.
@@ -32,12 +34,13 @@ import torch.distributed as dist
 from .backend import wire_device
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64]
-_KINDS = ["act", "grad"]
-_HEADER = 12  # dtype, kind, mb, ndim, up to 8 dims
+_KINDS = ["act", "grad", "ctl", "eval"]
+_HEADER = 12  # dtype, kind, mb, flag, ndim, up to 7 dims
 
 
 @dataclass
 class _Posted:
+    kind: str
     mb: int
     header: torch.Tensor
     header_work: dist.Work
@@ -62,15 +65,15 @@ class P2P:
         self._sends: deque[tuple[dist.Work, torch.Tensor]] = deque()
         self._max_pending = max_pending
         self._layout: dict[tuple[int, str], tuple[torch.dtype, list[int]]] = {}
-        self._plan: dict[tuple[int, str], deque[int]] = {}
-        self._posted: dict[tuple[int, str], deque[_Posted]] = {}
+        self._plan: dict[int, deque[tuple[str, int]]] = {}  # per source: (kind, mb) in arrival order
+        self._posted: dict[int, deque[_Posted]] = {}
 
     # ------------------------------------------------------------------------------------ send
-    def send(self, src: int, dst: int, kind: str, mb: int, tensor: torch.Tensor) -> None:
+    def send(self, src: int, dst: int, kind: str, mb: int, tensor: torch.Tensor, flag: int = 0) -> None:
         tensor = tensor.contiguous().to(self.wire)
-        if tensor.dim() > _HEADER - 4:
-            raise ValueError(f"cannot send a {tensor.dim()}-d tensor between stages (at most {_HEADER - 4})")
-        head = [_DTYPES.index(tensor.dtype), _KINDS.index(kind), mb, tensor.dim(), *tensor.shape]
+        if tensor.dim() > _HEADER - 5:
+            raise ValueError(f"cannot send a {tensor.dim()}-d tensor between stages (at most {_HEADER - 5})")
+        head = [_DTYPES.index(tensor.dtype), _KINDS.index(kind), mb, flag, tensor.dim(), *tensor.shape]
         header = torch.tensor(head + [0] * (_HEADER - len(head)), dtype=torch.int64, device=self.wire)
         peer = self.rank_of[dst]
         for t in (header, tensor):
@@ -80,60 +83,65 @@ class P2P:
             work.wait()
 
     # ------------------------------------------------------------------------------------ recv
-    def expect(self, src: int, kind: str, mbs: Iterable[int]) -> None:
-        """Announce the micro-batches that will arrive from ``src``, in order, and post the first."""
-        key = (src, kind)
-        self._plan.setdefault(key, deque()).extend(mbs)
-        self._post(key)
+    def expect(self, src: int, items: Iterable[tuple[str, int]]) -> None:
+        """Announce the messages (kind, micro-batch) that will arrive from ``src``, in order; post the first."""
+        self._plan.setdefault(src, deque()).extend(items)
+        self._post(src)
 
-    def _post(self, key: tuple[int, str]) -> None:
-        layout, plan = self._layout.get(key), self._plan.get(key)
-        if layout is None or not plan:
-            return
-        posted = self._posted.setdefault(key, deque())
-        peer = self.rank_of[key[0]]
+    def _post(self, src: int) -> None:
+        plan = self._plan.get(src)
+        posted = self._posted.setdefault(src, deque())
+        peer = self.rank_of[src]
         while plan and len(posted) < self.depth:
+            kind, mb = plan[0]
+            layout = self._layout.get((src, kind))
+            if layout is None:
+                return  # the first of its kind is received blind, and nothing after it is posted before it
+            plan.popleft()
             header = torch.empty(_HEADER, dtype=torch.int64, device=self.wire)
             payload = torch.empty(layout[1], dtype=layout[0], device=self.wire)
             hw = dist.irecv(header, peer)
             pw = dist.irecv(payload, peer)
-            posted.append(_Posted(plan.popleft(), header, hw, payload, pw))
+            posted.append(_Posted(kind, mb, header, hw, payload, pw))
 
-    def recv(self, src: int, dst: int, kind: str, mb: int) -> torch.Tensor:
-        key = (src, kind)
-        posted = self._posted.get(key)
+    def recv(self, src: int, dst: int, kind: str, mb: int) -> tuple[torch.Tensor, int]:
+        """The next message from ``src``, which must be ``kind`` of ``mb``; (tensor, flag)."""
+        posted = self._posted.get(src)
         if posted:
             p = posted.popleft()
+            if (p.kind, p.mb) != (kind, mb):
+                raise RuntimeError(f"stage {dst} wants {kind} {mb} from stage {src} but announced {p.kind} {p.mb}")
             p.header_work.wait()
-            self._check(p.header.tolist(), src, dst, kind, mb, expect_mb=p.mb)
+            h = p.header.tolist()
+            self._check(h, src, dst, kind, mb)
             p.payload_work.wait()
-            self._post(key)
-            return p.payload.to(self.device)
+            self._post(src)
+            return p.payload.to(self.device), int(h[3])
         peer = self.rank_of[src]
         header = torch.empty(_HEADER, dtype=torch.int64, device=self.wire)
         dist.recv(header, peer)
         h = header.tolist()
-        self._check(h, src, dst, kind, mb, expect_mb=mb)
-        dtype, shape = _DTYPES[h[0]], h[4 : 4 + h[3]]
+        self._check(h, src, dst, kind, mb)
+        dtype, shape = _DTYPES[h[0]], h[5 : 5 + h[4]]
         out = torch.empty(shape, dtype=dtype, device=self.wire)
         dist.recv(out, peer)
-        plan = self._plan.get(key)
-        if plan and plan[0] == mb:
+        plan = self._plan.get(src)
+        if plan and plan[0] == (kind, mb):
             plan.popleft()
-        self._layout[key] = (dtype, shape)
-        self._post(key)
-        return out.to(self.device)
+        self._layout[(src, kind)] = (dtype, shape)
+        self._post(src)
+        return out.to(self.device), int(h[3])
 
-    def _check(self, h: list[int], src: int, dst: int, kind: str, mb: int, expect_mb: int) -> None:
+    def _check(self, h: list[int], src: int, dst: int, kind: str, mb: int) -> None:
         got = (_KINDS[h[1]], h[2])
-        if got != (kind, mb) or expect_mb != mb:
+        if got != (kind, mb):
             raise RuntimeError(
                 f"stage {dst} expected {kind} of micro-batch {mb} from stage {src}, got {got[0]} of {got[1]}"
             )
         layout = self._layout.get((src, kind))
-        if layout is not None and (_DTYPES[h[0]], h[4 : 4 + h[3]]) != layout:
+        if layout is not None and (_DTYPES[h[0]], h[5 : 5 + h[4]]) != layout:
             raise RuntimeError(
-                f"stage {dst}: {kind} from stage {src} changed layout to {_DTYPES[h[0]]} {h[4 : 4 + h[3]]} "
+                f"stage {dst}: {kind} from stage {src} changed layout to {_DTYPES[h[0]]} {h[5 : 5 + h[4]]} "
                 f"from {layout[0]} {layout[1]}; tensors between stages must keep one shape within a run"
             )
 

@@ -3,8 +3,9 @@
 A runtime is the thing that moves activations and gradients between stages. The emulated one
 keeps every stage in this process and hands tensors over through a mailbox; the distributed
 one sends them point to point between processes. Everything else -- what an action does to a
-stage, how long it took, how a global batch's loss is assembled -- lives here, once. May import:
-torch, :mod:`.stage`, :mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
+stage (an evaluation's part is :mod:`.evaluation`'s), how long it took, how a global batch's loss
+is assembled -- lives here, once. May import: torch, :mod:`.stage`, :mod:`.evaluation`,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
 """
 
 from __future__ import annotations
@@ -14,26 +15,18 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from ..schedule import Action, Op, drift_bound, stage_actions
+from ..schedule import Action, Op, Program, drift_bound, stage_actions
+from .evaluation import EvalPlan, StageEvaluator, Transport
 from .stage import Stage
 
 OnBatch = Callable[[int, float], None]
 
 WARMUP_MB = -(10**9)
-"""Micro-batch key of the warm-up pass (training micro-batches are >= 0, evaluation ones -1, -2, ...)."""
-
-
-class Transport(Protocol):
-    """Moves a tensor from one stage to a neighbour; ``kind`` is "act" or "grad"."""
-
-    def send(self, src: int, dst: int, kind: str, mb: int, tensor: torch.Tensor) -> None: ...
-
-    def recv(self, src: int, dst: int, kind: str, mb: int) -> torch.Tensor: ...
+"""Micro-batch key of the warm-up pass (training micro-batches are >= 0, a drained evaluation's -1, -2, ...)."""
 
 
 @dataclass
@@ -52,12 +45,17 @@ class StageTiming:
 
 @dataclass
 class SegmentReport:
-    """Timing of one drained segment of the schedule, identical on every rank."""
+    """Timing of one drained segment of the schedule, identical on every rank.
 
-    batches: int
-    wall: float  # seconds this process spent running the segment
+    Evaluation inside the segment is not training: ``wall``, ``makespan`` and the stages' timing
+    leave it out, and ``eval_seconds`` is what it took here.
+    """
+
+    batches: int  # global batches run (fewer than asked when the run ended on the way)
+    wall: float  # seconds this process spent training in the segment
     makespan: float  # seconds the pipeline took (replayed for the emulated runtime)
     stages: list[StageTiming] = field(default_factory=list)
+    eval_seconds: float = 0.0
 
 
 class BatchLosses:
@@ -79,12 +77,19 @@ class BatchLosses:
 class ActionRunner:
     """Executes one stage's actions through a transport, timing compute apart from waiting."""
 
-    def __init__(self, stage: Stage, transport: Transport, stream: MicroBatchStream) -> None:
+    def __init__(self, stage: Stage, transport: Transport, stream: MicroBatchStream, val: ValidationSet) -> None:
         self.stage, self.transport, self.stream = stage, transport, stream
+        self.evaluator = StageEvaluator(stage, transport, val)
         self.losses: BatchLosses | None = None
         self.global_grad_norm: Callable[[int], float] | None = None  # set when steps clip the model's norm
+        self.eval_seconds = 0.0
         self._batch_cache: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
         self._sync = stage.device.type == "cuda"
+
+    def begin(self, program: Program, plan: EvalPlan) -> None:
+        """Start a segment: the stage's program and how its evaluations are decided and reported."""
+        self.evaluator.begin(program, plan)
+        self.eval_seconds = 0.0
 
     def _data(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._batch_cache is None or self._batch_cache[0] != mb:
@@ -92,33 +97,50 @@ class ActionRunner:
         return self._batch_cache[1]
 
     def run(self, act: Action, timing: StageTiming) -> float:
-        """Run ``act``; add its compute and wait time to ``timing``; return the compute seconds."""
-        st, s = self.stage, self.stage.index
+        """Run ``act``; add its compute and wait time to ``timing``; return the compute seconds.
+
+        An evaluation adds nothing to ``timing`` and returns 0: its time goes to :attr:`eval_seconds`.
+        """
+        st, s, tr = self.stage, self.stage.index, self.transport
         t0 = time.perf_counter()
+        if act.op is Op.EVAL:
+            self.evaluator.run(act.mb)
+            if self._sync:
+                torch.cuda.synchronize(st.device)
+            spent = time.perf_counter() - t0
+            self.eval_seconds += spent
+            assert self.evaluator.plan is not None
+            self.evaluator.plan.spent(spent)
+            return 0.0
         if act.op is Op.FORWARD:
             if st.is_first:
                 t1 = t0  # reading the data is this stage's work, not waiting
                 x = self._data(act.mb)[0]
             else:
-                x = self.transport.recv(s - 1, s, "act", act.mb)
+                x = tr.recv(s - 1, s, "act", act.mb)[0]
                 t1 = time.perf_counter()
             out = st.forward(act.mb, x, self._data(act.mb)[1] if st.is_last else None)
             if st.is_last:
                 assert self.losses is not None
                 self.losses.add(act.mb, out)
             else:
-                self.transport.send(s, s + 1, "act", act.mb, out)
+                tr.send(s, s + 1, "act", act.mb, out)
         elif act.op is Op.BACKWARD:
-            g = None if st.is_last else self.transport.recv(s + 1, s, "grad", act.mb)
+            g = None
+            if not st.is_last:
+                g, news = tr.recv(s + 1, s, "grad", act.mb)
+                self.evaluator.news = self.evaluator.news or bool(news)
             t1 = time.perf_counter()
             gin = st.backward(act.mb, g)
             if not st.is_first:
                 assert gin is not None
-                self.transport.send(s, s - 1, "grad", act.mb, gin)
+                tr.send(s, s - 1, "grad", act.mb, gin, int(self.evaluator.news))
         else:
             norm = self.global_grad_norm(act.mb) if self.global_grad_norm is not None else None
             t1 = time.perf_counter()  # waiting for the other stages' norms is not compute
+            self.evaluator.before_step()
             st.step(norm)
+            self.evaluator.after_step(act.mb)
         if self._sync:
             torch.cuda.synchronize(st.device)
         t2 = time.perf_counter()
@@ -144,12 +166,12 @@ def run_warmup_action(runner: ActionRunner, act: Action) -> None:
     st, s, key = runner.stage, runner.stage.index, WARMUP_MB - act.mb
     if act.op is Op.FORWARD:
         x, y = runner.stream.get(act.mb)
-        h = x if st.is_first else runner.transport.recv(s - 1, s, "act", key)
+        h = x if st.is_first else runner.transport.recv(s - 1, s, "act", key)[0]
         out = st.forward(key, h, y if st.is_last else None)
         if not st.is_last:
             runner.transport.send(s, s + 1, "act", key, out)
     else:
-        g = None if st.is_last else runner.transport.recv(s + 1, s, "grad", key)
+        g = None if st.is_last else runner.transport.recv(s + 1, s, "grad", key)[0]
         gin = st.backward(key, g, warmup=True)
         if not st.is_first:
             assert gin is not None
@@ -186,11 +208,10 @@ def stage_stats(
 
 
 def validation_loss(stages: list[Stage], val: ValidationSet) -> float:
-    """Mean loss over the validation set, running every stage in this process."""
-    total = 0.0
-    for i in range(len(val)):
-        x, y = val.get(i)
+    """Mean loss over the validation set, running every stage in this process (a drained pipeline)."""
+    losses = []
+    for x, y in val:
         for st in stages[:-1]:
             x = st.evaluate(x)
-        total += float(stages[-1].evaluate(x, y))
-    return total / len(val)
+        losses.append(float(stages[-1].evaluate(x, y)))
+    return val.mean_loss(losses)

@@ -154,10 +154,17 @@ class Stage:
         self.updates += 1
 
     @torch.no_grad()
-    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Forward without autograd: the activation, or on the last stage the loss."""
+    def evaluate(
+        self, inputs: torch.Tensor, targets: torch.Tensor | None = None, weights: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """Forward without autograd: the activation, or on the last stage the loss.
+
+        ``weights``: score these parameters (a snapshot) instead of the current ones, without
+        touching the module (:func:`torch.func.functional_call`), so training state is unchanged.
+        """
         with self._autocast():
-            out = self.module(inputs.to(self.device))
+            x = inputs.to(self.device)
+            out = self.module(x) if weights is None else torch.func.functional_call(self.module, weights, (x,))
             if self.is_last:
                 assert targets is not None
                 return next_token_loss(out, targets.to(self.device))

@@ -15,12 +15,13 @@ from .partition import (
     stage_units,
 )
 from .program import Program, build, needs_snapshot, stage_actions
-from .replay import Timeline, drift_per_microbatch, peak_inflight, replay
+from .replay import Placer, Timeline, drift_per_microbatch, peak_inflight, replay
 
 __all__ = [
     "SCHEDULES",
     "Action",
     "Op",
+    "Placer",
     "Program",
     "Timeline",
     "balanced_partition",

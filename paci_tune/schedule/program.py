@@ -89,7 +89,8 @@ class Program:
             raise ValueError(f"an end decided at EVAL({at}) is batch {self.end_if_decided_at(at)}, not {end}")
         self.end, self.decided_at = end, at
 
-    def _evaluates(self, k: int) -> bool:
+    def evaluates(self, k: int) -> bool:
+        """Whether this program evaluates the model after batch ``k`` (an evaluation point not dropped by an end)."""
         if self.decided_at is not None and k > self.decided_at:
             return False
         return (self.end is None or k <= self.end) and self.eval_at(k)
@@ -123,7 +124,7 @@ class Program:
                 stepped = bwd // a - 1
                 yield Action(Op.STEP, stepped)
                 if s == 0:
-                    if self._evaluates(stepped):
+                    if self.evaluates(stepped):
                         yield Action(Op.EVAL, stepped)
                 else:
                     yield from self._due(pending, stepped)
@@ -145,7 +146,7 @@ class Program:
                         yield Action(Op.FORWARD, mbs[warm + i])
                     yield Action(Op.BACKWARD, mbs[i])
             yield Action(Op.STEP, k)
-            if self._evaluates(k):
+            if self.evaluates(k):
                 yield Action(Op.EVAL, k)
             k += 1
 
@@ -157,20 +158,20 @@ class Program:
         out = []
         if self.schedule == "paci" and mb < self.last_mb():
             k = (mb - self._cap0 + 2) // a - 1  # the k with (k+1)a + cap0 - 2 == mb, when there is one
-            if (k + 1) * a + self._cap0 - 2 == mb and k >= self.first_batch and self._evaluates(k):
+            if (k + 1) * a + self._cap0 - 2 == mb and k >= self.first_batch and self.evaluates(k):
                 out.append(k)
         elif self.schedule == "paci" and mb == self.last_mb():
             # The last forward: every evaluation whose b(k) would lie beyond it is anchored here.
             k0 = -((self._cap0 - 2 - mb) // a) - 1  # the least k with (k+1)a + cap0 - 2 >= mb
             assert self.end is not None
-            out += [k for k in range(max(k0, self.first_batch), self.end + 1) if self._evaluates(k)]
+            out += [k for k in range(max(k0, self.first_batch), self.end + 1) if self.evaluates(k)]
         return out
 
     def _due(self, pending: list[int], stepped: int) -> Iterator[Action]:
         """The pending evaluations whose step this stage has taken, oldest first."""
         while pending and pending[0] <= stepped:
             k = pending.pop(0)
-            if self._evaluates(k):
+            if self.evaluates(k):
                 yield Action(Op.EVAL, k)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .actions import Action, Op, dependency, execution_order, step_barrier
+from .actions import Action, Op, dependency, execution_order
 
 Duration = Callable[[int, Action], float]
 Latency = Callable[[int, int, Action], float]
@@ -53,6 +53,70 @@ class Timeline:
         return sum(self.bubble(s) for s in range(len(self.stages))) / max(len(self.stages), 1)
 
 
+class Placer:
+    """Places actions in time one at a time, in any order that respects the dependencies.
+
+    The online form of :func:`replay`: the emulated runtime places each training action as it runs
+    it, so a run of any length is timed in constant memory (finish times are dropped once the
+    action that waits for them is placed). ``keep=True`` keeps every interval (for pictures and the
+    simulator's statistics). Evaluation actions are not training time and are never placed.
+    """
+
+    def __init__(self, n_stages: int, latency: Latency | None = None, sync_steps: int | None = None,
+                 keep: bool = False) -> None:  # fmt: skip
+        self.n, self.latency, self.sync_steps = n_stages, latency, sync_steps
+        self.free = [0.0] * n_stages
+        self.busy = [0.0] * n_stages
+        self.stages = [StageTimes() for _ in range(n_stages)] if keep else None
+        self._finished: dict[tuple[int, Op, int], float] = {}
+        self._barrier_waiters: dict[int, int] = {}  # batch -> stages that have placed its synchronised step
+
+    @property
+    def makespan(self) -> float:
+        return max(self.free, default=0.0)
+
+    def place(self, s: int, act: Action, duration: float) -> tuple[float, float]:
+        """Start and end of ``act`` at stage ``s``: when the stage is free and its input has arrived."""
+        assert act.op is not Op.EVAL, "evaluation is not training time"
+        start = self.free[s]
+        dep = dependency(act, s, self.n)
+        if dep is not None:
+            key = (dep[0], dep[1].op, dep[1].mb)
+            arrive = self._finished.pop(key) if not self._kept_for_barrier(key) else self._finished[key]
+            start = max(start, arrive + (self.latency(dep[0], s, act) if self.latency else 0.0))
+        if self.sync_steps and act.op is Op.STEP:
+            last = act.mb * self.sync_steps + self.sync_steps - 1
+            start = max([start] + [self._finished[(o, Op.BACKWARD, last)] for o in range(self.n) if o != s])
+            seen = self._barrier_waiters[act.mb] = self._barrier_waiters.get(act.mb, 0) + 1
+            if seen == self.n:  # every stage has stepped: the barrier's finish times are no longer needed
+                del self._barrier_waiters[act.mb]
+                for o in range(self.n):
+                    self._finished.pop((o, Op.BACKWARD, last), None)
+        end = start + duration
+        if self._consumed(s, act):
+            self._finished[(s, act.op, act.mb)] = end
+        self.free[s] = end
+        self.busy[s] += end - start
+        if self.stages is not None:
+            self.stages[s].intervals.append((act, start, end))
+        return start, end
+
+    def _consumed(self, s: int, act: Action) -> bool:
+        """Whether some later action waits for this one's finish time."""
+        if act.op is Op.FORWARD:
+            return s < self.n - 1
+        if act.op is Op.BACKWARD:
+            return s > 0 or self._is_barrier(act)
+        return False
+
+    def _is_barrier(self, act: Action) -> bool:
+        return bool(self.sync_steps) and act.op is Op.BACKWARD and act.mb % self.sync_steps == self.sync_steps - 1
+
+    def _kept_for_barrier(self, key: tuple[int, Op, int]) -> bool:
+        a = self.sync_steps
+        return bool(a) and key[1] is Op.BACKWARD and key[2] % a == a - 1
+
+
 def replay(
     lists: list[list[Action]],
     duration: Duration,
@@ -62,26 +126,15 @@ def replay(
     """Place every action of ``lists`` in time; see the module docstring.
 
     ``sync_steps=a``: steps wait for every stage's backwards of their batch (global-norm clipping
-    in flush schedules, see :func:`~paci_tune.schedule.actions.step_barrier`).
+    in flush schedules, see :func:`~paci_tune.schedule.actions.step_barrier`). Evaluation actions
+    are skipped: they cost no training time.
     """
-    n = len(lists)
-    free = [0.0] * n
-    finished: dict[tuple[int, Action], float] = {}
-    stages = [StageTimes() for _ in range(n)]
+    placer = Placer(len(lists), latency, sync_steps, keep=True)
     for s, act in execution_order(lists, sync_steps):
-        start = free[s]
-        dep = dependency(act, s, n)
-        if dep is not None:
-            arrive = finished[dep] + (latency(dep[0], s, act) if latency else 0.0)
-            start = max(start, arrive)
-        if sync_steps:
-            for other in step_barrier(act, s, n, sync_steps):
-                start = max(start, finished[other])
-        end = start + duration(s, act)
-        finished[(s, act)] = end
-        free[s] = end
-        stages[s].intervals.append((act, start, end))
-    return Timeline(stages)
+        if act.op is not Op.EVAL:
+            placer.place(s, act, duration(s, act))
+    assert placer.stages is not None
+    return Timeline(placer.stages)
 
 
 def drift_per_microbatch(actions: list[Action]) -> dict[int, int]:

@@ -159,10 +159,13 @@ def simulate(
     optimizer: str = "adamw",
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     extend: bool = True,
+    sync_steps: bool = False,
 ) -> SimResult:
     """Predict one schedule's step time, throughput, bubble, memory and drift (module docstring).
 
     ``extend=False`` simulates exactly ``n_batches`` even for PACI (for pictures of a short run).
+    ``sync_steps``: every stage's step waits for all stages' backwards of its batch, as the runtimes
+    do for a flush schedule that clips the whole model's gradient norm.
     """
     if schedule not in SCHEDULES:
         raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
@@ -192,7 +195,7 @@ def simulate(
     def latency(src: int, dst: int, act: Action) -> float:
         return link[min(src, dst)]
 
-    timeline = replay(lists, duration, latency)
+    timeline = replay(lists, duration, latency, sync_steps=window if sync_steps else None)
     span = timeline.makespan
     if span <= 0:
         raise ConfigError("profile", "all costs zero", "a profile with some positive forward or backward time")

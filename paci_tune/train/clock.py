@@ -12,7 +12,8 @@
 Profile clocks time each segment by replaying the segment's own action lists
 (:func:`paci_tune.sim.simulate`), so the fill and drain at evaluation points are paid for, and
 the reading at global batch k is when the last stage closes batch k. Evaluation is not training
-time and does not advance them. May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`.
+time: it does not advance them, and the wall clock leaves it out. May import: :mod:`paci_tune.sim`,
+:mod:`paci_tune.schedule`.
 """
 
 from __future__ import annotations
@@ -34,51 +35,73 @@ class Clock(Protocol):
 
     def now(self) -> float: ...
 
-    def begin_segment(self, n_batches: int) -> None: ...
+    def begin_segment(self, n_batches: int | None) -> None: ...
 
     def batch_done(self, index: int) -> float: ...
 
-    def end_segment(self) -> None: ...
+    def model_done(self, index: int) -> float: ...
+
+    def end_segment(self, n_batches: int) -> None: ...
 
     def batches_within(self, n_batches: int, budget: float) -> int: ...
 
+    def exclude(self, seconds: float) -> None: ...
+
 
 class WallClock:
-    """Seconds of this run so far, including the time before a resume (``offset``)."""
+    """Seconds of this run's training so far, including the time before a resume (``offset``).
+
+    Evaluation is not training: the seconds this process spent evaluating inside segments are
+    taken out (:meth:`exclude`), for every schedule alike, and a drained evaluation between
+    segments is never on the clock.
+    """
 
     name = "wall"
 
     def __init__(self, offset: float = 0.0) -> None:
         self.offset = offset
         self._start = time.perf_counter()
+        self._excluded = 0.0
 
     def now(self) -> float:
-        return self.offset + time.perf_counter() - self._start
+        return self.offset + time.perf_counter() - self._start - self._excluded
 
-    def begin_segment(self, n_batches: int) -> None:
+    def exclude(self, seconds: float) -> None:
+        self._excluded += seconds
+
+    def begin_segment(self, n_batches: int | None) -> None:
         pass
 
     def batch_done(self, index: int) -> float:
         return self.now()
 
-    def end_segment(self) -> None:
+    def model_done(self, index: int) -> float:
+        return self.now()
+
+    def end_segment(self, n_batches: int) -> None:
         pass
 
     def batches_within(self, n_batches: int, budget: float) -> int:
-        """Wall time cannot be known ahead: run the segment, the budget is checked after it."""
+        """Wall time cannot be known ahead: run the segment, the budget is checked on the way."""
         return n_batches
 
 
 @dataclass(frozen=True)
 class SegmentPlan:
-    """Predicted times, from the segment's start, at which each of its global batches completes."""
+    """Predicted times, from the segment's start, at which each of its global batches completes.
+
+    ``batch_end[i]``: the last stage closes batch ``i`` (its loss is known); ``model_end[i]``: every
+    stage has applied it (the model after batch ``i`` exists, what an evaluation scores).
+    """
 
     batch_end: tuple[float, ...]
+    model_end: tuple[float, ...]
     makespan: float
+    busy: tuple[float, ...] = ()  # per stage: seconds of training compute in the segment
 
 
 class ProfileClock:
-    """``rst`` or ``sim``: readings are what ``profile`` says this pipeline's actions take."""
+    """``rst`` or ``sim``: readings are what ``profile`` says this pipeline's training actions take."""
 
     def __init__(
         self,
@@ -91,28 +114,36 @@ class ProfileClock:
         microbatch_size: int,
         partition: Sequence[int],
         inflight: int | None = None,
+        sync_steps: bool = False,
         offset: float = 0.0,
     ) -> None:
         self.name, self.profile = name, profile
-        self._shape = (schedule, stages, window, microbatch_size, list(partition), inflight)
+        self._shape = (schedule, stages, window, microbatch_size, list(partition), inflight, sync_steps)
         self.reading = offset
         self._plans: dict[int, SegmentPlan] = {}
         self._current: SegmentPlan | None = None
+        self.last_busy: list[float] = []  # per stage: the last segment's simulated compute
 
     def now(self) -> float:
         return self.reading
 
+    def exclude(self, seconds: float) -> None:
+        """Evaluation never advances a profile clock."""
+
     def plan(self, n_batches: int) -> SegmentPlan:
         """Simulate a drained segment of ``n_batches`` global batches (cached by length)."""
         if n_batches not in self._plans:
-            schedule, stages, window, b, sizes, inflight = self._shape
-            res = simulate(schedule, stages, window, b, sizes, self.profile, n_batches, inflight=inflight, extend=False)
-            last = res.timeline.stages[-1].intervals
-            ends = tuple(end for act, _, end in last if act.op is Op.STEP)
-            self._plans[n_batches] = SegmentPlan(ends, res.timeline.makespan)
+            schedule, stages, window, b, sizes, inflight, sync = self._shape
+            res = simulate(schedule, stages, window, b, sizes, self.profile, n_batches, inflight=inflight, extend=False,
+                           sync_steps=sync)  # fmt: skip
+            steps = [[end for act, _, end in st.intervals if act.op is Op.STEP] for st in res.timeline.stages]
+            model = tuple(max(per[i] for per in steps) for i in range(n_batches))
+            busy = tuple(st.busy for st in res.timeline.stages)
+            self._plans[n_batches] = SegmentPlan(tuple(steps[-1]), model, res.timeline.makespan, busy)
         return self._plans[n_batches]
 
-    def begin_segment(self, n_batches: int) -> None:
+    def begin_segment(self, n_batches: int | None) -> None:
+        assert n_batches is not None, "a profile clock's segments have a known length"
         self._current = self.plan(n_batches)
 
     def batch_done(self, index: int) -> float:
@@ -120,9 +151,17 @@ class ProfileClock:
         assert self._current is not None
         return self.reading + self._current.batch_end[index]
 
-    def end_segment(self) -> None:
+    def model_done(self, index: int) -> float:
+        """Reading when every stage has applied the segment's ``index``-th global batch."""
         assert self._current is not None
-        self.reading += self._current.makespan
+        return self.reading + self._current.model_end[index]
+
+    def end_segment(self, n_batches: int) -> None:
+        """The segment ran ``n_batches`` (fewer than planned when the run ended on the way: its drain is shorter)."""
+        assert self._current is not None
+        done = self.plan(n_batches)
+        self.reading += done.makespan
+        self.last_busy = list(done.busy)
         self._current = None
 
     def batches_within(self, n_batches: int, budget: float) -> int:

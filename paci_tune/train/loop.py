@@ -11,12 +11,13 @@ May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, the train layer'
 from __future__ import annotations
 
 import dataclasses
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..config.schema import RunConfig
 from ..errors import ConfigError
+from ..pipeline.evaluation import EvalPlan, EvalResult
 from ..pipeline.factory import Setup, build_setup
 from ..pipeline.runtime import StageTiming
 from . import checkpoint
@@ -65,6 +66,10 @@ class LoopState:
     last_eval: int = -1
     last_eval_clock: float = 0.0
     last_val_loss: float | None = None
+    target_reached: bool = False
+    last_checkpoint: int = 0
+    clock_busy: list[float] = dataclasses.field(default_factory=list)  # per stage, on a profile clock
+    clock_span: float = 0.0  # the clock's training time
     timing: list[dict] = dataclasses.field(default_factory=list)
 
 
@@ -100,6 +105,7 @@ class Trainer:
             microbatch_size=p.microbatch_size,
             partition=self.setup.partition,
             inflight=p.inflight,
+            sync_steps=p.schedule != "paci" and bool(self.cfg.optimizer.grad_clip),
             offset=offset,
         )
 
@@ -123,40 +129,62 @@ class Trainer:
             return not self.runtime.agree(self.clock.now() >= t.seconds)
         return True
 
-    def _next_eval_time(self) -> float | None:
-        """The next point of the evaluation grid on the clock, when evaluating by clock time."""
-        every = self.cfg.training.eval_every_seconds
-        if every is None:
-            return None
-        return (self.state.last_eval_clock // every + 1) * every
+    def _segment_length(self) -> int | None:
+        """Batches until the next checkpoint or the end of the budget (0: the budget is spent).
 
-    def _segment_length(self) -> int:
-        """Batches until the next evaluation, checkpoint or end of budget (0: the budget is spent).
-
-        With ``eval_every_seconds``, a profile clock knows ahead how many batches reach the next
-        grid point; the wall clock cannot, so it runs segments of ``eval_every`` batches and
-        evaluates at the first segment end past the grid point.
+        Segments end drained, so only checkpoints and the budget end them, never an evaluation.
+        ``None``: a wall-clock time budget, which the pipeline checks on the way (:meth:`_control`).
         """
         t, b = self.cfg.training, self.state.batches_done
-        ends = [(b // t.eval_every + 1) * t.eval_every]
+        ends = []
         if t.checkpoint_every:
             ends.append((b // t.checkpoint_every + 1) * t.checkpoint_every)
         if t.steps is not None:
             ends.append(t.steps)
-        n = min(ends) - b
-        if t.seconds is not None:
-            n = self.clock.batches_within(n, t.seconds)
-        next_eval = self._next_eval_time()
-        if n and next_eval is not None:
-            n = max(1, self.clock.batches_within(n, next_eval))
+        n = min(ends) - b if ends else None
+        if t.seconds is not None and self.clock.name != "wall":
+            n = self.clock.batches_within(n if n is not None else 2**40, t.seconds)
         return n
 
-    def _eval_due(self) -> bool:
+    def _eval_points(self, first: int, n: int | None) -> Callable[[int], bool]:
+        """The segment's evaluation points, as global batch indices (candidates on the wall clock).
+
+        ``eval_every_seconds`` on a profile clock: the first batch whose model is complete at or past
+        each grid point, read off the segment's simulated timeline. Otherwise every ``eval_every``
+        batches (on the wall clock with ``eval_every_seconds``, stage 0 then decides by its clock).
+        """
         t = self.cfg.training
-        next_eval = self._next_eval_time()
-        if next_eval is not None:  # every rank must take the same decision: wall readings differ by rank
-            return self.runtime.agree(self.clock.now() >= next_eval - 1e-12)
-        return self.state.batches_done % t.eval_every == 0
+        every_s = t.eval_every_seconds
+        if every_s is None or self.clock.name == "wall" or n is None:
+            return lambda k: (k + 1) % t.eval_every == 0
+        assert isinstance(self.clock, ProfileClock)
+        plan, base = self.clock.plan(n), self.clock.now()
+        due = (self.state.last_eval_clock // every_s + 1) * every_s
+        points = set()
+        for i, end in enumerate(plan.model_end):
+            if base + end >= due - 1e-12:
+                points.add(first + i)
+                due = ((base + end) // every_s + 1) * every_s
+        return points.__contains__
+
+    def _control(self, k: int, news: bool) -> tuple[bool, bool]:
+        """Stage 0 at an evaluation point: (evaluate now, end the run after the batches already started)."""
+        t = self.cfg.training
+        evaluate, end = True, news
+        if self.clock.name == "wall":
+            now = self.clock.now()
+            end = end or (t.seconds is not None and now >= t.seconds)
+            if t.eval_every_seconds is not None:
+                due = (self._wall_last_eval // t.eval_every_seconds + 1) * t.eval_every_seconds
+                evaluate = now >= due - 1e-12
+                if evaluate:
+                    self._wall_last_eval = now
+        return evaluate, end
+
+    def _on_eval(self, r: EvalResult) -> bool:
+        """The last stage's report of an evaluation inside the pipeline; True when the target is reached."""
+        return self._record_eval(r.batch + 1, r.val_loss, self.clock.model_done(r.batch - self._segment_first),
+                                 r.updates, r.snapshots)  # fmt: skip
 
     # ------------------------------------------------------------------------------- the loop
     def run(self, resume: bool = False) -> dict[str, Any] | None:
@@ -165,34 +193,44 @@ class Trainer:
         self.runtime.warmup()
         self.runtime.barrier()  # ranks finish set-up at different times; do not count that as bubble
         self.clock = self.make_clock(self.state.clock)
+        self._wall_last_eval = self.state.last_eval_clock
         self._emit_start()
         timing = [StageTiming(**d) for d in self.state.timing]
-        stop = False
-        while not stop and self._budget_left():
+        t = self.cfg.training
+        while self._budget_left():
             n = self._segment_length()
             if n == 0:
                 break  # the budget cannot fit one more global batch
-            self._segment_first = self.state.batches_done
+            first = self._segment_first = self.state.batches_done
+            plan = EvalPlan(eval_at=self._eval_points(first, n), control=self._control, on_eval=self._on_eval,
+                            spent=self.clock.exclude)  # fmt: skip
             self.clock.begin_segment(n)
-            t0 = time.perf_counter()
-            report = self.runtime.run_segment(self.state.batches_done, n, self._on_batch)
-            self.state.train_wall += time.perf_counter() - t0
-            self.clock.end_segment()
+            start_clock = self.clock.now()
+            report = self.runtime.run_segment(first, n, self._on_batch, plan)
+            self.clock.end_segment(report.batches)
+            if isinstance(self.clock, ProfileClock):
+                busy = self.clock.last_busy
+                self.state.clock_busy = [a + b for a, b in zip(self.state.clock_busy or [0.0] * len(busy), busy,
+                                                               strict=True)]  # fmt: skip
+            self.state.clock_span += self.clock.now() - start_clock
+            self.state.train_wall += report.wall
             self.state.makespan += report.makespan
             for acc, seg in zip(timing, report.stages, strict=True):
                 acc.add(seg)
             self.state.timing = [dataclasses.asdict(x) for x in timing]
-            self.state.batches_done += n
+            self.state.batches_done += report.batches
             self.state.segments += 1
-            self.state.tokens += n * self.tokens_per_batch
+            self.state.tokens += report.batches * self.tokens_per_batch
             self._emit_segment(timing)
-            t = self.cfg.training
-            if self._eval_due():
-                stop = self._evaluate()
+            ended = n is None or report.batches < n or bool(self.runtime.share(self.state.target_reached))
             if t.checkpoint_every and self.state.batches_done % t.checkpoint_every == 0:
                 self._checkpoint()
-        if self.state.last_eval != self.state.batches_done:
+            if ended:
+                break
+        if self.runtime.share(self.state.last_eval) != self.state.batches_done:
             self._evaluate()
+        if self.ckpt_root is not None and self.state.last_checkpoint != self.state.batches_done:
+            self._checkpoint()  # the run's final state, at a point that depends on the step count only
         summary = self._summary(timing)
         self.sink.emit(summary)
         self.sink.finish()
@@ -211,27 +249,34 @@ class Trainer:
             }
         )
 
-    def _evaluate(self) -> bool:
-        """Validate; True when the configured target is reached (every rank gets the same answer)."""
+    def _evaluate(self) -> None:
+        """Validate the drained pipeline (the run's end), every stage at the same update count."""
         val = self.runtime.evaluate()
-        self.state.last_eval, self.state.last_val_loss = self.state.batches_done, val
-        self.state.last_eval_clock = self.clock.now()
+        b = self.state.batches_done
+        self._record_eval(b, val, self.clock.now(), [b] * self.cfg.pipeline.stages, [False] * self.cfg.pipeline.stages)
+
+    def _record_eval(self, step: int, val: float, clock: float, updates: list[int], snapshots: list[bool]) -> bool:
+        self.state.last_eval, self.state.last_val_loss, self.state.last_eval_clock = step, val, clock
         self.sink.emit(
             {
                 "event": "eval",
-                "step": self.state.batches_done,
+                "step": step,
                 "val_loss": val,
-                "tokens": self.state.tokens,
-                "clock": self.clock.now(),
+                "tokens": step * self.tokens_per_batch,
+                "clock": clock,
+                "weights": {"updates": updates, "snapshot": snapshots},  # what each stage scored
             }
         )
         target = self.cfg.training.target_val_loss
-        return target is not None and val <= target
+        if target is not None and val <= target:
+            self.state.target_reached = True
+        return self.state.target_reached
 
     def _checkpoint(self) -> None:
         assert self.ckpt_root is not None
         b = self.state.batches_done
         self.state.clock = self.clock.now()
+        self.state.last_checkpoint = b
         checkpoint.save_stages(self.ckpt_root, b, self.runtime.state_dicts())
         self.runtime.barrier()
         if self.runtime.is_reporter:
@@ -302,12 +347,17 @@ class Trainer:
         losses = [r["loss"] for r in self.sink.records if r.get("event") == "train"]
         tail = losses[-10:]
         p, m = c.pipeline.stages, c.pipeline.window
-        if c.pipeline.schedule == "paci":  # fills and drains once per segment (at evals and checkpoints)
+        if c.pipeline.schedule == "paci":  # fills and drains once per segment (at checkpoints)
             fill = st.segments * (p - 1)
             analytic = fill / (m * st.batches_done + fill) if st.batches_done else 0.0
         else:
             analytic = (p - 1) / (m + p - 1)
         mfu_flops = self.setup.flops_per_token
+        bubble = sum(x["bubble_fraction"] for x in stats) / len(stats)
+        if st.clock_busy and st.clock_span > 0:  # the same figures on the objective's clock
+            clock_bubble = sum(1.0 - b / st.clock_span for b in st.clock_busy) / len(st.clock_busy)
+        else:
+            clock_bubble = bubble
         return {
             "event": "summary",
             "schedule": c.pipeline.schedule,
@@ -326,7 +376,7 @@ class Trainer:
             "train_seconds": st.train_wall,
             "pipeline_seconds": st.makespan,
             "model_flops_per_token": mfu_flops,
-            "bubble_fraction": sum(x["bubble_fraction"] for x in stats) / len(stats),
+            "bubble_fraction": bubble,
             "analytic_bubble_fraction": analytic,
             "max_drift": max(x["max_drift"] for x in stats),
             "drift_bound": max(x["drift_bound"] for x in stats) if c.pipeline.schedule == "paci" else 0,
@@ -335,7 +385,10 @@ class Trainer:
             "train_loss": sum(tail) / len(tail) if tail else None,
             "clock": self.clock.now(),
             "clock_name": self.clock.name,
-            "clock_tokens_per_s": st.tokens / self.clock.now() if self.clock.now() > 0 else 0.0,
+            "clock_tokens_per_s": st.tokens / st.clock_span if st.clock_span > 0 else 0.0,
+            "clock_step_time_s": st.clock_span / st.batches_done if st.batches_done else 0.0,
+            "clock_bubble_fraction": clock_bubble,
+            "memory_measured_per": "stage" if c.pipeline.runtime == "distributed" else "process (all stages)",
             "profile": self.cfg.training.profile,
             "stages": stats,
         }

@@ -1,7 +1,9 @@
 """``paci-tune apply``'s run: the recommended trial's configuration, with the user's overrides.
 
-Checkpoints go beside ``best.yaml`` (about four over the run) so an interrupted run continues with
-``--resume``. May import: :mod:`paci_tune.config` and the tune layer's :mod:`.best`.
+Checkpoints go beside ``best.yaml`` so an interrupted run continues with ``--resume``; on the
+trial's own budget the first one comes after the trial's steps, so ``apply`` trains exactly the
+numerics of the trial it recommends (a PACI checkpoint drains the pipeline). May import:
+:mod:`paci_tune.config` and the tune layer's :mod:`.best`.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ def apply_run(best: str | Path, overrides: dict[str, Any], *, until: str = "targ
         over["training.target_val_loss"] = None
     over.setdefault("training.checkpoint_dir", str(best_path.parent / f"{best_path.stem}-checkpoints"))
     if "training.checkpoint_every" not in over and not run_doc["training"].get("checkpoint_every"):
-        # About four checkpoints over the run: its length in steps, or the search's trial's.
-        steps = over.get("training.steps") or (doc.get("evidence") or {}).get("steps") or 100
-        over["training.checkpoint_every"] = max(1, int(steps) // 4)
+        # A checkpoint drains the pipeline, which changes PACI's numbers after it. On the trial's own
+        # budget, checkpoints go every trial-length, so the steps the trial ran are trained exactly as
+        # it trained them; on another budget (the LR schedule changes anyway), about four over the run.
+        trial_steps = (doc.get("evidence") or {}).get("steps") or 100
+        steps = over.get("training.steps")
+        over["training.checkpoint_every"] = int(trial_steps) if steps is None else max(1, int(steps) // 4)
     if over.get("training.steps") is not None:
         over["training.eval_every_seconds"] = None
         over["training.eval_every"] = max(1, int(over["training.steps"]) // 8)

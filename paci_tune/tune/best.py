@@ -27,24 +27,34 @@ from optuna.trial import FrozenTrial, TrialState
 from .. import __version__
 from ..base.files import read_yaml, write_yaml
 from ..errors import ConfigError
+from . import confirm
+from .confirm import LEVEL, Confirmed, is_confirmation, search_trials
 from .space import TrialParams
+
+EVIDENCE = (
+    "clock_tokens_per_s", "clock_step_time_s", "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift",
+    "measured_peak_memory_bytes", "memory_measured_per", "predicted_peak_memory_bytes", "clock_used", "partition",
+)  # fmt: skip
+"""A trial's figures ``best.yaml`` shows; the ``clock_`` ones are on the objective's clock (module docstring)."""
 
 HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}`.\n"
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
     trials = study.get_trials(deepcopy=False)
+    search = [t for t in trials if not is_confirmation(t)]
     return {
-        "complete": sum(t.state == TrialState.COMPLETE for t in trials),
-        "pruned": sum(t.state == TrialState.PRUNED for t in trials),
-        "failed": sum(t.state == TrialState.FAIL for t in trials),
-        "repeats_reused": sum("repeat_of" in t.user_attrs and t.state != TrialState.FAIL for t in trials),
+        "complete": sum(t.state == TrialState.COMPLETE for t in search),
+        "pruned": sum(t.state == TrialState.PRUNED for t in search),
+        "failed": sum(t.state == TrialState.FAIL for t in search),
+        "repeats_reused": sum("repeat_of" in t.user_attrs and t.state != TrialState.FAIL for t in search),
+        "confirmation": sum(is_confirmation(t) and t.state.is_finished() for t in trials),
     }
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    """Lowest score among finished trials; the earliest on a tie (a repeat is not new evidence)."""
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
+    """Lowest score among finished search trials; the earliest on a tie (a repeat is not new evidence)."""
+    done = [t for t in search_trials(study, (TrialState.COMPLETE,)) if t.value is not None]
     return min(done, key=lambda t: (t.value, t.number)) if done else None
 
 
@@ -83,20 +93,38 @@ def build_best(
     target: dict[str, Any],
     budget: dict[str, Any],
     provenance: dict[str, Any],
+    confirm_seeds: list[int] | None = None,
 ) -> dict[str, Any]:
-    """The ``best.yaml`` document (module docstring); ConfigError when no trial finished."""
-    bests: dict[str, tuple[FrozenTrial, TrialParams]] = {}
+    """The ``best.yaml`` document (module docstring); ConfigError when no trial finished.
+
+    With ``confirm_seeds``, schedules are ranked by their confirmed points' mean over those seeds
+    (:mod:`.confirm`); without, by the search's single draws (an anecdote, and the file says so).
+    """
+    def point_of(t: FrozenTrial, schedule: str) -> TrialParams:
+        return params_of(t, schedule, fixed_batch)
+
+    seeds = confirm_seeds or []
+    tables = {s: confirm.confirmed(st, s, seeds, point_of) for s, st in studies.items()} if seeds else {}
+    confirmed: dict[str, Confirmed] = {}
+    for schedule, table in tables.items():
+        points = [c for c in table if c.complete]
+        if points:
+            confirmed[schedule] = min(points, key=lambda c: (c.mean, c.trial))
+    bests: dict[str, tuple[FrozenTrial, TrialParams, float]] = {}
     for schedule, study in studies.items():
-        t = best_trial(study)
-        if t is not None:
-            bests[schedule] = (t, params_of(t, schedule, fixed_batch))
+        if schedule in confirmed:
+            c = confirmed[schedule]
+            t = next(x for x in study.get_trials(deepcopy=False) if x.number == c.trial)
+            bests[schedule] = (t, c.params, c.mean)
+        elif (t := best_trial(study)) is not None:
+            bests[schedule] = (t, params_of(t, schedule, fixed_batch), float(t.value))
     if not bests:
         raise ConfigError(
             "search", "no finished trial", "at least one trial that ran to its target or budget: "
             "see the failure reasons above, or give budget.seconds / target.value room",
         )  # fmt: skip
-    rec_schedule = min(bests, key=lambda s: (bests[s][0].value, s != "paci"))
-    rec_t, rec_p = bests[rec_schedule]
+    rec_schedule = min(bests, key=lambda s: (bests[s][2], s != "paci"))
+    rec_t, rec_p, _ = bests[rec_schedule]
     a = rec_t.user_attrs
     described = describe_trial(rec_t, rec_schedule, rec_p, base_lr * rec_p.lr_scale)
     keep = ("schedule", "window", "microbatch_size", "stages", "partition", "global_batch", "lr", "lr_scale")
@@ -108,41 +136,14 @@ def build_best(
             "reached_target": a.get("time_to_target") is not None,
             "best_val_loss": a.get("best_val_loss"),
             "score": rec_t.value,
-            "tokens_per_s": a.get("tokens_per_s"),
-            "bubble_fraction": a.get("bubble_fraction"),
-            "max_drift": a.get("max_drift"),
-            "peak_memory_bytes": a.get("peak_memory_bytes"),
-            "predicted_peak_memory_bytes": a.get("predicted_peak_memory_bytes"),
-            "clock_used": a.get("clock_used"),
+            **{k: a.get(k) for k in EVIDENCE},
             "steps": a.get("steps"),
         },
     }
-    base = bests.get("1f1b")
-    paci = bests.get("paci")
-    if base is not None:
-        bt, bp = base
-        doc["baseline"] = describe_trial(bt, "1f1b", bp, base_lr * bp.lr_scale)
-        doc["baseline"]["trial"] = f"{studies['1f1b'].study_name}#{bt.number}"
-        doc["speedup_vs_flush"] = round(float(bt.value) / float(rec_t.value), 4)
-        if paci is not None:
-            doc["paci_speedup_vs_flush"] = round(float(bt.value) / float(paci[0].value), 4)
-            doc["paci_won"] = bool(paci[0].value < bt.value)
-        notes = []
-        spacing = float(budget.get("seconds") or 0.0) / int(budget.get("grid") or 1)
-        if paci is not None and abs(float(paci[0].value) - float(bt.value)) < spacing:
-            notes.append(f"PACI and flush are within one validation interval ({spacing:.3g}s), the resolution of "
-                         "time to target: treat them as tied")  # fmt: skip
-        if bt.user_attrs.get("time_to_target") is None:
-            notes.append("the flush baseline never reached the target within the budget: its score is the "
-                         "not-reached penalty, so the speedup is a lower bound")  # fmt: skip
-        if a.get("time_to_target") is None:
-            notes.append("the recommended trial did not reach the target either: compare best validation losses")
-        if notes:
-            doc["speedup_note"] = "; ".join(notes)
-    else:
-        doc["baseline"] = None
-        doc["speedup_vs_flush"] = None
-        doc["speedup_note"] = "no 1F1B-flush trial finished (or the space has no flush schedule)"
+    if confirm_seeds:
+        doc["confirmation"] = {"seeds": list(confirm_seeds), "level": LEVEL,
+                               **{s: [c.to_dict() for c in table] for s, table in tables.items()}}  # fmt: skip
+    doc.update(_comparison(studies, bests, confirmed, rec_schedule, budget))
     doc["target"] = target
     doc["budget"] = budget
     doc["provenance"] = {
@@ -158,6 +159,53 @@ def build_best(
     }
     doc["run"] = run_doc_for(rec_p)
     return doc
+
+
+def _comparison(
+    studies: dict[str, optuna.Study],
+    bests: dict[str, tuple[FrozenTrial, TrialParams, float]],
+    confirmed: dict[str, Confirmed],
+    rec_schedule: str,
+    budget: dict[str, Any],
+) -> dict[str, Any]:
+    """The baseline, the speedups, the interval and the verdict."""
+    base, paci = bests.get("1f1b"), bests.get("paci")
+    if base is None:
+        return {"baseline": None, "speedup_vs_flush": None, "verdict": "paci" if paci else None,
+                "speedup_note": "no 1F1B-flush trial finished (or the space has no flush schedule)"}  # fmt: skip
+    bt, bp, b_score = base
+    out: dict[str, Any] = {"baseline": describe_trial(bt, "1f1b", bp, 0.0)}
+    out["baseline"].pop("lr")
+    out["baseline"]["trial"] = f"{studies['1f1b'].study_name}#{bt.number}"
+    out["baseline"]["score"] = b_score
+    out["speedup_vs_flush"] = round(b_score / bests[rec_schedule][2], 4)
+    notes = []
+    if paci is not None and "paci" in confirmed and "1f1b" in confirmed:
+        point, low, high = confirm.paired_speedup(confirmed["1f1b"], confirmed["paci"])
+        out["paci_speedup_vs_flush"] = round(point, 4)
+        out["paci_speedup_interval"] = [round(low, 4), round(high, 4)]
+        out["verdict"] = confirm.verdict(low, high)
+        seeds = sorted(set(confirmed["1f1b"].scores) & set(confirmed["paci"].scores))
+        notes.append(f"confirmed on {len(seeds)} paired seeds; {LEVEL:.0%} bootstrap interval of flush's mean score "
+                     f"over PACI's: [{low:.3g}, {high:.3g}]")  # fmt: skip
+    elif paci is not None:
+        out["paci_speedup_vs_flush"] = round(b_score / paci[2], 4)
+        spacing = float(budget.get("seconds") or 0.0) / int(budget.get("grid") or 1)
+        tied = abs(paci[2] - b_score) < spacing
+        out["verdict"] = "tie" if tied else ("paci" if paci[2] < b_score else "flush")
+        notes.append("not confirmed: single draws of the search (an anecdote; search.confirm gives an interval)")
+        if tied:
+            notes.append(f"PACI and flush are within one validation interval ({spacing:.3g}s), the resolution of "
+                         "time to target")  # fmt: skip
+    if paci is not None:
+        out["paci_won"] = out["verdict"] == "paci"
+    if bt.user_attrs.get("time_to_target") is None:
+        notes.append("the flush baseline never reached the target within the budget: its score is the "
+                     "not-reached penalty, so the speedup is a lower bound")  # fmt: skip
+    if bests[rec_schedule][0].user_attrs.get("time_to_target") is None:
+        notes.append("the recommended trial did not reach the target either: compare best validation losses")
+    out["speedup_note"] = "; ".join(notes) if notes else None
+    return out
 
 
 def write_best(path: Path, doc: dict[str, Any]) -> None:

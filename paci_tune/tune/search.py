@@ -27,13 +27,19 @@ from optuna.trial import FrozenTrial, TrialState
 from ..base.processes import threads_per_process
 from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
+from . import confirm
+from .confirm import CONFIRM_ATTR, confirm_seeds
 from .objective import Progress
 from .runner import TrialJob, TrialResult, TrialRunner
 from .space import SearchSpace, TrialParams
 from .study import HOST, Heartbeat, claim, counted, reap_dead, running_elsewhere
 
 DETERMINISTIC_FAILURES = ("oom", "diverged", "rejected")
-EVIDENCE_KEYS = ("tokens_per_s", "bubble_fraction", "max_drift", "peak_memory_bytes", "partition", "steps")
+EVIDENCE_KEYS = (
+    "clock_tokens_per_s", "clock_step_time_s", "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift",
+    "peak_memory_bytes", "memory_measured_per", "partition", "steps",
+)  # fmt: skip
+"""Summary figures kept on each trial; the ``clock_`` ones are on the objective's clock."""
 
 
 @dataclass
@@ -72,11 +78,11 @@ class Search:
         return self.tune.search.trials
 
     def run(self) -> None:
-        """Run trials until every schedule's study holds its quota of finished trials."""
+        """Run trials until every schedule's study holds its quota of finished trials, then confirm."""
         while True:
             for study in self.studies.values():
                 reap_dead(study, self.tune.search.retries)
-            schedule = self._next_schedule()
+            schedule = self._next_schedule() or self._next_confirmation()
             if schedule is not None:
                 self.run_trial(schedule)
                 continue
@@ -91,24 +97,36 @@ class Search:
         open_ = [s for s in self.studies if counts[s] < self.quota]
         return min(open_, key=lambda s: counts[s]) if open_ else None
 
+    def _next_confirmation(self) -> str | None:
+        """Once every quota is met: plan and queue the confirmations; a schedule with one waiting."""
+        c = self.tune.search.confirm
+        if not c.enabled:
+            return None
+        seeds = confirm_seeds(self.tune.run.training.seed, c.seeds)
+        for study in self.studies.values():
+            confirm.enqueue(study, confirm.plan(study, c.top), seeds)
+        return next((s for s, study in self.studies.items() if confirm.waiting(study)), None)
+
     # ------------------------------------------------------------------------- one trial
     def run_trial(self, schedule: str) -> None:
         study = self.studies[schedule]
         trial = study.ask()
         claim(trial)
         params = self.space.suggest(trial, schedule)
-        trial.set_user_attr("label", params.label())
-        self.on_event(SearchEvent("start", schedule, trial.number, params))
+        seed = (trial.user_attrs.get(CONFIRM_ATTR) or {}).get("seed")
+        trial.set_user_attr("label", params.label() + (f" seed {seed}" if seed is not None else ""))
+        note = None if seed is None else f"confirmation, seed {seed}"
+        self.on_event(SearchEvent("start", schedule, trial.number, params, reason=note))
         with Heartbeat(study, trial._trial_id):
-            if not self._reuse(study, trial, params):
-                self._run_fresh(study, trial, params)
+            if seed is not None or not self._reuse(study, trial, params):
+                self._run_fresh(study, trial, params, seed)
         self.ran.append(trial.number)
 
-    def _run_fresh(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams) -> None:
+    def _run_fresh(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None) -> None:
         b = self.tune.budget
         job = TrialJob(
             params=params,
-            run_doc=self.trial_doc(params),
+            run_doc=self.trial_doc(params, seed),
             workdir=self.workdir / "trials" / study.study_name / f"trial-{trial.number:04d}",
             budget=float(b.seconds or 0.0),
             grid=b.grid,
@@ -125,7 +143,8 @@ class Search:
                 return False
             reported.add(step)
             trial.report(progress.value, step)
-            return progress.reached_at is None and trial.should_prune()
+            # A confirmation is never pruned: its whole run is the evidence.
+            return seed is None and progress.reached_at is None and trial.should_prune()
 
         def on_record(rec: dict[str, Any]) -> None:
             self.on_event(SearchEvent("record", schedule, trial.number, params, record=rec))
@@ -161,6 +180,8 @@ class Search:
         }
         if result.summary:
             attrs.update({k: result.summary.get(k) for k in EVIDENCE_KEYS})
+            stages = result.summary.get("stages", [])
+            attrs["measured_peak_memory_bytes"] = [st.get("peak_memory_bytes") for st in stages]
             attrs["clock_used"] = float(result.summary.get("clock", p.clock))
             attrs["predicted_peak_memory_bytes"] = self._predicted_memory(params, result.summary.get("partition"))
         for k, v in attrs.items():
@@ -181,7 +202,8 @@ class Search:
                         result.status, result.reason, value)
         )  # fmt: skip
 
-    def _predicted_memory(self, params: TrialParams, partition: Any) -> int | None:
+    def _predicted_memory(self, params: TrialParams, partition: Any) -> list[int] | None:
+        """Predicted peak bytes per stage (to stand next to the measured ones)."""
         if not self.profile or not isinstance(partition, list):
             return None
         from ..pipeline.planning import predicted_memory
@@ -191,7 +213,7 @@ class Search:
             if self._profile is None:
                 self._profile = Profile.load(self.profile)  # read once per search, not per trial
             cfg = derive_run(self.trial_doc(params))
-            return int(max(predicted_memory(cfg, self._profile, partition)))
+            return [int(x) for x in predicted_memory(cfg, self._profile, partition)]
         except Exception:
             return None
 
@@ -239,8 +261,8 @@ class Search:
         return False
 
     # ------------------------------------------------------------------------- configs
-    def trial_doc(self, params: TrialParams) -> dict[str, Any]:
-        """The complete run document of one trial: the base run, the point, the budget."""
+    def trial_doc(self, params: TrialParams, seed: int | None = None) -> dict[str, Any]:
+        """The complete run document of one trial: the base run, the point, the budget (and a seed)."""
         t, b, hw = self.tune, self.tune.budget, self.tune.hardware
         over: dict[str, Any] = dict(params.overrides())
         over.update(
@@ -258,6 +280,8 @@ class Search:
             }
         )
         over.update({k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v})
+        if seed is not None:
+            over["training.seed"] = seed
         if b.clock != "wall":
             over["training.eval_every"] = 10**9  # segments end on the clock grid only (no extra fills)
         return derive_doc(copy.deepcopy(t.run_doc), over)
@@ -266,7 +290,7 @@ class Search:
 def _same_point(study: optuna.Study, trial: optuna.Trial) -> FrozenTrial | None:
     """The most recent finished trial of ``study`` with exactly ``trial``'s parameters."""
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    same = [t for t in study.get_trials(deepcopy=False, states=done) if t.params == trial.params]
+    same = [t for t in confirm.search_trials(study, done) if t.params == trial.params]
     if not same:
         return None
     complete = [t for t in same if t.state == TrialState.COMPLETE]

@@ -18,6 +18,7 @@ from ..base.files import read_yaml
 from ..config import derive_doc
 from ..config.tune import TuneConfig, load_tune_config
 from .best import build_best, write_best
+from .confirm import confirm_seeds
 from .runner import SubprocessRunner
 from .search import Search, SearchEvent
 from .setup import bind_space, enqueue_start_points, fingerprint, profile_for
@@ -88,6 +89,8 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
                     "profile": session.profile, "space": session.space.describe(), "sampler": tune.search.sampler,
                     "pruner": tune.search.pruner, "seed": tune.search.seed,
                     "config": str(session.config.resolve())},
+        confirm_seeds=confirm_seeds(tune.run.training.seed, tune.search.confirm.seeds)
+        if tune.search.confirm.enabled else None,
     )  # fmt: skip
     rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
     picture = plot_search(session.studies, target=float(tune.target.value or 0), budget=float(b.seconds or 0),

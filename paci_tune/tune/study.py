@@ -30,6 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..config.tune import SearchConfig
 from ..errors import ConfigError
+from .confirm import CONFIRM_ATTR, is_confirmation
 from .space import SearchSpace
 
 HEARTBEAT_S = 5.0
@@ -141,7 +142,7 @@ def counted(trials: list[FrozenTrial], quota: int) -> int:
     retried = {t.user_attrs.get("retry_of") for t in trials}
     fresh = repeats = 0
     for t in trials:
-        if t.state == TrialState.WAITING or (t.state == TrialState.FAIL and t.number in retried):
+        if t.state == TrialState.WAITING or (t.state == TrialState.FAIL and t.number in retried) or is_confirmation(t):
             continue
         if "repeat_of" in t.user_attrs:
             repeats += 1
@@ -219,5 +220,6 @@ def reap_dead(study: optuna.Study, retries: int) -> list[int]:
         failed.append(t.number)
         attempt = int(t.user_attrs.get("attempt", 0)) + 1
         if attempt <= retries and t.params:
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, "attempt": attempt})
+            keep = {k: t.user_attrs[k] for k in (CONFIRM_ATTR,) if k in t.user_attrs}  # a confirmation stays one
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, "attempt": attempt, **keep})
     return failed

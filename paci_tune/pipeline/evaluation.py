@@ -1,0 +1,149 @@
+"""Evaluation inside the pipeline: the model after update k scored without draining anything.
+
+A stage reaches ``EVAL(k)`` in its program (:mod:`paci_tune.schedule.program`) and scores the
+validation set with its weights after update ``k``: its current ones, or, where it stepped again
+first, a snapshot taken just before that later step (one copy of the stage's weights for the
+duration of one evaluation). Stage 0 starts each evaluation with a control message, which every
+stage reads, extends with the weights it scored and passes on before the activations:
+
+- whether to evaluate at this point at all (on the wall clock the points are candidates, and stage 0
+  decides by its clock), and
+- whether the run ends here (a target reached, a wall-clock budget spent): then every stage ends its
+  program after the batches already started (:meth:`~paci_tune.schedule.program.Program.set_end`).
+
+News that the target was reached travels the other way, as a flag on the gradients, from the last
+stage (which computes the loss) to stage 0 (which decides). Both runtimes run this code through
+their transport, so they take the same decisions at the same points and train the same numbers.
+Evaluation changes no training state, whatever the cadence. May import: torch, :mod:`.stage`,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from ..data.stream import ValidationSet
+from ..schedule import Program
+from .stage import Stage
+
+if TYPE_CHECKING:
+    from ..schedule.program import EvalAt
+
+
+class Transport(Protocol):
+    """Moves a tensor from one stage to a neighbour; ``kind`` is "act", "grad", "ctl" or "eval".
+
+    ``flag`` rides along with the tensor (the target-reached news on gradients).
+    """
+
+    def send(self, src: int, dst: int, kind: str, mb: int, tensor: torch.Tensor, flag: int = 0) -> None: ...
+
+    def recv(self, src: int, dst: int, kind: str, mb: int) -> tuple[torch.Tensor, int]: ...
+
+    def expect(self, src: int, items: list[tuple[str, int]]) -> None: ...
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One evaluation: the model after the step closing global batch ``batch``."""
+
+    batch: int
+    val_loss: float
+    updates: list[int]  # optimizer updates applied to the weights each stage scored
+    snapshots: list[bool]  # whether each stage scored a snapshot (it had stepped again first)
+
+
+def _evaluate_always(batch: int, target_reached: bool) -> tuple[bool, bool]:
+    return True, target_reached
+
+
+@dataclass
+class EvalPlan:
+    """What a segment evaluates and who decides; the same on every rank.
+
+    ``eval_at(k)``: the evaluation points (candidates on the wall clock). ``control(k, news)``, at
+    stage 0: ``(evaluate now, end the run here)``, ``news`` being whether stage 0 has heard that the
+    target was reached. ``on_eval(result)``, at the last stage: report, and say whether the target is
+    reached. ``on_end(batch)``: the run will end after ``batch`` (every stage hears it).
+    ``spent(seconds)``: time this process just spent evaluating (the wall clock leaves it out).
+    """
+
+    eval_at: EvalAt
+    control: Callable[[int, bool], tuple[bool, bool]] = _evaluate_always
+    on_eval: Callable[[EvalResult], bool] = field(default=lambda r: False)
+    on_end: Callable[[int], None] = field(default=lambda batch: None)
+    spent: Callable[[float], None] = field(default=lambda seconds: None)
+
+
+class StageEvaluator:
+    """One stage's part of every in-pipeline evaluation (module docstring)."""
+
+    def __init__(self, stage: Stage, transport: Transport, val: ValidationSet) -> None:
+        self.stage, self.transport, self.val = stage, transport, val
+        self.news = False  # the target was reached (heard on a gradient, or seen here on the last stage)
+        self.program: Program | None = None
+        self.plan: EvalPlan | None = None
+        self._awaiting: list[int] = []  # evaluation points stepped here and not evaluated yet
+        self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
+
+    def begin(self, program: Program, plan: EvalPlan) -> None:
+        self.program, self.plan = program, plan
+        self._awaiting.clear()
+        self._snapshots.clear()
+
+    # ----------------------------------------------------------------------------- snapshots
+    def before_step(self) -> None:
+        """Keep the weights of every pending evaluation before this step changes them."""
+        for k in self._awaiting:
+            if k not in self._snapshots:
+                self._snapshots[k] = {n: p.detach().clone() for n, p in self.stage.module.named_parameters()}
+
+    def after_step(self, batch: int) -> None:
+        if self.program is not None and self.program.evaluates(batch):
+            self._awaiting.append(batch)
+
+    # ---------------------------------------------------------------------------- the action
+    def run(self, k: int) -> None:
+        """``EVAL(k)`` at this stage: control message, forwards of the validation chunks, the loss."""
+        assert self.program is not None and self.plan is not None
+        st, s, tr = self.stage, self.stage.index, self.transport
+        if st.is_first:
+            evaluate, end_here = self.plan.control(k, self.news)
+            end = self.program.end_if_decided_at(k) if end_here else -1
+            ctl = [int(evaluate), end]
+        else:
+            got, _ = tr.recv(s - 1, s, "ctl", k)
+            ctl = [int(v) for v in got.tolist()]
+        weights = self._snapshots.pop(k, None)
+        self._awaiting.remove(k)
+        ctl += [st.updates if weights is None else k + 1, int(weights is not None)]
+        if not st.is_last:
+            tr.send(s, s + 1, "ctl", k, torch.tensor(ctl, dtype=torch.int64))
+        if ctl[1] >= 0:
+            self.program.set_end(ctl[1], k)
+            self.plan.on_end(ctl[1])
+            for j in [j for j in self._awaiting if j > k]:  # evaluations the end dropped
+                self._awaiting.remove(j)
+                self._snapshots.pop(j, None)
+        if not ctl[0]:
+            return
+        n = len(self.val)
+        if not st.is_first:
+            tr.expect(s - 1, [("eval", k * n + i) for i in range(n)])
+        losses = []
+        for i in range(n):
+            x, y = self.val.get(i)
+            h = x if st.is_first else tr.recv(s - 1, s, "eval", k * n + i)[0]
+            out = st.evaluate(h, y if st.is_last else None, weights)
+            if st.is_last:
+                losses.append(float(out))
+            else:
+                tr.send(s, s + 1, "eval", k * n + i, out)
+        if st.is_last:
+            result = EvalResult(k, self.val.mean_loss(losses), ctl[2::2], [bool(v) for v in ctl[3::2]])
+            if self.plan.on_eval(result):
+                self.news = True
