@@ -79,7 +79,7 @@ class TrainingConfig:
     seed: int = 0
     eval_every: int = 50
     eval_every_seconds: float | None = None  # evaluate on a grid of the clock instead of every N steps
-    eval_sequences: int = 512  # the validation set: the same sequences for every run of a model and data
+    eval_sequences: int = 256  # the validation set: the same sequences for every run of a model and data
     eval_microbatch_size: int = 32  # sequences per evaluation forward (memory, not what is measured)
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
