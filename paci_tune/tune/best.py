@@ -52,6 +52,17 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
     }
 
 
+def compute_used(studies: dict[str, optuna.Study]) -> dict[str, float]:
+    """Wall seconds of trial processes, the search's and the confirmation's (repeats answered from the storage: 0)."""
+    out = {"search_s": 0.0, "confirmation_s": 0.0}
+    for study in studies.values():
+        for t in study.get_trials(deepcopy=False):
+            if "repeat_of" not in t.user_attrs:
+                key = "confirmation_s" if is_confirmation(t) else "search_s"
+                out[key] += float(t.user_attrs.get("wall_seconds") or 0)
+    return {k: round(v, 1) for k, v in out.items()}
+
+
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
     """Lowest score among finished search trials; the earliest on a tie (a repeat is not new evidence)."""
     done = [t for t in search_trials(study, (TrialState.COMPLETE,)) if t.value is not None]
@@ -149,6 +160,7 @@ def build_best(
     doc["provenance"] = {
         **provenance,
         "trials": {s: trial_counts(st) for s, st in studies.items()},
+        "compute": compute_used(studies),
         "versions": {
             "paci_tune": __version__,
             "torch": str(torch.__version__),
