@@ -74,7 +74,7 @@ class SearchView:
         key = (e.schedule, e.number)
         if e.kind == "start":
             assert e.params is not None
-            point = e.params.label() + (f" [{e.reason}]" if e.reason else "")  # a confirmation says so
+            point = e.params.label() + (f" ({e.reason})" if e.reason else "")  # a confirmation says so
             self.rows[key] = {"schedule": e.schedule, "number": e.number, "point": point,
                               "state": "running", "ttt": None, "note": ""}  # fmt: skip
             self.current = key

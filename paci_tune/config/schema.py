@@ -299,8 +299,25 @@ def resolve_batching(doc: dict[str, Any]) -> dict[str, Any]:
     return {**doc, "pipeline": {**pipeline, "window": w, "microbatch_size": b}}
 
 
+def _renamed(doc: dict[str, Any]) -> dict[str, Any]:
+    """Old spellings still accepted. ``training.eval_batches: N`` (N chunks of the validation set) is
+    ``eval_sequences: N * eval_microbatch_size``: the set no longer grows with the micro-batch size."""
+    training = doc.get("training")
+    if not isinstance(training, dict) or "eval_batches" not in training:
+        return doc
+    training = dict(training)
+    n = training.pop("eval_batches")
+    if "eval_sequences" in training:
+        raise ConfigError("training.eval_batches", n, "absent when training.eval_sequences is given (its new name)")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError("training.eval_batches", n, "a positive integer (better: training.eval_sequences)")
+    chunk = training.get("eval_microbatch_size", TrainingConfig.eval_microbatch_size)
+    training["eval_sequences"] = n * chunk if isinstance(chunk, int) and chunk > 0 else n
+    return {**doc, "training": training}
+
+
 def load_run_config(data: Any) -> RunConfig:
     """Validate a parsed YAML document into a :class:`RunConfig` (checked as it is built)."""
     if isinstance(data, dict):
-        data = resolve_batching(data)
+        data = resolve_batching(_renamed(data))
     return from_dict(RunConfig, data)
