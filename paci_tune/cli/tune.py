@@ -103,19 +103,32 @@ def _existing_rows(studies: dict[str, Any], fixed_batch: int | None) -> list[dic
     return rows
 
 
+def _outcome(best: dict[str, Any], schedule: str, search_ttt: float | None) -> str:
+    """How a schedule's point did: over the confirmation's seeds when there is one, else its search trial."""
+    rows = (best.get("confirmation") or {}).get(schedule)
+    if rows:
+        row = min(rows, key=lambda x: x["mean"])
+        reached = sum(v["time_to_target"] is not None for v in row["seeds"].values())
+        return f"mean score {row['mean']:.3g}s over {len(row['seeds'])} fresh seeds (target reached on {reached})"
+    if search_ttt is not None:
+        return f"reaches val_loss {best['target']['value']:g} at {search_ttt:.3g}s (one draw)"
+    return "misses the target (one draw)"
+
+
 def _print_best(best: dict[str, Any], path: Path) -> None:
     r, e = best["recommended"], best["evidence"]
-    ttt = e.get("time_to_target")
-    reached = f"reaches val_loss {best['target']['value']:g} at {ttt:.3g}s" if ttt is not None else "misses the target"
     stderr(f"recommended: {r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} "
-            f"lr={r['lr']:.3g}: {reached} on the {best['budget']['clock']} clock")  # fmt: skip
+           f"lr={r['lr']:.3g}: {_outcome(best, r['schedule'], e.get('time_to_target'))} on the "
+           f"{best['budget']['clock']} clock")  # fmt: skip
     base = best.get("baseline")
     if base:
-        bt = base.get("time_to_target")
-        won = f", PACI {'won' if best.get('paci_won') else 'did not win'}" if "paci_won" in best else ""
-        took = f"{bt:.3g}s" if bt is not None else "misses the target"
-        stderr(f"flush baseline: 1f1b P={base['stages']} m={base['window']} b={base['microbatch_size']}: {took}; "
-                f"speedup_vs_flush {best['speedup_vs_flush']}x{won}")  # fmt: skip
+        stderr(f"flush baseline: 1f1b P={base['stages']} m={base['window']} b={base['microbatch_size']}: "
+               f"{_outcome(best, '1f1b', base.get('time_to_target'))}")  # fmt: skip
+    if "verdict" in best and "paci_speedup_vs_flush" in best:
+        interval = best.get("paci_speedup_interval")
+        iv = f" (95% interval {interval[0]:g}-{interval[1]:g})" if interval else ""
+        stderr(f"verdict: {best['verdict']} -- PACI's best over flush's best {best['paci_speedup_vs_flush']:g}x{iv}; "
+               f"speedup_vs_flush {best['speedup_vs_flush']:g}x")  # fmt: skip
     counts = best["provenance"]["trials"]
     stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed"
                                   for s, c in counts.items()))  # fmt: skip

@@ -211,11 +211,16 @@ def _comparison(
                          "time to target")  # fmt: skip
     if paci is not None:
         out["paci_won"] = out["verdict"] == "paci"
-    if bt.user_attrs.get("time_to_target") is None:
-        notes.append("the flush baseline never reached the target within the budget: its score is the "
-                     "not-reached penalty, so the speedup is a lower bound")  # fmt: skip
-    if bests[rec_schedule][0].user_attrs.get("time_to_target") is None:
-        notes.append("the recommended trial did not reach the target either: compare best validation losses")
+    for schedule, who in (("1f1b", "the flush baseline"), (rec_schedule, "the recommendation")):
+        if schedule == "1f1b" and who == "the recommendation":
+            continue
+        c = confirmed.get(schedule)
+        missed = (sum(v is None for v in c.time_to_target.values()), len(c.time_to_target)) if c else (
+            int(bests[schedule][0].user_attrs.get("time_to_target") is None), 1)  # fmt: skip
+        if missed[0]:
+            notes.append(f"{who} missed the target on {missed[0]} of {missed[1]} runs: a miss scores the "
+                         "not-reached penalty (budget x (1 + excess loss / target)), so a speedup against it is "
+                         "a bound, not a measured ratio of times")  # fmt: skip
     out["speedup_note"] = "; ".join(notes) if notes else None
     return out
 
