@@ -1,0 +1,32 @@
+"""The benchmarks' quick modes: each runs end to end and checks its own figures (CI runs these)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, cli_env
+
+pytestmark = pytest.mark.slow
+
+
+def _bench(*args: str, timeout: float = 600) -> str:
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env=cli_env(), check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_val_noise_quick() -> None:
+    out = _bench("bench/val_noise.py", "--quick")
+    assert "max |difference error|" in out
+
+
+def test_search_seeds_quick() -> None:
+    """Two real searches; the bench itself asserts that each verdict follows its interval."""
+    out = _bench("bench/search_seeds.py", "--quick")
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert [r["seed"] for r in doc["rows"]] == [0, 1]
+    assert all(len(r["interval"]) == 2 and r["interval"][0] <= r["interval"][1] for r in doc["rows"])
