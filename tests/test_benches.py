@@ -30,3 +30,8 @@ def test_search_seeds_quick() -> None:
     doc = json.loads(out.strip().splitlines()[-1])
     assert [r["seed"] for r in doc["rows"]] == [0, 1]
     assert all(len(r["interval"]) == 2 and r["interval"][0] <= r["interval"][1] for r in doc["rows"])
+
+
+def test_eval_bubble_quick() -> None:
+    out = _bench("bench/eval_bubble.py", "--quick")
+    assert "lowest bubble" in out

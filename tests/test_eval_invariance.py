@@ -64,8 +64,9 @@ def test_training_is_the_same_whatever_the_evaluation_cadence_emulated(
     assert all(c == clocks[0] for c in clocks[1:]), "evaluation cost training time on the rst clock"
     summaries = [summary_of(r) for r in runs]
     assert len({s["analytic_bubble_fraction"] for s in summaries}) == 1  # no extra fill or drain
-    bubbles = [s["bubble_fraction"] for s in summaries]
-    assert bubbles[0] <= bubbles[2] + 0.05, f"the replayed bubble grew with evaluation frequency: {bubbles}"
+    # The simulated bubble (the rst clock's timeline) is exactly the same; the measured one is a
+    # timing figure, compared side by side in bench/eval_bubble.py, not here.
+    assert len({s["clock_bubble_fraction"] for s in summaries}) == 1
     for rec in _evals(runs[0]):
         assert rec["weights"]["updates"] == [rec["step"]] * stages  # the model after update k at every stage
     # A stage that steps again before its evaluation scores a snapshot: stages s > window here (away
@@ -105,7 +106,6 @@ def test_training_is_the_same_whatever_the_evaluation_cadence_distributed(
     tmp_path: Path, stages: int, window: int
 ) -> None:
     want = train_losses(run_in_process(_doc(tmp_path, stages, window, CADENCES[0])))
-    bubbles = []
     for i, cadence in enumerate(CADENCES):
         d = tmp_path / f"c{i}"
         d.mkdir()
@@ -118,10 +118,9 @@ def test_training_is_the_same_whatever_the_evaluation_cadence_distributed(
         assert max(abs(x - y) for x, y in zip(got, want, strict=True)) <= 1e-6, f"cadence {cadence}"
         assert all(math.isfinite(r["val_loss"]) for r in _evals(records))
         assert all(r["weights"]["updates"] == [r["step"]] * stages for r in _evals(records))
-        bubbles.append(summary_of(records)["bubble_fraction"])
-    # Measured on processes sharing 2 cores, so noisy: evaluating every batch must not cost a fill
-    # and drain per evaluation ((P-1)/(a+P-1) of a batch each, 0.3-0.6 here), only noise.
-    assert bubbles[0] <= bubbles[2] + 0.1, f"the measured bubble grew with evaluation frequency: {bubbles}"
+        assert summary_of(records)["clock_bubble_fraction"] == pytest.approx(
+            summary_of(run_in_process(_doc(d, stages, window, cadence)))["clock_bubble_fraction"], rel=1e-9
+        )  # the simulated bubble of the distributed run is the emulated one, at every cadence
 
 
 def test_the_old_eval_batches_spelling_means_a_fixed_number_of_sequences() -> None:
