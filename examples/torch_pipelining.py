@@ -7,7 +7,10 @@ point: ``--schedule 1f1b`` steps the optimizer after every ``step()`` as torch u
 ``--schedule paci`` hands the optimizer to ``SchedulePACI``, which steps it every ``--window``
 backwards at each stage and never flushes the pipeline (``--flush`` makes it synchronous 1F1B for
 an A/B run). The last rank prints each step's mean micro-batch loss. ``--json DIR`` writes each
-rank's losses and drift to ``DIR/rank<r>.json`` (used by the tests).
+rank's losses and drift to ``DIR/rank<r>.json`` (used by the tests). ``--bf16`` converts each
+stage's module to bf16 (no autocast): SchedulePACI then keeps fp32 master weights in the optimizer
+and writes them into the bf16 parameters in place (torch's ``--schedule 1f1b`` path steps the bf16
+parameters directly, as a plain torch optimizer does).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def my_units(rank: int, world: int, n_units: int) -> list[int]:
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())  # fp32 even for bf16 logits
 
 
 def adamw(module: nn.Module, lr: float) -> torch.optim.AdamW:
@@ -61,6 +64,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--bf16", action="store_true", help="bf16 parameters and activations (fp32 masters under PACI)")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -68,6 +72,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = load_model(SPEC, VOCAB, args.seed)
     module = nn.Sequential(*[model.units[i] for i in my_units(rank, world, model.n_units)])
+    if args.bf16:
+        module.to(torch.bfloat16)
     stage = PipelineStage(module, rank, world, torch.device("cpu"))
     optimizer = adamw(module, args.lr)
     m = args.microbatches

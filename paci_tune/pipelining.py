@@ -73,8 +73,17 @@ class SchedulePACI:
     :class:`~paci_tune.pipeline.stage.Stage` does: stepping through an alias updates the shared
     storage without bumping the autograd version counter, so a micro-batch in flight runs its
     backward against the current weights (PACI's semantics) with no weight copy and no in-place
-    modification error. Hyper-parameters, ``state_dict`` and any ``lr_scheduler`` built on the same
-    optimizer keep working; ``lr_scheduler.step()`` is called after every optimizer step.
+    modification error. Hyper-parameters and any ``lr_scheduler`` built on the same optimizer keep
+    working; ``lr_scheduler.step()`` is called after every optimizer step.
+
+    bf16: convert the stage module to bf16 (``module.to(torch.bfloat16)``) before building the
+    optimizer, and do not run it under ``torch.autocast`` (autocast's weight casts would be kept for
+    every micro-batch in flight: a stashed copy each, and stale weights in the backward). Parameters
+    in bf16 get fp32 master weights in the optimizer, fp32 gradient accumulation over the window,
+    and the masters written back into the bf16 parameters in place after each step
+    (:mod:`paci_tune.pipeline.optim`); compute the loss in fp32 (``logits.float()``). No loss
+    scaling is needed for bf16. Checkpoint with :meth:`state_dict` (the optimizer's state *and* the
+    fp32 masters, which ``optimizer.state_dict()`` does not hold) next to the module's own.
 
     Limits: one stage per rank, stage ``i`` on group rank ``i``; a single tensor flows between
     stages and keeps one shape; ``step()`` returns ``None`` (outputs of micro-batches still in flight
@@ -208,6 +217,24 @@ class SchedulePACI:
     def restart(self) -> None:
         """Allow ``step()`` again after :meth:`drain` (a new segment of the run)."""
         self._drained = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state, fp32 master weights (bf16 parameters), updates and drift; call it drained."""
+        if self._submitted:
+            raise RuntimeError("state_dict() with micro-batches in flight: drain() first")
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "masters": [m.detach().clone() for m in self._optim.master_weights()],
+            "updates": self.updates,
+            "drift": self.drift.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (after loading the module's own ``state_dict``)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._optim.load_master_weights(state["masters"])
+        self.updates = state["updates"]
+        self.drift.load_state_dict(state["drift"])
 
     def __enter__(self) -> SchedulePACI:
         self.restart()

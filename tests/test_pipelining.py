@@ -8,6 +8,7 @@ paci-tune's own trainer on the same config, run in process with the emulated run
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -44,7 +45,9 @@ def _launch(out: Path, nproc: int, *args: str) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
-def _paci_tune_losses(n_stages: int, window: int, microbatches: int, steps: int, mb_size: int = 4) -> list[float]:
+def _paci_tune_losses(
+    n_stages: int, window: int, microbatches: int, steps: int, mb_size: int = 4, precision: str = "fp32"
+) -> list[float]:
     """Per-step mean losses of the same run under paci-tune's own trainer (emulated runtime, in process).
 
     Model, data, partition, optimizer and constant LR are those of the example; ``test_runtimes``
@@ -62,6 +65,7 @@ def _paci_tune_losses(n_stages: int, window: int, microbatches: int, steps: int,
             "partition": [b - a for a, b in itertools.pairwise(bounds)],
             "runtime": "emulated",
             "device": "cpu",
+            "precision": precision,
         },
     )
     batch_losses = train_losses(run_in_process(doc))
@@ -91,6 +95,25 @@ def test_async_matches_paci_tune_and_drift_bound(tmp_path: Path, n_stages: int, 
         assert rec["max_drift"] == math.ceil((n_stages - s - 1) / window) == schedules.drift_bound(s, n_stages, window)
         assert rec["updates"] == steps * microbatches // window
         assert rec["ptrs_unchanged"]
+
+
+def test_bf16_async_matches_paci_tune_bf16(tmp_path: Path) -> None:
+    """bf16 modules: SchedulePACI keeps fp32 masters as paci-tune's stages do, so the losses agree.
+
+    Tolerance 1e-5, as in fp32: the same operations on the same bf16 tensors in both, on one thread
+    as the example's ranks run (with two, CPU bf16 kernels split their sums differently, and the
+    losses move by ~2e-5 after one step)."""
+    args = ["--schedule", "paci", "--steps", "4", "--window", "2", "--microbatches", "4", "--bf16"]
+    ranks = _launch(tmp_path, 2, *args)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        expected = _paci_tune_losses(2, 2, 4, 4, precision="bf16")
+    finally:
+        torch.set_num_threads(threads)
+    assert ranks[-1]["losses"] == pytest.approx(expected, abs=1e-5)
+    assert ranks[-1]["losses"] != pytest.approx(_paci_tune_losses(2, 2, 4, 4), abs=1e-5), "bf16 did not run"
+    assert all(rec["ptrs_unchanged"] and rec["max_drift"] == 1 - s for s, rec in enumerate(ranks))
 
 
 @pytest.fixture
@@ -133,3 +156,37 @@ def test_misuse_raises_clear_errors(single_rank: None) -> None:
     sched.step(x, target=x)
     sched.drain()
     assert sched.updates == 4
+
+
+def test_bf16_state_dict_keeps_the_fp32_masters(single_rank: None) -> None:
+    """A bf16 stage's optimizer steps fp32 masters; state_dict() carries them, so a resumed schedule
+    continues bit for bit where ``optimizer.state_dict()`` alone would restart from rounded weights."""
+    gen = torch.Generator().manual_seed(0)
+    data = [(torch.randn(8, 4, generator=gen), torch.randn(8, 4, generator=gen)) for _ in range(4)]
+
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(out.float(), y)
+
+    def make(seed: int) -> tuple[nn.Module, SchedulePACI]:
+        torch.manual_seed(seed)
+        mod = nn.Linear(4, 4).to(torch.bfloat16)
+        opt = torch.optim.AdamW(mod.parameters(), lr=1e-3)
+        return mod, SchedulePACI(PipelineStage(mod, 0, 1, torch.device("cpu")), 4, loss, window=2, optimizer=opt)
+
+    def train(sched: SchedulePACI, batches: list) -> None:
+        with sched:
+            for x, y in batches:
+                sched.step(x.to(torch.bfloat16), target=y)
+
+    mod_a, a = make(0)
+    train(a, data[:2])
+    assert [p.dtype for p in a.optimizer.param_groups[0]["params"]] == [torch.float32] * 2
+    saved_module, saved = copy.deepcopy(mod_a.state_dict()), copy.deepcopy(a.state_dict())
+    assert any(not torch.equal(m.to(torch.bfloat16).float(), m) for m in saved["masters"])
+    mod_b, b = make(1)
+    mod_b.load_state_dict(saved_module)
+    b.load_state_dict(saved)
+    train(a, data[2:])
+    train(b, data[2:])
+    assert all(torch.equal(p, q) for p, q in zip(mod_a.parameters(), mod_b.parameters(), strict=True))
+    assert b.updates == a.updates == 8

@@ -380,20 +380,24 @@ def test_saved_bytes_exclude_parameters() -> None:
     assert cost.activation_bytes == 3 * 4 * 4
 
 
-def test_calibrate_smoke_one_layer(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("precision", "act_size"), [("fp32", 4), ("bf16", 2)])
+def test_calibrate_smoke_one_layer(tmp_path: Path, precision: str, act_size: int) -> None:
     from paci_tune.calibrate import calibrate
     from paci_tune.config import load_config
 
     cfg_path = _config(tmp_path)
     cfg = load_config(cfg_path, {"model.n_layer": 1})
-    prof = calibrate(cfg, microbatch_sizes=[2], repeats=1, warmup=0, threads=1, p2p=P2PCost(0.0, math.inf))
+    prof = calibrate(
+        cfg, microbatch_sizes=[2], precision=precision, repeats=1, warmup=0, threads=1, p2p=P2PCost(0.0, math.inf)
+    )
     assert [u.name for u in prof.units] == ["embed", "block0", "head"]
-    assert prof.seq_len == 16 and prof.threads == 1 and prof.dtype == "fp32"
+    assert prof.seq_len == 16 and prof.threads == 1 and prof.dtype == precision
     for u in prof.units:
         c = u.costs[2]
         assert c.forward_s > 0 and c.backward_s > 0 and c.saved_bytes > 0 and u.param_bytes > 0
-    assert prof.units[0].costs[2].activation_bytes == 2 * 16 * 32 * 4
-    assert prof.units[1].param_bytes == 4 * (12 * 32 * 32 + 2 * 32)  # matmuls + two LayerNorm weights
+    assert prof.units[0].costs[2].activation_bytes == 2 * 16 * 32 * act_size  # bf16 activations in bf16
+    # 4 bytes per parameter in either precision (the profile's convention): matmuls + two LayerNorm weights
+    assert prof.units[1].param_bytes == 4 * (12 * 32 * 32 + 2 * 32)
     path = tmp_path / "measured.yaml"
     prof.save(path)
     assert Profile.load(path) == prof

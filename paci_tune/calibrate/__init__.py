@@ -46,7 +46,10 @@ ran alone. What is measured, and how:
 - **Bytes** per unit and micro-batch size: the output activation's bytes, and the bytes autograd
   saves for the backward, from :func:`torch.autograd.graph.saved_tensors_hooks`, summing distinct
   storages and counting parameter storages as zero (saving a weight keeps no copy alive).
-  Parameter bytes per unit.
+  Parameter bytes per unit (4 per parameter in either precision: :mod:`paci_tune.sim.profile`).
+- **Precision**: ``bf16`` measures the stage's own scheme -- bf16 parameters, activations and
+  saved tensors, fp32 masters stepped by the stage's optimizer and written back in place -- never
+  autocast, whose weight casts would be timed and counted as saved bytes per micro-batch.
 - **Threads**: on a CPU a stage shares the machine with the other stages, so it is timed with
   the threads one stage process gets (``cpu_count // stages``, at least 1).
 - **Point to point** (:mod:`.p2p`): two gloo processes on loopback ping-pong

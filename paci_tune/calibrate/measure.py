@@ -22,17 +22,19 @@ from ..data import load_source
 from ..errors import ConfigError
 from ..model import LoadedModel, load_model
 from ..pipeline.factory import resolve_device, resolve_precision
+from ..pipeline.optim import release_masters
 from ..sim.profile import P2PCost, Profile, UnitCost, UnitProfile
 from .corun import co_run_pattern
 from .p2p import P2P_SIZES, measure_p2p
 from .pattern import PatternSamples, StagePattern, pooled_costs, pooled_optimizer
-from .units import measure_units, signature
+from .units import fp32_param_bytes, measure_units, signature, to_compute
 from .units import probe as probe_unit
 
 Log = Callable[[str], None]
 
-METHOD = "stage-pattern/1"
-"""How compute is measured (see the package docstring); part of the profile cache's key."""
+METHOD = "stage-pattern/2"
+"""How compute is measured (see the package docstring); part of the profile cache's key. /2: bf16 is
+measured with bf16 parameters and fp32 masters (no autocast), and ``param_bytes`` is 4 per parameter."""
 
 
 def default_threads(n_stages: int) -> int:
@@ -203,7 +205,7 @@ def calibrate(
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     model = load_model(cfg.model, source.vocab_size, cfg.training.seed)
     vocab = model.gpt.vocab_size if model.gpt is not None else source.vocab_size
-    units = [model.units[i].to(dev) for i in range(model.n_units)]
+    units = [to_compute(model.units[i], dev, dtype) for i in range(model.n_units)]
     # Bytes, and which units are identical (their samples are pooled), from one untimed pass per size.
     gen = torch.Generator(device="cpu").manual_seed(0)
     nbytes: dict[int, list[tuple[int, int]]] = {}
@@ -233,15 +235,14 @@ def calibrate(
             # The whole model with micro-batches in flight does not fit on the device: time units alone.
             if log:
                 log("the whole model does not fit on the device: timing units one at a time instead")
+            release_masters([p for u in units for p in u.parameters()])
             torch.cuda.empty_cache()
             isolated = measure_units(model, vocab, sizes, device=dev, dtype=dtype, repeats=repeats, warmup=warmup)
             costs, optimizer_s = [u.costs for u in isolated], [u.optimizer_s for u in isolated]
     finally:
         torch.set_num_threads(before)
     unit_profiles = [
-        UnitProfile(
-            model.names[i], sum(p.numel() * p.element_size() for p in unit.parameters()), optimizer_s[i], costs[i]
-        )
+        UnitProfile(model.names[i], fp32_param_bytes(unit), optimizer_s[i], costs[i])
         for i, unit in enumerate(units)
     ]
     if p2p is None:

@@ -5,8 +5,9 @@ Units run chained (one forward through all of them, one backward call over the c
 including the loss scaled by 1/window as the real last stage computes it, and an optimizer step
 after every ``window`` backwards -- through the real stage's aliased step
 (:class:`~paci_tune.pipeline.optim.AliasedOptimizer`), one per unit so each unit's share can be
-timed. Per-unit times come from timestamps between the units' forwards and, in the backward, from
-hooks on the tensors at the unit boundaries. May import: :mod:`paci_tune.pipeline`,
+timed. In bf16 the units hold bf16 parameters with fp32 masters, as a stage does (no autocast).
+Per-unit times come from timestamps between the units' forwards and, in the backward, from hooks
+on the tensors at the unit boundaries. May import: :mod:`paci_tune.pipeline`,
 :mod:`paci_tune.model`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, torch.
 """
 
@@ -26,7 +27,7 @@ from ..config.schema import OptimizerConfig
 from ..model import next_token_loss
 from ..pipeline.optim import AliasedOptimizer
 from ..sim.profile import UnitCost
-from .units import autocast, sync, unit_signature
+from .units import sync, to_compute, unit_signature
 
 DATA_POOL = 4
 """Distinct micro-batches of data per size, cycled, so micro-batches in flight differ."""
@@ -90,7 +91,7 @@ class StagePattern:
         optimizer: OptimizerConfig,
         seed: int = 0,
     ) -> None:
-        self.units = [u.to(device) for u in units]
+        self.units = [to_compute(u, device, dtype) for u in units]
         self.vocab_size, self.n_classes, self.seq_len = vocab_size, n_classes, seq_len
         self.device, self.dtype = device, dtype
         self.window, self.inflight = max(window, 1), max(inflight, 1)
@@ -134,16 +135,15 @@ class StagePattern:
         h = x
         sync(self.device)
         t = time.perf_counter()
-        with autocast(self.device, self.dtype):
-            for i, unit in enumerate(self.units):
-                h = unit(h)
-                if i == n - 1:
-                    h = next_token_loss(h, y) / self.window
-                elif h.requires_grad:
-                    h.register_hook(self._mark(marks, i))
-                sync(self.device)
-                now = time.perf_counter()
-                times[i], t = now - t, now
+        for i, unit in enumerate(self.units):
+            h = unit(h)
+            if i == n - 1:
+                h = next_token_loss(h, y) / self.window
+            elif h.requires_grad:
+                h.register_hook(self._mark(marks, i))
+            sync(self.device)
+            now = time.perf_counter()
+            times[i], t = now - t, now
         if record:
             per_unit = self.samples.forward.setdefault(b, [[] for _ in range(n)])
             for i, s in enumerate(times):

@@ -4,12 +4,16 @@ The byte counts (output activation, autograd's saved tensors) are exact and what
 needs. The *times* measured here are of a unit alone on a hot cache, which under-predicts a
 pipeline stage (see :mod:`paci_tune.calibrate`); :func:`measure_units` remains for quick checks and
 as the fallback when the whole model with its micro-batches in flight does not fit on a GPU.
-May import: :mod:`paci_tune.model`, :mod:`paci_tune.sim`, torch.
+
+Precision is the stage's own scheme: in bf16 a unit's parameters are converted to bf16
+(:func:`to_compute`) and nothing runs under autocast, so the saved bytes are the bf16 activations
+and count no weight copy; the optimizer step is the stage's (fp32 masters, written back in place).
+May import: :mod:`paci_tune.pipeline` (the stage's dtype and optimizer step),
+:mod:`paci_tune.model`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, torch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..config.schema import OptimizerConfig
 from ..model import LoadedModel, next_token_loss
+from ..pipeline.optim import AliasedOptimizer
+from ..pipeline.stage import compute_dtype
 from ..sim.profile import UnitCost, UnitProfile
 
 Log = Callable[[str], None]
@@ -29,10 +36,25 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
-    if dtype == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def to_compute(unit: nn.Module, device: torch.device, dtype: str) -> nn.Module:
+    """``unit`` on ``device`` with its parameters in the compute dtype, as a stage holds it (in place)."""
+    unit.to(device)
+    if compute_dtype(dtype) != torch.float32:
+        unit.to(compute_dtype(dtype))
+    return unit
+
+
+def fp32_param_bytes(unit: nn.Module) -> int:
+    """A profile's ``param_bytes``: 4 bytes per parameter whatever the compute dtype (:mod:`paci_tune.sim.profile`)."""
+    return 4 * sum(p.numel() for p in unit.parameters())
+
+
+def _like(x: torch.Tensor, unit: nn.Module) -> torch.Tensor:
+    """A floating input in the unit's parameter dtype (token ids as they are)."""
+    first = next(unit.parameters(), None)
+    if first is not None and x.is_floating_point() and x.dtype != first.dtype:
+        return x.to(first.dtype)
+    return x
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -80,7 +102,8 @@ class Probe:
 
 def probe(unit: nn.Module, x: torch.Tensor, *, last: bool, device: torch.device, dtype: str) -> Probe:
     """Output activation bytes and saved bytes of ``unit`` on ``x`` (the last unit with its loss)."""
-    with torch.no_grad(), autocast(device, dtype):
+    x = _like(x, unit)
+    with torch.no_grad():
         out = unit(x)
     forward = _training_forward(unit, x, out if last else None, device, dtype)
     return Probe(out.numel() * out.element_size(), _saved_bytes(unit, forward), out.detach())
@@ -94,11 +117,11 @@ def _training_forward(
     targets = None if logits is None else torch.randint(0, logits.shape[-1], logits.shape[:-1], device=device)
 
     def forward() -> torch.Tensor:
-        inp = x.detach().requires_grad_(True) if x.is_floating_point() else x
-        with autocast(device, dtype):
-            y = unit(inp)
-            if targets is not None:
-                return next_token_loss(y, targets)
+        inp = _like(x, unit)
+        inp = inp.detach().requires_grad_(True) if inp.is_floating_point() else inp
+        y = unit(inp)
+        if targets is not None:
+            return next_token_loss(y, targets)
         return y
 
     return forward
@@ -143,17 +166,19 @@ def measure_unit(
 def measure_optimizer(unit: nn.Module, *, device: torch.device, repeats: int, warmup: int = 2) -> float:
     """Median seconds of one AdamW step over ``unit``'s parameters alone (0 for a unit without any).
 
-    Runs on clones so the unit's weights are untouched. Isolated, hence optimistic: see the
-    package docstring for the step :func:`calibrate` measures.
+    The stage's own step (:class:`~paci_tune.pipeline.optim.AliasedOptimizer`: fp32 masters for
+    bf16 parameters), on clones so the unit's weights are untouched. Isolated, hence optimistic:
+    see the package docstring for the step :func:`calibrate` measures.
     """
     params = [p.detach().clone().requires_grad_(True) for p in unit.parameters() if p.requires_grad]
     if not params:
         return 0.0
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
-    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    grads = [torch.randn_like(p) * 1e-3 for p in params]
+    opt = AliasedOptimizer.from_config(params, OptimizerConfig(lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1))
     times = []
     for r in range(warmup + repeats):
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
         sync(device)
         t0 = time.perf_counter()
         opt.step()
@@ -179,7 +204,7 @@ def measure_units(
     The isolated measurement (see :func:`measure_unit`); :func:`calibrate` measures the stage
     pattern instead and uses this only where that does not fit on the device.
     """
-    units = [model.units[i].to(device) for i in range(model.n_units)]
+    units = [to_compute(model.units[i], device, dtype) for i in range(model.n_units)]
     seq = model.block_size
     costs: list[dict[int, UnitCost]] = [{} for _ in units]
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -196,12 +221,12 @@ def measure_units(
                 )
             costs[i][b] = measured[sig]
             if i < len(units) - 1:
-                with torch.no_grad(), autocast(device, dtype):
-                    x = unit(x)
+                with torch.no_grad():
+                    x = unit(_like(x, unit))
     out: list[UnitProfile] = []
     opt_seen: dict[str, float] = {}
     for i, unit in enumerate(units):
-        param_bytes = sum(p.numel() * p.element_size() for p in unit.parameters())
+        param_bytes = fp32_param_bytes(unit)
         sig = unit_signature(unit)
         if sig not in opt_seen:
             opt_seen[sig] = measure_optimizer(unit, device=device, repeats=repeats, warmup=warmup)

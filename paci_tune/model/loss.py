@@ -1,7 +1,7 @@
 """The language-model loss every last pipeline unit's logits are scored with.
 
 One definition, so training, evaluation and calibration compute the same thing: mean token
-cross-entropy, in fp32 even when the forward ran under bf16 autocast (the softmax over a large
+cross-entropy, in fp32 even when the forward ran in bf16 (the softmax over a large
 vocabulary loses too much in bf16). May import: torch.
 """
 

@@ -23,7 +23,7 @@ from ..schedule import check_depth, stage_units
 from ..sim.profile import Profile
 from .emulated import EmulatedRuntime
 from .planning import choose_partition, load_profile
-from .stage import Stage
+from .stage import Stage, compute_dtype
 
 
 @dataclass
@@ -53,6 +53,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def resolve_precision(name: str, device: torch.device) -> str:
+    """``auto``: bf16 on a GPU, fp32 on a CPU; ``fp32`` and ``bf16`` mean themselves on any device."""
     if name == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
     return name
@@ -117,7 +118,7 @@ def build_setup(
     ranges = stage_units(sizes)
     stream = MicroBatchStream(source.train, model.block_size, p.microbatch_size, t.seed)
     val = ValidationSet(source.val, model.block_size, t.eval_sequences, t.eval_microbatch_size)
-    autocast = torch.bfloat16 if precision == "bf16" else None
+    dtype = compute_dtype(precision)
 
     def make_stage(s: int) -> Stage:
         return Stage(
@@ -128,7 +129,7 @@ def build_setup(
             optimizer=cfg.optimizer,
             lr_at=lr_at,
             device=device,
-            autocast_dtype=autocast,
+            dtype=dtype,
         )
 
     runtime: object

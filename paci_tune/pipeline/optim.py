@@ -7,6 +7,18 @@ pending) runs its backward against the *current* weights -- PACI's semantics -- 
 stash and no "modified by an inplace operation" error. Stepping the parameters directly would
 raise that error; replacing ``p.data`` out of place would silently keep the old weights alive.
 
+**bf16 parameters** get mixed precision as large-scale trainers do it (fp32 master weights): the
+module computes with its bf16 parameters, and the optimizer steps an fp32 *master* copy of each.
+A hook on the parameter adds every backward's bf16 gradient into the master's fp32 ``.grad`` and
+frees it, so a window's gradients accumulate in fp32 (one rounding to bf16 per micro-batch's
+gradient, none across the window). After the step, each master is written into its parameter's
+storage **in place, through the same alias** (``alias.copy_(master)``, rounding to nearest), so an
+in-flight backward uses the new bf16 weights, as in fp32, with no per-micro-batch copy. What that
+holds per parameter: 2 bytes of bf16 weight, 4 of fp32 master, 4 of fp32 gradient, the optimizer
+state (AdamW: 8), and for the length of one backward the parameter's bf16 gradient. No loss
+scaling: bf16 has fp32's exponent range, so gradients do not underflow as they do in fp16 (fp16
+parameters are refused). Parameters of any other dtype are their own masters (the fp32 path).
+
 :class:`AliasedOptimizer` is the one implementation of that step (with gradient-norm clipping),
 used by a pipeline :class:`~paci_tune.pipeline.stage.Stage`, by the calibrator's stage pattern and
 by the drop-in :class:`~paci_tune.pipelining.SchedulePACI`. May import: torch and
@@ -18,8 +30,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..config.schema import OptimizerConfig
+
+MASTER_DTYPES = (torch.bfloat16,)
+"""Parameter dtypes that get an fp32 master copy (module docstring)."""
+
+_HOOKS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""Parameter -> the hook folding its gradient into its master; the newest optimizer over it owns it."""
 
 
 def build_optimizer(params: Sequence[torch.Tensor], cfg: OptimizerConfig) -> torch.optim.Optimizer:
@@ -36,44 +55,108 @@ def build_optimizer(params: Sequence[torch.Tensor], cfg: OptimizerConfig) -> tor
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
 
 
-class AliasedOptimizer:
-    """An optimizer whose param groups hold ``p.data`` aliases of ``params`` (module docstring).
+def master_for(alias: torch.Tensor) -> torch.Tensor:
+    """What the optimizer steps for a parameter with alias ``alias``: an fp32 copy for bf16, else the alias."""
+    if alias.dtype == torch.float16:
+        raise ValueError("fp16 parameters need loss scaling, which paci-tune does not do: use bf16 or fp32")
+    if alias.dtype in MASTER_DTYPES:
+        return alias.float()
+    return alias
 
-    Gradients accumulate on the parameters as usual (autograd writes ``p.grad``); :meth:`step`
-    hands them to the aliases, clips, steps and clears both. Build it from the config
-    (:meth:`from_config`), or rebind an optimizer the caller built over the parameters
+
+def _fold_grad(param: torch.Tensor, master: torch.Tensor) -> None:
+    """Add the parameter's gradient (one backward's, in bf16) into the master's fp32 gradient; free it."""
+    if param.grad is None:
+        return
+    if master.grad is None:
+        master.grad = param.grad.float()
+    else:
+        master.grad.add_(param.grad)
+    param.grad = None
+
+
+def _own(param: torch.Tensor, master: torch.Tensor) -> None:
+    """Fold every gradient autograd accumulates on ``param`` into ``master`` (replacing an older owner)."""
+    release_masters([param])
+    _HOOKS[param] = param.register_post_accumulate_grad_hook(lambda p: _fold_grad(p, master))
+
+
+def release_masters(params: Sequence[torch.Tensor]) -> None:
+    """Stop folding these parameters' gradients into masters (frees masters no optimizer uses any more)."""
+    for p in params:
+        old = _HOOKS.pop(p, None)
+        if old is not None:
+            old.remove()
+
+
+class AliasedOptimizer:
+    """An optimizer whose param groups hold ``p.data`` aliases of ``params``, or their fp32 masters.
+
+    fp32 parameters: gradients accumulate on the parameters as usual (autograd writes ``p.grad``);
+    :meth:`step` hands them to the aliases, clips, steps and clears both. bf16 parameters: the
+    optimizer steps fp32 ``masters`` whose gradients accumulate in fp32 as backwards run, and
+    :meth:`step` writes them back into the aliases in place (module docstring). Build it from the
+    config (:meth:`from_config`), or rebind an optimizer the caller built over the parameters
     themselves (:meth:`rebind`, for ``SchedulePACI``).
     """
 
-    def __init__(self, params: Sequence[torch.Tensor], aliases: Sequence[torch.Tensor],
-                 optimizer: torch.optim.Optimizer, grad_clip: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        aliases: Sequence[torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        grad_clip: float | None = None,
+        masters: Sequence[torch.Tensor] | None = None,
+    ) -> None:
         self.params, self.aliases = list(params), list(aliases)
+        self.masters = list(masters) if masters is not None else list(self.aliases)
         self.optimizer, self.grad_clip = optimizer, grad_clip
+        for p, alias, master in zip(self.params, self.aliases, self.masters, strict=True):
+            if master is not alias:
+                _own(p, master)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether any parameter has an fp32 master (bf16 parameters)."""
+        return any(m is not a for m, a in zip(self.masters, self.aliases, strict=True))
 
     @classmethod
     def from_config(cls, params: Sequence[torch.Tensor], cfg: OptimizerConfig) -> AliasedOptimizer:
         aliases = [p.data for p in params]
-        return cls(params, aliases, build_optimizer(aliases, cfg), cfg.grad_clip)
+        masters = [master_for(a) for a in aliases]
+        return cls(params, aliases, build_optimizer(masters, cfg), cfg.grad_clip, masters)
 
     @classmethod
     def rebind(cls, optimizer: torch.optim.Optimizer, grad_clip: float | None = None) -> AliasedOptimizer:
-        """Point a fresh optimizer's param groups, in place, at aliases of their parameters."""
+        """Point a fresh optimizer's param groups, in place, at aliases of their parameters (or fp32 masters)."""
         params: list[torch.Tensor] = []
         aliases: list[torch.Tensor] = []
+        masters: list[torch.Tensor] = []
         for group in optimizer.param_groups:
             group_aliases = [p.data for p in group["params"]]
+            group_masters = [master_for(a) for a in group_aliases]
             params += group["params"]
             aliases += group_aliases
-            group["params"] = group_aliases
-        return cls(params, aliases, optimizer, grad_clip)
+            masters += group_masters
+            group["params"] = group_masters
+        return cls(params, aliases, optimizer, grad_clip, masters)
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def _collect(self) -> None:
+        """Put every accumulated gradient where the optimizer reads it: on the aliases, or the masters."""
+        for p, alias, master in zip(self.params, self.aliases, self.masters, strict=True):
+            if master is alias:
+                alias.grad = p.grad
+            else:
+                _fold_grad(p, master)  # a gradient set on the parameter by hand, not by a backward
+
     def grad_sq_norm(self) -> float:
         """Squared L2 norm of the accumulated gradients (summed across stages for a global clip)."""
-        grads = [p.grad for p in self.params if p.grad is not None]
+        self._collect()
+        grads = [m.grad for m in self.masters if m.grad is not None]
         if not grads:
             return 0.0
         return float(sum(torch.linalg.vector_norm(g.float()) ** 2 for g in grads))
@@ -86,20 +169,36 @@ class AliasedOptimizer:
         synchronises its steps anyway; ``None`` means these parameters' own norm, which is what a
         PACI stage can do without coordinating with the others.
         """
-        for p, alias in zip(self.params, self.aliases, strict=True):
-            alias.grad = p.grad
+        self._collect()
         if self.grad_clip:
             norm = grad_norm if grad_norm is not None else self.grad_sq_norm() ** 0.5
             coef = self.grad_clip / (norm + 1e-6)
             if coef < 1.0:
-                for alias in self.aliases:
-                    if alias.grad is not None:
-                        alias.grad.mul_(coef)
+                for master in self.masters:
+                    if master.grad is not None:
+                        master.grad.mul_(coef)
         self.optimizer.step()
-        for p, alias in zip(self.params, self.aliases, strict=True):
+        for p, alias, master in zip(self.params, self.aliases, self.masters, strict=True):
+            if master is not alias:
+                alias.copy_(master)  # in place into the bf16 storage: no version bump, no new tensor
             p.grad = None
-            alias.grad = None
+            master.grad = None
 
     def discard_grads(self) -> None:
-        for p in self.params:
+        for p, master in zip(self.params, self.masters, strict=True):
             p.grad = None
+            master.grad = None
+
+    def master_weights(self) -> list[torch.Tensor]:
+        """The fp32 masters of the bf16 parameters, in parameter order (what a checkpoint must keep)."""
+        return [m for m, a in zip(self.masters, self.aliases, strict=True) if m is not a]
+
+    @torch.no_grad()
+    def load_master_weights(self, weights: Sequence[torch.Tensor]) -> None:
+        """Restore :meth:`master_weights` in place, and the bf16 parameters from them."""
+        pairs = [(m, a) for m, a in zip(self.masters, self.aliases, strict=True) if m is not a]
+        if len(weights) != len(pairs):
+            raise ValueError(f"{len(weights)} master weights for {len(pairs)} bf16 parameters")
+        for (master, alias), w in zip(pairs, weights, strict=True):
+            master.copy_(w)
+            alias.copy_(master)

@@ -1,13 +1,17 @@
 """One pipeline stage: its units, its optimizer, its local accumulation counter, its drift record.
 
 The stage steps its optimizer through parameter aliases (:mod:`.optim`), so a micro-batch in flight
-runs its backward against the current weights, PACI's semantics, with no weight copy. May import:
-:mod:`.optim`, :mod:`paci_tune.model`, :mod:`paci_tune.config`, torch.
+runs its backward against the current weights, PACI's semantics, with no weight copy. In bf16
+(``dtype=torch.bfloat16``) the stage's parameters *are* bf16 -- the module is converted, not run
+under autocast, whose per-forward weight casts autograd would keep for every micro-batch in flight
+(a stashed copy each, and stale weights in the backward) -- its inputs and activations are bf16,
+the loss is fp32 (:func:`~paci_tune.model.loss.next_token_loss`), and the optimizer keeps fp32
+masters written back in place after each step. May import: :mod:`.optim`, :mod:`paci_tune.model`,
+:mod:`paci_tune.config`, torch.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -16,7 +20,12 @@ from torch import nn
 
 from ..config.schema import OptimizerConfig
 from ..model.loss import next_token_loss
-from .optim import AliasedOptimizer
+from .optim import MASTER_DTYPES, AliasedOptimizer
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype of a stage's parameters and activations: bf16 (fp32 masters in :mod:`.optim`) or fp32."""
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 @dataclass
@@ -60,7 +69,8 @@ class Stage:
 
     ``lr_at(k)`` gives the learning rate of the stage's k-th optimizer step (0-based); under PACI
     every stage takes the same number of steps, so a step budget gives every stage the same
-    schedule with no communication.
+    schedule with no communication. ``dtype``: the parameters' and activations' dtype, fp32 or
+    bf16 (module docstring).
     """
 
     def __init__(
@@ -73,15 +83,18 @@ class Stage:
         optimizer: OptimizerConfig,
         lr_at: Callable[[int], float],
         device: torch.device,
-        autocast_dtype: torch.dtype | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         self.index, self.n_stages, self.window = index, n_stages, window
-        self.device = device
+        self.device, self.dtype = device, dtype
         self.module = nn.Sequential(*units).to(device)
+        if dtype != torch.float32:
+            self.module.to(dtype)
         self.lr_at = lr_at
-        self.autocast_dtype = autocast_dtype
         self.grad_clip = optimizer.grad_clip
-        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        self.param_names = [n for n, _ in named]
+        self.params = [p for _, p in named]
         self.optim = AliasedOptimizer.from_config(self.params, optimizer)
         self.updates = 0
         self.backwards = 0
@@ -100,10 +113,11 @@ class Stage:
     def inflight(self) -> int:
         return len(self._inflight)
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+    def _cast(self, x: torch.Tensor) -> torch.Tensor:
+        """Floating inputs in the stage's dtype (token ids stay as they are)."""
+        if self.dtype != torch.float32 and x.is_floating_point():
+            return x.to(self.dtype)
+        return x
 
     def forward(self, mb: int, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Run the stage on micro-batch ``mb``; keep what its backward needs.
@@ -112,15 +126,14 @@ class Stage:
         The last stage scales the loss by 1/a so a window's gradients average, like plain gradient
         accumulation over a global batch.
         """
-        inputs = inputs.to(self.device, non_blocking=True)
+        inputs = self._cast(inputs.to(self.device, non_blocking=True))
         if not self.is_first:
             inputs = inputs.detach().requires_grad_(True)
-        with self._autocast():
-            out = self.module(inputs)
-            if self.is_last:
-                assert targets is not None
-                loss = next_token_loss(out, targets.to(self.device))
-                out = loss / self.window
+        out = self.module(inputs)
+        if self.is_last:
+            assert targets is not None
+            loss = next_token_loss(out, targets.to(self.device))
+            out = loss / self.window
         self._inflight[mb] = _InFlight(inputs, out, self.updates)
         return loss.detach() if self.is_last else out.detach()
 
@@ -135,7 +148,7 @@ class Stage:
             rec.outputs.backward()
         else:
             assert grad is not None
-            rec.outputs.backward(grad.to(self.device, non_blocking=True))
+            rec.outputs.backward(grad.to(self.device, dtype=rec.outputs.dtype, non_blocking=True))
         if warmup:
             self.optim.discard_grads()
         else:
@@ -162,30 +175,39 @@ class Stage:
         ``weights``: score these parameters (a snapshot) instead of the current ones, without
         touching the module (:func:`torch.func.functional_call`), so training state is unchanged.
         """
-        with self._autocast():
-            x = inputs.to(self.device)
-            out = self.module(x) if weights is None else torch.func.functional_call(self.module, weights, (x,))
-            if self.is_last:
-                assert targets is not None
-                return next_token_loss(out, targets.to(self.device))
+        x = self._cast(inputs.to(self.device))
+        out = self.module(x) if weights is None else torch.func.functional_call(self.module, weights, (x,))
+        if self.is_last:
+            assert targets is not None
+            return next_token_loss(out, targets.to(self.device))
         return out
 
     def state_dict(self) -> dict:
+        """Everything an exact resume needs; in bf16 that includes the fp32 master weights."""
         if self._inflight:
             raise RuntimeError("a stage can only be checkpointed drained (no micro-batch in flight)")
-        return {
+        state = {
             "module": self.module.state_dict(),
             "optimizer": self.optim.optimizer.state_dict(),
             "updates": self.updates,
             "backwards": self.backwards,
             "drift": self.drift.state_dict(),
         }
+        if self.optim.mixed:
+            state["masters"] = [m.detach() for m in self.optim.master_weights()]
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["module"])
         self.optim.optimizer.load_state_dict(state["optimizer"])
+        if self.optim.mixed:
+            # A checkpoint without masters (fp32 parameters) holds the weights themselves in fp32.
+            names = [n for n, p in zip(self.param_names, self.params, strict=True) if p.dtype in MASTER_DTYPES]
+            masters = state.get("masters") or [state["module"][n] for n in names]
+            self.optim.load_master_weights(masters)
         self.updates, self.backwards = state["updates"], state["backwards"]
         self.drift.load_state_dict(state["drift"])
 
     def parameter_bytes(self) -> int:
+        """Bytes of the parameters the stage computes with (bf16 ones in bf16; the masters not counted)."""
         return sum(p.numel() * p.element_size() for p in self.params)

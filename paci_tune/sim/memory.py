@@ -2,10 +2,13 @@
 
 A stage's memory at its peak is the sum of
 
-- its weights (``param_bytes``: fp32 master weights; bf16 runs autocast, the parameters stay fp32),
-- their gradients (same size, kept between backwards of a window),
-- the optimizer state: AdamW keeps two fp32 moments per parameter (2x the weights), SGD with
-  momentum one,
+- its weights: fp32 (``param_bytes``, 4 bytes per parameter by the profile's convention), or in a
+  bf16 profile bf16 weights (half of ``param_bytes``) *plus* their fp32 master copies
+  (``param_bytes``) that the optimizer steps (:mod:`paci_tune.pipeline.optim`),
+- their gradients, accumulated in fp32 in both precisions (``param_bytes``, kept between
+  backwards of a window),
+- the optimizer state, fp32 in both: AdamW keeps two moments per parameter (2x ``param_bytes``),
+  SGD with momentum one,
 - the activations of every micro-batch in flight (forward done, backward pending): autograd's
   saved tensors of the stage's units (``saved_bytes``), plus the stage's output, which the stage
   holds until its backward (it is the root the backward starts from; the last stage holds only a
@@ -33,20 +36,24 @@ DEFAULT_OVERHEAD_BYTES = 256 * MIB
 OPTIMIZER_STATE_FACTOR = {"adamw": 2, "sgd": 1}
 """Optimizer state in units of the fp32 weights: AdamW's two moments, SGD's momentum buffer."""
 
+WEIGHT_BYTES = {"fp32": 4, "bf16": 2}
+"""Bytes per parameter of the weights a stage computes with, by the profile's ``dtype``."""
+
 
 @dataclass(frozen=True)
 class StageMemory:
-    """The parts of one stage's predicted peak memory, in bytes."""
+    """The parts of one stage's predicted peak memory, in bytes (``masters``: fp32 masters of bf16 weights)."""
 
     params: int
     grads: int
     optimizer_state: int
     activations: int
     overhead: int
+    masters: int = 0
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer_state + self.activations + self.overhead
+        return self.params + self.masters + self.grads + self.optimizer_state + self.activations + self.overhead
 
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
@@ -72,11 +79,13 @@ def stage_memory(
     """Predicted peak memory of a stage owning ``units`` with at most ``inflight`` micro-batches in flight."""
     if optimizer not in OPTIMIZER_STATE_FACTOR:
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(OPTIMIZER_STATE_FACTOR)}")
-    params = sum(profile.units[i].param_bytes for i in units)
+    fp32 = sum(profile.units[i].param_bytes for i in units)
+    weights = fp32 * WEIGHT_BYTES[profile.dtype] // 4
     return StageMemory(
-        params=params,
-        grads=params,
-        optimizer_state=OPTIMIZER_STATE_FACTOR[optimizer] * params,
+        params=weights,
+        grads=fp32,
+        optimizer_state=OPTIMIZER_STATE_FACTOR[optimizer] * fp32,
         activations=inflight * inflight_bytes(profile, units, microbatch_size, last=last),
         overhead=overhead_bytes,
+        masters=0 if weights == fp32 else fp32,
     )

@@ -10,13 +10,13 @@ Format (every time in seconds, every size in bytes)::
     machine: {node: host, processor: x86_64, platform: Linux-...}   # optional, informative
     device: cpu                     # optional, informative (the device name)
     torch: 2.13.0                   # optional, informative
-    dtype: fp32                     # optional: fp32 or bf16, the compute precision measured
+    dtype: fp32                     # optional: fp32 or bf16, the compute precision measured (default fp32)
     date: 2026-01-01T00:00:00       # optional, informative
     threads: 1                      # optional: CPU threads per stage during measurement
     seq_len: 128                    # required: tokens per sequence the costs were measured at
     units:                          # required: one entry per pipeline unit, in model order
       - name: embed                 # optional
-        param_bytes: 131072         # fp32 weights of the unit (grads and AdamW state derive from it)
+        param_bytes: 131072         # 4 bytes per parameter of the unit, in either dtype (see below)
         optimizer_s: 0.0002         # one optimizer step over the unit's parameters
         microbatch:                 # per micro-batch size (sequences) measured
           8: {forward_s: 0.001, backward_s: 0.002, activation_bytes: 524288, saved_bytes: 8192}
@@ -29,6 +29,14 @@ output -- what crosses a stage boundary cut after this unit (the gradient sent b
 size). ``saved_bytes`` is what autograd keeps alive between the unit's forward and backward,
 excluding the parameters themselves: the activation memory of one in-flight micro-batch.
 ``bandwidth_Bps: .inf`` with ``latency_s: 0`` makes transfers free.
+
+**``param_bytes`` is 4 bytes per parameter whatever ``dtype`` is** -- the size of the unit's weights
+in fp32, i.e. its parameter count times 4 -- so a profile's weights can be compared and scaled
+across precisions. What a stage holds is derived from it by :mod:`paci_tune.sim.memory`: in fp32
+weights, gradients and optimizer state of ``param_bytes`` each (AdamW: two moments); in bf16
+(fp32 master weights, :mod:`paci_tune.pipeline.optim`) bf16 weights of ``param_bytes / 2``, plus fp32
+masters, fp32 gradients and fp32 optimizer state as in fp32. ``activation_bytes`` and ``saved_bytes``
+are measured in the profile's ``dtype`` (bf16 activations in a bf16 profile, no weight copies).
 
 **Micro-batch sizes that were not measured** are linearly interpolated between the two nearest
 measured sizes, and extrapolated along the line through the two nearest measured sizes beyond
