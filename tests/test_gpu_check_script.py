@@ -43,7 +43,10 @@ def test_smoke_run_produces_every_figure(tmp_path: Path):
     for sched in ("paci", "1f1b"):
         run = emu[sched]
         assert run["steps"] == 6 and run["peak_memory_gib"] > 0
-        assert 0.2 < run["predicted_over_measured"] < 5  # same order: the rst clock replays this very run
+        # The rst clock replays this very run: a unit mistake (ms read as s) is off by 1000x. How
+        # close the two are is a timing figure (6 tiny steps on a loaded CPU read 0.15-0.6), not
+        # something a test on a shared machine can hold.
+        assert 0.02 < run["predicted_over_measured"] < 50
     assert emu["1f1b"]["analytic_bubble_fraction"] == pytest.approx((2 - 1) / (4 + 2 - 1))
 
     rows = steps["paper"]["rows"]
