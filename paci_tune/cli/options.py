@@ -22,6 +22,11 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--stages", "pipeline.stages", {"type": int, "help": "Pipeline depth P (stages)."}),
     ("--window", "pipeline.window", {"type": int, "help": "Accumulation window a (micro-batches per global batch)."}),
     ("--microbatch-size", "pipeline.microbatch_size", {"type": int, "help": "Micro-batch size (global batch / a)."}),
+    (
+        "--data-parallel",
+        "pipeline.data_parallel",
+        {"type": int, "help": "Data-parallel replicas D of the pipeline (P x D devices; global batch = D*a*b)."},
+    ),
     ("--inflight", "pipeline.inflight", {"type": int, "help": "Cap on micro-batches in flight per stage."}),
     ("--runtime", "pipeline.runtime", {"type": click.Choice(["emulated", "distributed"]), "help": "Runtime."}),
     ("--device", "pipeline.device", {"type": click.Choice(["auto", "cpu", "cuda"]), "help": "Device."}),

@@ -122,7 +122,8 @@ class PipelineConfig:
     schedule: Literal["paci", "1f1b", "gpipe"] = "paci"
     stages: int = 1
     window: int = 4  # in a file: derived from microbatch_size, 4 when neither is given
-    microbatch_size: int = 8  # in a file: training.global_batch / window
+    microbatch_size: int = 8  # in a file: training.global_batch / (data_parallel * window)
+    data_parallel: int = 1  # D replicas of the P-stage pipeline, on P x D devices
     inflight: int | None = None
     partition: Literal["auto"] | list[int] = "auto"
     runtime: Literal["emulated", "distributed"] = "emulated"
@@ -137,6 +138,7 @@ class PipelineConfig:
         _positive(f"{key}.stages", self.stages)
         _positive(f"{key}.window", self.window)
         _positive(f"{key}.microbatch_size", self.microbatch_size)
+        _positive(f"{key}.data_parallel", self.data_parallel)
         if self.inflight is not None:
             _positive(f"{key}.inflight", self.inflight)
         if isinstance(self.partition, list):
@@ -157,11 +159,12 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         g, p = self.training.global_batch, self.pipeline
-        if p.window * p.microbatch_size != g:
+        if p.data_parallel * p.window * p.microbatch_size != g:
+            d = p.data_parallel
             raise ConfigError(
                 "pipeline.microbatch_size",
                 p.microbatch_size,
-                f"training.global_batch / pipeline.window = {g}/{p.window} = {g // p.window}",
+                f"training.global_batch / (pipeline.data_parallel * pipeline.window) = {g}/({d}*{p.window})",
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -269,9 +272,10 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
 
 
 def resolve_batching(doc: dict[str, Any]) -> dict[str, Any]:
-    """Fill in window or micro-batch size from the other in a parsed document: a * b = global batch.
+    """Fill in window or micro-batch size from the other in a parsed document: D * a * b = global batch.
 
-    Only well-typed positive values are resolved; anything else is left for the dataclasses to
+    Each of the D data-parallel replicas takes global_batch / D sequences per step, a micro-batches
+    of b. Only well-typed positive values are resolved; anything else is left for the dataclasses to
     refuse with the key's own message.
     """
     training, pipeline = doc.get("training") or {}, doc.get("pipeline") or {}
@@ -279,23 +283,29 @@ def resolve_batching(doc: dict[str, Any]) -> dict[str, Any]:
         return doc
     g = training.get("global_batch", TrainingConfig.global_batch)
     w, b = pipeline.get("window"), pipeline.get("microbatch_size")
+    dp = pipeline.get("data_parallel", PipelineConfig.data_parallel)
 
     def ok(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
-    if not ok(g) or not all(v is None or ok(v) for v in (w, b)):
+    if not ok(g) or not ok(dp) or not all(v is None or ok(v) for v in (w, b)):
         return doc
+    if g % dp:
+        divisors = [d for d in range(1, g + 1) if g % d == 0]
+        raise ConfigError("pipeline.data_parallel", dp, f"a divisor of training.global_batch={g}: {divisors}")
+    per_replica = g // dp
+    where = f"training.global_batch / pipeline.data_parallel = {g}/{dp} = {per_replica}"
     if b is not None and w is None:
-        if g % b:
-            raise ConfigError("pipeline.microbatch_size", b, f"a divisor of training.global_batch={g}")
-        w = g // b
+        if per_replica % b:
+            raise ConfigError("pipeline.microbatch_size", b, f"a divisor of {where}")
+        w = per_replica // b
     if w is None:
         w = 4
-    if g % w:
-        divisors = [d for d in range(1, g + 1) if g % d == 0]
-        raise ConfigError("pipeline.window", w, f"a divisor of training.global_batch={g}: {divisors}")
+    if per_replica % w:
+        divisors = [d for d in range(1, per_replica + 1) if per_replica % d == 0]
+        raise ConfigError("pipeline.window", w, f"a divisor of {where}: {divisors}")
     if b is None:
-        b = g // w
+        b = per_replica // w
     return {**doc, "pipeline": {**pipeline, "window": w, "microbatch_size": b}}
 
 
