@@ -34,19 +34,33 @@ def _check(tokens: np.ndarray, seq_len: int, micro_batch_size: int) -> None:
 
 
 class MicroBatchStream:
-    """Random training windows; ``get(j)`` depends only on ``(seed, j)``."""
+    """Random training windows; ``get(j)`` depends only on ``(seed, j)``.
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, seed: int) -> None:
+    Data parallelism: replica ``r`` of ``replicas`` D reads micro-batch ``j * D + r`` of the
+    single-replica stream, so the D replicas' micro-batches ``j`` of a step are D consecutive
+    micro-batches of the D=1 stream with the same micro-batch size, and a D-replica run with window
+    ``a`` trains on exactly the sequences of a D=1 run with window ``D * a`` (the same global batch).
+    Dealing out whole micro-batches, rather than slicing micro-batches D times larger, keeps every
+    D=1 run's data (and its checkpoints) as they were: D only decides who computes which.
+    """
+
+    def __init__(
+        self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, seed: int, *, replicas: int = 1,
+        replica: int = 0,
+    ) -> None:  # fmt: skip
         _check(tokens, seq_len, micro_batch_size)
         if seed < 0:
             raise ValueError(f"seed must be non-negative, got {seed}")
+        if not 0 <= replica < replicas:
+            raise ValueError(f"replica {replica} out of range for {replicas} replicas")
         self.tokens, self.seq_len, self.micro_batch_size, self.seed = tokens, seq_len, micro_batch_size, seed
+        self.replicas, self.replica = replicas, replica
 
     def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), each (micro_batch_size, seq_len) int64, with y[:, t] the token after x[:, t]."""
         if j < 0:
             raise IndexError(f"micro-batch index must be non-negative, got {j}")
-        rng = np.random.default_rng([self.seed, j])
+        rng = np.random.default_rng([self.seed, j * self.replicas + self.replica])
         offsets = rng.integers(0, len(self.tokens) - self.seq_len, size=self.micro_batch_size)
         return _windows(self.tokens, offsets, self.seq_len)
 

@@ -4,18 +4,33 @@ It executes the very same per-stage programs as the distributed runtime, in an o
 every dependency, so its numerics are the distributed runtime's. Its pipeline timing comes from
 placing the measured per-action compute times on the schedule as they run (zero transfer cost,
 evaluation left out), which is the pipeline the schedule would give on P identical devices.
-May import: torch, the pipeline layer's modules, :mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
+
+Data parallelism (D replicas): D explicit copies of every stage, each with its own optimizer and
+its own micro-batches, are the exact model of the distributed runtime's P x D processes. Every
+action the schedule yields for stage s runs on replica 0, 1, ..., D-1 in turn, so when stage s
+reaches its step all D replicas have finished that window's backwards; the first replica to step
+averages the D gradient lists in replica order (:func:`.replicas.average_gradients`, the
+all-reduce's arithmetic) and every replica then takes the same step on the same weights. Copies,
+rather than one stage run D times with its gradients kept apart, cost D x the stage's memory on
+one device, but leave the stage, its in-flight bookkeeping and its drift record exactly as the
+distributed runtime's, and need no second code path. A pipeline action is placed on the timeline
+at the longest of its D replicas' times (the replicas would run side by side; the all-reduce, like
+a transfer, is given no cost). May import: torch, the pipeline layer's modules,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 
 import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
 from ..schedule import Op, Placer, Program, execution_order, inflight_cap, sweep
 from .evaluation import EvalPlan
+from .replicas import ReplicaLosses, average_gradients
 from .runtime import (
     ActionRunner,
     BatchLosses,
@@ -47,35 +62,56 @@ class Mailbox:
 
 
 class EmulatedRuntime:
-    """All stages of the pipeline in this process."""
+    """All stages of the pipeline, and all D replicas of each (``replicas[r][s]``), in this process."""
 
     is_reporter = True
 
     def __init__(
         self,
-        stages: list[Stage],
+        replicas: list[list[Stage]],
         units: list[range],
-        stream: MicroBatchStream,
+        streams: list[MicroBatchStream],
         val: ValidationSet,
         schedule: str,
         inflight: int | None = None,
     ) -> None:
-        self.stages, self.units, self.val = stages, units, val
+        self.replicas, self.units, self.val = replicas, units, val
+        self.stages = replicas[0]
         self.schedule, self.inflight = schedule, inflight
-        self.n_stages = len(stages)
-        self.window = stages[0].window
-        self.device = stages[0].device
-        box = Mailbox()
-        self.runners = [ActionRunner(st, box, stream, val) for st in stages]
-        self.sync_steps = self.window if schedule != "paci" and stages[0].grad_clip else None
+        self.n_stages, self.n_replicas = len(self.stages), len(replicas)
+        self.window = self.stages[0].window
+        self.device = self.stages[0].device
+        self.runners = [
+            [ActionRunner(st, box, stream, val) for st in stages]
+            for stages, stream, box in zip(replicas, streams, [Mailbox() for _ in replicas], strict=True)
+        ]
+        for extra in self.runners[1:]:
+            for runner in extra:
+                runner.evaluator.scores = False  # replica 0 scores; the weights are the same
+        self.sync_steps = self.window if schedule != "paci" and self.stages[0].grad_clip else None
         self._norm: tuple[int, float] = (-1, 0.0)
-        if self.sync_steps:
-            for r in self.runners:
-                r.global_grad_norm = self._global_grad_norm
+        self._averaged: list[int] = [-1] * self.n_stages  # per stage: the last batch whose gradients are averaged
+        for row in self.runners:
+            for r in row:
+                if self.sync_steps:
+                    r.global_grad_norm = self._global_grad_norm
+                if self.n_replicas > 1:
+                    r.grad_sync = self._average_stage(r.stage.index)
+
+    def _average_stage(self, s: int) -> Callable[[int], None]:
+        def sync(batch: int) -> None:
+            if self._averaged[s] != batch:  # once per step, at the first replica to step
+                self._averaged[s] = batch
+                average_gradients([rep[s].gradients() for rep in self.replicas])
+
+        return sync
 
     def _global_grad_norm(self, batch: int) -> float:
         """The whole model's gradient norm of ``batch``: computed at the first stage to step, then kept."""
         if self._norm[0] != batch:
+            if self.n_replicas > 1:  # every stage's replicas averaged first (a flush schedule steps together)
+                for s in range(self.n_stages):
+                    self._average_stage(s)(batch)
             self._norm = (batch, sum(st.grad_sq_norm() for st in self.stages) ** 0.5)
         return self._norm[1]
 
@@ -87,7 +123,26 @@ class EmulatedRuntime:
         n = inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
         lists = [warmup_actions(s, self.n_stages, n) for s in range(self.n_stages)]
         for s, act in execution_order(lists):
-            run_warmup_action(self.runners[s], act)
+            for row in self.runners:
+                run_warmup_action(row[s], act)
+
+    def _plans(self, plan: EvalPlan) -> list[EvalPlan]:
+        """Replica 0's stage 0 decides each evaluation's control; the other replicas' stage 0 take its decision."""
+        if self.n_replicas == 1:
+            return [plan]
+        decided: dict[int, tuple[bool, bool]] = {}
+
+        def lead(k: int, news: bool) -> tuple[bool, bool]:
+            decided.clear()
+            decided[k] = plan.control(k, news)
+            return decided[k]
+
+        def follow(k: int, news: bool) -> tuple[bool, bool]:
+            return decided[k]
+
+        return [dataclasses.replace(plan, control=lead)] + [dataclasses.replace(plan, control=follow)] * (
+            self.n_replicas - 1
+        )
 
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
         """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), drained at the end."""
@@ -97,23 +152,30 @@ class EmulatedRuntime:
                     eval_at=plan.eval_at)
             for s in range(self.n_stages)
         ]  # fmt: skip
-        for runner, program in zip(self.runners, programs, strict=True):
-            runner.begin(program, plan)
-        self.runners[-1].losses = BatchLosses(self.window, on_batch)
-        seg = [StageTiming() for _ in self.stages]
+        for row, rplan in zip(self.runners, self._plans(plan), strict=True):
+            for runner, program in zip(row, programs, strict=True):
+                runner.begin(program, rplan)  # the replicas share each stage's program: they end together
+        if self.n_replicas == 1:
+            self.runners[0][-1].losses = BatchLosses(self.window, on_batch)
+        else:
+            combined = ReplicaLosses(self.n_replicas, on_batch)
+            for r, row in enumerate(self.runners):
+                row[-1].losses = BatchLosses(self.window, combined.for_replica(r))
+        seg = [[StageTiming() for _ in self.stages] for _ in self.runners]
         placer = Placer(self.n_stages, sync_steps=self.sync_steps)
         t0 = time.perf_counter()
         for s, act in sweep([iter(p) for p in programs], self.sync_steps):
-            seconds = self.runners[s].run(act, seg[s])
+            seconds = max(row[s].run(act, seg[r][s]) for r, row in enumerate(self.runners))
             if act.op is not Op.EVAL:
                 placer.place(s, act, seconds)
-        eval_seconds = sum(r.eval_seconds for r in self.runners)
+        eval_seconds = sum(r.eval_seconds for row in self.runners for r in row)
         wall = time.perf_counter() - t0 - eval_seconds
-        for t in seg:
+        timing = [StageTiming(busy=placer.busy[s]) for s in range(self.n_stages)]
+        for t in timing:
             t.idle = placer.makespan - t.busy
             t.span = placer.makespan
         assert programs[0].end is not None
-        return SegmentReport(programs[0].end - first_batch + 1, wall, placer.makespan, seg, eval_seconds)
+        return SegmentReport(programs[0].end - first_batch + 1, wall, placer.makespan, timing, eval_seconds)
 
     def evaluate(self) -> float:
         return validation_loss(self.stages, self.val)
@@ -129,14 +191,16 @@ class EmulatedRuntime:
         pass
 
     def state_dicts(self) -> dict[int, dict]:
+        """Replica 0's stages: the replicas are identical, so one copy of each stage is the checkpoint."""
         return {s: st.state_dict() for s, st in enumerate(self.stages)}
 
     def load_state_dicts(self, states: dict[int, dict]) -> None:
-        for s, st in enumerate(self.stages):
-            st.load_state_dict(states[s])
+        for stages in self.replicas:
+            for s, st in enumerate(stages):
+                st.load_state_dict(states[s])
 
     def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
-        """Per-stage summary entries, given the run's accumulated timing."""
+        """Per-stage summary entries (replica 0's: every replica has the same drift), given the run's timing."""
         return [
             stage_stats(st, timing[s], makespan, self.units[s], self.device, self.schedule)
             for s, st in enumerate(self.stages)

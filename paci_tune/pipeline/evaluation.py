@@ -14,7 +14,12 @@ stage reads, extends with the weights it scored and passes on before the activat
 News that the target was reached travels the other way, as a flag on the gradients, from the last
 stage (which computes the loss) to stage 0 (which decides). Both runtimes run this code through
 their transport, so they take the same decisions at the same points and train the same numbers.
-Evaluation changes no training state, whatever the cadence. May import: torch, :mod:`.stage`,
+Evaluation changes no training state, whatever the cadence.
+
+Data parallelism: the D replicas of a stage hold the same weights, so replica 0 alone scores
+(``scores=False`` elsewhere) and its result is D=1's for the same weights, on the same validation
+set. Every replica still runs the control message through its own pipe, so all end where replica
+0's stage 0 decided (the runtimes hand the other replicas' stage 0 that decision). May import: torch, :mod:`.stage`,
 :mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
 """
 
@@ -85,6 +90,7 @@ class StageEvaluator:
     def __init__(self, stage: Stage, transport: Transport, val: ValidationSet) -> None:
         self.stage, self.transport, self.val = stage, transport, val
         self.news = False  # the target was reached (heard on a gradient, or seen here on the last stage)
+        self.scores = True  # False on data-parallel replicas other than 0: they pass the control message only
         self.program: Program | None = None
         self.plan: EvalPlan | None = None
         self._awaiting: list[int] = []  # evaluation points stepped here and not evaluated yet
@@ -98,7 +104,7 @@ class StageEvaluator:
     # ----------------------------------------------------------------------------- snapshots
     def before_step(self) -> None:
         """Keep the weights of every pending evaluation before this step changes them."""
-        for k in self._awaiting:
+        for k in self._awaiting if self.scores else ():
             if k not in self._snapshots:
                 self._snapshots[k] = {n: p.detach().clone() for n, p in self.stage.module.named_parameters()}
 
@@ -129,7 +135,7 @@ class StageEvaluator:
             for j in [j for j in self._awaiting if j > k]:  # evaluations the end dropped
                 self._awaiting.remove(j)
                 self._snapshots.pop(j, None)
-        if not ctl[0]:
+        if not ctl[0] or not self.scores:
             return
         n = len(self.val)
         if not st.is_first:

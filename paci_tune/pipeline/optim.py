@@ -153,6 +153,16 @@ class AliasedOptimizer:
             else:
                 _fold_grad(p, master)  # a gradient set on the parameter by hand, not by a backward
 
+    def gradients(self) -> list[torch.Tensor]:
+        """The accumulated gradients the next :meth:`step` applies, in parameter order.
+
+        What data parallelism averages in place across replicas before the step. Parameters no
+        backward reached are left out (and stay untouched by the step, as without replicas); every
+        replica runs the same modules on the same shapes, so all leave out the same ones.
+        """
+        self._collect()
+        return [m.grad for m in self.masters if m.grad is not None]
+
     def grad_sq_norm(self) -> float:
         """Squared L2 norm of the accumulated gradients (summed across stages for a global clip)."""
         self._collect()

@@ -4,7 +4,10 @@ With a cost profile (``training.profile``), ``partition: auto`` uses the measure
 partitioner, and the run's predicted peak memory per stage is checked against the device: a
 configuration that will not fit is refused with the numbers, not discovered by an OOM. Without
 one, the cut balances FLOP estimates and no prediction is made. ``paci-tune simulate`` cuts with the
-same function, per schedule. May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`,
+same function, per schedule. Data parallelism changes no stage: each device holds one replica of
+one stage, with micro-batches of ``pipeline.microbatch_size`` (per replica), so the per-device
+check is the same; only the emulated runtime, which holds all D replicas on its one device, needs D
+times the memory. May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`,
 :mod:`paci_tune.config`, :mod:`paci_tune.errors`, torch.
 """
 
@@ -121,11 +124,12 @@ def check_memory(
                 f"{have / GIB:.2f} GiB available per stage process",
             )
         return
-    have = memory_available(device, 1)
-    if sum(need) > have:
+    have, d = memory_available(device, 1), cfg.pipeline.data_parallel
+    if sum(need) * d > have:
+        copies = f"all {len(need)} stages" + (f" x {d} replicas" if d > 1 else "")
         raise ConfigError(
             "pipeline.microbatch_size",
             cfg.pipeline.microbatch_size,
-            f"a size that fits one device with all {len(need)} stages (emulated): predicted "
-            f"{sum(need) / GIB:.2f} GiB vs {have / GIB:.2f} GiB available",
+            f"a size that fits one device with {copies} (emulated): predicted "
+            f"{sum(need) * d / GIB:.2f} GiB vs {have / GIB:.2f} GiB available",
         )

@@ -82,6 +82,7 @@ class ActionRunner:
         self.evaluator = StageEvaluator(stage, transport, val)
         self.losses: BatchLosses | None = None
         self.global_grad_norm: Callable[[int], float] | None = None  # set when steps clip the model's norm
+        self.grad_sync: Callable[[int], None] | None = None  # set under data parallelism: average the replicas
         self.eval_seconds = 0.0
         self._batch_cache: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
         self._sync = stage.device.type == "cuda"
@@ -136,8 +137,10 @@ class ActionRunner:
                 assert gin is not None
                 tr.send(s, s - 1, "grad", act.mb, gin, int(self.evaluator.news))
         else:
+            if self.grad_sync is not None:
+                self.grad_sync(act.mb)  # before any norm: clipping sees the averaged gradients
             norm = self.global_grad_norm(act.mb) if self.global_grad_norm is not None else None
-            t1 = time.perf_counter()  # waiting for the other stages' norms is not compute
+            t1 = time.perf_counter()  # waiting for the replicas' gradients or other stages' norms is not compute
             self.evaluator.before_step()
             st.step(norm)
             self.evaluator.after_step(act.mb)

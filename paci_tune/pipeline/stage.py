@@ -156,6 +156,10 @@ class Stage:
             self.drift.add(self.updates - rec.updates_at_forward)
         return None if self.is_first else rec.inputs.grad
 
+    def gradients(self) -> list[torch.Tensor]:
+        """This window's accumulated gradients, as the step will apply them (averaged in place under DP)."""
+        return self.optim.gradients()
+
     def grad_sq_norm(self) -> float:
         """Squared L2 norm of this stage's accumulated gradients (for clipping across stages)."""
         return self.optim.grad_sq_norm()
