@@ -1,4 +1,4 @@
-"""Pipeline worker: one process per stage, started by ``torchrun``.
+"""Pipeline worker: one process per stage replica, started by ``torchrun``.
 
 ``paci-tune train --runtime distributed`` launches this for the user on one machine. For several
 machines, run the same entry point under your own launch on every node, e.g.::
@@ -7,9 +7,12 @@ machines, run the same entry point under your own launch on every node, e.g.::
         --rdzv-backend c10d --rdzv-endpoint $HEAD_HOST:29500 \\
         -m paci_tune.worker config.yaml --stages 8 --metrics run.jsonl
 
-The world size must equal the number of stages; stage s runs on global rank s. The last rank
-reports progress and writes the metrics file. An entry point, like :mod:`paci_tune.cli`: may
-import the train layer and everything below it, and the command-line options of :mod:`paci_tune.cli`.
+The world size must equal stages x data_parallel (P x D; e.g. ``--stages 4 --data-parallel 2``
+on the two nodes above): stage s of replica r runs on global rank r * P + s
+(:mod:`paci_tune.pipeline.mesh`), and a different world size is refused with that message.
+Replica 0's last stage, rank P - 1, reports progress and writes the metrics file. An entry
+point, like :mod:`paci_tune.cli`: may import the train layer and everything below it, and the
+command-line options of :mod:`paci_tune.cli`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def main(config: str, metrics: str | None, events: str | None, resume: bool, **o
     import torch.distributed as dist
 
     from .pipeline.backend import choose_backend, visible_gpus
+    from .pipeline.mesh import reporter_rank
     from .train.loop import Trainer
     from .train.metrics import RecordSink
     from .train.run import resolve_run
@@ -52,7 +56,7 @@ def main(config: str, metrics: str | None, events: str | None, resume: bool, **o
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         dist.init_process_group(backend, timeout=timedelta(minutes=10))
-        reporter = dist.get_rank() == dist.get_world_size() - 1
+        reporter = dist.get_rank() == reporter_rank(cfg.pipeline.stages)
         trainer = Trainer(resolve_run(cfg), RecordSink(metrics, events, active=reporter), distributed=True)
         trainer.run(resume=resume)
         dist.barrier()  # every rank is done: metrics and checkpoints are written and closed

@@ -158,7 +158,7 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
     distributed --clock wall for the real pipeline). Checkpoints go to BEST's folder unless
     --checkpoint-dir says otherwise, so an interrupted run continues with --resume.
     """
-    from ..train.launch import torchrun_command, write_resolved
+    from ..train.launch import n_processes, torchrun_command, write_resolved
     from ..train.run import resolve_run
     from ..tune.apply import apply_run, run_file_for
 
@@ -173,16 +173,16 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
         click.echo("# launch:")
         click.echo(shlex.join(cmd))
         if cfg.pipeline.runtime == "distributed":
-            click.echo("# which starts the pipeline workers as (torchrun, one process per stage):")
-            click.echo(shlex.join(torchrun_command(run_path, cfg.pipeline.stages)))
+            click.echo("# which starts the pipeline workers as (torchrun, one process per stage x replica):")
+            click.echo(shlex.join(torchrun_command(run_path, n_processes(cfg))))
         return
     from ..train import checkpoint
 
     if not resume and cfg.training.checkpoint_dir and checkpoint.latest(Path(cfg.training.checkpoint_dir)):
         raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {cfg.training.checkpoint_dir} "
                                              "already holds checkpoints of a run")  # fmt: skip
-    stderr(f"training {cfg.pipeline.schedule} P={cfg.pipeline.stages} a={cfg.pipeline.window} "
-           f"b={cfg.pipeline.microbatch_size} from {best} (config {run_path})")  # fmt: skip
+    stderr(f"training {cfg.pipeline.schedule} P={cfg.pipeline.stages} D={cfg.pipeline.data_parallel} "
+           f"a={cfg.pipeline.window} b={cfg.pipeline.microbatch_size} from {best} (config {run_path})")  # fmt: skip
     train_with_view(cfg, metrics=metrics, resume=resume, live=live)
 
 

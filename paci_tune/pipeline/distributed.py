@@ -1,16 +1,24 @@
-"""The distributed runtime: one process per stage, activations and gradients sent point to point.
+"""The distributed runtime: one process per stage replica, activations and gradients sent point to point.
 
 Each rank walks its own stage's program. Inside a segment there is no collective at all -- in
 ``paci`` mode stages never wait for each other except for the data they need, evaluations
 included (:mod:`.evaluation`) -- and a single ``all_gather`` at the segment's end (the pipeline is
 drained there anyway) shares timing so every rank can report the same pipeline makespan. The
 program is read a few actions ahead so that receives are posted before they are needed, never
-past an evaluation (whose control message may change what follows). May import: torch, the pipeline layer's modules,
-:mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
+past an evaluation (whose control message may change what follows).
+
+Data parallelism (``pipeline.data_parallel: D``): P x D ranks laid out by :mod:`.mesh`. Point-to-point
+traffic stays inside a replica's pipe; the collectives during training are those of one stage's
+data-parallel group -- its gradient all-reduce at each of its steps (:mod:`.replicas`), the last
+stage's loss sums, and stage 0's broadcast of replica 0's evaluation decision -- so stages still
+never wait for each other. Replica 0 scores evaluations and writes checkpoints (the replicas are
+identical). May import: torch, the pipeline layer's modules, :mod:`paci_tune.schedule`,
+:mod:`paci_tune.data`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 
@@ -19,8 +27,11 @@ import torch.distributed as dist
 
 from ..data.stream import MicroBatchStream, ValidationSet
 from ..schedule import Action, Op, Program, inflight_cap
+from .backend import wire_device
 from .evaluation import EvalPlan
+from .mesh import build_mesh, rank_of, reporter_rank
 from .p2p import P2P
+from .replicas import GradientAllReduce, LossAllReduce
 from .runtime import (
     ActionRunner,
     BatchLosses,
@@ -38,7 +49,7 @@ LOOKAHEAD = 16
 
 
 class DistributedRuntime:
-    """This rank's stage of a pipeline that spans ``world_size`` processes (stage s on rank s)."""
+    """This rank's stage replica of a pipeline of ``stage.n_stages`` stages x ``replicas`` replicas (:mod:`.mesh`)."""
 
     def __init__(
         self,
@@ -48,46 +59,81 @@ class DistributedRuntime:
         val: ValidationSet,
         schedule: str,
         inflight: int | None = None,
+        replicas: int = 1,
     ) -> None:
         self.stage, self.units, self.val = stage, units, val
         self.schedule, self.inflight = schedule, inflight
-        self.rank, self.n_stages = dist.get_rank(), dist.get_world_size()
+        self.rank, self.n_stages, self.s = dist.get_rank(), stage.n_stages, stage.index
         self.window = stage.window
         self.device = stage.device
-        self.p2p = P2P(list(range(self.n_stages)), stage.device)
+        self.wire = wire_device(dist.get_backend(), stage.device)
+        self.mesh = build_mesh(self.n_stages, replicas, "cuda" if self.wire.type == "cuda" else "cpu")
+        assert self.mesh.stage == self.s, f"rank {self.rank} holds stage {self.mesh.stage}, not {self.s}"
+        self.replica, self.n_replicas = self.mesh.replica, replicas
+        self.p2p = P2P(self.mesh.pipe_ranks, stage.device)
         self.runner = ActionRunner(stage, self.p2p, stream, val)
+        self.runner.evaluator.scores = self.replica == 0  # the replicas' weights are the same
         if schedule != "paci" and stage.grad_clip:
             self.runner.global_grad_norm = self._global_grad_norm
+        self.grads: GradientAllReduce | None = None
+        self.losses: LossAllReduce | None = None
+        if replicas > 1:
+            self.grads = GradientAllReduce(self.mesh.dp_group, replicas, self.wire)
+            self.runner.grad_sync = self._grad_sync
+
+    def _grad_sync(self, batch: int) -> None:
+        """At this stage's step: average the window's gradients over the stage's replicas; collect losses."""
+        assert self.grads is not None
+        self.grads.average(self.stage.gradients())
+        if self.losses is not None:
+            self.losses.collect()
 
     def _global_grad_norm(self, batch: int) -> float:
-        """The whole model's gradient norm: every stage adds its own (flush schedules step together)."""
+        """The whole model's gradient norm: every stage of this replica adds its own (flush schedules step together)."""
         sq = torch.tensor([self.stage.grad_sq_norm()], dtype=torch.float64, device=self.device)
-        dist.all_reduce(sq)
+        dist.all_reduce(sq, group=self.mesh.pp_group)
         return float(sq.item()) ** 0.5
 
     @property
     def is_reporter(self) -> bool:
-        """The last stage sees the losses, so it reports progress and writes the metrics."""
-        return self.rank == self.n_stages - 1
+        """Replica 0's last stage sees the losses, so it reports progress and writes the metrics."""
+        return self.rank == reporter_rank(self.n_stages)
 
     @property
     def local_stages(self) -> list[int]:
-        return [self.rank]
+        return [self.s]
 
     def warmup(self) -> None:
         n = inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
-        for act in warmup_actions(self.rank, self.n_stages, n):
+        for act in warmup_actions(self.s, self.n_stages, n):
             run_warmup_action(self.runner, act)
         self.p2p.wait_all()
+
+    def _agreed(self, plan: EvalPlan) -> EvalPlan:
+        """Stage 0 of every replica takes replica 0's evaluation decision (broadcast in stage 0's group)."""
+        if self.n_replicas == 1 or self.s != 0:
+            return plan
+
+        def control(k: int, news: bool) -> tuple[bool, bool]:
+            decision = plan.control(k, news) if self.replica == 0 else (False, False)
+            t = torch.tensor([int(v) for v in decision], dtype=torch.int64, device=self.wire)
+            dist.broadcast(t, src=rank_of(0, 0, self.n_stages), group=self.mesh.dp_group)
+            return bool(t[0]), bool(t[1])
+
+        return dataclasses.replace(plan, control=control)
 
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
         """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), drained at the end."""
         end = None if n_batches is None else first_batch + n_batches - 1
-        program = Program(self.schedule, self.rank, self.n_stages, self.window, first_batch, end,
+        program = Program(self.schedule, self.s, self.n_stages, self.window, first_batch, end,
                           inflight=self.inflight, eval_at=plan.eval_at)  # fmt: skip
-        self.runner.begin(program, plan)
-        if self.stage.is_last:
+        self.runner.begin(program, self._agreed(plan))
+        if self.stage.is_last and self.n_replicas == 1:
             self.runner.losses = BatchLosses(self.window, on_batch)
+        elif self.stage.is_last:
+            self.losses = LossAllReduce(self.mesh.dp_group, self.n_replicas, self.wire,
+                                        on_batch if self.is_reporter else None)  # fmt: skip
+            self.runner.losses = BatchLosses(self.window, self.losses.add)
         actions = iter(program)
         ahead: deque[Action] = deque()
         mine = StageTiming()
@@ -103,11 +149,14 @@ class DistributedRuntime:
                 break
             self.runner.run(ahead.popleft(), mine)
         self.p2p.wait_all()
+        if self.losses is not None:
+            self.losses.collect()
         mine.span = time.perf_counter() - t0 - self.runner.eval_seconds
-        gathered: list[StageTiming | None] = [None] * self.n_stages
+        gathered: list[StageTiming | None] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
-        timings = [t for t in gathered if t is not None]
-        makespan = max(t.span for t in timings)
+        everyone = [t for t in gathered if t is not None]
+        makespan = max(t.span for t in everyone)  # the slowest replica sets the pace of the global batch
+        timings = [everyone[rank_of(0, s, self.n_stages)] for s in range(self.n_stages)]  # replica 0's stages
         for t in timings:
             t.idle = makespan - t.busy
         assert program.end is not None
@@ -115,7 +164,7 @@ class DistributedRuntime:
 
     def _announce(self, act: Action) -> None:
         """Post the receive ``act`` will need (activations and evaluations from the left, gradients from the right)."""
-        s = self.rank
+        s = self.s
         if act.op is Op.FORWARD and s > 0:
             self.p2p.expect(s - 1, [("act", act.mb)])
         elif act.op is Op.EVAL and s > 0:
@@ -125,10 +174,10 @@ class DistributedRuntime:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Pipeline the validation set forward (drained); the last rank's mean loss is shared with all ranks."""
-        st, s = self.stage, self.rank
+        """Pipeline the validation set forward in replica 0 (drained); its mean loss is shared with all ranks."""
+        st, s = self.stage, self.s
         losses = []
-        for i in range(len(self.val)):
+        for i in range(len(self.val) if self.replica == 0 else 0):
             x, y = self.val.get(i)
             h = x if st.is_first else self.p2p.recv(s - 1, s, "eval", -1 - i)[0]
             out = st.evaluate(h, y if st.is_last else None)
@@ -137,12 +186,12 @@ class DistributedRuntime:
             else:
                 self.p2p.send(s, s + 1, "eval", -1 - i, out)
         self.p2p.wait_all()
-        return float(self.share(self.val.mean_loss(losses) if st.is_last else None))
+        return float(self.share(self.val.mean_loss(losses) if self.is_reporter else None))
 
     def share(self, value: object) -> object:
-        """The reporting (last) rank's ``value``, on every rank."""
+        """The reporting rank's ``value``, on every rank."""
         box = [value]
-        dist.broadcast_object_list(box, src=self.n_stages - 1)
+        dist.broadcast_object_list(box, src=reporter_rank(self.n_stages))
         return box[0]
 
     def agree(self, flag: bool) -> bool:
@@ -155,17 +204,18 @@ class DistributedRuntime:
         dist.barrier()
 
     def state_dicts(self) -> dict[int, dict]:
-        return {self.rank: self.stage.state_dict()}
+        """This stage's state from replica 0 only: the replicas are identical, one file per stage is the checkpoint."""
+        return {self.s: self.stage.state_dict()} if self.replica == 0 else {}
 
     def load_state_dicts(self, states: dict[int, dict]) -> None:
-        self.stage.load_state_dict(states[self.rank])
+        self.stage.load_state_dict(states[self.s])
 
     def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
-        """Every stage's summary entry, gathered from all ranks (the same list on each)."""
-        mine = stage_stats(self.stage, timing[self.rank], makespan, self.units[self.rank], self.device, self.schedule)
-        out: list[dict | None] = [None] * self.n_stages
+        """Every stage's summary entry (replica 0's: the replicas' drift is the same), the same list on each rank."""
+        mine = stage_stats(self.stage, timing[self.s], makespan, self.units[self.s], self.device, self.schedule)
+        out: list[dict | None] = [None] * dist.get_world_size()
         dist.all_gather_object(out, mine)
-        return [o for o in out if o is not None]
+        return [o for o in out[: self.n_stages] if o is not None]
 
     def close(self) -> None:
         self.p2p.wait_all()

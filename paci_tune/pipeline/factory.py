@@ -2,13 +2,16 @@
 
 Both runtimes are built here from the same pieces, so the only thing that differs between them
 is the transport. Under ``distributed`` each rank builds only its own stage's units; the built-in
-GPT's units are seeded per unit, so they come out identical to the emulated runtime's. May import:
+GPT's units are seeded per unit, so they come out identical to the emulated runtime's. With D
+data-parallel replicas each rank builds the stage its place in the mesh (:mod:`.mesh`) names, and
+the emulated runtime copies every stage D times; replica r reads its own micro-batches. May import:
 the pipeline layer's modules, :mod:`paci_tune.model`, :mod:`paci_tune.data`, :mod:`paci_tune.sim`,
 :mod:`paci_tune.schedule`, :mod:`paci_tune.config`, torch.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from ..model import LoadedModel, load_model
 from ..schedule import check_depth, stage_units
 from ..sim.profile import Profile
 from .emulated import EmulatedRuntime
+from .mesh import check_world
 from .planning import choose_partition, load_profile
 from .stage import Stage, compute_dtype
 
@@ -105,26 +109,35 @@ def build_setup(
 
         from .distributed import DistributedRuntime
 
-        rank, world = dist.get_rank(), dist.get_world_size()
-        if world != p.stages:
-            raise ConfigError("pipeline.stages", p.stages, f"the number of launched processes ({world})")
+        check_world(dist.get_world_size(), p.stages, p.data_parallel)
+        replica, stage = divmod(dist.get_rank(), p.stages)  # the mesh's layout: rank = replica * P + stage
+        replicas = [replica]
         device = resolve_device(p.device, int(os.environ.get("LOCAL_RANK", "0")))
-        mine = [rank]
+        mine = [stage]
     else:
         device = resolve_device(p.device)
         mine = list(range(p.stages))
+        replicas = list(range(p.data_parallel))
     precision = resolve_precision(p.precision, device)
     source, model, sizes, profile = load_pieces(cfg, mine, device, distributed)
     ranges = stage_units(sizes)
-    stream = MicroBatchStream(source.train, model.block_size, p.microbatch_size, t.seed)
+    streams = [
+        MicroBatchStream(source.train, model.block_size, p.microbatch_size, t.seed, replicas=p.data_parallel,
+                         replica=r)
+        for r in replicas
+    ]  # fmt: skip
     val = ValidationSet(source.val, model.block_size, t.eval_sequences, t.eval_microbatch_size)
     dtype = compute_dtype(precision)
 
-    def make_stage(s: int) -> Stage:
+    # The emulated runtime's extra replicas are copies, made before any stage converts or hooks its units.
+    built = {s: [model.units[i] for i in ranges[s]] for s in mine}
+    unit_copies = {r: built if r == replicas[0] else copy.deepcopy(built) for r in replicas}
+
+    def make_stage(s: int, replica: int) -> Stage:
         return Stage(
             s,
             p.stages,
-            [model.units[i] for i in ranges[s]],
+            unit_copies[replica][s],
             window=p.window,
             optimizer=cfg.optimizer,
             lr_at=lr_at,
@@ -134,9 +147,11 @@ def build_setup(
 
     runtime: object
     if distributed:
-        runtime = DistributedRuntime(make_stage(mine[0]), ranges, stream, val, p.schedule, p.inflight)
+        runtime = DistributedRuntime(make_stage(mine[0], replicas[0]), ranges, streams[0], val, p.schedule,
+                                     p.inflight, p.data_parallel)  # fmt: skip
     else:
-        runtime = EmulatedRuntime([make_stage(s) for s in mine], ranges, stream, val, p.schedule, p.inflight)
+        stages = [[make_stage(s, r) for s in mine] for r in replicas]
+        runtime = EmulatedRuntime(stages, ranges, streams, val, p.schedule, p.inflight)
     flops = None
     if model.gpt is not None:
         from ..model.gpt import model_flops_per_token

@@ -1,4 +1,6 @@
-"""Start the distributed runtime on this machine: ``torchrun`` with one process per stage.
+"""Start the distributed runtime on this machine: ``torchrun`` with one process per stage replica.
+
+P stages x D data-parallel replicas make P x D processes (:func:`n_processes`).
 
 The user never types torchrun. The run's config is written out resolved (every override applied,
 the partition and profile pinned) so the workers run exactly what the launcher validated; the
@@ -18,6 +20,11 @@ from ..base.processes import Child, Record, follow, tethered, threads_per_proces
 from ..config.schema import RunConfig
 
 WORKER_MODULE = "paci_tune.worker"
+
+
+def n_processes(cfg: RunConfig) -> int:
+    """Processes (devices) a distributed run takes: ``pipeline.stages`` x ``pipeline.data_parallel``."""
+    return cfg.pipeline.stages * cfg.pipeline.data_parallel
 
 
 def worker_command(config_path: Path, n_procs: int, extra: list[str]) -> list[str]:
@@ -58,8 +65,8 @@ def run_distributed(
         extra += ["--metrics", str(Path(metrics).resolve())]
     if resume:
         extra.append("--resume")
-    env = worker_env(threads_per_process(cfg.pipeline.stages))
-    cmd = worker_command(config_path, cfg.pipeline.stages, extra)
+    env = worker_env(threads_per_process(n_processes(cfg)))
+    cmd = worker_command(config_path, n_processes(cfg), extra)
     with Child(cmd, log=workdir / "workers.log", events=events, env=env) as child:
         follow(child, on_record, poll_s=poll_s)
         rc = child.returncode

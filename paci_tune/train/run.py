@@ -61,11 +61,13 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> RunConfig:
 
 def _check_launch(cfg: RunConfig, resume: bool, log: Log | None) -> None:
     """What the distributed runtime refuses, caught before any worker starts."""
-    p, n_gpus = cfg.pipeline, visible_gpus()
-    backend = choose_backend(p.backend, p.device, p.stages, n_gpus)  # all stages run on this machine
-    if shares_gpus(backend, p.device, p.stages, n_gpus) and log:
+    from .launch import n_processes
+
+    p, n_gpus, n = cfg.pipeline, visible_gpus(), n_processes(cfg)
+    backend = choose_backend(p.backend, p.device, n, n_gpus)  # all stage processes run on this machine
+    if shares_gpus(backend, p.device, n, n_gpus) and log:
         log(
-            f"note: {p.stages} stages share {n_gpus} GPU(s): NCCL needs a GPU per stage, so the stages talk over "
+            f"note: {n} stage processes share {n_gpus} GPU(s): NCCL needs a GPU per process, so they talk over "
             "gloo through host memory (right numbers, not a speed measurement; --runtime emulated is faster here)"
         )
     if resume and not cfg.training.checkpoint_dir:
