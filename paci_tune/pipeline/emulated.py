@@ -21,6 +21,7 @@ a transfer, is given no cost). May import: torch, the pipeline layer's modules,
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Callable
@@ -195,9 +196,10 @@ class EmulatedRuntime:
         return {s: st.state_dict() for s, st in enumerate(self.stages)}
 
     def load_state_dicts(self, states: dict[int, dict]) -> None:
-        for stages in self.replicas:
+        """Every replica from the one copy; each gets its own tensors (loading shares a state's optimizer tensors)."""
+        for r, stages in enumerate(self.replicas):
             for s, st in enumerate(stages):
-                st.load_state_dict(states[s])
+                st.load_state_dict(states[s] if r == 0 else copy.deepcopy(states[s]))
 
     def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
         """Per-stage summary entries (replica 0's: every replica has the same drift), given the run's timing."""
