@@ -78,13 +78,13 @@ class DistributedRuntime:
         self.grads: GradientAllReduce | None = None
         self.losses: LossAllReduce | None = None
         if replicas > 1:
-            self.grads = GradientAllReduce(self.mesh.dp_group, replicas, self.wire)
+            self.grads = GradientAllReduce(self.mesh.dp_group, replicas, self.wire, stage.optim)
             self.runner.grad_sync = self._grad_sync
 
     def _grad_sync(self, batch: int) -> None:
         """At this stage's step: average the window's gradients over the stage's replicas; collect losses."""
         assert self.grads is not None
-        self.grads.average(self.stage.gradients())
+        self.grads.average()
         if self.losses is not None:
             self.losses.collect()
 
@@ -147,7 +147,10 @@ class DistributedRuntime:
                 self._announce(act)
             if not ahead:
                 break
-            self.runner.run(ahead.popleft(), mine)
+            act = ahead.popleft()
+            if self.grads is not None and act.op is Op.BACKWARD and (act.mb + 1) % self.window == 0:
+                self.grads.arm()  # the window's last backward: its buckets go out as they are done
+            self.runner.run(act, mine)
         self.p2p.wait_all()
         if self.losses is not None:
             self.losses.collect()

@@ -163,15 +163,16 @@ class EmulatedRuntime:
             for r, row in enumerate(self.runners):
                 row[-1].losses = BatchLosses(self.window, combined.for_replica(r))
         seg = [[StageTiming() for _ in self.stages] for _ in self.runners]
+        timing = [StageTiming() for _ in self.stages]  # per stage: the slowest replica's time of each action
         placer = Placer(self.n_stages, sync_steps=self.sync_steps)
         t0 = time.perf_counter()
         for s, act in sweep([iter(p) for p in programs], self.sync_steps):
             seconds = max(row[s].run(act, seg[r][s]) for r, row in enumerate(self.runners))
             if act.op is not Op.EVAL:
                 placer.place(s, act, seconds)
+                timing[s].busy += seconds
         eval_seconds = sum(r.eval_seconds for row in self.runners for r in row)
         wall = time.perf_counter() - t0 - eval_seconds
-        timing = [StageTiming(busy=placer.busy[s]) for s in range(self.n_stages)]
         for t in timing:
             t.idle = placer.makespan - t.busy
             t.span = placer.makespan

@@ -27,7 +27,7 @@ by the drop-in :class:`~paci_tune.pipelining.SchedulePACI`. May import: torch an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -162,6 +162,20 @@ class AliasedOptimizer:
         """
         self._collect()
         return [m.grad for m in self.masters if m.grad is not None]
+
+    def gradient_of(self, i: int) -> torch.Tensor | None:
+        """Parameter ``i``'s gradient as accumulated so far: on the parameter, or on its fp32 master."""
+        p, alias, master = self.params[i], self.aliases[i], self.masters[i]
+        return p.grad if master is alias else master.grad
+
+    def watch_gradients(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(i)`` whenever a backward has finished parameter ``i``'s gradient.
+
+        Registered after the fold into the master (hooks run in registration order), so
+        :meth:`gradient_of` then sees this backward's contribution wherever it lives.
+        """
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(lambda _p, i=i: callback(i))
 
     def grad_sq_norm(self) -> float:
         """Squared L2 norm of the accumulated gradients (summed across stages for a global clip)."""

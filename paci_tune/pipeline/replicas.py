@@ -14,16 +14,17 @@ One mechanism, two transports, with the same arithmetic (sum in replica order, t
 - :func:`average_gradients` -- the emulated runtime holds the D replicas of a stage in one process
   and averages their gradient lists in place;
 - :class:`GradientAllReduce` -- the distributed runtime all-reduces a stage's gradients inside that
-  stage's data-parallel group, bucketed and asynchronous: every bucket is launched before the
-  first is waited for, so flattening later buckets (and copying earlier ones back) overlaps with
-  the transfer of the others. For D = 2 a sum of two terms is the same in either order, so the two
+  stage's data-parallel group, bucketed and asynchronous: each bucket is launched during the
+  backward that closes the window, as soon as that backward has finished its gradients, so the
+  transfer overlaps the rest of the backward, and the step waits for what is still in flight.
+  For D = 2 a sum of two terms is the same in either order, so the two
   runtimes agree bit for bit; for more replicas the collective's summation order may differ by
   float rounding.
 
 Losses: each replica's last stage sees its own micro-batches; the global batch's loss is the mean
 over replicas of their window means (:class:`ReplicaLosses`, or a sum over the group in the
 distributed runtime), all replicas' micro-batches being the same size. May import: torch,
-:mod:`.runtime`.
+:mod:`.optim`, :mod:`.runtime`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from .optim import AliasedOptimizer
 from .runtime import OnBatch
 
 BUCKET_BYTES = 25 * 2**20
@@ -52,40 +54,98 @@ def average_gradients(replica_grads: Sequence[Sequence[torch.Tensor]]) -> None:
             t.copy_(total)
 
 
-def buckets(tensors: Sequence[torch.Tensor], limit: int = BUCKET_BYTES) -> list[list[torch.Tensor]]:
-    """Consecutive runs of same-dtype tensors of at most ``limit`` bytes each (a bigger tensor goes alone)."""
-    out: list[list[torch.Tensor]] = []
-    size = 0
-    for t in tensors:
-        nbytes = t.numel() * t.element_size()
-        if not out or size + nbytes > limit or out[-1][0].dtype != t.dtype:
+def buckets(sizes: Sequence[tuple[torch.dtype, int]], limit: int = BUCKET_BYTES) -> list[list[int]]:
+    """Indices of ``(dtype, numel)`` tensors in consecutive same-dtype runs of at most ``limit`` bytes each.
+
+    A tensor bigger than ``limit`` goes alone. The input order is the bucket order.
+    """
+    out: list[list[int]] = []
+    size, dtype = 0, None
+    for i, (dt, numel) in enumerate(sizes):
+        nbytes = numel * dt.itemsize
+        if not out or size + nbytes > limit or dt != dtype:
             out.append([])
-            size = 0
-        out[-1].append(t)
+            size, dtype = 0, dt
+        out[-1].append(i)
         size += nbytes
     return out
 
 
 class GradientAllReduce:
-    """Averages one stage's gradients over its data-parallel group (the stage's D replicas)."""
+    """Averages one stage's gradients over its data-parallel group, launched while the last backward runs.
 
-    def __init__(self, group: dist.ProcessGroup, size: int, wire: torch.device, bucket_bytes: int = BUCKET_BYTES):
+    The runtime :meth:`arm` s it before the backward that closes a window; as that backward finishes
+    each parameter's gradient (:meth:`AliasedOptimizer.watch_gradients`), the parameter's bucket is
+    launched asynchronously once all its parameters are done -- buckets in a fixed order, parameters
+    taken last to first as a backward produces them, as DistributedDataParallel does -- so the
+    all-reduce overlaps the rest of that backward. :meth:`average`, at the step, launches what is left
+    (parameters no backward reached), waits, divides by D and writes the means back in place.
+    """
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        size: int,
+        wire: torch.device,
+        optim: AliasedOptimizer,
+        bucket_bytes: int = BUCKET_BYTES,
+    ) -> None:
         """``wire``: where the collective's buffers live (host memory on gloo, the GPU on NCCL)."""
-        self.group, self.size, self.wire, self.bucket_bytes = group, size, wire, bucket_bytes
+        self.group, self.size, self.wire, self.optim = group, size, wire, optim
+        order = list(reversed(range(len(optim.masters))))
+        shapes = [(optim.masters[i].dtype, optim.masters[i].numel()) for i in order]
+        self.buckets = [[order[j] for j in b] for b in buckets(shapes, bucket_bytes)]
+        self._bucket_of = {i: n for n, b in enumerate(self.buckets) for i in b}
+        self._ready = [0] * len(self.buckets)
+        self._next = 0
+        self._armed = False
+        self._launched: list[tuple[list[int], torch.Tensor, dist.Work]] = []
+        optim.watch_gradients(self._done)
+
+    def arm(self) -> None:
+        """The next backward closes the window: launch each bucket as soon as its gradients are final."""
+        self._armed = True
+        self._ready = [0] * len(self.buckets)
+        self._next = 0
+        self._launched = []
+
+    def _done(self, i: int) -> None:
+        if self._armed:
+            self._ready[self._bucket_of[i]] += 1
+            self._launch(force=False)
+
+    def _launch(self, force: bool) -> None:
+        """Launch, in bucket order, every bucket whose gradients are final (all of them with ``force``)."""
+        while self._next < len(self.buckets):
+            bucket = self.buckets[self._next]
+            if not force and self._ready[self._next] < len(bucket):
+                return
+            parts = []
+            for i in bucket:
+                g = self.optim.gradient_of(i)
+                parts.append(torch.zeros_like(self.optim.masters[i]) if g is None else g)
+            flat = torch.cat([g.reshape(-1) for g in parts]).to(self.wire)
+            self._launched.append((bucket, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+            self._next += 1
 
     @torch.no_grad()
-    def average(self, grads: Sequence[torch.Tensor]) -> None:
-        launched = []
-        for bucket in buckets(grads, self.bucket_bytes):
-            flat = torch.cat([g.reshape(-1) for g in bucket]).to(self.wire)
-            launched.append((bucket, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
-        for bucket, flat, work in launched:
+    def average(self) -> None:
+        """At the step: finish every bucket and replace the gradients by their mean over the replicas."""
+        if not self._armed:
+            self.arm()  # a step with no armed backward before it: reduce everything now
+        self._launch(force=True)
+        for bucket, flat, work in self._launched:
             work.wait()
             flat.div_(self.size)
             offset = 0
-            for g in bucket:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+            for i in bucket:
+                n = self.optim.masters[i].numel()
+                g = self.optim.gradient_of(i)
+                if g is not None:  # one no backward reached stays without a gradient, as on every replica
+                    g.copy_(flat[offset : offset + n].view_as(g))
+                offset += n
+        self._armed = False
+        self._launched = []
 
 
 class ReplicaLosses:

@@ -313,6 +313,7 @@ class Trainer:
                 "event": "start",
                 "schedule": c.pipeline.schedule,
                 "n_stages": c.pipeline.stages,
+                "data_parallel": c.pipeline.data_parallel,
                 "window": c.pipeline.window,
                 "microbatch_size": c.pipeline.microbatch_size,
                 "global_batch": c.training.global_batch,
@@ -363,6 +364,7 @@ class Trainer:
             "schedule": c.pipeline.schedule,
             "runtime": c.pipeline.runtime,
             "n_stages": p,
+            "data_parallel": c.pipeline.data_parallel,  # replicas; tokens and tokens/s count the whole global batch
             "window": m,
             "microbatch_size": c.pipeline.microbatch_size,
             "global_batch": c.training.global_batch,
