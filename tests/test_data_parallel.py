@@ -134,6 +134,42 @@ def test_a_distributed_launch_takes_stages_times_replicas_processes(tmp_path: Pa
     assert "--nproc-per-node=4" in torchrun_command(tmp_path / "run.yaml", n_processes(cfg))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_overlapped_all_reduce_averages_every_gradient_once(dtype: torch.dtype):
+    """One-rank group, reported as a group of 2: every gradient comes back halved, wherever it lives.
+
+    Tiny buckets (several launched during the backward; the last, of a layer no backward reaches,
+    only at the step), fp32 gradients on the parameters and bf16 ones on fp32 masters.
+    """
+    import torch.distributed as dist
+
+    from paci_tune.config.schema import OptimizerConfig
+    from paci_tune.pipeline.optim import AliasedOptimizer, release_masters
+    from paci_tune.pipeline.replicas import GradientAllReduce
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)).to(dtype)
+        params = list(net.parameters())
+        opt = AliasedOptimizer.from_config(params, OptimizerConfig(name="sgd", lr=0.1, momentum=0.0))
+        reducer = GradientAllReduce(dist.group.WORLD, 2, torch.device("cpu"), opt, bucket_bytes=64)
+        x = torch.randn(5, 4, dtype=dtype)
+        net[2](net[1](x)).square().sum().backward()  # an unarmed backward (not the window's last)
+        reducer.arm()
+        net[2](net[1](x)).square().sum().backward()
+        assert reducer._launched, "nothing went out during the backward"
+        want = [None if opt.gradient_of(i) is None else opt.gradient_of(i).clone() / 2 for i in range(len(params))]
+        reducer.average()
+        for i, w in enumerate(want):
+            got = opt.gradient_of(i)
+            assert (got is None) == (w is None) and (w is None or torch.equal(got, w)), i
+        assert sum(w is None for w in want) == 2  # the unused layer keeps no gradient
+        release_masters(params)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.slow
 def test_distributed_paci_two_stages_two_replicas_equals_emulated(tmp_path: Path):
     """4 gloo processes: the emulated runtime's losses, evaluations and drift; its checkpoint resumes exactly."""

@@ -79,7 +79,10 @@ class GradientAllReduce:
     launched asynchronously once all its parameters are done -- buckets in a fixed order, parameters
     taken last to first as a backward produces them, as DistributedDataParallel does -- so the
     all-reduce overlaps the rest of that backward. :meth:`average`, at the step, launches what is left
-    (parameters no backward reached), waits, divides by D and writes the means back in place.
+    (parameters no backward reached), waits, divides by D and writes the means back in place. The
+    fixed order keeps every replica's collectives in the same sequence whatever order hooks fire in;
+    its price is that a bucket of unused parameters holds the later ones back to the step (still
+    correct, less overlap).
     """
 
     def __init__(
