@@ -131,7 +131,8 @@ def test_world_size_must_be_stages_times_replicas(tmp_path: Path):
 def test_a_distributed_launch_takes_stages_times_replicas_processes(tmp_path: Path):
     cfg = derive_run(dp_doc("paci", 2))
     assert n_processes(cfg) == 4
-    assert "--nproc-per-node=4" in torchrun_command(tmp_path / "run.yaml", n_processes(cfg))
+    cmd = torchrun_command(tmp_path / "run.yaml", n_processes(cfg))
+    assert cmd[:4] == ["torchrun", "--standalone", "--nproc-per-node=4", "-m"]  # what apply --dry-run prints
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -27,15 +27,18 @@ def n_processes(cfg: RunConfig) -> int:
     return cfg.pipeline.stages * cfg.pipeline.data_parallel
 
 
+def _torchrun_args(config_path: Path, n_procs: int, extra: list[str]) -> list[str]:
+    return ["--standalone", f"--nproc-per-node={n_procs}", "-m", WORKER_MODULE, str(config_path), *extra]
+
+
 def worker_command(config_path: Path, n_procs: int, extra: list[str]) -> list[str]:
     """torchrun, tied to this launcher's life, starting ``n_procs`` pipeline workers on ``config_path``."""
-    return tethered("torch.distributed.run", "--standalone", f"--nproc-per-node={n_procs}", "-m", WORKER_MODULE,
-                    str(config_path), *extra)  # fmt: skip
+    return tethered("torch.distributed.run", *_torchrun_args(config_path, n_procs, extra))
 
 
 def torchrun_command(config_path: Path, n_procs: int) -> list[str]:
     """What a user would type for the same launch (``apply --dry-run`` shows it)."""
-    return ["torchrun", *worker_command(config_path, n_procs, [])[4:]]
+    return ["torchrun", *_torchrun_args(config_path, n_procs, [])]
 
 
 def write_resolved(cfg: RunConfig, path: Path) -> Path:
