@@ -94,7 +94,7 @@ def test_flush_with_two_replicas_equals_plain_training(schedule: str, stages: in
 
 def test_resume_with_two_replicas_is_exact(tmp_path: Path):
     """A PACI P=2 x D=2 run resumed from its step-2 checkpoint gives the uninterrupted run's numbers."""
-    doc = dp_doc("paci", 2, steps=6, training={"checkpoint_every": 2, "keep_checkpoints": 5,
+    doc = dp_doc("paci", 2, steps=4, training={"checkpoint_every": 2, "keep_checkpoints": 5,
                                                "checkpoint_dir": str(tmp_path)})  # fmt: skip
     full = run_in_process(doc)
     (tmp_path / "LATEST").write_text("batch_00000002\n")  # as if killed after the first checkpoint
