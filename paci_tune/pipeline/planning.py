@@ -4,7 +4,13 @@ With a cost profile (``training.profile``), ``partition: auto`` uses the measure
 partitioner, and the run's predicted peak memory per stage is checked against the device: a
 configuration that will not fit is refused with the numbers, not discovered by an OOM. Without
 one, the cut balances FLOP estimates and no prediction is made. ``paci-tune simulate`` cuts with the
-same function, per schedule. May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`,
+same function, per schedule.
+
+Data parallelism changes what one device holds only through the micro-batch: each of the P x D
+devices holds one stage of one replica at micro-batch ``b``, so the cut and the per-device check
+are those of one replica (the partitioner also weighs each stage's gradient all-reduce). The
+emulated runtime holds all D replicas in one process, so its one-device check counts D copies of
+every stage. May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`,
 :mod:`paci_tune.config`, :mod:`paci_tune.errors`, torch.
 """
 
@@ -52,7 +58,8 @@ def memory_available(device: torch.device, processes_here: int) -> float:
 
 
 def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[int]:
-    """Peak bytes per stage: weights, gradients, optimizer state, in-flight activations."""
+    """Peak bytes per stage (per device: one stage of one replica): weights, gradients, optimizer state,
+    in-flight activations."""
     p = cfg.pipeline
     out = []
     for s, units in enumerate(stage_units(sizes)):
@@ -90,6 +97,7 @@ def plan_partition(
         memory_bytes=memory_bytes,
         inflight=p.inflight,
         optimizer=cfg.optimizer.name,
+        data_parallel=p.data_parallel,
     ).sizes
 
 
@@ -122,10 +130,13 @@ def check_memory(
             )
         return
     have = memory_available(device, 1)
-    if sum(need) > have:
+    replicas = cfg.pipeline.data_parallel
+    total = sum(need) * replicas
+    if total > have:
+        copies = f" x {replicas} replicas" if replicas > 1 else ""
         raise ConfigError(
             "pipeline.microbatch_size",
             cfg.pipeline.microbatch_size,
-            f"a size that fits one device with all {len(need)} stages (emulated): predicted "
-            f"{sum(need) / GIB:.2f} GiB vs {have / GIB:.2f} GiB available",
+            f"a size that fits one device with all {len(need)} stages{copies} (emulated): predicted "
+            f"{total / GIB:.2f} GiB vs {have / GIB:.2f} GiB available",
         )
