@@ -112,13 +112,33 @@ def choose_partition(
     return sizes
 
 
+def memory_refusal(
+    cfg: RunConfig, profile: Profile, device: torch.device, *, distributed: bool, processes: int
+) -> str | None:
+    """Why :func:`choose_partition` would refuse ``cfg`` on this machine with ``processes`` here; None if it fits.
+
+    A search asks before its trials start, so the points that cannot run are dropped from its space.
+    """
+    limit = memory_available(device, processes) if distributed else None
+    try:
+        sizes = plan_partition(cfg, [1.0] * profile.n_units, profile, memory_bytes=limit)
+        check_memory(cfg, profile, sizes, device, distributed, processes=processes)
+    except ConfigError as e:
+        return e.allowed
+    return None
+
+
 def check_memory(
-    cfg: RunConfig, profile: Profile, sizes: Sequence[int], device: torch.device, distributed: bool
-) -> None:
-    """Refuse a run whose predicted peak memory exceeds what this machine has for it."""
+    cfg: RunConfig, profile: Profile, sizes: Sequence[int], device: torch.device, distributed: bool,
+    processes: int | None = None,
+) -> None:  # fmt: skip
+    """Refuse a run whose predicted peak memory exceeds what this machine has for it.
+
+    ``processes``: stage processes on this machine (default: torchrun's ``LOCAL_WORLD_SIZE``).
+    """
     need = predicted_memory(cfg, profile, sizes)
     if distributed:
-        here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        here = processes or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         have = memory_available(device, here)
         worst = max(range(len(need)), key=lambda s: need[s])
         if need[worst] > have:
