@@ -117,12 +117,14 @@ def _outcome(best: dict[str, Any], schedule: str, search_ttt: float | None) -> s
 
 def _print_best(best: dict[str, Any], path: Path) -> None:
     r, e = best["recommended"], best["evidence"]
-    stderr(f"recommended: {r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} "
+    stderr(f"recommended: {r['schedule']} P={r['stages']} D={r.get('data_parallel', 1)} a={r['window']} "
+           f"b={r['microbatch_size']} "
            f"lr={r['lr']:.3g}: {_outcome(best, r['schedule'], e.get('time_to_target'))} on the "
            f"{best['budget']['clock']} clock")  # fmt: skip
     base = best.get("baseline")
     if base:
-        stderr(f"flush baseline: 1f1b P={base['stages']} m={base['window']} b={base['microbatch_size']}: "
+        stderr(f"flush baseline: 1f1b P={base['stages']} D={base.get('data_parallel', 1)} m={base['window']} "
+               f"b={base['microbatch_size']}: "
                f"{_outcome(best, '1f1b', base.get('time_to_target'))}")  # fmt: skip
     if "verdict" in best and "paci_speedup_vs_flush" in best:
         interval = best.get("paci_speedup_interval")
@@ -173,15 +175,18 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
         click.echo("# launch:")
         click.echo(shlex.join(cmd))
         if cfg.pipeline.runtime == "distributed":
-            click.echo("# which starts the pipeline workers as (torchrun, one process per stage):")
-            click.echo(shlex.join(torchrun_command(run_path, cfg.pipeline.stages)))
+            p = cfg.pipeline
+            click.echo(f"# which starts the pipeline workers as (torchrun, one process per stage of each of the "
+                       f"{p.data_parallel} replica(s): {p.stages} x {p.data_parallel}):")  # fmt: skip
+            click.echo(shlex.join(torchrun_command(run_path, p.stages * p.data_parallel)))
         return
     from ..train import checkpoint
 
     if not resume and cfg.training.checkpoint_dir and checkpoint.latest(Path(cfg.training.checkpoint_dir)):
         raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {cfg.training.checkpoint_dir} "
                                              "already holds checkpoints of a run")  # fmt: skip
-    stderr(f"training {cfg.pipeline.schedule} P={cfg.pipeline.stages} a={cfg.pipeline.window} "
+    stderr(f"training {cfg.pipeline.schedule} P={cfg.pipeline.stages} D={cfg.pipeline.data_parallel} "
+           f"a={cfg.pipeline.window} "
            f"b={cfg.pipeline.microbatch_size} from {best} (config {run_path})")  # fmt: skip
     train_with_view(cfg, metrics=metrics, resume=resume, live=live)
 
