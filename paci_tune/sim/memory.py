@@ -21,8 +21,9 @@ schedules need less memory than GPipe, and why the first stage is the most loade
 
 The prediction is per device. With D data-parallel replicas each of the P x D devices holds one
 stage of one replica, fed micro-batches of ``b`` sequences (the global batch is D * a * b), so a
-device's memory is this stage's at ``b`` whatever D is: the all-reduce works in place on the
-gradients already counted (gloo and NCCL ring all-reduces need no full-size extra buffer). May import:
+device's memory is this stage's at ``b`` whatever D is: the all-reduce reduces the gradients
+already counted in place, and the collective's own staging buffers are left to the fixed overhead
+(not measured here). May import:
 :mod:`.profile` and the standard library.
 """
 
