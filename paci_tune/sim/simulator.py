@@ -17,7 +17,9 @@ stay in lock step, and one replica's timeline is the whole layout's once each st
 step also pays the all-reduce of its gradients inside its dp group (the D copies of that stage):
 a step costs ``optimizer_s + AllReduceCost.ring_s(gradient bytes, D)``, the ring formula of
 :mod:`.profile`. Stages still never wait for each other at a step (PACI's point); the all-reduce
-is not overlapped with the backward (the runtimes all-reduce at the step). D = 1 adds exactly 0.
+is not overlapped with the backward (the runtimes all-reduce at the step). With ``sync_steps``
+(flush with global-norm clipping) the all-reduce is counted after the cross-stage barrier, though a
+runtime may run it before: a little pessimistic for that one case. D = 1 adds exactly 0.
 Memory is per device: each device holds one stage of one replica at micro-batch ``b``, so the
 memory prediction does not depend on D.
 
