@@ -76,7 +76,8 @@ class TrialParams:
     def label(self) -> str:
         lr = f" lr x{self.lr_scale:.2g}" if self.lr_scale != 1.0 else ""
         dp = f" D={self.data_parallel}" if self.data_parallel != 1 else ""
-        return f"{self.schedule} P={self.stages}{dp} a={self.window} b={self.microbatch_size}{lr}"
+        a = self.window if self.window else "-"  # 0: no whole window (a point outside the budget)
+        return f"{self.schedule} P={self.stages}{dp} a={a} b={self.microbatch_size}{lr}"
 
 
 @dataclass(frozen=True)
