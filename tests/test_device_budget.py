@@ -118,7 +118,8 @@ def test_an_infeasible_proposal_is_answered_unrun_and_not_counted(tmp_path: Path
     search = Search(tune, space, {"paci": study}, runner=None, workdir=tmp_path, profile=None)  # type: ignore[arg-type]
     search.run_trial("paci")  # never reaches the runner
     (t,) = study.trials
-    assert t.state == TrialState.FAIL and t.user_attrs["fail_reason"].startswith("rejected: P=1 D=4 b=4")
+    assert t.state == TrialState.PRUNED and t.user_attrs["fail_reason"].startswith("rejected: P=1 D=4 b=4")
+    assert not t.intermediate_values and t.value is None
     assert t.params["stages"] * t.user_attrs["data_parallel"] == 4 and t.user_attrs["infeasible"]
     assert counted(study.trials, quota=3) == 0
 
@@ -162,7 +163,7 @@ def test_search_on_four_devices_runs_only_p_times_d_four(tmp_path: Path) -> None
             if t.state == TrialState.COMPLETE:
                 seen.add((p, d))
             else:
-                assert t.state != TrialState.FAIL or t.user_attrs.get("infeasible"), t.user_attrs
+                assert t.state != TrialState.FAIL, t.user_attrs
     assert seen, "no trial completed"
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     rec, run = best["recommended"], best["run"]

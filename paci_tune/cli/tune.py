@@ -133,7 +133,8 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
                f"speedup_vs_flush {best['speedup_vs_flush']:g}x")  # fmt: skip
     counts = best["provenance"]["trials"]
     stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed"
-                                  for s, c in counts.items()))  # fmt: skip
+                                  + (f", {c['infeasible']} outside the device budget (unrun)" if c.get("infeasible")
+                                     else "") for s, c in counts.items()))  # fmt: skip
     stderr(f"wrote {path}; the trials' curves: {best['provenance'].get('plot')}")
 
 

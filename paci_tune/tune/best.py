@@ -44,9 +44,11 @@ HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}
 def trial_counts(study: optuna.Study) -> dict[str, int]:
     trials = study.get_trials(deepcopy=False)
     search = [t for t in trials if not is_confirmation(t)]
+    infeasible = sum(bool(t.user_attrs.get("infeasible")) for t in search)  # outside the device budget, unrun
     return {
         "complete": sum(t.state == TrialState.COMPLETE for t in search),
-        "pruned": sum(t.state == TrialState.PRUNED for t in search),
+        "pruned": sum(t.state == TrialState.PRUNED and not t.user_attrs.get("infeasible") for t in search),
+        **({"infeasible": infeasible} if infeasible else {}),
         "failed": sum(t.state == TrialState.FAIL for t in search),
         "repeats_reused": sum("repeat_of" in t.user_attrs and t.state != TrialState.FAIL for t in search),
         "confirmation": sum(is_confirmation(t) and t.state.is_finished() for t in trials),

@@ -129,11 +129,16 @@ class Search:
         self.ran.append(trial.number)
 
     def _refuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, why: str) -> None:
-        """A proposal outside the device budget's feasible points: failed unrun, not counted (see :func:`counted`)."""
+        """A proposal outside the device budget's feasible points: answered unrun, not counted (:func:`counted`).
+
+        Told as PRUNED with no value, not FAIL: TPE ignores failed trials, so it kept proposing the
+        same infeasible pair (17 of 24 flush proposals in the example); a pruned trial without values
+        ranks below every finished one, so the sampler learns to avoid the pair.
+        """
         trial.set_user_attr("infeasible", True)
         trial.set_user_attr("fail_reason", f"rejected: {why}")
-        study.tell(trial, state=TrialState.FAIL)
-        self.on_event(SearchEvent("end", params.schedule, trial.number, params, None, None, None, "failed",
+        study.tell(trial, state=TrialState.PRUNED)
+        self.on_event(SearchEvent("end", params.schedule, trial.number, params, None, None, None, "rejected",
                                   f"rejected: {why}", None))  # fmt: skip
         self.ran.append(trial.number)
 
