@@ -34,6 +34,7 @@ QUICK: dict[str, Any] = {
     "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "emulated", "device": "cpu"},
     "target": {"value": 2.9},
     "budget": {"clock": "sim", "seconds": 0.05, "grid": 3},
+    "hardware": {"devices": 2},
     "search": {"trials": 1, "stall_seconds": 120, "confirm": {"top": 1, "seeds": 2}},
 }
 QUICK_SPACE = {"schedules": ["paci", "1f1b"], "stages": [2], "microbatch_size": [2, 4]}

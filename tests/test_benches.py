@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, cli_env
@@ -35,3 +36,14 @@ def test_search_seeds_quick() -> None:
 def test_eval_bubble_quick() -> None:
     out = _bench("bench/eval_bubble.py", "--quick")
     assert "lowest bubble" in out
+
+
+def test_dp_budget_quick(tmp_path: Path) -> None:
+    """Two layouts of 8 devices trained on the sim clock; every row is P x D = 8 and a * b * D = 16."""
+    out = _bench("bench/dp_budget.py", "--quick", "--workdir", str(tmp_path))
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert {(r["stages"], r["data_parallel"]) for r in doc["rows"]} == {(2, 4), (4, 2)}
+    assert all(r["stages"] * r["data_parallel"] == 8 for r in doc["rows"])
+    assert all(r["data_parallel"] * r["window"] * r["microbatch_size"] == 16 for r in doc["rows"])
+    assert all(r["allreduce_fraction"] > 0 and r["best_val_loss"] is not None for r in doc["rows"])
+    assert "| 2 x 4 |" in out and "| 4 x 2 |" in out

@@ -32,6 +32,7 @@ SEARCH_DOC: dict[str, Any] = {
     "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "emulated", "device": "cpu"},
     "target": {"value": 1.85},
     "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
+    "hardware": {"devices": 4},  # P=2 -> D=2, P=4 -> D=1
     "search": {"trials": 2, "seed": 0, "stall_seconds": 120, "confirm": {"top": 0}},
 }
 SPACE = {"schedules": ["paci", "1f1b"], "stages": [2, 4], "microbatch_size": [2, 4]}
@@ -75,7 +76,8 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     for key in ("recommended", "evidence", "baseline", "speedup_vs_flush", "provenance", "run", "confirmation"):
         assert key in best, key
     rec = best["recommended"]
-    assert rec["window"] * rec["microbatch_size"] == 8 and rec["stages"] in (2, 4)
+    assert rec["data_parallel"] * rec["window"] * rec["microbatch_size"] == 8 and rec["stages"] in (2, 4)
+    assert rec["stages"] * rec["data_parallel"] == rec["devices"] == 4
 
     # Independent check against the storage: each schedule's best search trial was trained again on
     # seeds 1 and 2 (training.seed 0 + 1, + 2); the recommendation is the lower mean of those.
@@ -132,6 +134,7 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     assert written["pipeline"]["schedule"] == rec["schedule"]
     pipe = written["pipeline"]
     assert (pipe["stages"], pipe["microbatch_size"]) == (rec["stages"], rec["microbatch_size"])
+    assert pipe.get("data_parallel", 1) == rec["data_parallel"]
     assert not (tmp_path / "best-checkpoints").exists(), "a dry run trains nothing"
 
     metrics = tmp_path / "apply.jsonl"

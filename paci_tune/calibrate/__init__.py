@@ -57,6 +57,10 @@ ran alone. What is measured, and how:
   fastest one-way time of each size is fitted to ``latency + bytes / bandwidth``. This is the
   transport the distributed runtime uses on a CPU; for a real interconnect, measure there or
   edit ``p2p`` by hand.
+- **Gradient all-reduce** (:mod:`.allreduce`): two gloo processes on loopback all-reduce tensors
+  of a few sizes; the fastest time of each is fitted to the ring model (one step: ``latency +
+  bytes / bandwidth``), what a stage's data-parallel group pays at each optimizer step. Written by
+  hand for NVLink or InfiniBand.
 
 Not modelled, so simulated step times still run 5-10% under measured ones on a 2-core CPU:
 
@@ -73,12 +77,14 @@ Not modelled, so simulated step times still run 5-10% under measured ones on a 2
 Modules: :mod:`.pattern` (the stage pattern), :mod:`.corun` (co-running processes), :mod:`.units`
 (one unit alone: bytes, and the isolated timing kept for quick checks and as the fallback when the
 whole model with its micro-batches in flight does not fit on a GPU), :mod:`.p2p` (transfers),
+:mod:`.allreduce` (the data-parallel gradient all-reduce),
 :mod:`.measure` (a whole config) and :mod:`.cache` (measure once, read back). The package stands
 above :mod:`paci_tune.pipeline`, whose stage step it reuses. May import:
 :mod:`paci_tune.pipeline`, :mod:`paci_tune.sim`, :mod:`paci_tune.model`, :mod:`paci_tune.data`,
 :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`, torch.
 """
 
+from .allreduce import fit_allreduce, measure_allreduce
 from .cache import cache_dir, cache_key, measured_profile
 from .corun import co_run_pattern
 from .measure import calibrate, default_inflight, default_processes, default_threads, parse_sizes, resolve_target
@@ -96,7 +102,9 @@ __all__ = [
     "default_inflight",
     "default_processes",
     "default_threads",
+    "fit_allreduce",
     "fit_p2p",
+    "measure_allreduce",
     "measure_optimizer",
     "measure_p2p",
     "measure_unit",

@@ -1,7 +1,7 @@
 """Calibration of a whole config: the stage pattern at every micro-batch size, bytes, p2p -> a Profile.
 
 See :mod:`paci_tune.calibrate` for what is measured and why. May import: :mod:`.units`,
-:mod:`.pattern`, :mod:`.corun`, :mod:`.p2p`, :mod:`paci_tune.pipeline` (device and precision),
+:mod:`.pattern`, :mod:`.corun`, :mod:`.p2p`, :mod:`.allreduce`, :mod:`paci_tune.pipeline` (device and precision),
 :mod:`paci_tune.model`, :mod:`paci_tune.data`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, torch.
 """
 
@@ -23,7 +23,8 @@ from ..errors import ConfigError
 from ..model import LoadedModel, load_model
 from ..pipeline.factory import resolve_device, resolve_precision
 from ..pipeline.optim import release_masters
-from ..sim.profile import P2PCost, Profile, UnitCost, UnitProfile
+from ..sim.profile import AllReduceCost, P2PCost, Profile, UnitCost, UnitProfile
+from .allreduce import measure_allreduce
 from .corun import co_run_pattern
 from .p2p import P2P_SIZES, measure_p2p
 from .pattern import PatternSamples, StagePattern, pooled_costs, pooled_optimizer
@@ -173,6 +174,7 @@ def calibrate(
     threads: int | None = None,
     p2p: P2PCost | None = None,
     p2p_repeats: int = 30,
+    allreduce: AllReduceCost | bool = True,
     processes: int | None = None,
     log: Log | None = None,
 ) -> Profile:
@@ -184,7 +186,9 @@ def calibrate(
     busy (:func:`default_processes`; ``processes`` overrides it, and is ignored on CUDA, where
     stages do not share a device). ``repeats`` and ``warmup`` count global batches of the stage
     pattern (``window`` micro-batches and one optimizer step each). Pass ``p2p`` to reuse a known
-    transfer cost and skip the two-process measurement.
+    transfer cost and skip the two-process measurement; ``allreduce`` likewise (a known cost, True
+    to measure it among two gloo processes, False to leave it out: the profile then derives it from
+    ``p2p``).
     """
     def bad(value: object, minimum: int) -> bool:
         return isinstance(value, bool) or not isinstance(value, int) or value < minimum
@@ -251,9 +255,14 @@ def calibrate(
         biggest = max(u.costs[max(sizes)].activation_bytes for u in unit_profiles[:-1]) if len(units) > 1 else 0
         p2p_sizes = sorted({*P2P_SIZES, min(max(biggest, 1), 64 * 2**20)})
         p2p = measure_p2p(p2p_sizes, repeats=p2p_repeats)
+    if allreduce is True:
+        if log:
+            log("gradient all-reduce (2 gloo processes on loopback)")
+        allreduce = measure_allreduce(2)
     return Profile(
         units=unit_profiles,
         p2p=p2p,
+        allreduce_cost=allreduce or None,
         seq_len=model.block_size,
         device=device_name(dev),
         dtype=dtype,

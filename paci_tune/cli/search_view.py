@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ..tune.search import SearchEvent
 
-_STYLE = {"complete": "green", "pruned": "yellow", "failed": "red", "running": "cyan"}
+_STYLE = {"complete": "green", "pruned": "yellow", "failed": "red", "running": "cyan", "rejected": "dim"}
 MAX_ROWS = 24
 
 

@@ -28,9 +28,12 @@ def _fmt_seconds(s: float) -> str:
     return f"{s * 1e6:.3g} µs"
 
 
-def _overrides(stages: int | None, window: int | None, microbatch_size: int | None) -> dict[str, Any]:
+def _overrides(
+    stages: int | None, window: int | None, microbatch_size: int | None, data_parallel: int | None = None
+) -> dict[str, Any]:
     """Config overrides of the options given (window and micro-batch size derive each other as in ``train``)."""
-    given = {"pipeline.stages": stages, "pipeline.window": window, "pipeline.microbatch_size": microbatch_size}
+    given = {"pipeline.stages": stages, "pipeline.window": window, "pipeline.microbatch_size": microbatch_size,
+             "pipeline.data_parallel": data_parallel}  # fmt: skip
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -61,7 +64,7 @@ def calibrate(
     """Measure the cost profile of CONFIG's model on this machine and write it as YAML.
 
     Per pipeline unit: forward/backward time, activation and saved bytes per micro-batch size,
-    parameter bytes and optimizer-step time; plus point-to-point latency and bandwidth. The
+    parameter bytes and optimizer-step time; plus point-to-point and all-reduce latency and bandwidth. The
     file can be edited or written by hand for other hardware (see paci_tune/sim/profile.py).
     """
     from rich.console import Console
@@ -97,7 +100,9 @@ def calibrate(
         )
     table.caption = (
         f"p2p {profile.p2p.backend}: latency {_fmt_seconds(profile.p2p.latency_s)}, "
-        f"bandwidth {profile.p2p.bandwidth_Bps / 1e9:.2f} GB/s · written to {out}"
+        f"bandwidth {profile.p2p.bandwidth_Bps / 1e9:.2f} GB/s · all-reduce {profile.allreduce.backend}: "
+        f"{_fmt_seconds(profile.allreduce.latency_s)} + bytes / {profile.allreduce.bandwidth_Bps / 1e9:.2f} GB/s "
+        f"per ring step · written to {out}"
     )
     Console(width=max(Console().width, 110)).print(table)
 
@@ -116,7 +121,10 @@ def calibrate(
 )
 @click.option("--stages", type=int, default=None, help="Pipeline depth P.")
 @click.option("--window", type=int, default=None, help="Accumulation window a (micro-batches per global batch).")
-@click.option("--microbatch-size", type=int, default=None, help="Micro-batch size (global batch / a).")
+@click.option("--microbatch-size", type=int, default=None, help="Micro-batch size (global batch / (D * a)).")
+@click.option(
+    "--data-parallel", type=int, default=None, help="Data-parallel replicas D (P x D devices; global batch = D*a*b)."
+)
 @click.option(
     "--profile",
     "profile_path",
@@ -135,6 +143,7 @@ def simulate(
     stages: int | None,
     window: int | None,
     microbatch_size: int | None,
+    data_parallel: int | None,
     profile_path: str | None,
     timeline: str | None,
     as_json: bool,
@@ -146,7 +155,8 @@ def simulate(
 
     The simulator replays the runtimes' own schedule action lists with durations from a cost
     profile. Without --profile the model is calibrated quickly on this machine and the profile
-    cached under ~/.cache/paci-tune/profiles, so later calls are fast.
+    cached under ~/.cache/paci-tune/profiles, so later calls are fast. With --data-parallel D the
+    layout is D replicas on P x D devices: each step adds its stage's gradient all-reduce.
     """
     from ..config import load_config
     from ..data import load_source
@@ -165,7 +175,7 @@ def simulate(
         raise ConfigError("--memory-gib", memory_gib, "a positive number of GiB")
     if timeline is not None and not timeline.lower().endswith((".png", ".svg")):
         raise ConfigError("--timeline", timeline, "a file name ending in .png or .svg")
-    cfg = load_config(config, _overrides(stages, window, microbatch_size))
+    cfg = load_config(config, _overrides(stages, window, microbatch_size, data_parallel))
     p = cfg.pipeline
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     meta = load_model(cfg.model, source.vocab_size, cfg.training.seed, indices=[])
@@ -204,6 +214,7 @@ def simulate(
             batches,
             inflight=p.inflight,
             optimizer=cfg.optimizer.name,
+            data_parallel=p.data_parallel,
         )
     if not results:
         raise ConfigError("pipeline.stages", p.stages, "; ".join(f"{n}: {msg}" for n, msg in errors.items()))
@@ -214,7 +225,8 @@ def simulate(
 
         short = [
             run_simulation(
-                n, p.stages, p.window, p.microbatch_size, sizes_of[n], profile, 2, inflight=p.inflight, extend=False
+                n, p.stages, p.window, p.microbatch_size, sizes_of[n], profile, 2, inflight=p.inflight, extend=False,
+                data_parallel=p.data_parallel,
             )
             for n in ("1f1b", "gpipe", "paci")
             if n in results
@@ -225,9 +237,11 @@ def simulate(
     doc: dict[str, Any] = {
         "config": config,
         "n_stages": p.stages,
+        "data_parallel": p.data_parallel,
+        "devices": p.stages * p.data_parallel,
         "window": p.window,
         "microbatch_size": p.microbatch_size,
-        "global_batch": p.window * p.microbatch_size,
+        "global_batch": p.data_parallel * p.window * p.microbatch_size,
         "seq_len": profile.seq_len,
         "memory_limit_bytes": memory_bytes,
         "profile": {
@@ -237,6 +251,8 @@ def simulate(
             "dtype": profile.dtype,
             "threads": profile.threads,
             "p2p_latency_s": profile.p2p.latency_s,
+            "allreduce_latency_s": profile.allreduce.latency_s,
+            "allreduce_bandwidth_Bps": bw if math.isfinite(bw := profile.allreduce.bandwidth_Bps) else None,
         },
         "schedules": {name: r.to_dict() for name, r in results.items()},
         "not_fitting": errors,
@@ -260,10 +276,12 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
 
     prof = doc["profile"]
     table = Table(
-        title=f"{doc['config']} · P={doc['n_stages']} · a={doc['window']} · b={doc['microbatch_size']} · "
+        title=f"{doc['config']} · P={doc['n_stages']} · D={doc['data_parallel']} ({doc['devices']} devices) · "
+        f"a={doc['window']} · b={doc['microbatch_size']} · "
         f"profile: {prof['device']} {prof['dtype']}, {prof['threads']} thread(s)"
     )
-    for col in ("schedule", "cut", "step", "tokens/s", "bubble", "steady", "peak MiB per stage", "drift"):
+    cols = ("schedule", "cut", "step", "tokens/s", "bubble", "steady", "all-reduce", "peak MiB per device", "drift")
+    for col in cols:
         table.add_column(col, justify="right")
     for name, r in results.items():
         mems = "/".join(f"{st.peak_memory_bytes / 2**20:.0f}" for st in r.stages)
@@ -275,11 +293,12 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
             f"{r.tokens_per_s:,.0f}",
             f"{r.bubble_fraction:.1%}",
             f"{r.steady_bubble_fraction:.1%}",
+            f"{r.allreduce_fraction:.1%}",
             f"[red]{mems}[/red]" if over else mems,
             f"{r.max_drift} (bound {max(st.drift_bound for st in r.stages)})" if name == "paci" else str(r.max_drift),
         )
     for name, msg in errors.items():
-        table.add_row(name, "-", "-", "-", "-", "-", "[red]does not fit[/red]", "-")
+        table.add_row(name, "-", "-", "-", "-", "-", "-", "[red]does not fit[/red]", "-")
         stderr(f"{name}: {msg}")
     notes = [
         f"analytic flush bubble (P-1)/(m+P-1) = {(doc['n_stages'] - 1) / (doc['window'] + doc['n_stages'] - 1):.1%}"

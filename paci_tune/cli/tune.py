@@ -117,12 +117,14 @@ def _outcome(best: dict[str, Any], schedule: str, search_ttt: float | None) -> s
 
 def _print_best(best: dict[str, Any], path: Path) -> None:
     r, e = best["recommended"], best["evidence"]
-    stderr(f"recommended: {r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} "
+    stderr(f"recommended: {r['schedule']} P={r['stages']} D={r.get('data_parallel', 1)} a={r['window']} "
+           f"b={r['microbatch_size']} "
            f"lr={r['lr']:.3g}: {_outcome(best, r['schedule'], e.get('time_to_target'))} on the "
            f"{best['budget']['clock']} clock")  # fmt: skip
     base = best.get("baseline")
     if base:
-        stderr(f"flush baseline: 1f1b P={base['stages']} m={base['window']} b={base['microbatch_size']}: "
+        stderr(f"flush baseline: 1f1b P={base['stages']} D={base.get('data_parallel', 1)} m={base['window']} "
+               f"b={base['microbatch_size']}: "
                f"{_outcome(best, '1f1b', base.get('time_to_target'))}")  # fmt: skip
     if "verdict" in best and "paci_speedup_vs_flush" in best:
         interval = best.get("paci_speedup_interval")
@@ -131,7 +133,8 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
                f"speedup_vs_flush {best['speedup_vs_flush']:g}x")  # fmt: skip
     counts = best["provenance"]["trials"]
     stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed"
-                                  for s, c in counts.items()))  # fmt: skip
+                                  + (f", {c['infeasible']} outside the device budget (unrun)" if c.get("infeasible")
+                                     else "") for s, c in counts.items()))  # fmt: skip
     stderr(f"wrote {path}; the trials' curves: {best['provenance'].get('plot')}")
 
 

@@ -55,9 +55,15 @@ class BudgetConfig:
 
 @dataclass
 class HardwareConfig:
-    """What a trial may use. On the wall clock the pipeline depth cannot exceed ``devices``."""
+    """What a trial may use. ``devices`` is the device budget, required by ``paci-tune search``.
 
-    devices: int | None = None  # default: 1 on the sim/rst clocks' emulated runtime, else detected
+    Every trial uses all of them, on every clock: D = devices / P data-parallel replicas of a
+    P-stage pipeline. On the sim and rst clocks the devices are simulated (a budget larger than this
+    machine is fine: that is what those clocks are for); on the wall clock the P x D processes run
+    here, so the devices must exist (:mod:`paci_tune.tune.setup` checks the GPU or CPU count).
+    """
+
+    devices: int | None = None
     runtime: Literal["emulated", "distributed"] | None = None
     device: Literal["auto", "cpu", "cuda"] | None = None
     backend: Literal["auto", "gloo", "nccl"] | None = None
@@ -150,6 +156,9 @@ def parse_tune_sections(tune: dict[str, Any], *, require: bool) -> dict[str, Any
     if require:
         out["target"].check("target")
         out["budget"].check("budget")
+        if out["hardware"].devices is None:
+            allowed = "the device budget of every trial, a positive integer (P x D = devices), e.g. 4"
+            raise ConfigError("hardware.devices", None, allowed)
     return out
 
 

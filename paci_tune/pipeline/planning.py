@@ -4,10 +4,13 @@ With a cost profile (``training.profile``), ``partition: auto`` uses the measure
 partitioner, and the run's predicted peak memory per stage is checked against the device: a
 configuration that will not fit is refused with the numbers, not discovered by an OOM. Without
 one, the cut balances FLOP estimates and no prediction is made. ``paci-tune simulate`` cuts with the
-same function, per schedule. Data parallelism changes no stage: each device holds one replica of
-one stage, with micro-batches of ``pipeline.microbatch_size`` (per replica), so the per-device
-check is the same; only the emulated runtime, which holds all D replicas on its one device, needs D
-times the memory. May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`,
+same function, per schedule.
+
+Data parallelism changes what one device holds only through the micro-batch: each of the P x D
+devices holds one stage of one replica at micro-batch ``b``, so the cut and the per-device check
+are those of one replica (the partitioner also weighs each stage's gradient all-reduce). The
+emulated runtime holds all D replicas in one process, so its one-device check counts D copies of
+every stage. May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`,
 :mod:`paci_tune.config`, :mod:`paci_tune.errors`, torch.
 """
 
@@ -55,7 +58,8 @@ def memory_available(device: torch.device, processes_here: int) -> float:
 
 
 def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[int]:
-    """Peak bytes per stage: weights, gradients, optimizer state, in-flight activations."""
+    """Peak bytes per stage (per device: one stage of one replica): weights, gradients, optimizer state,
+    in-flight activations."""
     p = cfg.pipeline
     out = []
     for s, units in enumerate(stage_units(sizes)):
@@ -93,6 +97,7 @@ def plan_partition(
         memory_bytes=memory_bytes,
         inflight=p.inflight,
         optimizer=cfg.optimizer.name,
+        data_parallel=p.data_parallel,
     ).sizes
 
 
@@ -107,13 +112,33 @@ def choose_partition(
     return sizes
 
 
+def memory_refusal(
+    cfg: RunConfig, profile: Profile, device: torch.device, *, distributed: bool, processes: int
+) -> str | None:
+    """Why :func:`choose_partition` would refuse ``cfg`` on this machine with ``processes`` here; None if it fits.
+
+    A search asks before its trials start, so the points that cannot run are dropped from its space.
+    """
+    limit = memory_available(device, processes) if distributed else None
+    try:
+        sizes = plan_partition(cfg, [1.0] * profile.n_units, profile, memory_bytes=limit)
+        check_memory(cfg, profile, sizes, device, distributed, processes=processes)
+    except ConfigError as e:
+        return e.allowed
+    return None
+
+
 def check_memory(
-    cfg: RunConfig, profile: Profile, sizes: Sequence[int], device: torch.device, distributed: bool
-) -> None:
-    """Refuse a run whose predicted peak memory exceeds what this machine has for it."""
+    cfg: RunConfig, profile: Profile, sizes: Sequence[int], device: torch.device, distributed: bool,
+    processes: int | None = None,
+) -> None:  # fmt: skip
+    """Refuse a run whose predicted peak memory exceeds what this machine has for it.
+
+    ``processes``: stage processes on this machine (default: torchrun's ``LOCAL_WORLD_SIZE``).
+    """
     need = predicted_memory(cfg, profile, sizes)
     if distributed:
-        here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        here = processes or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         have = memory_available(device, here)
         worst = max(range(len(need)), key=lambda s: need[s])
         if need[worst] > have:

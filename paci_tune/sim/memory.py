@@ -17,7 +17,13 @@ A stage's memory at its peak is the sum of
 
 The in-flight count is what the schedule allows (:func:`paci_tune.schedule.inflight_cap`):
 ``P - s`` at stage ``s`` for 1F1B and PACI, the whole window for GPipe. That is why 1F1B-style
-schedules need less memory than GPipe, and why the first stage is the most loaded. May import:
+schedules need less memory than GPipe, and why the first stage is the most loaded.
+
+The prediction is per device. With D data-parallel replicas each of the P x D devices holds one
+stage of one replica, fed micro-batches of ``b`` sequences (the global batch is D * a * b), so a
+device's memory is this stage's at ``b`` whatever D is: the all-reduce reduces the gradients
+already counted in place, and the collective's own staging buffers are left to the fixed overhead
+(not measured here). May import:
 :mod:`.profile` and the standard library.
 """
 

@@ -2,11 +2,15 @@
 
 A pipeline runs at the pace of its slowest stage, so the cut minimises the largest stage time:
 forward plus backward of one micro-batch, plus the optimizer step amortised over the ``a``
-micro-batches of a window. Unlike :func:`paci_tune.schedule.balanced_partition` (FLOP
-estimates, no memory), this uses measured times and rejects cuts whose predicted memory
-(:mod:`paci_tune.sim.memory`) does not fit the device: the in-flight count differs per stage
-(``P - s`` under 1F1B/PACI), so the memory limit depends on *where* a stage sits, and the cheapest
-balanced cut can be infeasible on the first stages while a slightly slower one fits.
+micro-batches of a window, and with ``D`` data-parallel replicas the step's gradient all-reduce
+amortised the same way (the ring cost of :mod:`.profile` is linear in the stage's gradient bytes
+plus a constant per stage, so it adds per unit and per stage; 0 when ``D = 1``). Memory is per
+device -- one stage of one replica at micro-batch ``b`` -- and does not depend on ``D``. Unlike
+:func:`paci_tune.schedule.balanced_partition` (FLOP estimates, no memory), this uses measured
+times and rejects cuts whose predicted memory (:mod:`paci_tune.sim.memory`) does not fit the
+device: the in-flight count differs per stage (``P - s`` under 1F1B/PACI), so the memory limit
+depends on *where* a stage sits, and the cheapest balanced cut can be infeasible on the first
+stages while a slightly slower one fits.
 
 The search is a dynamic program over (stages used, units covered): stage ``p`` covering units
 ``j..i-1`` is allowed when it fits, and ``best[p][i] = min_j max(best[p-1][j], time(j, i))``.
@@ -51,6 +55,7 @@ class PartitionModel:
         inflight: int | None = None,
         optimizer: str = "adamw",
         overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+        data_parallel: int = 1,
     ) -> None:
         if schedule not in SCHEDULES:
             raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
@@ -59,14 +64,18 @@ class PartitionModel:
         self.optimizer, self.overhead_bytes = optimizer, overhead_bytes
         costs = profile.at(microbatch_size)
         units = zip(costs, profile.units, strict=True)
-        per_unit = [c.forward_s + c.backward_s + u.optimizer_s / window for c, u in units]
+        ring = profile.allreduce
+        # ring_s(bytes, D) = per_byte * bytes + per_stage: split into a per-unit and a per-stage part
+        self._reduce_stage = ring.ring_s(0, data_parallel) / window
+        per_byte = (ring.ring_s(1.0, data_parallel) - ring.ring_s(0, data_parallel)) / window
+        per_unit = [c.forward_s + c.backward_s + u.optimizer_s / window + per_byte * u.param_bytes for c, u in units]
         self._prefix = [0.0]
         for t in per_unit:
             self._prefix.append(self._prefix[-1] + t)
 
     def time(self, stage: int, first: int, stop: int) -> float:
-        """F+B of one micro-batch plus the optimizer step amortised over the window."""
-        return self._prefix[stop] - self._prefix[first]
+        """F+B of one micro-batch plus the optimizer step (and all-reduce) amortised over the window."""
+        return self._prefix[stop] - self._prefix[first] + self._reduce_stage
 
     def memory(self, stage: int, first: int, stop: int) -> int:
         """Predicted peak bytes of ``stage`` owning units ``first..stop-1``."""
@@ -101,6 +110,7 @@ def partition(
     inflight: int | None = None,
     optimizer: str = "adamw",
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+    data_parallel: int = 1,
 ) -> Partition:
     """The fastest contiguous cut of the profile's units into ``n_stages`` that fits ``memory_bytes``.
 
@@ -120,6 +130,7 @@ def partition(
         inflight=inflight,
         optimizer=optimizer,
         overhead_bytes=overhead_bytes,
+        data_parallel=data_parallel,
     )
     fits = None if memory_bytes is None else (lambda s, j, i: model.memory(s, j, i) <= memory_bytes)
     sizes = min_max_partition(n, n_stages, model.time, fits)

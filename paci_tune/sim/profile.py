@@ -22,6 +22,7 @@ Format (every time in seconds, every size in bytes)::
           8: {forward_s: 0.001, backward_s: 0.002, activation_bytes: 524288, saved_bytes: 8192}
           16: {forward_s: 0.002, backward_s: 0.004, activation_bytes: 1048576, saved_bytes: 16384}
     p2p: {latency_s: 5.0e-05, bandwidth_Bps: 2.0e+09}   # one point-to-point send: latency + bytes / bandwidth
+    allreduce: {latency_s: 1.0e-04, bandwidth_Bps: 1.0e+09, backend: gloo}   # optional: one ring step (below)
 
 ``forward_s`` / ``backward_s`` are one micro-batch through the unit (the last unit includes the
 cross-entropy loss, as the real last stage computes it). ``activation_bytes`` is the unit's
@@ -29,6 +30,16 @@ output -- what crosses a stage boundary cut after this unit (the gradient sent b
 size). ``saved_bytes`` is what autograd keeps alive between the unit's forward and backward,
 excluding the parameters themselves: the activation memory of one in-flight micro-batch.
 ``bandwidth_Bps: .inf`` with ``latency_s: 0`` makes transfers free.
+
+``allreduce`` is the gradient all-reduce among the D data-parallel replicas of a stage, in the ring
+model every common backend follows for large tensors: ``2 (D-1)`` steps, each sending ``bytes / D``
+to a neighbour, so one all-reduce of ``bytes`` over ``D`` ranks costs
+``2 (D-1)/D * bytes / bandwidth_Bps + 2 (D-1) * latency_s`` (0 when ``D = 1``). ``latency_s`` and
+``bandwidth_Bps`` are one ring step's: measured by ``paci-tune calibrate`` with gloo among processes
+on this machine (:mod:`paci_tune.calibrate.allreduce`), or written by hand for NVLink or InfiniBand
+(e.g. NCCL on NVLink: ~1e-5 s, ~1.5e11 B/s; InfiniBand HDR: ~5e-6 s, ~2.5e10 B/s). **A profile
+without** ``allreduce`` (every profile written before it existed) takes the ``p2p`` link's latency and
+bandwidth: a ring step is one neighbour send on the same link, which is exactly what ``p2p`` measured.
 
 **``param_bytes`` is 4 bytes per parameter whatever ``dtype`` is** -- the size of the unit's weights
 in fp32, i.e. its parameter count times 4 -- so a profile's weights can be compared and scaled
@@ -51,7 +62,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -62,7 +73,7 @@ from ..base.files import atomic_write_text, read_yaml
 from ..errors import ConfigError
 
 FORMAT = "paci-tune-profile/1"
-_TOP_KEYS = ("format", "machine", "device", "torch", "dtype", "date", "threads", "seq_len", "units", "p2p")
+_TOP_KEYS = ("format", "machine", "device", "torch", "dtype", "date", "threads", "seq_len", "units", "p2p", "allreduce")
 _UNIT_KEYS = ("name", "param_bytes", "optimizer_s", "microbatch")
 _COST_KEYS = ("forward_s", "backward_s", "activation_bytes", "saved_bytes")
 _P2P_KEYS = ("latency_s", "bandwidth_Bps", "backend")
@@ -150,6 +161,32 @@ class P2PCost:
 
 
 @dataclass(frozen=True)
+class AllReduceCost:
+    """Ring all-reduce among a stage's data-parallel replicas; one ring step: ``latency_s + bytes / bandwidth_Bps``.
+
+    Its own type rather than a :class:`P2PCost`: the fields mean one *step* of a collective.
+    """
+
+    latency_s: float
+    bandwidth_Bps: float
+    backend: str = "unknown"
+
+    def ring_s(self, nbytes: float, ranks: int) -> float:
+        """One all-reduce of ``nbytes`` over ``ranks``: ``2 (D-1)/D * bytes / bandwidth + 2 (D-1) * latency``."""
+        if ranks <= 1:
+            return 0.0
+        volume = 0.0 if math.isinf(self.bandwidth_Bps) else 2 * (ranks - 1) / ranks * nbytes / self.bandwidth_Bps
+        return volume + 2 * (ranks - 1) * self.latency_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "latency_s": float(self.latency_s),
+            "bandwidth_Bps": float(self.bandwidth_Bps),
+            "backend": str(self.backend),
+        }
+
+
+@dataclass(frozen=True)
 class Profile:
     """Costs of every pipeline unit of one model on one machine; see the module docstring."""
 
@@ -162,6 +199,22 @@ class Profile:
     torch_version: str = "unknown"
     date: str = "unknown"
     machine: dict[str, str] = field(default_factory=dict)
+    allreduce_cost: AllReduceCost | None = None  # None: derived from ``p2p`` (module docstring)
+
+    @property
+    def allreduce(self) -> AllReduceCost:
+        """The all-reduce cost: the profile's own, or the ``p2p`` link's when it has none (module docstring)."""
+        if self.allreduce_cost is not None:
+            return self.allreduce_cost
+        return AllReduceCost(self.p2p.latency_s, self.p2p.bandwidth_Bps, f"{self.p2p.backend} (from p2p)")
+
+    def gradient_bytes(self, units: Sequence[int]) -> int:
+        """Bytes a stage owning ``units`` all-reduces per step: its fp32 gradients (4 bytes per parameter).
+
+        Gradients accumulate in fp32 in both precisions (bf16 stages keep fp32 masters and fp32
+        gradients, :mod:`paci_tune.sim.memory`), so this is ``param_bytes`` whatever ``dtype`` is.
+        """
+        return sum(self.units[i].param_bytes for i in units)
 
     @property
     def n_units(self) -> int:
@@ -202,7 +255,10 @@ class Profile:
             for u in self.units
         ]
         p2p = P2PCost(self.p2p.latency_s * pf, self.p2p.bandwidth_Bps / pf, self.p2p.backend)
-        return replace(self, units=units, p2p=p2p, device=f"{self.device} (scaled x{factor:g})")
+        ar = self.allreduce_cost
+        if ar is not None:
+            ar = AllReduceCost(ar.latency_s * pf, ar.bandwidth_Bps / pf, ar.backend)
+        return replace(self, units=units, p2p=p2p, allreduce_cost=ar, device=f"{self.device} (scaled x{factor:g})")
 
     # ------------------------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
@@ -219,6 +275,8 @@ class Profile:
         out["seq_len"] = self.seq_len
         out["units"] = [u.to_dict() for u in self.units]
         out["p2p"] = self.p2p.to_dict()
+        if self.allreduce_cost is not None:
+            out["allreduce"] = self.allreduce_cost.to_dict()
         return out
 
     def dumps(self) -> str:
@@ -240,12 +298,10 @@ class Profile:
         if not isinstance(units_raw, list) or not units_raw:
             raise ConfigError(f"{where}.units", units_raw, "a non-empty list, one entry per pipeline unit")
         units = [_unit(f"{where}.units[{i}]", u, i) for i, u in enumerate(units_raw)]
-        p2p_raw = data.get("p2p")
-        _mapping(f"{where}.p2p", p2p_raw, _P2P_KEYS)
-        latency = _number(f"{where}.p2p.latency_s", p2p_raw.get("latency_s"))
-        bandwidth = p2p_raw.get("bandwidth_Bps")
-        if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
-            raise ConfigError(f"{where}.p2p.bandwidth_Bps", bandwidth, "a positive number of bytes/s (.inf: free)")
+        latency, bandwidth, backend = _link(f"{where}.p2p", data.get("p2p"))
+        allreduce = None
+        if data.get("allreduce") is not None:
+            allreduce = AllReduceCost(*_link(f"{where}.allreduce", data["allreduce"]))
         threads = data.get("threads")
         if threads is not None:
             threads = _int(f"{where}.threads", threads, minimum=1)
@@ -257,7 +313,8 @@ class Profile:
             raise ConfigError(f"{where}.machine", machine, "a mapping of descriptive strings")
         return cls(
             units=units,
-            p2p=P2PCost(latency, float(bandwidth), str(p2p_raw.get("backend", "unknown"))),
+            p2p=P2PCost(latency, bandwidth, backend),
+            allreduce_cost=allreduce,
             seq_len=seq_len,
             device=str(data.get("device", "unknown")),
             dtype=dtype,
@@ -282,6 +339,16 @@ def _mapping(key: str, value: Any, allowed: tuple[str, ...]) -> None:
     for k, v in value.items():
         if k not in allowed:
             raise ConfigError(f"{key}.{k}", v, "a known key: " + ", ".join(allowed))
+
+
+def _link(key: str, raw: Any) -> tuple[float, float, str]:
+    """(latency_s, bandwidth_Bps, backend) of a ``p2p`` or ``allreduce`` mapping."""
+    _mapping(key, raw, _P2P_KEYS)
+    latency = _number(f"{key}.latency_s", raw.get("latency_s"))
+    bandwidth = raw.get("bandwidth_Bps")
+    if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
+        raise ConfigError(f"{key}.bandwidth_Bps", bandwidth, "a positive number of bytes/s (.inf: free)")
+    return latency, float(bandwidth), str(raw.get("backend", "unknown"))
 
 
 def _number(key: str, value: Any) -> float:

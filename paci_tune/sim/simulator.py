@@ -11,6 +11,18 @@ micro-batch size; an optimizer step is the sum of the units' ``optimizer_s``; a 
 stages ``s`` and ``s+1`` (activation forward, gradient backward: the same size) costs
 ``latency + activation_bytes / bandwidth`` of stage ``s``'s last unit.
 
+**Data parallelism** (``data_parallel = D``): D replicas of the P-stage pipeline, on P x D devices,
+each fed ``b`` sequences per micro-batch. Replicas run the same schedule on the same costs, so they
+stay in lock step, and one replica's timeline is the whole layout's once each stage's optimizer
+step also pays the all-reduce of its gradients inside its dp group (the D copies of that stage):
+a step costs ``optimizer_s + AllReduceCost.ring_s(gradient bytes, D)``, the ring formula of
+:mod:`.profile`. Stages still never wait for each other at a step (PACI's point); the all-reduce
+is not overlapped with the backward (the runtimes all-reduce at the step). With ``sync_steps``
+(flush with global-norm clipping) the all-reduce is counted after the cross-stage barrier, though a
+runtime may run it before: a little pessimistic for that one case. D = 1 adds exactly 0.
+Memory is per device: each device holds one stage of one replica at micro-batch ``b``, so the
+memory prediction does not depend on D.
+
 PACI never drains inside a segment, so a short simulation would be dominated by its fill and
 drain; it is simulated over at least ``4 * P`` global batches, and the steady-state step time
 (measured between optimizer steps in the middle of the run) is reported next to the average. May
@@ -47,6 +59,7 @@ class StageResult:
     mean_drift: float
     drift_bound: int
     drift_histogram: dict[int, int] = field(default_factory=dict)
+    allreduce_s: float = 0.0  # one gradient all-reduce in the stage's dp group (0 when D = 1)
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -67,6 +80,7 @@ class StageResult:
             "mean_drift": self.mean_drift,
             "drift_bound": self.drift_bound,
             "drift_histogram": {str(k): v for k, v in sorted(self.drift_histogram.items())},
+            "allreduce_s": self.allreduce_s,
         }
 
 
@@ -88,10 +102,24 @@ class SimResult:
     steady_bubble_fraction: float
     stages: list[StageResult]
     timeline: Timeline = field(repr=False)
+    data_parallel: int = 1
 
     @property
     def global_batch(self) -> int:
-        return self.window * self.microbatch_size
+        """Sequences per optimizer step over all D replicas: D * a * b."""
+        return self.data_parallel * self.window * self.microbatch_size
+
+    @property
+    def devices(self) -> int:
+        return self.n_stages * self.data_parallel
+
+    @property
+    def allreduce_fraction(self) -> float:
+        """Share of the run each stage spends in gradient all-reduces, averaged over stages (0 when D = 1)."""
+        span = self.timeline.makespan
+        if span <= 0:
+            return 0.0
+        return sum(st.allreduce_s * self.n_batches for st in self.stages) / (span * len(self.stages))
 
     @property
     def tokens_per_s(self) -> float:
@@ -121,6 +149,8 @@ class SimResult:
         return {
             "schedule": self.schedule,
             "n_stages": self.n_stages,
+            "data_parallel": self.data_parallel,
+            "devices": self.devices,
             "window": self.window,
             "microbatch_size": self.microbatch_size,
             "global_batch": self.global_batch,
@@ -137,6 +167,7 @@ class SimResult:
             "analytic_bubble_fraction": self.analytic_bubble_fraction,
             "max_drift": self.max_drift,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "allreduce_fraction": self.allreduce_fraction,
             "stages": [st.to_dict() for st in self.stages],
         }
 
@@ -160,12 +191,14 @@ def simulate(
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     extend: bool = True,
     sync_steps: bool = False,
+    data_parallel: int = 1,
 ) -> SimResult:
     """Predict one schedule's step time, throughput, bubble, memory and drift (module docstring).
 
     ``extend=False`` simulates exactly ``n_batches`` even for PACI (for pictures of a short run).
     ``sync_steps``: every stage's step waits for all stages' backwards of its batch, as the runtimes
-    do for a flush schedule that clips the whole model's gradient norm.
+    do for a flush schedule that clips the whole model's gradient norm. ``data_parallel``: D
+    replicas, each step adding the stage's gradient all-reduce (module docstring).
     """
     if schedule not in SCHEDULES:
         raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
@@ -173,6 +206,7 @@ def simulate(
         ("pipeline.stages", stages),
         ("pipeline.window", window),
         ("pipeline.microbatch_size", microbatch_size),
+        ("pipeline.data_parallel", data_parallel),
         ("batches", n_batches),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -185,7 +219,8 @@ def simulate(
     costs = profile.at(microbatch_size)
     fwd = [sum(costs[i].forward_s for i in r) for r in ranges]
     bwd = [sum(costs[i].backward_s for i in r) for r in ranges]
-    opt = [sum(profile.units[i].optimizer_s for i in r) for r in ranges]
+    reduce = [profile.allreduce.ring_s(profile.gradient_bytes(r), data_parallel) for r in ranges]
+    opt = [sum(profile.units[i].optimizer_s for i in r) + ar for r, ar in zip(ranges, reduce, strict=True)]
     link = [profile.p2p.transfer_s(costs[r[-1]].activation_bytes) for r in ranges]
     by_op = {Op.FORWARD: fwd, Op.BACKWARD: bwd, Op.STEP: opt}
 
@@ -228,6 +263,7 @@ def simulate(
                 mean_drift=sum(drift.values()) / len(drift) if drift else 0.0,
                 drift_bound=drift_bound(s, stages, window) if schedule == "paci" else 0,
                 drift_histogram=dict(Counter(drift.values())),
+                allreduce_s=reduce[s],
             )
         )
     return SimResult(
@@ -245,6 +281,7 @@ def simulate(
         steady_bubble_fraction=sum(x.steady_bubble_fraction for x in out) / len(out),
         stages=out,
         timeline=timeline,
+        data_parallel=data_parallel,
     )
 
 

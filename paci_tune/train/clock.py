@@ -11,9 +11,11 @@
 
 Profile clocks time each segment by replaying the segment's own action lists
 (:func:`paci_tune.sim.simulate`), so the fill and drain at evaluation points are paid for, and
-the reading at global batch k is when the last stage closes batch k. Evaluation is not training
-time: it does not advance them, and the wall clock leaves it out. May import: :mod:`paci_tune.sim`,
-:mod:`paci_tune.schedule`.
+the reading at global batch k is when the last stage closes batch k. With ``data_parallel = D``
+the simulated layout is D replicas of the pipeline on P x D devices: each stage's step also pays
+its dp group's gradient all-reduce (:mod:`paci_tune.sim.simulator`); D = 1 reads exactly as before.
+Evaluation is not training time: it does not advance them, and the wall clock leaves it out.
+May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`.
 """
 
 from __future__ import annotations
@@ -116,9 +118,11 @@ class ProfileClock:
         inflight: int | None = None,
         sync_steps: bool = False,
         offset: float = 0.0,
+        data_parallel: int = 1,
     ) -> None:
         self.name, self.profile = name, profile
         self._shape = (schedule, stages, window, microbatch_size, list(partition), inflight, sync_steps)
+        self.data_parallel = data_parallel
         self.reading = offset
         self._plans: dict[int, SegmentPlan] = {}
         self._current: SegmentPlan | None = None
@@ -135,7 +139,7 @@ class ProfileClock:
         if n_batches not in self._plans:
             schedule, stages, window, b, sizes, inflight, sync = self._shape
             res = simulate(schedule, stages, window, b, sizes, self.profile, n_batches, inflight=inflight, extend=False,
-                           sync_steps=sync)  # fmt: skip
+                           sync_steps=sync, data_parallel=self.data_parallel)  # fmt: skip
             steps = [[end for act, _, end in st.intervals if act.op is Op.STEP] for st in res.timeline.stages]
             model = tuple(max(per[i] for per in steps) for i in range(n_batches))
             busy = tuple(st.busy for st in res.timeline.stages)

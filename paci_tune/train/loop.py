@@ -106,6 +106,7 @@ class Trainer:
             partition=self.setup.partition,
             inflight=p.inflight,
             sync_steps=p.schedule != "paci" and bool(self.cfg.optimizer.grad_clip),
+            data_parallel=p.data_parallel,
             offset=offset,
         )
 

@@ -9,8 +9,9 @@ against it, below 1 when PACI lost. Scores are times to target, or the not-reach
 bound, and the file says so.
 
 The file also carries ``run``: the complete run configuration of the recommended trial, which
-``paci-tune apply`` trains. May import: optuna, torch (its version), :mod:`paci_tune.base`,
-:mod:`.space`.
+``paci-tune apply`` trains -- with ``pipeline.data_parallel``, so it runs on the P x D devices the
+trial was timed on (``recommended`` states P, D, a, b and the devices). May import: optuna, torch
+(its version), :mod:`paci_tune.base`, :mod:`.space`.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}
 def trial_counts(study: optuna.Study) -> dict[str, int]:
     trials = study.get_trials(deepcopy=False)
     search = [t for t in trials if not is_confirmation(t)]
+    infeasible = sum(bool(t.user_attrs.get("infeasible")) for t in search)  # outside the device budget, unrun
     return {
         "complete": sum(t.state == TrialState.COMPLETE for t in search),
-        "pruned": sum(t.state == TrialState.PRUNED for t in search),
+        "pruned": sum(t.state == TrialState.PRUNED and not t.user_attrs.get("infeasible") for t in search),
+        **({"infeasible": infeasible} if infeasible else {}),
         "failed": sum(t.state == TrialState.FAIL for t in search),
         "repeats_reused": sum("repeat_of" in t.user_attrs and t.state != TrialState.FAIL for t in search),
         "confirmation": sum(is_confirmation(t) and t.state.is_finished() for t in trials),
@@ -76,6 +79,8 @@ def describe_trial(t: FrozenTrial, schedule: str, params: TrialParams, lr: float
         "window": params.window,
         "microbatch_size": params.microbatch_size,
         "stages": params.stages,
+        "data_parallel": params.data_parallel,
+        "devices": params.devices,
         "partition": a.get("partition"),
         "global_batch": params.global_batch,
         "lr": lr,
@@ -89,10 +94,12 @@ def describe_trial(t: FrozenTrial, schedule: str, params: TrialParams, lr: float
 
 
 def params_of(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialParams:
+    """A trial's point; D is in its user attributes (1 for trials of searches without a device budget)."""
     p = t.params
     b = int(p["microbatch_size"])
-    a = fixed_batch // b if fixed_batch is not None else int(p["window"])
-    return TrialParams(schedule, int(p["stages"]), a, b, float(p.get("lr_scale", 1.0)))
+    d = int(p.get("data_parallel", t.user_attrs.get("data_parallel", 1)))
+    a = fixed_batch // (d * b) if fixed_batch is not None else int(p["window"])
+    return TrialParams(schedule, int(p["stages"]), a, b, float(p.get("lr_scale", 1.0)), d)
 
 
 def build_best(
@@ -138,7 +145,8 @@ def build_best(
     rec_t, rec_p, _ = bests[rec_schedule]
     a = rec_t.user_attrs
     described = describe_trial(rec_t, rec_schedule, rec_p, base_lr * rec_p.lr_scale)
-    keep = ("schedule", "window", "microbatch_size", "stages", "partition", "global_batch", "lr", "lr_scale")
+    keep = ("schedule", "stages", "data_parallel", "devices", "window", "microbatch_size", "partition", "global_batch",
+            "lr", "lr_scale")  # fmt: skip
     doc: dict[str, Any] = {
         "recommended": {k: described[k] for k in keep},
         "evidence": {

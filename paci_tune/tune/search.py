@@ -31,6 +31,7 @@ from . import confirm
 from .confirm import CONFIRM_ATTR, confirm_seeds
 from .objective import Progress
 from .runner import TrialJob, TrialResult, TrialRunner
+from .setup import trial_runtime
 from .space import SearchSpace, TrialParams
 from .study import HOST, Heartbeat, claim, counted, reap_dead, running_elsewhere
 
@@ -115,11 +116,30 @@ class Search:
         params = self.space.suggest(trial, schedule)
         seed = (trial.user_attrs.get(CONFIRM_ATTR) or {}).get("seed")
         trial.set_user_attr("label", params.label() + (f" seed {seed}" if seed is not None else ""))
+        trial.set_user_attr("data_parallel", params.data_parallel)
+        trial.set_user_attr("devices", params.devices)
         note = None if seed is None else f"confirmation, seed {seed}"
         self.on_event(SearchEvent("start", schedule, trial.number, params, reason=note))
+        if (why := self.space.why_not(params)) is not None:
+            self._refuse(study, trial, params, why)
+            return
         with Heartbeat(study, trial._trial_id):
             if seed is not None or not self._reuse(study, trial, params):
                 self._run_fresh(study, trial, params, seed)
+        self.ran.append(trial.number)
+
+    def _refuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, why: str) -> None:
+        """A proposal outside the device budget's feasible points: answered unrun, not counted (:func:`counted`).
+
+        Told as PRUNED with no value, not FAIL: TPE ignores failed trials, so it kept proposing the
+        same infeasible pair (17 of 24 flush proposals in the example); a pruned trial without values
+        ranks below every finished one, so the sampler learns to avoid the pair.
+        """
+        trial.set_user_attr("infeasible", True)
+        trial.set_user_attr("fail_reason", f"rejected: {why}")
+        study.tell(trial, state=TrialState.PRUNED)
+        self.on_event(SearchEvent("end", params.schedule, trial.number, params, None, None, None, "rejected",
+                                  f"rejected: {why}", None))  # fmt: skip
         self.ran.append(trial.number)
 
     def _run_fresh(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None) -> None:
@@ -274,7 +294,7 @@ class Search:
                 "training.target_val_loss": t.target.value,
                 "training.checkpoint_every": 0,
                 "pipeline.partition": "auto",
-                "pipeline.runtime": hw.runtime or ("distributed" if b.clock == "wall" else "emulated"),
+                "pipeline.runtime": trial_runtime(self.tune),
                 "pipeline.inflight": None,
                 "optimizer.lr": float(t.run.optimizer.lr) * params.lr_scale,
             }

@@ -21,7 +21,7 @@ from .best import build_best, write_best
 from .confirm import confirm_seeds
 from .runner import SubprocessRunner
 from .search import Search, SearchEvent
-from .setup import bind_space, enqueue_start_points, fingerprint, profile_for
+from .setup import bind_space, drop_unfit, enqueue_start_points, fingerprint, profile_for
 from .space import SearchSpace
 from .study import open_storage, open_studies
 
@@ -69,6 +69,10 @@ def open_search(
     studies = open_studies(open_storage(storage_url), name, space.schedules, tune.search, space, tune.budget.grid,
                            fingerprint(tune, space))  # fmt: skip
     profile = profile_for(tune, space, work, log)
+    space = drop_unfit(tune, space, profile)  # after the fingerprint: it depends on this machine's free memory
+    if log:
+        for why in space.dropped:
+            log(f"dropped from the space: {why}")
     enqueue_start_points(tune, space, studies)
     return SearchSession(Path(config), tune, name, work, storage_url, space, studies, profile)
 

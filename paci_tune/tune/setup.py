@@ -22,18 +22,64 @@ from .space import SearchSpace
 Log = Callable[[str], None]
 
 def bind_space(tune: TuneConfig) -> SearchSpace:
-    """The space file, constrained by this run's global batch, model depth and devices."""
+    """The space file, constrained by this run's global batch, model depth and device budget.
+
+    On the wall clock the budget's devices must exist here: each trial runs P x D processes.
+    """
     from ..pipeline.factory import load_pieces
     from .space import load_space
 
-    one_stage = derive_run(tune.run_doc, {"pipeline.stages": 1, "pipeline.partition": "auto"})
+    devices = tune.hardware.devices
+    if devices is None:
+        raise ConfigError("hardware.devices", None, "the device budget of every trial, a positive integer")
+    if tune.budget.clock == "wall" and devices > (have := _devices(tune)):
+        kind = "GPUs" if _uses_gpus(tune) else "CPU cores"
+        raise ConfigError("hardware.devices", devices, f"at most the {have} {kind} of this machine: on the wall "
+                          "clock every trial runs P x D = hardware.devices processes here (the sim clock "
+                          "simulates a larger budget)")  # fmt: skip
+    one_stage = derive_run(tune.run_doc, {"pipeline.stages": 1, "pipeline.data_parallel": 1,
+                                          "pipeline.partition": "auto"})  # fmt: skip
     _, meta, _, _ = load_pieces(one_stage, [], distributed=True)
-    max_stages = None
-    if tune.budget.clock == "wall":
-        max_stages = tune.hardware.devices or _devices(tune)
-    return load_space(
-        tune.search.space, global_batch=tune.run.training.global_batch, n_units=meta.n_units, max_stages=max_stages
-    )
+    return load_space(tune.search.space, global_batch=tune.run.training.global_batch, n_units=meta.n_units,
+                      max_stages=None, devices=devices)  # fmt: skip
+
+
+def trial_runtime(tune: TuneConfig) -> str:
+    """The runtime trials run on: the hardware section's, else distributed on the wall clock, emulated otherwise."""
+    return tune.hardware.runtime or ("distributed" if tune.budget.clock == "wall" else "emulated")
+
+
+def drop_unfit(tune: TuneConfig, space: SearchSpace, profile_path: str | None) -> SearchSpace:
+    """The space less the points the memory check would refuse (with the reasons kept in ``dropped``).
+
+    The same check a trial's run makes before it starts (:func:`paci_tune.pipeline.planning.memory_refusal`):
+    per device on the distributed runtime (P x D processes here), all stages of all D replicas in
+    one process on the emulated one. Without a profile there is no prediction, and nothing is dropped.
+    """
+    if profile_path is None:
+        return space
+    from ..pipeline.factory import resolve_device
+    from ..pipeline.planning import memory_refusal
+    from ..sim.profile import Profile
+    from .space import restrict
+
+    profile = Profile.load(profile_path, "budget.profile")
+    runtime = trial_runtime(tune)
+    device = resolve_device(tune.hardware.device or tune.run.pipeline.device)
+
+    def why_not(q: Any) -> str | None:
+        over = {**q.overrides(), "pipeline.partition": "auto", "pipeline.runtime": runtime, "pipeline.inflight": None}
+        cfg = derive_run(tune.run_doc, over)
+        reason = memory_refusal(cfg, profile, device, distributed=runtime == "distributed", processes=q.devices)
+        return None if reason is None else f"P={q.stages} D={q.data_parallel} b={q.microbatch_size}: {reason}"
+
+    return restrict(space, why_not)
+
+
+def _uses_gpus(tune: TuneConfig) -> bool:
+    from ..pipeline.backend import visible_gpus
+
+    return tune.hardware.device != "cpu" and visible_gpus() > 0
 
 
 def _devices(tune: TuneConfig) -> int:
@@ -96,6 +142,11 @@ def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) 
         return
     if space.fixed_batch is None and p.window not in space.window:
         return
+    from .space import TrialParams
+
+    a = space.window_of(p.stages, p.microbatch_size) if space.fixed_batch is not None else p.window
+    if space.why_not(TrialParams("paci", p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages))):
+        return  # under the device budget the user's (P, b) is not a point
     if space.lr_scale is not None:
         if not space.lr_is_range and 1.0 not in space.lr_scale:
             return

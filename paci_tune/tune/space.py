@@ -11,15 +11,24 @@ feasible values and the grid is finite:
   must divide it and the window follows from it (or the other way round);
 - ``global_batch: free`` -- a and micro-batch size are searched independently; the LR follows the
   batch through ``lr_schedule.reference_batch`` scaling;
-- P <= the model's units (a stage holds at least one), and P <= ``hardware.devices`` when the
-  clock is the wall (the sim and rst clocks model one device per stage). May import: optuna,
-:mod:`paci_tune.base`, :mod:`paci_tune.errors`.
+- P <= the model's units (a stage holds at least one);
+- **a fixed device budget** (``hardware.devices = N``): every trial uses all N devices, as D
+  data-parallel replicas of a P-stage pipeline, D = N / P. P must divide N, and with a fixed global
+  batch each replica takes ``global_batch / D`` sequences, so a = global_batch / (D * b) must be a
+  whole number. Infeasible (P, b) pairs are dropped -- the space keeps the feasible points and why
+  the others went (:attr:`SearchSpace.dropped`) -- and the memory check of :mod:`.setup` drops the
+  points whose devices would not hold their stage. Optuna samples P and b as two categoricals over
+  the values some feasible point uses; a pair outside the feasible set is answered without training
+  (:meth:`SearchSpace.why_not`, :mod:`.search`). Without a budget (``devices=None``, the API's
+  default) D = 1 for every P. May import: optuna, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,16 +52,22 @@ class TrialParams:
     window: int
     microbatch_size: int
     lr_scale: float = 1.0
+    data_parallel: int = 1
 
     @property
     def global_batch(self) -> int:
-        return self.window * self.microbatch_size
+        return self.data_parallel * self.window * self.microbatch_size
+
+    @property
+    def devices(self) -> int:
+        return self.stages * self.data_parallel
 
     def overrides(self) -> dict[str, Any]:
         """Dotted run-config overrides (``pipeline.window`` ...) that make a run this point."""
         return {
             "pipeline.schedule": self.schedule,
             "pipeline.stages": self.stages,
+            "pipeline.data_parallel": self.data_parallel,
             "pipeline.window": self.window,
             "pipeline.microbatch_size": self.microbatch_size,
             "training.global_batch": self.global_batch,
@@ -60,7 +75,9 @@ class TrialParams:
 
     def label(self) -> str:
         lr = f" lr x{self.lr_scale:.2g}" if self.lr_scale != 1.0 else ""
-        return f"{self.schedule} P={self.stages} a={self.window} b={self.microbatch_size}{lr}"
+        dp = f" D={self.data_parallel}" if self.data_parallel != 1 else ""
+        a = self.window if self.window else "-"  # 0: no whole window (a point outside the budget)
+        return f"{self.schedule} P={self.stages}{dp} a={a} b={self.microbatch_size}{lr}"
 
 
 @dataclass(frozen=True)
@@ -75,13 +92,37 @@ class SearchSpace:
     window: tuple[int, ...]  # empty when fixed: derived from the micro-batch size
     lr_scale: tuple[float, ...] | tuple[float, float, bool] | None  # choices, (low, high, log) or None
     lr_is_range: bool = False
+    devices: int | None = None  # the device budget N (every point uses P x D = N); None: D = 1
+    points: frozenset[tuple[int, int, int]] = frozenset()  # feasible (P, a, b); empty: the whole product
+    dropped: tuple[str, ...] = ()  # why the other points went, for the user
+
+    def data_parallel(self, stages: int) -> int:
+        """D of a point with ``stages`` stages: the budget shared out, or 1 without a budget."""
+        return self.devices // stages if self.devices else 1
+
+    def window_of(self, stages: int, microbatch_size: int) -> int:
+        """a of a fixed-batch point: global_batch / (D * b), or 0 when that is not a whole number."""
+        assert self.fixed_batch is not None
+        per = self.fixed_batch // self.data_parallel(stages)
+        return per // microbatch_size if per % microbatch_size == 0 else 0
+
+    def why_not(self, params: TrialParams) -> str | None:
+        """None for a feasible point; else why it is not one (a pair Optuna may propose, see the module)."""
+        key = (params.stages, params.window, params.microbatch_size)
+        if not self.points or key in self.points:
+            return None
+        if params.window == 0:
+            d = params.data_parallel
+            return (f"P={params.stages} D={d} b={params.microbatch_size}: a = {self.fixed_batch}/({d}*"
+                    f"{params.microbatch_size}) is not a whole number")  # fmt: skip
+        return f"{params.label()} was dropped when the space was bound (see the search's dropped points)"
 
     def suggest(self, trial: optuna.trial.BaseTrial, schedule: str) -> TrialParams:
         """Ask Optuna for one point; ``schedule`` is fixed by the study the trial belongs to."""
         stages = int(trial.suggest_categorical("stages", list(self.stages)))
         b = int(trial.suggest_categorical("microbatch_size", list(self.microbatch_size)))
         if self.fixed_batch is not None:
-            a = self.fixed_batch // b
+            a = self.window_of(stages, b)
         else:
             a = int(trial.suggest_categorical("window", list(self.window)))
         lr = 1.0
@@ -91,18 +132,19 @@ class SearchSpace:
                 lr = float(trial.suggest_float("lr_scale", float(low), float(high), log=bool(log)))
             else:
                 lr = float(trial.suggest_categorical("lr_scale", list(self.lr_scale)))
-        return TrialParams(schedule, stages, a, b, lr)
+        return TrialParams(schedule, stages, a, b, lr, self.data_parallel(stages))
 
     def grid(self, schedule: str | None = None) -> list[TrialParams]:
-        """Every point (of one schedule, or all); a continuous LR range has no grid."""
+        """Every feasible point (of one schedule, or all); a continuous LR range has no grid."""
         if self.lr_is_range:
             raise ConfigError("lr_scale", "a range", "a list of choices for a grid search")
         lrs = list(self.lr_scale) if self.lr_scale is not None else [1.0]
         out = []
         for s in [schedule] if schedule else self.schedules:
             for p, b, lr in itertools.product(self.stages, self.microbatch_size, lrs):
-                windows = [self.fixed_batch // b] if self.fixed_batch is not None else list(self.window)
-                out += [TrialParams(s, p, a, b, float(lr)) for a in windows]
+                windows = [self.window_of(p, b)] if self.fixed_batch is not None else list(self.window)
+                points = [TrialParams(s, p, a, b, float(lr), self.data_parallel(p)) for a in windows]
+                out += [q for q in points if self.why_not(q) is None]
         return out
 
     def grid_params(self) -> dict[str, list[Any]]:
@@ -124,6 +166,10 @@ class SearchSpace:
             "stages": list(self.stages),
             "microbatch_size": list(self.microbatch_size),
         }
+        if self.devices is not None:
+            out["devices"] = self.devices
+            out["layouts"] = [[p, self.data_parallel(p)] for p in self.stages]  # (P, D)
+            out["points"] = sorted([list(x) for x in self.points])  # feasible (P, a, b)
         if self.fixed_batch is None:
             out["window"] = list(self.window)
         if self.lr_scale is not None:
@@ -151,8 +197,13 @@ def load_space(
     global_batch: int,
     n_units: int,
     max_stages: int | None,
+    devices: int | None = None,
 ) -> SearchSpace:
-    """Read a space file and bind it to a run: apply every constraint, refuse an empty dimension."""
+    """Read a space file and bind it to a run: apply every constraint, refuse an empty dimension.
+
+    ``devices``: the search's device budget (module docstring); a budget that leaves no point is a
+    ConfigError on ``hardware.devices`` listing why each went.
+    """
     path = resolve_space_path(name)
     doc = read_yaml(path, "search.space")
     if not isinstance(doc, dict):
@@ -173,6 +224,7 @@ def load_space(
         f" and at most hardware.devices={max_stages} on the wall clock" if max_stages is not None else ""
     )
     stages = _keep("space.stages", stages, lambda p: p <= cap, why)
+    windows_given: list[int] = []
 
     if mode == "fixed":
         if "window" in doc and "microbatch_size" in doc:
@@ -184,6 +236,7 @@ def load_space(
             windows = _int_choices("space.window", doc["window"])
             windows = _keep("space.window", windows, lambda a: global_batch % a == 0, f"divisors of {global_batch}")
             sizes = [global_batch // a for a in windows]
+            windows_given = windows
         else:
             sizes = _int_choices("space.microbatch_size", doc.get("microbatch_size"))
             sizes = _keep(
@@ -198,16 +251,80 @@ def load_space(
         fixed = None
 
     lr, lr_range = _lr_space(doc.get("lr_scale"))
+    given_windows = windows_given if mode == "fixed" and "window" in doc else None
+    points, dropped = _budget_points(stages, sorted(set(sizes)), windows, fixed, devices, given_windows)
+    if not points:
+        raise ConfigError("hardware.devices", devices, "a budget that leaves a point of the space; none is left: "
+                          + "; ".join(dropped))  # fmt: skip
     return SearchSpace(
         name=path.stem,
         schedules=tuple(schedules),
         fixed_batch=fixed,
-        stages=tuple(stages),
-        microbatch_size=tuple(sorted(set(sizes))),
+        stages=tuple(sorted({p for p, _, _ in points})),
+        microbatch_size=tuple(sorted({b for _, _, b in points})),
         window=tuple(windows),
         lr_scale=lr,
         lr_is_range=lr_range,
+        devices=devices,
+        points=frozenset(points),
+        dropped=tuple(dropped),
     )
+
+
+def _budget_points(
+    stages: list[int], sizes: list[int], windows: list[int], fixed: int | None, devices: int | None,
+    given_windows: list[int] | None,
+) -> tuple[set[tuple[int, int, int]], list[str]]:  # fmt: skip
+    """Feasible (P, a, b) under the device budget, and a reason for every (P[, b]) dropped."""
+    points: set[tuple[int, int, int]] = set()
+    dropped: list[str] = []
+    for p in stages:
+        if devices is not None and devices % p:
+            dropped.append(f"P={p}: {devices} devices are not a whole number of {p}-stage pipelines")
+            continue
+        d = devices // p if devices is not None else 1
+        if fixed is None:
+            points |= {(p, a, b) for a in windows for b in sizes}
+            continue
+        if fixed % d:
+            dropped.append(f"P={p} D={d}: global batch {fixed} does not split over {d} replicas")
+            continue
+        per = fixed // d
+        if given_windows is not None:  # the space lists windows: b follows from a
+            for a in given_windows:
+                if per % a:
+                    dropped.append(f"P={p} D={d} a={a}: b = {fixed}/({d}*{a}) is not a whole number")
+                else:
+                    points.add((p, a, per // a))
+            continue
+        for b in sizes:
+            if per % b:
+                dropped.append(f"P={p} D={d} b={b}: a = {fixed}/({d}*{b}) is not a whole number")
+            else:
+                points.add((p, per // b, b))
+    return points, dropped
+
+
+def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -> SearchSpace:
+    """``space`` less the points ``why_not`` refuses (it returns the reason; None keeps the point).
+
+    The setup's memory check uses it; a check that leaves nothing is a ConfigError on
+    ``hardware.devices`` listing every reason.
+    """
+    kept, dropped = set(), list(space.dropped)
+    for p, a, b in sorted(space.points):
+        reason = why_not(TrialParams(space.schedules[0], p, a, b, 1.0, space.data_parallel(p)))
+        if reason is None:
+            kept.add((p, a, b))
+        else:
+            dropped.append(reason)
+    if not kept:
+        raise ConfigError("hardware.devices", space.devices, "a budget that leaves a point of the space; none is "
+                          "left: " + "; ".join(dropped))  # fmt: skip
+    return dataclasses.replace(
+        space, points=frozenset(kept), dropped=tuple(dropped),
+        stages=tuple(sorted({p for p, _, _ in kept})), microbatch_size=tuple(sorted({b for _, _, b in kept})),
+    )  # fmt: skip
 
 
 def _int_choices(key: str, spec: Any) -> list[int]:

@@ -137,14 +137,16 @@ def counted(trials: list[FrozenTrial], quota: int) -> int:
     counts), and repeats of a point already run (answered from the earlier trial, no compute
     spent) -- samplers propose repeats
     often in small discrete spaces, and counting them would leave most of the quota unexplored.
-    Repeats beyond twice the quota do count, so a search of an exhausted space still ends.
+    Repeats beyond twice the quota do count, so a search of an exhausted space still ends. So do
+    proposals outside the device budget's feasible points (``infeasible``: answered unrun, no
+    compute spent), beyond twice the quota.
     """
     retried = {t.user_attrs.get("retry_of") for t in trials}
     fresh = repeats = 0
     for t in trials:
         if t.state == TrialState.WAITING or (t.state == TrialState.FAIL and t.number in retried) or is_confirmation(t):
             continue
-        if "repeat_of" in t.user_attrs:
+        if "repeat_of" in t.user_attrs or t.user_attrs.get("infeasible"):
             repeats += 1
         else:
             fresh += 1
