@@ -182,6 +182,8 @@ class Search:
             attrs.update({k: result.summary.get(k) for k in EVIDENCE_KEYS})
             stages = result.summary.get("stages", [])
             attrs["measured_peak_memory_bytes"] = [st.get("peak_memory_bytes") for st in stages]
+            attrs["stage_drift"] = [{"max": st.get("max_drift"), "mean": st.get("mean_drift"),
+                                     "bound": st.get("drift_bound")} for st in stages]  # fmt: skip
             attrs["clock_used"] = float(result.summary.get("clock", p.clock))
             attrs["predicted_peak_memory_bytes"] = self._predicted_memory(params, result.summary.get("partition"))
         for k, v in attrs.items():
