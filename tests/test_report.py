@@ -181,3 +181,39 @@ def test_report_from_the_storage_alone_and_bad_input(searched: Path, tmp_path: P
     assert bad.exit_code == 2 and "--study-name" in bad.output and "rep" in bad.output
     assert bad.exception is None or isinstance(bad.exception, SystemExit)
     assert CliRunner().invoke(main, ["report", "--out", str(tmp_path / "x")]).exit_code == 2  # nothing to report on
+
+
+def _browser() -> str | None:
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.skipif(_browser() is None, reason="no headless browser (chromium) on this machine")
+def test_a_real_browser_loads_every_image_and_the_verdict(searched: Path, tmp_path: Path) -> None:
+    """Chromium, headless, opens the page from disk; a copy of it with one inline script appended
+    reports what the browser itself decoded: every image complete with a non-zero natural size."""
+    from click.testing import CliRunner
+
+    from paci_tune.cli.app import main
+
+    out = tmp_path / "rep"
+    assert CliRunner().invoke(main, ["report", str(searched), "--out", str(out)]).exit_code == 0
+    probe = ("<script>window.addEventListener('load', () => { const im = [...document.images];"
+             " const ok = im.filter(i => i.complete && i.naturalWidth > 0).length;"
+             " const v = document.getElementById('verdict').textContent;"
+             " document.body.insertAdjacentHTML('beforeend', `<pre id=probe>${ok}/${im.length}|${v}</pre>`); });"
+             "</script>")  # fmt: skip
+    page = (out / "index.html").read_text()
+    harness = out / "probe.html"
+    harness.write_text(page.replace("</body>", probe + "</body>"))
+    proc = subprocess.run(
+        [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--virtual-time-budget=10000", "--dump-dom", harness.as_uri()],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    found = re.search(r'<pre id="probe">(\d+)/(\d+)\|([^<]*)</pre>', proc.stdout)
+    assert found, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ok, total, verdict = int(found[1]), int(found[2]), found[3]
+    assert total == 7 and ok == total
+    assert verdict.startswith("Verdict: PACI wins")

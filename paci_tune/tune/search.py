@@ -150,7 +150,20 @@ class Search:
             self.on_event(SearchEvent("record", schedule, trial.number, params, record=rec))
 
         result = self.runner.run(job, on_eval, on_record)
+        self._keep_metrics(trial, job.workdir / "metrics.jsonl")
         self._tell(study, trial, params, result)
+
+    def _keep_metrics(self, trial: optuna.Trial, metrics: Path) -> None:
+        """The trial's metrics file as an Optuna artifact (``WORKDIR/artifacts``), before the trial is
+        told: ``optuna-dashboard --artifact-dir WORKDIR/artifacts`` then offers it beside the curve."""
+        if not metrics.is_file():
+            return
+        from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+
+        store = self.workdir / "artifacts"
+        store.mkdir(parents=True, exist_ok=True)
+        upload_artifact(artifact_store=FileSystemArtifactStore(str(store)), file_path=str(metrics),
+                        study_or_trial=trial, mimetype="application/jsonl")  # fmt: skip
 
     def _threads(self) -> int | None:
         """Split this machine's cores among the workers running trials on it right now.
