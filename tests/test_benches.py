@@ -35,3 +35,14 @@ def test_search_seeds_quick() -> None:
 def test_eval_bubble_quick() -> None:
     out = _bench("bench/eval_bubble.py", "--quick")
     assert "lowest bubble" in out
+
+
+def test_stat_map_quick(tmp_path) -> None:
+    """The bench asserts P=1 PACI == flush (every train loss) and every stage's drift <= its bound."""
+    _bench("bench/stat_map.py", "--quick", "--out", str(tmp_path))
+    doc = json.loads((tmp_path / "map.json").read_text())
+    cells = {(c["P"], c["a"]): c for c in doc["cells"]}
+    assert set(cells) == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    assert cells[(1, 1)]["mean"] == 1.0 and cells[(1, 2)]["mean"] == 1.0  # no staleness, the same steps
+    assert cells[(2, 1)]["bound"] == 1 and cells[(2, 2)]["bound"] == 1
+    assert (tmp_path / "map.png").stat().st_size > 5_000 and "| P \\ a |" in (tmp_path / "map.md").read_text()
