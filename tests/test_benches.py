@@ -47,3 +47,14 @@ def test_dp_budget_quick(tmp_path: Path) -> None:
     assert all(r["data_parallel"] * r["window"] * r["microbatch_size"] == 16 for r in doc["rows"])
     assert all(r["allreduce_fraction"] > 0 and r["best_val_loss"] is not None for r in doc["rows"])
     assert "| 2 x 4 |" in out and "| 4 x 2 |" in out
+
+
+def test_stat_map_quick(tmp_path) -> None:
+    """The bench asserts P=1 PACI == flush (every train loss) and every stage's drift <= its bound."""
+    _bench("bench/stat_map.py", "--quick", "--out", str(tmp_path))
+    doc = json.loads((tmp_path / "map.json").read_text())
+    cells = {(c["P"], c["a"]): c for c in doc["cells"]}
+    assert set(cells) == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    assert cells[(1, 1)]["mean"] == 1.0 and cells[(1, 2)]["mean"] == 1.0  # no staleness, the same steps
+    assert cells[(2, 1)]["bound"] == 1 and cells[(2, 2)]["bound"] == 1
+    assert (tmp_path / "map.png").stat().st_size > 5_000 and "| P \\ a |" in (tmp_path / "map.md").read_text()

@@ -68,6 +68,17 @@ def _metrics_losses(path: Path) -> list[float]:
     return [r["loss"] for r in sorted(read_metrics(path), key=lambda r: r.get("step", 0)) if r["event"] == "train"]
 
 
+def _report(best: Path, out: Path) -> str:
+    """``paci-tune report`` in process; the HTML page it wrote."""
+    from click.testing import CliRunner
+
+    from paci_tune.cli.app import main
+
+    res = CliRunner().invoke(main, ["report", str(best), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return (out / "index.html").read_text()
+
+
 def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     config = write_search(tmp_path, search={"confirm": {"top": 1, "seeds": 2}})
     proc = run(search_cmd(config, tmp_path))
@@ -111,6 +122,13 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     for s, c in best["provenance"]["trials"].items():
         assert c["complete"] + c["pruned"] + c["failed"] - c["repeats_reused"] >= 2, s
         assert c["confirmation"] == 2
+
+    # The report of this real search: every picture drawn, the verdict best.yaml states.
+    page = _report(tmp_path / "best.yaml", tmp_path / "report")
+    assert (
+        page.count("<img ") == 7
+        and {"paci": "PACI wins", "flush": "flush wins", "tie": "a tie"}[best["verdict"]] in page
+    )
 
     # apply trains exactly the numerics of the trial it recommends, over the trial's steps.
     trial_dir = tmp_path / "work" / "trials" / f"model.{schedule}" / f"trial-{trial.number:04d}"
@@ -330,6 +348,8 @@ def test_crash_hang_and_divergence_are_recorded_and_the_study_goes_on(tmp_path: 
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["recommended"]["microbatch_size"] == 8
     assert best["provenance"]["trials"]["paci"]["failed"] == 3
+    page = _report(tmp_path / "best.yaml", tmp_path / "report")  # failed trials are shown with their reasons
+    assert "failed: crash" in page and "failed: hang" in page and "failed: diverged" in page
 
 
 # ---------------------------------------------------------------------- several workers

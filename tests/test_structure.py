@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {"calibrate"},
     {"train"},
     {"tune"},
+    {"report"},
     {"cli", "worker", "pipelining", "__main__"},  # entry points
 ]
 SAME_LAYER = {("worker", "cli"), ("__main__", "cli")}  # the worker takes `paci-tune train`'s options

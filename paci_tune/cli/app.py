@@ -17,6 +17,7 @@ from .. import __version__
 from ..errors import ConfigError
 from .common import train_with_view
 from .options import overrides_from, run_options
+from .report import report
 from .sim import calibrate, simulate
 from .tune import apply, search
 
@@ -51,5 +52,5 @@ def train(config: str, metrics: str | None, resume: bool, live: bool, **options:
     train_with_view(load_config(config, overrides_from(options)), metrics=metrics, resume=resume, live=live)
 
 
-for _command in (search, apply, calibrate, simulate):
+for _command in (search, apply, calibrate, simulate, report):
     main.add_command(_command)

@@ -8,20 +8,39 @@ matplotlib, optuna, :mod:`paci_tune.base`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import TrialState
 
 from ..base.files import atomic_write
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 
 def plot_search(
     studies: dict[str, optuna.Study], *, target: float, budget: float, clock: str, best: tuple[str, int] | None,
-    path: Path,
+    path: Path, thick: Collection[tuple[str, int]] = (),
 ) -> Path:  # fmt: skip
     """Write the PNG (atomically: a temporary file renamed into place) and return its path."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_search(studies, target=target, budget=budget, clock=clock, best=best, thick=thick)
+    try:
+        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110), suffix=".png")
+    finally:
+        plt.close(fig)
+
+
+def draw_search(
+    studies: dict[str, optuna.Study], *, target: float, budget: float, clock: str, best: tuple[str, int] | None,
+    thick: Collection[tuple[str, int]] = (),
+) -> Figure:  # fmt: skip
+    """The figure: one panel per schedule. ``thick``: (schedule, trial number) pairs drawn like the
+    recommendation -- the report's confirmed seeds of each schedule's winner."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,7 +53,7 @@ def plot_search(
             if not curve or "repeat_of" in t.user_attrs:
                 continue
             xs, ys = [c for c, _ in curve], [v for _, v in curve]
-            chosen = best == (schedule, t.number)
+            chosen = best == (schedule, t.number) or (schedule, t.number) in thick
             style = "-" if t.state == TrialState.COMPLETE else "--"
             ax.plot(xs, ys, style, lw=3 if chosen else 1, alpha=1 if chosen else 0.6,
                     label=f"#{t.number} {t.user_attrs.get('label', '')}" if chosen else None)  # fmt: skip
@@ -48,7 +67,4 @@ def plot_search(
             ax.legend(loc="upper right", fontsize=8)
     axes[0][0].set_ylabel("validation loss")
     fig.tight_layout()
-    try:
-        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110), suffix=".png")
-    finally:
-        plt.close(fig)
+    return fig

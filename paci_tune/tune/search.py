@@ -170,7 +170,20 @@ class Search:
             self.on_event(SearchEvent("record", schedule, trial.number, params, record=rec))
 
         result = self.runner.run(job, on_eval, on_record)
+        self._keep_metrics(trial, job.workdir / "metrics.jsonl")
         self._tell(study, trial, params, result)
+
+    def _keep_metrics(self, trial: optuna.Trial, metrics: Path) -> None:
+        """The trial's metrics file as an Optuna artifact (``WORKDIR/artifacts``), before the trial is
+        told: ``optuna-dashboard --artifact-dir WORKDIR/artifacts`` then offers it beside the curve."""
+        if not metrics.is_file():
+            return
+        from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+
+        store = self.workdir / "artifacts"
+        store.mkdir(parents=True, exist_ok=True)
+        upload_artifact(artifact_store=FileSystemArtifactStore(str(store)), file_path=str(metrics),
+                        study_or_trial=trial, mimetype="application/jsonl")  # fmt: skip
 
     def _threads(self) -> int | None:
         """Split this machine's cores among the workers running trials on it right now.
@@ -202,6 +215,8 @@ class Search:
             attrs.update({k: result.summary.get(k) for k in EVIDENCE_KEYS})
             stages = result.summary.get("stages", [])
             attrs["measured_peak_memory_bytes"] = [st.get("peak_memory_bytes") for st in stages]
+            attrs["stage_drift"] = [{"max": st.get("max_drift"), "mean": st.get("mean_drift"),
+                                     "bound": st.get("drift_bound")} for st in stages]  # fmt: skip
             attrs["clock_used"] = float(result.summary.get("clock", p.clock))
             attrs["predicted_peak_memory_bytes"] = self._predicted_memory(params, result.summary.get("partition"))
         for k, v in attrs.items():

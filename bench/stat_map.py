@@ -1,0 +1,204 @@
+"""Where can PACI win on tokens? Steps to a fixed validation loss, PACI over flush, over depth x window.
+
+PACI removes the pipeline bubble, so per *second* it wins whenever its statistical efficiency
+(loss per step) holds up; what costs it is staleness: a micro-batch's backward at stage s runs
+against weights up to ceil((P-s-1)/a) updates newer than its forward. This bench measures that
+cost alone, on the emulated runtime (exact numerics, no clock): for each depth P and window a at a
+fixed global batch, the steps PACI needs to reach a fixed validation loss over the steps flush
+needs at the same window (flush's numerics do not depend on P: one run per window and seed), at
+every seed, at two learning rates. A ratio of 1 means PACI's staleness is free; above 1, PACI
+must be that much faster per step to win on time.
+
+The target is the median, over flush's runs at the base LR, of the validation loss at two thirds
+of the step budget, so flush reaches it well inside the budget; runs that never reach it are
+censored (shown as ">"). Each cell is the mean over seeds of the paired ratio (same seed, same
+window, same LR), with the drift bound ceil((P-1)/a) beside it.
+
+    python bench/stat_map.py --out runs/stat-map          # the full map (~50 min on a 2-core CPU)
+    python bench/stat_map.py --quick --out /tmp/map        # seconds: P {1,2} x a {1,2}, one seed (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from paci_tune.config import derive_run, load_config
+from paci_tune.schedule import drift_bound
+from paci_tune.train import run_training
+
+
+def steps_to(curve: list[tuple[int, float]], target: float) -> float | None:
+    """The (linearly interpolated) step where the validation curve first reaches ``target``."""
+    prev = None
+    for step, loss in curve:
+        if loss <= target:
+            if prev is None or prev[1] == loss:
+                return float(step)
+            (s0, l0) = prev
+            return s0 + (step - s0) * (l0 - target) / (l0 - loss)
+        prev = (step, loss)
+    return None
+
+
+def train(base: dict[str, Any], schedule: str, p: int, a: int, seed: int, lr: float, args: argparse.Namespace) -> dict:
+    """One emulated run; its validation curve, per-batch train losses and per-stage drift."""
+    cfg = derive_run(base, {
+        "pipeline.schedule": schedule, "pipeline.stages": p, "pipeline.window": a, "training.seed": seed,
+        "optimizer.lr": lr, "training.steps": args.steps, "training.eval_every": args.eval_every,
+        "pipeline.runtime": "emulated", "pipeline.device": "cpu", "pipeline.partition": "auto",
+    })  # fmt: skip
+    curve: list[tuple[int, float]] = []
+    losses: list[float] = []
+
+    def on_record(rec: dict[str, Any]) -> None:
+        if rec.get("event") == "eval":
+            curve.append((int(rec["step"]), float(rec["val_loss"])))
+        elif rec.get("event") == "train":
+            losses.append(float(rec["loss"]))
+
+    summary = run_training(cfg, on_record=on_record) or {}
+    drift = [(st["max_drift"], drift_bound(st["stage"], p, a)) for st in summary.get("stages", [])]
+    return {"schedule": schedule, "P": p, "a": a, "seed": seed, "lr": lr, "curve": curve, "losses": losses,
+            "drift": drift}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="examples/tiny-gpt.yaml")
+    ap.add_argument("--out", default="runs/stat-map", help="folder for map.json, map.md and map.png")
+    ap.add_argument("--stages", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--windows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--lr-scales", type=float, nargs="+", default=[1.0, 0.5])
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--n-layer", type=int, default=8, help="blocks (at least max(stages) - 2 units' worth)")
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="P {1,2} x a {1,2}, one seed and LR, 6 steps: a smoke run")
+    args = ap.parse_args()
+    if args.quick:
+        args.stages, args.windows, args.seeds, args.lr_scales = [1, 2], [1, 2], [0], [1.0]
+        args.steps, args.eval_every, args.n_layer, args.d_model, args.block_size = 6, 2, 2, 32, 32
+    t0 = time.time()
+    cfg = load_config(args.config)
+    base = cfg.to_doc()
+    base["model"] = {**base["model"], "n_layer": args.n_layer, "d_model": args.d_model, "n_head": 2,
+                     "block_size": args.block_size}  # fmt: skip
+    base["training"] = {k: v for k, v in base["training"].items() if k not in ("seconds", "target_val_loss")}
+    base["training"]["eval_sequences"] = 64 if args.quick else 256
+    if args.quick:  # no corpus to read: a small synthetic source
+        base["data"] = {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 20_000, "n_val": 4_000}
+    base["pipeline"].pop("microbatch_size", None)
+    lr0 = float(cfg.optimizer.lr)
+    runs: list[dict] = []
+    for lr in (lr0 * s for s in args.lr_scales):
+        for seed in args.seeds:
+            for a in args.windows:
+                runs.append(train(base, "1f1b", 1, a, seed, lr, args))
+                for p in args.stages:
+                    runs.append(train(base, "paci", p, a, seed, lr, args))
+                print(f"  lr {lr:.3g} seed {seed} a={a}: {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+
+    def flush_of(r: dict) -> dict:
+        key = (r["a"], r["seed"], r["lr"])
+        return next(f for f in runs if f["schedule"] == "1f1b" and (f["a"], f["seed"], f["lr"]) == key)
+
+    # Checks that hold whatever the machine: P=1 PACI is flush; no stage drifts past its bound.
+    for r in runs:
+        assert all(d <= b for d, b in r["drift"]), f"drift above the bound: {r['drift']} at P={r['P']} a={r['a']}"
+        if r["schedule"] == "paci" and r["P"] == 1:
+            assert r["losses"] == flush_of(r)["losses"], f"P=1 PACI differs from flush at a={r['a']}"
+    at = max(1, round(2 * args.steps / 3))
+    base_flush = [dict(r["curve"]) for r in runs if r["schedule"] == "1f1b" and r["lr"] == lr0]
+    target = statistics.median(min(c.items(), key=lambda kv: abs(kv[0] - at))[1] for c in base_flush)
+    cells: dict[str, dict] = {}
+    for r in runs:
+        if r["schedule"] != "paci":
+            continue
+        mine, theirs = steps_to(r["curve"], target), steps_to(flush_of(r)["curve"], target)
+        key = f"{r['lr']:.3g}|{r['P']}|{r['a']}"
+        cell = cells.setdefault(key, {"lr": r["lr"], "P": r["P"], "a": r["a"], "ratios": [], "censored": 0,
+                                      "bound": drift_bound(0, r["P"], r["a"]),
+                                      "max_drift": max((d for d, _ in r["drift"]), default=0)})  # fmt: skip
+        if mine is None or theirs is None:
+            cell["censored"] += 1
+        else:
+            cell["ratios"].append(mine / theirs)
+    for c in cells.values():
+        c["mean"] = statistics.fmean(c["ratios"]) if c["ratios"] else math.nan
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"command": "python bench/stat_map.py " + " ".join(sys.argv[1:]), "target_val_loss": target,
+           "steps": args.steps, "global_batch": cfg.training.global_batch, "seconds": round(time.time() - t0, 1),
+           "model": base["model"], "cells": list(cells.values()), "runs": runs}  # fmt: skip
+    (out / "map.json").write_text(json.dumps(doc, indent=1))
+    table = markdown(doc, args)
+    (out / "map.md").write_text(table)
+    draw(doc, args, out / "map.png")
+    print(table)
+    print(f"target val loss {target:.4f}; {len(runs)} runs in {doc['seconds']:.0f}s; wrote {out}/map.{{json,md,png}}")
+
+
+def _cell_text(c: dict) -> str:
+    if not c["ratios"]:
+        return f"> (x{c['censored']})"
+    spread = f" [{min(c['ratios']):.2f}-{max(c['ratios']):.2f}]" if len(c["ratios"]) > 1 else ""
+    cens = f" +{c['censored']}>" if c["censored"] else ""
+    return f"{c['mean']:.2f}{spread}{cens} (bound {c['bound']})"
+
+
+def markdown(doc: dict, args: argparse.Namespace) -> str:
+    lines = []
+    for lr in sorted({c["lr"] for c in doc["cells"]}, reverse=True):
+        lines.append(f"\nlr {lr:.3g}: PACI steps to val loss {doc['target_val_loss']:.3f} over flush's (same a, "
+                     f"same seed); mean [min-max] over seeds, drift bound ceil((P-1)/a)\n")  # fmt: skip
+        lines.append("| P \\ a | " + " | ".join(str(a) for a in args.windows) + " |")
+        lines.append("|---" * (len(args.windows) + 1) + "|")
+        for p in args.stages:
+            row = [next(c for c in doc["cells"] if (c["lr"], c["P"], c["a"]) == (lr, p, a)) for a in args.windows]
+            lines.append(f"| {p} | " + " | ".join(_cell_text(c) for c in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def draw(doc: dict, args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    lrs = sorted({c["lr"] for c in doc["cells"]}, reverse=True)
+    fig, axes = plt.subplots(1, len(lrs), figsize=(1.3 * len(args.windows) * len(lrs) + 2, 0.8 * len(args.stages) + 2),
+                             squeeze=False)  # fmt: skip
+    for ax, lr in zip(axes[0], lrs, strict=True):
+        grid = np.full((len(args.stages), len(args.windows)), np.nan)
+        for c in doc["cells"]:
+            if c["lr"] == lr:
+                grid[args.stages.index(c["P"]), args.windows.index(c["a"])] = c["mean"]
+        im = ax.imshow(grid, cmap="RdBu_r", vmin=0.5, vmax=1.5, aspect="auto")
+        for c in doc["cells"]:
+            if c["lr"] == lr:
+                i, j = args.stages.index(c["P"]), args.windows.index(c["a"])
+                text = ">" if not c["ratios"] else f"{c['mean']:.2f}"
+                ax.text(j, i, f"{text}\nbound {c['bound']}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(args.windows)), [str(a) for a in args.windows])
+        ax.set_yticks(range(len(args.stages)), [str(p) for p in args.stages])
+        ax.set_xlabel("window a (micro-batches per step)")
+        ax.set_ylabel("pipeline depth P")
+        ax.set_title(f"PACI / flush steps to val {doc['target_val_loss']:.3f}, lr {lr:.3g}")
+        fig.colorbar(im, ax=ax, shrink=0.8, label="< 1: PACI needs fewer steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

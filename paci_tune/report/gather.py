@@ -1,0 +1,150 @@
+"""What a report shows, read once: ``best.yaml`` (when there is one) and the study pair behind it.
+
+A search leaves two things: the recommendation (``best.yaml``, with the verdict, the confirmation
+and the provenance naming its storage and study) and the Optuna studies ``NAME.paci`` /
+``NAME.1f1b`` holding every trial. The report reads both and nothing else, so it can be made on
+any machine that reaches the storage, long after the search, and it shows the same numbers the
+recommendation was made from. May import: optuna, :mod:`paci_tune.tune`, :mod:`paci_tune.base`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from ..errors import ConfigError
+from ..tune.best import params_of, read_best, trial_counts
+from ..tune.confirm import CONFIRM_ATTR, is_confirmation
+from ..tune.space import TrialParams
+from ..tune.study import open_storage
+
+SCHEDULES = ("paci", "1f1b")
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as the report shows it."""
+
+    schedule: str
+    number: int
+    state: str  # complete | pruned | failed | running | waiting
+    point: TrialParams | None
+    score: float | None
+    time_to_target: float | None
+    best_val_loss: float | None
+    curve: list[tuple[float, float]]
+    reason: str | None  # why it was pruned or failed
+    confirmation_of: int | None  # the search trial whose point this confirms
+    seed: int | None
+    attrs: dict[str, Any] = field(repr=False)
+
+    @property
+    def label(self) -> str:
+        return self.point.label() if self.point else "?"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A finished (or running) search: its rows per schedule, its studies and its best.yaml."""
+
+    name: str
+    storage: str
+    studies: dict[str, optuna.Study]
+    rows: dict[str, list[TrialRow]]
+    best: dict[str, Any] | None
+    target: float | None
+    budget: float | None
+    clock: str
+
+    def winner(self, schedule: str) -> TrialRow | None:
+        """The schedule's chosen search trial: best.yaml's (confirmed) pick, else its best single draw."""
+        wanted = None
+        if self.best is not None:
+            if self.best["recommended"]["schedule"] == schedule:
+                wanted = _trial_number(self.best["evidence"].get("trial"))
+            elif schedule == "1f1b" and self.best.get("baseline"):
+                wanted = _trial_number(self.best["baseline"].get("trial"))
+            elif (rows := (self.best.get("confirmation") or {}).get(schedule)) and rows:
+                wanted = min(rows, key=lambda r: r["mean"])["trial"]
+        search = [r for r in self.rows.get(schedule, []) if r.confirmation_of is None]
+        if wanted is not None:
+            return next((r for r in search if r.number == wanted), None)
+        done = [r for r in search if r.state == "complete" and r.score is not None]
+        return min(done, key=lambda r: (r.score, r.number)) if done else None
+
+    def confirmations(self, schedule: str, of: int) -> list[TrialRow]:
+        return sorted((r for r in self.rows.get(schedule, []) if r.confirmation_of == of), key=lambda r: r.seed or 0)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        return {s: trial_counts(st) for s, st in self.studies.items()}
+
+    def reasons(self, schedule: str) -> dict[str, int]:
+        """How many trials were pruned or failed for each reason (the reason's first clause)."""
+        out: dict[str, int] = {}
+        for r in self.rows.get(schedule, []):
+            if r.state in ("pruned", "failed") and r.reason:
+                head = r.reason.split(" (")[0]
+                key = head if r.state == "pruned" else f"failed: {head.split(':')[0]}"
+                out[key] = out.get(key, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def gather(best_path: str | Path | None, storage: str | None, study_name: str | None) -> Evidence:
+    """The evidence of one search, from its best.yaml or from ``storage`` + ``study_name``.
+
+    A best.yaml names its storage and study; ``storage`` / ``study_name`` given as well override
+    them (the search ran elsewhere, its database moved). Without best.yaml the report shows the
+    studies as they stand, and says there is no recommendation yet.
+    """
+    best = read_best(best_path) if best_path is not None else None
+    prov = (best or {}).get("provenance") or {}
+    storage = storage or prov.get("storage")
+    name = study_name or prov.get("study_name")
+    if not storage or not name:
+        raise ConfigError(
+            "report", "no study", "a best.yaml written by `paci-tune search`, or --storage URL and --study-name NAME"
+        )
+    store = open_storage(storage)
+    names = {s.study_name for s in optuna.get_all_study_summaries(store)}
+    studies = {s: optuna.load_study(study_name=f"{name}.{s}", storage=store) for s in SCHEDULES
+               if f"{name}.{s}" in names}  # fmt: skip
+    if not studies:
+        known = sorted({n.rsplit(".", 1)[0] for n in names})
+        raise ConfigError("--study-name", name, f"a search stored in {storage}: {', '.join(known) or 'none'}")
+    # The studies' fingerprint (tune.setup.fingerprint) holds the search's own target, budget and space.
+    fp = next((st.user_attrs["fingerprint"] for st in studies.values() if "fingerprint" in st.user_attrs), {})
+    batch = (fp.get("space") or {}).get("global_batch")
+    fixed = int(batch) if isinstance(batch, int) else None
+    rows = {s: [_row(t, s, fixed) for t in st.get_trials(deepcopy=False)] for s, st in studies.items()}
+    clock, seconds, _ = fp.get("budget") or [prov.get("clock", "sim"), None, None]
+    return Evidence(name, storage, studies, rows, best, fp.get("target"), seconds, clock)
+
+
+def _row(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialRow:
+    a = t.user_attrs
+    state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
+             TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}[t.state]  # fmt: skip
+    point = params_of(t, schedule, fixed_batch) if "stages" in t.params and "microbatch_size" in t.params else None
+    reason = a.get("fail_reason")
+    if state == "pruned":
+        where = a.get("pruned_clock")
+        reason = f"pruned at step {a.get('pruned_step')}" + (f" ({where:.3g}s)" if isinstance(where, float) else "")
+    conf = a.get(CONFIRM_ATTR) if is_confirmation(t) else None
+    return TrialRow(
+        schedule=schedule, number=t.number, state=state, point=point, score=t.value,
+        time_to_target=a.get("time_to_target"), best_val_loss=a.get("best_val_loss"),
+        curve=[(float(c), float(v)) for c, v in a.get("curve") or []], reason=reason,
+        confirmation_of=None if conf is None else int(conf["of"]), seed=None if conf is None else int(conf["seed"]),
+        attrs=dict(a),
+    )  # fmt: skip
+
+
+def _trial_number(ref: Any) -> int | None:
+    """``NAME.paci#12`` -> 12."""
+    if isinstance(ref, str) and "#" in ref:
+        return int(ref.rsplit("#", 1)[1])
+    return None

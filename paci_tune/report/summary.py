@@ -1,0 +1,92 @@
+"""The report's words and tables, shared by the terminal and the HTML page.
+
+One sentence for the verdict, then tables as plain rows (lists of strings): the chosen point of
+each schedule, its confirmation per seed, the trial counts with the reasons for pruned and failed
+trials, the compute spent. Both renderers (rich in :mod:`paci_tune.cli.report`, HTML in
+:mod:`.page`) show exactly these, so the two cannot disagree. May import: :mod:`.gather`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .gather import Evidence
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+
+
+def _g(x: float | None, unit: str = "") -> str:
+    return "-" if x is None else f"{x:.4g}{unit}"
+
+
+def verdict_sentence(ev: Evidence) -> str:
+    """What the search found, in one sentence a user can act on."""
+    best = ev.best
+    if best is None:
+        return (f"No recommendation yet: study {ev.name} has no best.yaml (run `paci-tune search` to finish it); "
+                "the tables show its trials as they stand.")  # fmt: skip
+    r = best["recommended"]
+    point = f"{r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} lr={r['lr']:.3g}"
+    sp, iv, verdict = best.get("paci_speedup_vs_flush"), best.get("paci_speedup_interval"), best.get("verdict")
+    if sp is None:
+        return f"Recommended {point}; no flush baseline finished, so there is no comparison."
+    if iv:
+        how = f"{sp:.3g}x flush's time to target (95% interval {iv[0]:.3g}-{iv[1]:.3g}, confirmed seeds)"
+    else:
+        how = f"{sp:.3g}x flush's time to target (single draws, no interval)"
+    said = {"paci": "PACI wins", "flush": "flush wins", "tie": "a tie"}.get(verdict or "", str(verdict))
+    return f"Verdict: {said} -- PACI's best runs at {how}. Recommended: {point} on the {ev.clock} clock."
+
+
+def chosen_points(ev: Evidence) -> Table:
+    rows = []
+    for s in ev.studies:
+        w = ev.winner(s)
+        if w is None:
+            rows.append([s, "no finished trial", "-", "-", "-", "-"])
+            continue
+        conf = ev.confirmations(s, w.number)
+        scores = [c.score for c in conf if c.score is not None]
+        mean = sum(scores) / len(scores) if scores else None
+        rows.append([s, f"#{w.number} {w.label}", _g(w.score, "s"), _g(w.time_to_target, "s"),
+                     _g(w.best_val_loss), f"{_g(mean, 's')} over {len(scores)} seeds" if scores else "-"])  # fmt: skip
+    return Table("Chosen point per schedule",
+                 ["schedule", "trial", "search score", "time to target", "best val loss", "confirmed mean"],
+                 rows)  # fmt: skip
+
+
+def confirmation(ev: Evidence) -> Table:
+    rows = []
+    for s in ev.studies:
+        w = ev.winner(s)
+        for c in ev.confirmations(s, w.number) if w else []:
+            reached = "yes" if c.time_to_target is not None else "no"
+            rows.append([s, str(c.seed), f"#{c.number}", c.state, _g(c.score, "s"), reached, _g(c.best_val_loss)])
+    return Table("Confirmation: the chosen points on fresh seeds",
+                 ["schedule", "seed", "trial", "state", "score", "reached target", "best val loss"], rows)  # fmt: skip
+
+
+def counts(ev: Evidence) -> Table:
+    rows = []
+    for s, c in ev.counts().items():
+        reasons = "; ".join(f"{k} x{n}" for k, n in ev.reasons(s).items()) or "-"
+        rows.append([s, str(c["complete"]), str(c["pruned"]), str(c["failed"]), str(c["confirmation"]), reasons])
+    return Table("Trials", ["schedule", "complete", "pruned", "failed", "confirmation", "why pruned / failed"], rows)
+
+
+def compute(ev: Evidence) -> Table:
+    prov = (ev.best or {}).get("provenance") or {}
+    used = prov.get("compute") or {}
+    rows = [[k.removesuffix("_s").replace("_", " "), _g(v, " s")] for k, v in used.items()]
+    rows.append(["storage", ev.storage])
+    rows.append(["study", ev.name])
+    return Table("Compute and provenance (trial processes' wall seconds)", ["what", "value"], rows)
+
+
+def tables(ev: Evidence) -> list[Table]:
+    return [chosen_points(ev), confirmation(ev), counts(ev), compute(ev)]
