@@ -43,8 +43,7 @@ def make_report(ev: Evidence, out: Path) -> Report:
     add("curves", "Validation loss of every trial", figures.draw_curves(ev),
         "Each line is one trial on the search's clock; dashed lines were pruned where they end (x); the dotted "
         "line is the target; thick lines are each schedule's chosen point and its confirmation seeds.")  # fmt: skip
-    _, xkey = figures.grid_axes(ev)
-    add("heatmap", f"Time to target over depth x {'data-parallel degree' if xkey == 'data_parallel' else 'window'}",
+    add("heatmap", "Time to target over depth x window",
         figures.draw_heatmap(ev), "Best score per cell (seconds on the search's clock; a miss scores above the "
         "budget); blank cells were not finished by any trial.")  # fmt: skip
     add("microbatch", "Time to target over micro-batch size", figures.draw_microbatch(ev),

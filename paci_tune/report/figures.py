@@ -59,13 +59,18 @@ def _search_rows(ev: Evidence, schedule: str) -> list[TrialRow]:
 
 
 def grid_axes(ev: Evidence) -> tuple[str, str]:
-    """The heat map's axes: depth against data-parallel degree where the search varied it, else window."""
-    dp = {getattr(r.point, "data_parallel", 1) for rows in ev.rows.values() for r in rows if r.point}
-    return ("stages", "data_parallel") if len(dp) > 1 else ("stages", "window")
+    """The heat map's axes: depth against window. On a fixed device budget the data-parallel degree
+    follows from the depth (D = devices / P), so it labels the depth axis instead of being one."""
+    return ("stages", "window")
+
+
+def _depth_label(ev: Evidence, p: int) -> str:
+    ds = sorted({r.point.data_parallel for rows in ev.rows.values() for r in rows if r.point and r.point.stages == p})
+    return f"{p} x D={'/'.join(map(str, ds))}" if ds and ds != [1] else str(p)
 
 
 def draw_heatmap(ev: Evidence) -> Figure:
-    """The best score at each (depth, window) -- or (depth, data-parallel degree) -- cell, per schedule.
+    """The best score at each (depth, window) cell, per schedule (the depth's D in its label).
 
     The score is the objective: time to target, or more than the budget for a trial that missed
     it. Cells no finished trial visited are blank; a cell's number is its best score in seconds.
@@ -92,10 +97,17 @@ def draw_heatmap(ev: Evidence) -> Figure:
         im = ax.imshow(cells[s], cmap="viridis_r", vmin=lo, vmax=hi if hi > lo else lo + 1, aspect="auto")
         for (i, j), v in np.ndenumerate(cells[s]):
             if not math.isnan(v):
-                ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
-                        color="black" if v < (lo + hi) / 2 else "white")  # fmt: skip  (viridis_r: low is light)
+                ax.text(
+                    j,
+                    i,
+                    f"{v:.3g}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="black" if v < (lo + hi) / 2 else "white",
+                )  # fmt: skip  (viridis_r: low is light)
         ax.set_xticks(range(len(xs)), [str(x) for x in xs])
-        ax.set_yticks(range(len(ys)), [str(y) for y in ys])
+        ax.set_yticks(range(len(ys)), [_depth_label(ev, y) for y in ys])
         ax.set_xlabel({"window": "window a (micro-batches per step)", "data_parallel": "data-parallel degree D"}[xkey])
         ax.set_ylabel("pipeline depth P")
         ax.set_title(f"{s}: best score (s), {ev.clock} clock")

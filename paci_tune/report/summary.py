@@ -31,7 +31,9 @@ def verdict_sentence(ev: Evidence) -> str:
         return (f"No recommendation yet: study {ev.name} has no best.yaml (run `paci-tune search` to finish it); "
                 "the tables show its trials as they stand.")  # fmt: skip
     r = best["recommended"]
-    point = f"{r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} lr={r['lr']:.3g}"
+    d = r.get("data_parallel", 1)
+    where = f" x D={d} on {r.get('devices', r['stages'] * d)} devices" if d != 1 else ""
+    point = f"{r['schedule']} P={r['stages']}{where} a={r['window']} b={r['microbatch_size']} lr={r['lr']:.3g}"
     sp, iv, verdict = best.get("paci_speedup_vs_flush"), best.get("paci_speedup_interval"), best.get("verdict")
     if sp is None:
         return f"Recommended {point}; no flush baseline finished, so there is no comparison."

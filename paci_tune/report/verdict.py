@@ -43,7 +43,17 @@ def simulated(ev: Evidence, row: TrialRow, n_batches: int = 2) -> SimResult | No
     if path is None or p is None or not sizes:
         return None
     profile = Profile.load(path)
-    return simulate(p.schedule, p.stages, p.window, p.microbatch_size, sizes, profile, n_batches, extend=False)
+    return simulate(
+        p.schedule,
+        p.stages,
+        p.window,
+        p.microbatch_size,
+        sizes,
+        profile,
+        n_batches,
+        extend=False,
+        data_parallel=p.data_parallel,
+    )
 
 
 def draw_timelines(ev: Evidence, path: Path) -> tuple[Path | None, str]:
