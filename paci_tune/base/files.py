@@ -19,14 +19,40 @@ from ..errors import ConfigError
 
 
 def read_yaml(path: str | Path, key: str = "config") -> Any:
-    """Parse a YAML file, turning a missing file or a syntax error into a ConfigError naming ``key``."""
+    """Parse a YAML file, turning a missing or unreadable file or a syntax error into a ConfigError naming ``key``."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(key, str(path), "an existing YAML file")
     try:
-        return yaml.safe_load(p.read_text())
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(key, str(path), "a UTF-8 text file (YAML)") from None
+    except OSError as e:
+        raise ConfigError(key, str(path), f"a readable YAML file ({e.strerror or e})") from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(key, str(path), f"valid YAML ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise ConfigError(key, str(path), "valid YAML (nested too deeply)") from None
+
+
+def read_mapping(path: str | Path, key: str, what: str) -> dict[str, Any]:
+    """A YAML file that must hold a non-empty mapping (``what`` says of which keys).
+
+    An empty file is refused rather than read as "all defaults": a config, space, profile or
+    ``best.yaml`` that says nothing is almost always a mistake (a truncated copy, the wrong file),
+    and running a default in its place would hide it.
+    """
+    doc = read_yaml(path, key)
+    if doc is None or doc == {}:
+        raise ConfigError(key, str(path), f"a non-empty YAML mapping ({what}); the file is empty")
+    if not isinstance(doc, dict):
+        raise ConfigError(key, str(path), f"a YAML mapping ({what}), not a {type(doc).__name__}")
+    bad = [k for k in doc if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"{key}.{bad[0]!r}", doc[bad[0]], "string keys only")
+    return doc
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None], *, suffix: str = "") -> Path:

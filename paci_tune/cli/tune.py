@@ -7,7 +7,6 @@ module parses options and shows progress and the result. May import: every layer
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +74,8 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
     srch = session.search(view.on_event)
     stderr(f"study {session.name} ({', '.join(session.space.schedules)}; {tune.search.trials} trials each) in "
            f"{session.storage_url}; trial logs in {session.workdir / 'trials'}")  # fmt: skip
-    try:
-        with view:
-            srch.run()
-    except KeyboardInterrupt:
-        stderr("interrupted: finished trials are in the storage; run the same command again to resume")
-        sys.exit(130)
+    with view:  # Ctrl-C: exit 130 from the one handler (.failures); finished trials stay in the storage
+        srch.run()
     out_path = Path(out)
     _print_best(recommend(session, srch, out_path), out_path)
 

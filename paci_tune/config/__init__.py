@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..base.files import read_yaml
-from ..errors import ConfigError
+from ..base.files import read_mapping
 from .schema import (
     LRScheduleConfig,
     OptimizerConfig,
@@ -72,10 +71,11 @@ def derive_run(data: Any, overrides: dict[str, Any] | None = None) -> RunConfig:
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read a run (or search) file, check its tuning sections if any, and derive the run."""
-    data = read_yaml(path)
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError("config", str(path), "a YAML mapping with sections model, data, training, ...")
-    run_doc, tune = split_tune_sections(data or {})
+    """Read a run (or search) file, check its tuning sections if any, and derive the run.
+
+    An empty file is an error naming it (not the defaults): a run is always written down.
+    """
+    data = read_mapping(path, "config", "sections model, data, training, optimizer, lr_schedule, pipeline")
+    run_doc, tune = split_tune_sections(data)
     parse_tune_sections(tune, require=False)  # checked, then left to `paci-tune search`
     return derive_run(run_doc, overrides)

@@ -15,6 +15,10 @@ from ..errors import ConfigError
 from .schema import RunConfig, from_dict, load_run_config
 
 TUNE_SECTIONS = ("target", "budget", "hardware", "search")
+MAX_CONFIRM = 1000
+"""Confirmed points and seeds: each one is a training run per schedule; more is not a search."""
+MAX_GRID = 10_000
+"""Pruner rungs per trial: each is an Optuna report and a validation; beyond this a trial is all evaluation."""
 
 
 @dataclass
@@ -24,10 +28,11 @@ class TargetConfig:
     metric: Literal["val_loss"] = "val_loss"
     value: float | None = None
 
-    def check(self, key: str) -> None:
+    def check(self, key: str, require: bool = True) -> None:
         if self.value is None:
-            raise ConfigError(f"{key}.value", None, "the validation loss a trial must reach (a positive number)")
-        if self.value <= 0:
+            if require:
+                raise ConfigError(f"{key}.value", None, "the validation loss a trial must reach (a positive number)")
+        elif self.value <= 0:
             raise ConfigError(f"{key}.value", self.value, "a positive number")
 
 
@@ -44,11 +49,13 @@ class BudgetConfig:
     grid: int = 8
     profile: str | None = None
 
-    def check(self, key: str) -> None:
-        if self.seconds is None or self.seconds <= 0:
+    def check(self, key: str, require: bool = True) -> None:
+        if (self.seconds is None and require) or (self.seconds is not None and self.seconds <= 0):
             raise ConfigError(f"{key}.seconds", self.seconds, "a positive number of seconds on budget.clock")
         if self.grid < 2:
             raise ConfigError(f"{key}.grid", self.grid, "an integer >= 2 (validations over the budget)")
+        if self.grid > MAX_GRID:
+            raise ConfigError(f"{key}.grid", self.grid, f"at most {MAX_GRID} validations over the budget")
         if self.clock == "rst" and not self.profile:
             raise ConfigError(f"{key}.profile", None, "a cost profile of the reference system for the rst clock")
 
@@ -79,8 +86,8 @@ class ConfirmConfig:
 
     def check(self, key: str) -> None:
         for name in ("top", "seeds"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{key}.{name}", getattr(self, name), "an integer >= 0")
+            if not 0 <= getattr(self, name) <= MAX_CONFIRM:
+                raise ConfigError(f"{key}.{name}", getattr(self, name), f"an integer in [0, {MAX_CONFIRM}]")
 
     @property
     def enabled(self) -> bool:
@@ -115,6 +122,12 @@ class SearchConfig:
             raise ConfigError(f"{key}.trial_timeout", self.trial_timeout, "a positive number of seconds")
         if self.retries < 0:
             raise ConfigError(f"{key}.retries", self.retries, "an integer >= 0")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"{key}.seed", self.seed, "an integer in [0, 2**32) (the samplers' seed)")
+        if self.study_name is not None and (not self.study_name.strip() or "/" in self.study_name):
+            raise ConfigError(f"{key}.study_name", self.study_name, "a non-empty name without '/'")
+        if not self.space.strip():
+            raise ConfigError(f"{key}.space", self.space, "a shipped space's name or a YAML path")
         self.confirm.check(f"{key}.confirm")
 
 
@@ -138,7 +151,11 @@ def split_tune_sections(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 
 def parse_tune_sections(tune: dict[str, Any], *, require: bool) -> dict[str, Any]:
-    """Validate the tuning sections; with ``require`` the search's must-haves too."""
+    """Validate the tuning sections; with ``require`` the search's must-haves too.
+
+    Every value that is given is checked either way: ``paci-tune train`` ignores these sections,
+    but a file it accepts must be one ``paci-tune search`` accepts too (up to what only a search needs).
+    """
     out = {
         "target": from_dict(TargetConfig, tune.get("target"), "target"),
         "budget": from_dict(BudgetConfig, tune.get("budget"), "budget"),
@@ -147,9 +164,8 @@ def parse_tune_sections(tune: dict[str, Any], *, require: bool) -> dict[str, Any
     }
     out["hardware"].check("hardware")
     out["search"].check("search")
-    if require:
-        out["target"].check("target")
-        out["budget"].check("budget")
+    out["target"].check("target", require)
+    out["budget"].check("budget", require)
     return out
 
 
