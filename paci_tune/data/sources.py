@@ -13,7 +13,7 @@ because tuning compares runs that differ only in their pipeline settings.
 
 Validation is held out by whole files, chosen by a stable hash of the relative path, so adding
 a file does not reshuffle which others are held out, and no file is in both splits. May import:
-numpy, :mod:`paci_tune.errors` and the data layer's tokenizer.
+numpy, :mod:`paci_tune.errors`, :mod:`paci_tune.base` and the data layer's tokenizer.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from paci_tune.base.processes import physical_memory_bytes
 from paci_tune.data.tokenizer import ByteTokenizer
 from paci_tune.errors import ConfigError
 
@@ -69,6 +70,13 @@ def _positive_int(key: str, value: object, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"data.{key}", value, f"an integer >= {minimum}")
     return value
+
+
+def _fits_in_memory(key: str, value: int, items: int) -> None:
+    """Refuse a source whose arrays (8 bytes an item) could not be held by this machine: it cannot work."""
+    ram = physical_memory_bytes()
+    if ram is not None and 8 * items > ram:
+        raise ConfigError(f"data.{key}", value, f"a size whose arrays fit in this machine's {ram / 2**30:.0f} GiB")
 
 
 def _fraction(value: object) -> float:
@@ -278,6 +286,8 @@ def synthetic_source(
     n_train = _positive_int("n_train", n_train, minimum=2)
     n_val = _positive_int("n_val", n_val, minimum=2)
     seed = _positive_int("seed", seed, minimum=0)
+    for key, items in (("vocab_size", vocab_size * (branching + 1)), ("n_train", n_train), ("n_val", n_val)):
+        _fits_in_memory(key, locals()[key], items)
     graph_seq, train_seq, val_seq = np.random.SeedSequence(seed).spawn(3)
     table = _successors(vocab_size, branching, np.random.default_rng(graph_seq))
     pi = _stationary(table)
