@@ -2,11 +2,13 @@
 
 Every file the program writes for a user or another process to read -- profiles, ``best.yaml``,
 metrics, checkpoints, pictures -- goes through :func:`atomic_write`, so a reader never sees a
-half-written file. May import: the standard library, PyYAML, :mod:`paci_tune.errors`.
+half-written file; a write the file system refuses (permissions, a full disk) is a
+:class:`~paci_tune.errors.Failure` naming the file. May import: the standard library, PyYAML, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Callable
@@ -15,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Failure
 
 
 def read_yaml(path: str | Path, key: str = "config") -> Any:
@@ -62,16 +64,27 @@ def atomic_write(path: str | Path, write: Callable[[str], None], *, suffix: str 
     the format from it). On any failure the temporary file is removed and the old ``path`` stays.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    except OSError as e:
+        raise Failure(f"writing {path}", _why(e)) from e
     os.close(fd)
     try:
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise Failure(f"writing {path}", _why(e)) from e
         raise
     return path
+
+
+def _why(e: OSError) -> str:
+    if e.errno == errno.ENOSPC:
+        return "no space left on the device (the disk is full); the old file, if any, is unchanged"
+    return f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -93,3 +106,26 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 def write_yaml(path: str | Path, doc: Any, header: str = "") -> Path:
     """``doc`` as block YAML in its own key order (with an optional comment ``header``), atomically."""
     return atomic_write_text(path, header + yaml.safe_dump(doc, sort_keys=False))
+
+
+def check_writable(path: str | Path, key: str, *, folder: bool = False) -> None:
+    """Refuse, before any work, a ``path`` this process could not create (a file, or with ``folder`` a folder).
+
+    The nearest existing ancestor must be a writable folder; nothing is created here, so a refused
+    command leaves nothing behind. (Permissions can still change later, and a disk can fill: those
+    are :class:`~paci_tune.errors.Failure`\\ s at write time.)
+    """
+    p = Path(path).absolute()
+    if not folder and p.is_dir():
+        raise ConfigError(key, str(path), "a file path, not an existing folder")
+    if folder and p.exists() and not p.is_dir():
+        raise ConfigError(key, str(path), "a folder, not an existing file")
+    d = p if folder else p.parent
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    if not d.is_dir():
+        raise ConfigError(key, str(path), f"a path under a folder ({d} is a file)")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ConfigError(key, str(path), f"a location this user can write ({d} is not writable)")
+    if not folder and p.exists() and not os.access(p, os.W_OK):
+        raise ConfigError(key, str(path), "a file this user can write (it is read-only)")

@@ -67,7 +67,7 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
     given = {"search.trials": trials, "search.space": space, "search.sampler": sampler, "search.pruner": pruner,
              "search.seed": seed}  # fmt: skip
     session = open_search(config, overrides={k: v for k, v in given.items() if v is not None}, study_name=study_name,
-                          workdir=workdir, storage=storage, log=stderr)  # fmt: skip
+                          workdir=workdir, storage=storage, log=stderr, out=out)  # fmt: skip
     tune, b = session.tune, session.tune.budget
     view = SearchView(float(b.seconds or 0), b.clock, float(tune.target.value or 0), live=live)
     view.seed(_existing_rows(session.studies, session.space.fixed_batch))

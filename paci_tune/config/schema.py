@@ -38,6 +38,8 @@ class OptimizerConfig:
 
     def check(self, key: str) -> None:
         _positive(f"{key}.lr", self.lr)
+        if self.lr > MAX_LR:
+            raise ConfigError(f"{key}.lr", self.lr, f"at most {MAX_LR:g} (a larger step turns every weight to inf)")
         _positive(f"{key}.eps", self.eps)
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"{key}.momentum", self.momentum, "a number in [0, 1)")
@@ -185,6 +187,8 @@ class RunConfig:
 
 INT_LIMIT = 2**63
 """Integers in a config are 64-bit in every consumer (numpy, torch); a larger one cannot be used."""
+MAX_LR = 1e3
+"""A peak LR beyond this moves each weight by more than any model survives; it is a typo, not a setting."""
 SEED_LIMIT = 2**63
 """Seeds must be non-negative (the data stream's generator) and fit torch's 64-bit seed."""
 

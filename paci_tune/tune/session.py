@@ -2,7 +2,7 @@
 and turn its studies into ``best.yaml``.
 
 ``paci-tune search`` is this module plus a live view. May import: optuna, :mod:`paci_tune.config`,
-:mod:`paci_tune.base` and the tune layer's own modules.
+:mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's own modules.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from typing import Any
 
 import optuna
 
-from ..base.files import read_yaml
+from ..base.files import read_mapping
 from ..config import derive_doc
 from ..config.tune import TuneConfig, load_tune_config
+from ..errors import ConfigError
 from .best import build_best, write_best
 from .confirm import confirm_seeds
+from .preflight import check_outputs, check_trials
 from .runner import SubprocessRunner
 from .search import Search, SearchEvent
 from .setup import bind_space, enqueue_start_points, fingerprint, profile_for
@@ -55,17 +57,24 @@ def open_search(
     workdir: str | Path | None = None,
     storage: str | None = None,
     log: Log | None = None,
+    out: str | Path | None = None,
 ) -> SearchSession:
     """Validate the file (with ``search.*`` overrides), bind its space, open its studies, get its profile.
 
-    The storage is opened before anything is measured, so a bad URL or a different stored search
-    is refused first.
+    Every trial the space can produce is validated and the outputs (``out``, the work folder, a
+    file storage) checked writable before anything is created (:mod:`.preflight`); the storage is
+    opened before anything is measured, so a bad URL or a different stored search is refused first.
     """
-    tune = load_tune_config(derive_doc(read_yaml(config), overrides), str(config))
+    doc = read_mapping(config, "config", "sections model, data, training, ..., target, budget, search")
+    tune = load_tune_config(derive_doc(doc, overrides), str(config))
     name = study_name or tune.search.study_name or Path(config).stem
+    if not name.strip() or "/" in name:
+        raise ConfigError("--study-name", name, "a non-empty name without '/'")
     work = Path(workdir or Path("paci-search") / name).resolve()
     storage_url = storage or f"sqlite:///{work / 'study.db'}"
     space = bind_space(tune)
+    check_trials(tune, space, None)
+    check_outputs(out, work, storage_url)
     studies = open_studies(open_storage(storage_url), name, space.schedules, tune.search, space, tune.budget.grid,
                            fingerprint(tune, space))  # fmt: skip
     profile = profile_for(tune, space, work, log)
