@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
-from .common import stderr, train_with_view
+from .common import check_outputs, stderr, train_with_view
 from .options import overrides_from, run_options
 
 
@@ -153,11 +153,21 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
     distributed --clock wall for the real pipeline). Checkpoints go to BEST's folder unless
     --checkpoint-dir says otherwise, so an interrupted run continues with --resume.
     """
+    from ..base.files import check_writable
     from ..train.launch import torchrun_command, write_resolved
     from ..train.run import resolve_run
     from ..tune.apply import apply_run, run_file_for
 
-    cfg = resolve_run(apply_run(best, overrides_from(options), until=until), log=stderr)
+    cfg = apply_run(best, overrides_from(options), until=until)
+    check_writable(run_file_for(best), "best.yaml (apply writes its run beside it)")
+    check_outputs(cfg, metrics)
+    if not dry_run:
+        from ..train import checkpoint
+
+        if not resume and cfg.training.checkpoint_dir and checkpoint.latest(Path(cfg.training.checkpoint_dir)):
+            raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {cfg.training.checkpoint_dir} "
+                                                 "already holds checkpoints of a run")  # fmt: skip
+    cfg = resolve_run(cfg, log=stderr)
     run_path = write_resolved(cfg, run_file_for(best))
     if dry_run:
         click.echo(f"# {run_path}")
@@ -171,11 +181,6 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
             click.echo("# which starts the pipeline workers as (torchrun, one process per stage):")
             click.echo(shlex.join(torchrun_command(run_path, cfg.pipeline.stages)))
         return
-    from ..train import checkpoint
-
-    if not resume and cfg.training.checkpoint_dir and checkpoint.latest(Path(cfg.training.checkpoint_dir)):
-        raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {cfg.training.checkpoint_dir} "
-                                             "already holds checkpoints of a run")  # fmt: skip
     stderr(f"training {cfg.pipeline.schedule} P={cfg.pipeline.stages} a={cfg.pipeline.window} "
            f"b={cfg.pipeline.microbatch_size} from {best} (config {run_path})")  # fmt: skip
     train_with_view(cfg, metrics=metrics, resume=resume, live=live)

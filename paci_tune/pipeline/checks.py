@@ -1,0 +1,36 @@
+"""The checks of a run's model and data that commands other than ``train`` need before they start.
+
+``calibrate`` measures a model at micro-batch sizes of its own choosing, and a search validates
+its trials before any runs: both must refuse, as a trial or ``train`` would (:func:`.factory.load_pieces`),
+a depth beyond the model's units or a batch the data cannot supply, without building the model.
+May import: :mod:`paci_tune.data`, :mod:`paci_tune.model`, :mod:`paci_tune.schedule`,
+:mod:`paci_tune.config`, :mod:`paci_tune.errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..config.schema import RunConfig
+from ..data import TokenSource, load_source
+from ..data.limits import check_fits_data
+from ..errors import ConfigError
+from ..model import LoadedModel, load_model
+from ..schedule import check_depth
+
+
+def check_model_and_data(
+    cfg: RunConfig, microbatch_sizes: Sequence[int] = (), key: str = "--microbatch-sizes"
+) -> tuple[TokenSource, LoadedModel]:
+    """The data source and the model's shape (no units built), every size checked against them."""
+    source = load_source(cfg.data, cfg.model.get("vocab_size"))
+    meta = load_model(cfg.model, source.vocab_size, cfg.training.seed, indices=[])
+    check_depth(cfg.pipeline.stages, meta.n_units)
+    t = cfg.training
+    check_fits_data(source, meta.block_size, t.global_batch, cfg.pipeline.microbatch_size, t.eval_sequences)
+    for b in microbatch_sizes:
+        try:
+            check_fits_data(source, meta.block_size, 1, b, 1)
+        except ConfigError as e:
+            raise ConfigError(key, b, e.allowed) from None
+    return source, meta
