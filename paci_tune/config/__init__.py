@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.files import read_mapping
+from ..base.shipped import resolve_path
 from .schema import (
     LRScheduleConfig,
     OptimizerConfig,
@@ -73,9 +74,11 @@ def derive_run(data: Any, overrides: dict[str, Any] | None = None) -> RunConfig:
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read a run (or search) file, check its tuning sections if any, and derive the run.
 
-    An empty file is an error naming it (not the defaults): a run is always written down.
+    An empty file is an error naming it (not the defaults): a run is always written down. The
+    README's ``examples/tiny-gpt.yaml`` is found in the package where no such file exists here.
     """
-    data = read_mapping(path, "config", "sections model, data, training, optimizer, lr_schedule, pipeline")
+    what = "sections model, data, training, optimizer, lr_schedule, pipeline"
+    data = read_mapping(resolve_path(path), "config", what)
     run_doc, tune = split_tune_sections(data)
     parse_tune_sections(tune, require=False)  # checked, then left to `paci-tune search`
     return derive_run(run_doc, overrides)

@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 
 from ..base.files import read_mapping
+from ..base.shipped import resolve_path
 from ..config import derive_doc
 from ..config.tune import TuneConfig, load_tune_config
 from ..errors import ConfigError
@@ -65,6 +66,7 @@ def open_search(
     file storage) checked writable before anything is created (:mod:`.preflight`); the storage is
     opened before anything is measured, so a bad URL or a different stored search is refused first.
     """
+    config = resolve_path(config)  # examples/tiny-gpt.yaml from the package when not here
     doc = read_mapping(config, "config", "sections model, data, training, ..., target, budget, search")
     tune = load_tune_config(derive_doc(doc, overrides), str(config))
     name = study_name or tune.search.study_name or Path(config).stem

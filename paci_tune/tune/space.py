@@ -27,9 +27,9 @@ from typing import Any
 import optuna
 
 from ..base.files import read_mapping
+from ..base.shipped import resolve_path, shipped, shipped_names
 from ..errors import ConfigError
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 SCHEDULES = ("paci", "1f1b")
 MAX_CHOICES = 10_000
 """Values one integer range may expand to: each is a point of a finite grid the search enumerates."""
@@ -136,15 +136,15 @@ class SearchSpace:
 
 
 def resolve_space_path(name: str) -> Path:
-    """A space by file path, or by name from the shipped ``search_spaces/`` folder."""
-    p = Path(name)
+    """A space by file path, or by name from the shipped spaces (package data, :mod:`paci_tune.base.shipped`)."""
+    p = resolve_path(name)
     if p.suffix in (".yaml", ".yml") or p.is_file():
         return p
-    shipped = SPACES_DIR / f"{name}.yaml"
-    if shipped.is_file():
-        return shipped
-    names = sorted(q.stem for q in SPACES_DIR.glob("*.yaml"))
-    raise ConfigError("search.space", name, f"a YAML file or one of the shipped spaces: {', '.join(names)}")
+    found = shipped("search_spaces", name)
+    if found is not None:
+        return found
+    names = ", ".join(shipped_names("search_spaces"))
+    raise ConfigError("search.space", name, f"a YAML file or one of the shipped spaces: {names}")
 
 
 def load_space(
