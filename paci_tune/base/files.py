@@ -19,6 +19,9 @@ import yaml
 
 from ..errors import ConfigError, Failure
 
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""yaml.safe_load's loader, in C where PyYAML has libyaml: a search reads its files many times over."""
+
 
 def read_yaml(path: str | Path, key: str = "config") -> Any:
     """Parse a YAML file, turning a missing or unreadable file or a syntax error into a ConfigError naming ``key``."""
@@ -32,7 +35,7 @@ def read_yaml(path: str | Path, key: str = "config") -> Any:
     except OSError as e:
         raise ConfigError(key, str(path), f"a readable YAML file ({e.strerror or e})") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as e:
         raise ConfigError(key, str(path), f"valid YAML ({str(e).splitlines()[0]})") from None
     except RecursionError:

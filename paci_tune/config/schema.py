@@ -14,6 +14,7 @@ valid, window and micro-batch size are both known integers, and nothing downstre
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -278,6 +279,12 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     raise TypeError(f"unsupported annotation {tp!r} at {key}")
 
 
+@functools.cache
+def _fields_of(cls: type) -> tuple[dict[str, Any], list[str]]:
+    """A dataclass's resolved annotations and field names, once per class (a search derives thousands of runs)."""
+    return typing.get_type_hints(cls), [f.name for f in dataclasses.fields(cls)]
+
+
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     """Build dataclass ``cls`` from a YAML mapping, rejecting unknown keys and wrong types."""
     where = prefix or "config"
@@ -285,8 +292,7 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(where, data, "a mapping of keys to values")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    hints, names = _fields_of(cls)
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)

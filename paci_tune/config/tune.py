@@ -3,14 +3,16 @@
 A search file is a run configuration (model, data, training, optimizer, lr_schedule, pipeline)
 plus these four sections. ``paci-tune train`` accepts the same file and ignores them (after
 checking them), so one file describes both the search and the run it tunes. May import:
-:mod:`.schema`, :mod:`paci_tune.errors`.
+:mod:`.schema`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+from ..base.shipped import resolve_path, shipped, shipped_names
 from ..errors import ConfigError
 from .schema import RunConfig, from_dict, load_run_config
 
@@ -58,6 +60,8 @@ class BudgetConfig:
             raise ConfigError(f"{key}.grid", self.grid, f"at most {MAX_GRID} validations over the budget")
         if self.clock == "rst" and not self.profile:
             raise ConfigError(f"{key}.profile", None, "a cost profile of the reference system for the rst clock")
+        if self.profile is not None and not Path(self.profile).is_file():
+            raise ConfigError(f"{key}.profile", self.profile, "an existing profile file (paci-tune calibrate)")
 
 
 @dataclass
@@ -126,8 +130,9 @@ class SearchConfig:
             raise ConfigError(f"{key}.seed", self.seed, "an integer in [0, 2**32) (the samplers' seed)")
         if self.study_name is not None and (not self.study_name.strip() or "/" in self.study_name):
             raise ConfigError(f"{key}.study_name", self.study_name, "a non-empty name without '/'")
-        if not self.space.strip():
-            raise ConfigError(f"{key}.space", self.space, "a shipped space's name or a YAML path")
+        if not space_exists(self.space):
+            names = ", ".join(shipped_names("search_spaces"))
+            raise ConfigError(f"{key}.space", self.space, f"a YAML file or one of the shipped spaces: {names}")
         self.confirm.check(f"{key}.confirm")
 
 
@@ -141,6 +146,13 @@ class TuneConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+
+
+def space_exists(name: str) -> bool:
+    """What :func:`paci_tune.tune.space.resolve_space_path` finds: a file, or a shipped space's name."""
+    p = resolve_path(name)
+    return bool(name.strip()) and (p.is_file() or (p.suffix not in (".yaml", ".yml") and shipped("search_spaces", name)
+                                                   is not None))  # fmt: skip
 
 
 def split_tune_sections(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

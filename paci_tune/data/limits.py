@@ -18,12 +18,15 @@ from ..errors import ConfigError
 def check_fits_data(source: Any, block_size: int, global_batch: int, microbatch_size: int, eval_sequences: int) -> None:
     """Refuse a batch or validation set the source ``source`` cannot supply (module docstring)."""
     train, val = len(source.train), len(source.val)
+    smaller = min(train, val)
+    if smaller < block_size + 1:
+        raise ConfigError("model.block_size", block_size, f"at most {smaller - 1}: a data split has {smaller} tokens")
     most = max(train // block_size, 1)
     why = f"at most {most}: the training split has {train} tokens, {most} sequences of {block_size}"
-    if microbatch_size > most:
-        raise ConfigError("pipeline.microbatch_size", microbatch_size, why)
     if global_batch > most:
         raise ConfigError("training.global_batch", global_batch, why)
+    if microbatch_size > most:
+        raise ConfigError("pipeline.microbatch_size", microbatch_size, why)
     windows = max(val - block_size, 1)
     if eval_sequences > windows:
         raise ConfigError("training.eval_sequences", eval_sequences,

@@ -302,6 +302,33 @@ def synthetic_source(
     )
 
 
+_PURE: dict[str, Any] = {"stdlib": stdlib_corpus, "synthetic": synthetic_source}
+_CACHE: dict[tuple[Any, ...], TokenSource] = {}
+_CACHE_SIZE = 4
+
+
+def _pure_source(kind: str, kwargs: dict[str, Any]) -> TokenSource:
+    """A source that is a pure function of its spec, built once per process.
+
+    A command validates its run several times before training it (the space binding, a search's
+    preflight, the run itself), and the built-in corpus takes seconds to read; its arrays are made
+    read-only, so a cached copy can never be changed under another user of it.
+    """
+    try:
+        key = (kind, *sorted((k, type(v).__name__, v) for k, v in kwargs.items()))  # 64 and 64.0 differ
+        hash(key)
+    except TypeError:  # an unhashable value: the builder refuses it
+        return _PURE[kind](**kwargs)
+    if key not in _CACHE:
+        source = _PURE[kind](**kwargs)
+        for arr in (source.train, source.val):
+            arr.setflags(write=False)
+        while len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = source
+    return _CACHE[key]
+
+
 def load_source(spec: Mapping[str, Any], vocab_size_hint: int | None) -> TokenSource:
     """Build the source a ``data:`` config section describes (``source`` defaults to ``stdlib``).
 
@@ -312,7 +339,7 @@ def load_source(spec: Mapping[str, Any], vocab_size_hint: int | None) -> TokenSo
     if not isinstance(spec, Mapping):
         raise ConfigError("data", spec, "a mapping with a 'source' key")
     kind = spec.get("source", "stdlib")
-    if kind not in SOURCE_KEYS:
+    if not isinstance(kind, str) or kind not in SOURCE_KEYS:
         raise ConfigError("data.source", kind, "one of: " + ", ".join(SOURCE_KEYS))
     for key, value in spec.items():
         if key != "source" and key not in SOURCE_KEYS[kind]:
@@ -328,8 +355,10 @@ def load_source(spec: Mapping[str, Any], vocab_size_hint: int | None) -> TokenSo
             source = bin_source(kwargs["path"], kwargs["vocab_size"], vocab_key="data.vocab_size")
         else:
             source = bin_source(kwargs["path"], GPT2_VOCAB if vocab_size_hint is None else vocab_size_hint)
+    elif kind in _PURE:
+        source = _pure_source(kind, kwargs)
     else:
-        source = {"stdlib": stdlib_corpus, "text": text_source, "synthetic": synthetic_source}[kind](**kwargs)
+        source = text_source(**kwargs)
     if vocab_size_hint is not None and vocab_size_hint < source.vocab_size:
         allowed = f"at least {source.vocab_size}, the vocabulary of the {kind} data"
         raise ConfigError("model.vocab_size", vocab_size_hint, allowed)

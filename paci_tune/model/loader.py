@@ -105,7 +105,7 @@ def _load_preset(spec: Mapping[str, Any], vocab_size: int, seed: int, indices: I
     if n > MAX_UNITS:
         raise ConfigError("model.n_layer", cfg.n_layer, f"at most {MAX_UNITS - 2} (units are listed one by one)")
     wanted = _check_indices(indices, n)
-    _check_fits(cfg, wanted)
+    check_fits(cfg, wanted)
     return LoadedModel(
         units=build_units(cfg, seed, wanted),
         n_units=n,
@@ -126,11 +126,12 @@ def _unit_params(cfg: GPTConfig, i: int) -> int:
     return 12 * d * d + 4 * d
 
 
-def _check_fits(cfg: GPTConfig, wanted: list[int]) -> None:
+def check_fits(cfg: GPTConfig, wanted: list[int]) -> None:
     """Refuse to build units whose fp32 weights alone exceed this machine's memory: that cannot work.
 
     Only the units to be built count (a plan of a model bigger than this machine -- ``simulate``
-    with a profile of other hardware -- builds none), and only the weights: gradients, optimizer
+    with a profile of other hardware -- builds none; a run to be trained here checks all of them
+    before it starts, :mod:`paci_tune.pipeline.checks`), and only the weights: gradients, optimizer
     state and activations are the memory check's (:mod:`paci_tune.pipeline.planning`).
     """
     ram = physical_memory_bytes()

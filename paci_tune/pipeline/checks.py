@@ -4,7 +4,8 @@
 its trials before any runs: both must refuse, as a trial or ``train`` would (:func:`.factory.load_pieces`),
 a depth beyond the model's units or a batch the data cannot supply, without building the model.
 May import: :mod:`paci_tune.data`, :mod:`paci_tune.model`, :mod:`paci_tune.schedule`,
-:mod:`paci_tune.config`, :mod:`paci_tune.errors`.
+:mod:`paci_tune.config`, :mod:`paci_tune.errors`. Also the one place a run to be trained here checks
+that its model's weights fit this machine (:func:`check_trainable_here`, used by :mod:`.factory`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from ..data import TokenSource, load_source
 from ..data.limits import check_fits_data
 from ..errors import ConfigError
 from ..model import LoadedModel, load_model
+from ..model.loader import check_fits
 from ..schedule import check_depth
+
+
+def check_trainable_here(meta: LoadedModel) -> None:
+    """A built-in GPT every stage of which is built on this machine must fit its memory (weights alone)."""
+    if meta.gpt is not None:
+        check_fits(meta.gpt, list(range(meta.n_units)))
 
 
 def check_model_and_data(
@@ -25,6 +33,7 @@ def check_model_and_data(
     """The data source and the model's shape (no units built), every size checked against them."""
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     meta = load_model(cfg.model, source.vocab_size, cfg.training.seed, indices=[])
+    check_trainable_here(meta)
     check_depth(cfg.pipeline.stages, meta.n_units)
     t = cfg.training
     check_fits_data(source, meta.block_size, t.global_batch, cfg.pipeline.microbatch_size, t.eval_sequences)

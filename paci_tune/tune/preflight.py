@@ -58,31 +58,30 @@ def check_trials(tune: TuneConfig, space: SearchSpace, profile: str | None) -> l
     from ..data.limits import check_fits_data
     from ..model import load_model
     from ..pipeline.backend import choose_backend, visible_gpus
+    from ..pipeline.checks import check_model_and_data
     from ..pipeline.factory import resolve_device
     from ..pipeline.planning import check_profile
     from ..sim.profile import Profile
 
+    check_model_and_data(tune.run)  # the run as written (each study's first point), as `train` checks it
     c = tune.search.confirm
     seeds: list[int | None] = [None, *(confirm_seeds(tune.run.training.seed, c.seeds) if c.enabled else [])]
     search = Search(tune, space, {}, None, Path("."), profile or tune.budget.profile)  # type: ignore[arg-type]
     runs: list[RunConfig] = []
     for params, seed in itertools.product(trial_points(space), seeds):
-        where = f"the trial {params.label()}" + (f" (confirmation seed {seed})" if seed is not None else "")
         try:
             runs.append(derive_run(search.trial_doc(params, seed)))
         except ConfigError as e:
-            raise ConfigError(e.key, e.value, f"{e.allowed} -- in {where} of space {space.name}") from None
+            raise _blame(e, params, seed, space) from None
     first = runs[0]
     source = load_source(first.data, first.model.get("vocab_size"))
     meta = load_model(first.model, source.vocab_size, first.training.seed, indices=[])
-    for run in runs:
+    for params, run in zip(trial_points(space), runs[:: len(seeds)], strict=True):
         try:
             check_fits_data(source, meta.block_size, run.training.global_batch, run.pipeline.microbatch_size,
                             run.training.eval_sequences)  # fmt: skip
         except ConfigError as e:
-            p = run.pipeline
-            raise ConfigError(e.key, e.value, f"{e.allowed} -- in the trial {p.schedule} P={p.stages} a={p.window} "
-                                              f"b={p.microbatch_size} of space {space.name}") from None  # fmt: skip
+            raise _blame(e, params, None, space) from None
     p = first.pipeline
     resolve_device(p.device)
     if p.runtime == "distributed":
@@ -91,6 +90,25 @@ def check_trials(tune: TuneConfig, space: SearchSpace, profile: str | None) -> l
         prof = Profile.load(tune.budget.profile, "budget.profile")
         check_profile(prof, meta.n_units, meta.block_size, "budget.profile", tune.budget.profile)
     return runs
+
+
+_FROM_POINT = {"optimizer.lr": "lr_scale", "pipeline.stages": "stages", "pipeline.window": "window",
+               "pipeline.microbatch_size": "microbatch_size", "training.global_batch": "microbatch_size"}  # fmt: skip
+"""The space's dimension behind each run key a point sets (the run as written already passed)."""
+
+
+def _blame(e: ConfigError, params: TrialParams, seed: int | None, space: SearchSpace) -> ConfigError:
+    """The refusal of a trial's run, named by what produced it: the space's dimension, or the seed."""
+    trial = f"{e.key}: got {e.value!r}; allowed: {e.allowed} (the trial {params.label()} of space {space.name})"
+    if seed is not None and e.key == "training.seed":
+        return ConfigError("search.confirm.seeds", seed, f"seeds whose trials pass: {trial}")
+    dim = _FROM_POINT.get(e.key)
+    if dim is None:
+        return ConfigError(e.key, e.value, f"{e.allowed} (in the trial {params.label()} of space {space.name})")
+    if e.key == "training.global_batch" and space.fixed_batch is None:
+        dim = "window x microbatch_size"
+    value = params.lr_scale if dim == "lr_scale" else getattr(params, dim.split(" ")[-1])
+    return ConfigError(f"space.{dim}", value, f"values whose trials pass: {trial}")
 
 
 def check_outputs(out: str | Path | None, workdir: Path, storage_url: str) -> None:

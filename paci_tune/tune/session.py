@@ -69,9 +69,9 @@ def open_search(
     config = resolve_path(config)  # examples/tiny-gpt.yaml from the package when not here
     doc = read_mapping(config, "config", "sections model, data, training, ..., target, budget, search")
     tune = load_tune_config(derive_doc(doc, overrides), str(config))
+    if study_name is not None and (not study_name.strip() or "/" in study_name):
+        raise ConfigError("--study-name", study_name, "a non-empty name without '/'")
     name = study_name or tune.search.study_name or Path(config).stem
-    if not name.strip() or "/" in name:
-        raise ConfigError("--study-name", name, "a non-empty name without '/'")
     work = Path(workdir or Path("paci-search") / name).resolve()
     storage_url = storage or f"sqlite:///{work / 'study.db'}"
     space = bind_space(tune)
