@@ -18,7 +18,7 @@ from ..base.files import read_mapping
 from ..base.shipped import resolve_path
 from ..config import derive_doc
 from ..config.tune import TuneConfig, load_tune_config
-from ..errors import ConfigError
+from ..errors import ConfigError, Failure
 from .best import build_best, write_best
 from .confirm import confirm_seeds
 from .preflight import check_outputs, check_trials
@@ -77,11 +77,23 @@ def open_search(
     space = bind_space(tune)
     check_trials(tune, space, None)
     check_outputs(out, work, storage_url)
-    studies = open_studies(open_storage(storage_url), name, space.schedules, tune.search, space, tune.budget.grid,
-                           fingerprint(tune, space))  # fmt: skip
+    try:
+        studies = open_studies(open_storage(storage_url), name, space.schedules, tune.search, space,
+                               tune.budget.grid, fingerprint(tune, space))  # fmt: skip
+    except (ConfigError, Failure):
+        raise
+    except Exception as e:  # the database: unreachable, locked, not a database, another schema version
+        raise Failure(f"opening the study storage {storage_url}", _storage_reason(e)) from e
     profile = profile_for(tune, space, work, log)
     enqueue_start_points(tune, space, studies)
     return SearchSession(Path(config), tune, name, work, storage_url, space, studies, profile)
+
+
+def _storage_reason(e: Exception) -> str:
+    text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    if "table schema" in text:
+        return f"it was written by another Optuna schema version ({text[:200]})"
+    return f"{type(e).__name__}: {text[:240]}"
 
 
 def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, Any]:
