@@ -28,12 +28,17 @@ def check_trainable_here(meta: LoadedModel) -> None:
 
 
 def check_model_and_data(
-    cfg: RunConfig, microbatch_sizes: Sequence[int] = (), key: str = "--microbatch-sizes"
+    cfg: RunConfig, microbatch_sizes: Sequence[int] = (), key: str = "--microbatch-sizes", *, built_here: bool = True
 ) -> tuple[TokenSource, LoadedModel]:
-    """The data source and the model's shape (no units built), every size checked against them."""
+    """The data source and the model's shape (no units built), every size checked against them.
+
+    ``built_here=False`` (``simulate``: a plan, possibly of hardware this machine is not) skips the
+    check that the model's weights fit this machine.
+    """
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     meta = load_model(cfg.model, source.vocab_size, cfg.training.seed, indices=[])
-    check_trainable_here(meta)
+    if built_here:
+        check_trainable_here(meta)
     check_depth(cfg.pipeline.stages, meta.n_units)
     t = cfg.training
     check_fits_data(source, meta.block_size, t.global_batch, cfg.pipeline.microbatch_size, t.eval_sequences)
