@@ -191,7 +191,7 @@ def simulate(
     if batches > MAX_BATCHES:
         raise ConfigError("--batches", batches, f"at most {MAX_BATCHES} (each is replayed action by action)")
     cfg = load_config(config, _overrides(stages, window, microbatch_size))
-    check_model_and_data(cfg, built_here=False)
+    check_model_and_data(cfg, built_here=profile_path is None)  # without a profile it is measured here
     if timeline is not None:
         check_writable(timeline, "--timeline")
     p = cfg.pipeline
