@@ -67,8 +67,9 @@ BEST_FREE = frozenset({"evidence.trial", "provenance.study_name"})
 
 def _profile() -> dict[str, Any]:
     cost = {"forward_s": 0.002, "backward_s": 0.004, "activation_bytes": 4096, "saved_bytes": 16384}
-    units = [{"name": f"u{i}", "param_bytes": 65536, "optimizer_s": 0.001, "microbatch": {2: dict(cost), 4: dict(cost)}}
+    units = [{"name": f"u{i}", "param_bytes": 65536, "optimizer_s": 0.001, "microbatch": {2: dict(cost)}}
              for i in range(4)]  # fmt: skip
+    units[0]["microbatch"][4] = dict(cost)  # one unit measured at two sizes (the others interpolate)
     return {"format": "paci-tune-profile/1", "device": "cpu", "dtype": "fp32", "seq_len": 32, "units": units,
             "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e9, "backend": "gloo"}}  # fmt: skip
 
