@@ -53,6 +53,7 @@ def open_storage(url: str) -> BaseStorage:
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         # Several local workers share one file: wait for the write lock rather than fail.
         return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+    url = _with_driver(url)
     for attempt in range(_CREATE_TRIES):
         try:
             return RDBStorage(url)
@@ -69,6 +70,17 @@ def open_storage(url: str) -> BaseStorage:
 
 
 _CREATE_TRIES = 6
+
+
+def _with_driver(url: str) -> str:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; with only psycopg 3 (``paci-tune[postgres]``) use that."""
+    import importlib.util
+
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None and (
+        importlib.util.find_spec("psycopg") is not None
+    ):
+        return "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
 
 
 def _first_line(e: BaseException) -> str:
