@@ -78,7 +78,7 @@ def test_wheel_install_finds_the_shipped_spaces_and_example(tmp_path: Path) -> N
     assert sim.returncode == 0, sim.stderr[-2000:]
 
     doc = dict(example)
-    doc["data"] = {**example["data"], "max_bytes": 400_000}  # a slice of the corpus: each trial loads it
+    doc["data"] = {**example["data"], "max_bytes": 1_000_000}  # a slice of the corpus: each trial loads it
     doc["training"] = {**example["training"], "eval_sequences": 16}
     doc["budget"] = {"clock": "rst", "seconds": 0.2, "grid": 2, "profile": "profile.yaml"}
     doc["search"] = {**example["search"], "trials": 1, "confirm": {"top": 0}}
