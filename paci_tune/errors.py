@@ -2,8 +2,9 @@
 
 Bad input must end the command with one clear line naming the key, the value and what is
 allowed, and exit code 2 -- never a traceback. Everything that validates user input raises
-:class:`ConfigError`; the CLI turns it into that line. May import: nothing (the ground under every
-layer).
+:class:`ConfigError`; the CLI turns it into that line. What fails for another reason (the file
+system, a storage) is a :class:`Failure` where the code knows what it was doing, exit code 1.
+May import: nothing (the ground under every layer).
 """
 
 from __future__ import annotations
@@ -15,3 +16,15 @@ class ConfigError(Exception):
     def __init__(self, key: str, value: object, allowed: str) -> None:
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"{key}: got {value!r}; allowed: {allowed}")
+
+
+class Failure(Exception):
+    """Something the input did not cause failed -- a file that cannot be written, a disk that is full,
+    a storage that cannot be reached. ``what`` names it (``writing best.yaml``), ``reason`` says why.
+
+    The CLI prints ``error: {what}: {reason}`` and exits 1 (bad input is :class:`ConfigError`, exit 2).
+    """
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what, self.reason = what, reason
+        super().__init__(f"{what}: {reason}")

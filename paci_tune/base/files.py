@@ -2,11 +2,13 @@
 
 Every file the program writes for a user or another process to read -- profiles, ``best.yaml``,
 metrics, checkpoints, pictures -- goes through :func:`atomic_write`, so a reader never sees a
-half-written file. May import: the standard library, PyYAML, :mod:`paci_tune.errors`.
+half-written file; a write the file system refuses (permissions, a full disk) is a
+:class:`~paci_tune.errors.Failure` naming the file. May import: the standard library, PyYAML, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Callable
@@ -15,18 +17,47 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Failure
+
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""yaml.safe_load's loader, in C where PyYAML has libyaml: a search reads its files many times over."""
 
 
 def read_yaml(path: str | Path, key: str = "config") -> Any:
-    """Parse a YAML file, turning a missing file or a syntax error into a ConfigError naming ``key``."""
+    """Parse a YAML file, turning a missing or unreadable file or a syntax error into a ConfigError naming ``key``."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(key, str(path), "an existing YAML file")
     try:
-        return yaml.safe_load(p.read_text())
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(key, str(path), "a UTF-8 text file (YAML)") from None
+    except OSError as e:
+        raise ConfigError(key, str(path), f"a readable YAML file ({e.strerror or e})") from None
+    try:
+        return yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as e:
         raise ConfigError(key, str(path), f"valid YAML ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise ConfigError(key, str(path), "valid YAML (nested too deeply)") from None
+
+
+def read_mapping(path: str | Path, key: str, what: str) -> dict[str, Any]:
+    """A YAML file that must hold a non-empty mapping (``what`` says of which keys).
+
+    An empty file is refused rather than read as "all defaults": a config, space, profile or
+    ``best.yaml`` that says nothing is almost always a mistake (a truncated copy, the wrong file),
+    and running a default in its place would hide it.
+    """
+    doc = read_yaml(path, key)
+    if doc is None or doc == {}:
+        raise ConfigError(key, str(path), f"a non-empty YAML mapping ({what}); the file is empty")
+    if not isinstance(doc, dict):
+        raise ConfigError(key, str(path), f"a YAML mapping ({what}), not a {type(doc).__name__}")
+    bad = [k for k in doc if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"{key}.{bad[0]!r}", doc[bad[0]], "string keys only")
+    return doc
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None], *, suffix: str = "") -> Path:
@@ -36,16 +67,27 @@ def atomic_write(path: str | Path, write: Callable[[str], None], *, suffix: str 
     the format from it). On any failure the temporary file is removed and the old ``path`` stays.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    except OSError as e:
+        raise Failure(f"writing {path}", _why(e)) from e
     os.close(fd)
     try:
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise Failure(f"writing {path}", _why(e)) from e
         raise
     return path
+
+
+def _why(e: OSError) -> str:
+    if e.errno == errno.ENOSPC:
+        return "no space left on the device (the disk is full); the old file, if any, is unchanged"
+    return f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -67,3 +109,26 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 def write_yaml(path: str | Path, doc: Any, header: str = "") -> Path:
     """``doc`` as block YAML in its own key order (with an optional comment ``header``), atomically."""
     return atomic_write_text(path, header + yaml.safe_dump(doc, sort_keys=False))
+
+
+def check_writable(path: str | Path, key: str, *, folder: bool = False) -> None:
+    """Refuse, before any work, a ``path`` this process could not create (a file, or with ``folder`` a folder).
+
+    The nearest existing ancestor must be a writable folder; nothing is created here, so a refused
+    command leaves nothing behind. (Permissions can still change later, and a disk can fill: those
+    are :class:`~paci_tune.errors.Failure`\\ s at write time.)
+    """
+    p = Path(path).absolute()
+    if not folder and p.is_dir():
+        raise ConfigError(key, str(path), "a file path, not an existing folder")
+    if folder and p.exists() and not p.is_dir():
+        raise ConfigError(key, str(path), "a folder, not an existing file")
+    d = p if folder else p.parent
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    if not d.is_dir():
+        raise ConfigError(key, str(path), f"a path under a folder ({d} is a file)")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ConfigError(key, str(path), f"a location this user can write ({d} is not writable)")
+    if not folder and p.exists() and not os.access(p, os.W_OK):
+        raise ConfigError(key, str(path), "a file this user can write (it is read-only)")

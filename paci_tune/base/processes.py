@@ -38,6 +38,14 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def physical_memory_bytes() -> int | None:
+    """This machine's RAM, or None where the OS does not say: the bound past which a size cannot work."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def threads_per_process(n_processes: int) -> int:
     """Threads each of ``n_processes`` compute processes gets when they share this machine's CPUs."""
     return max(1, cpu_count() // max(n_processes, 1))

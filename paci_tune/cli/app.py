@@ -1,21 +1,21 @@
 """``paci-tune``: the click group, its error handling, and ``paci-tune train``.
 
-Bad input anywhere below ends the command with one line and exit code 2 (the commands raise
-:class:`~paci_tune.errors.ConfigError`; this turns it into the line). Heavy imports (torch,
+Bad input anywhere below ends the command with one line and exit code 2, any other failure with
+one line and exit code 1, Ctrl-C with 130 (:mod:`.failures`, the one handler; ``--debug`` shows
+the traceback). Heavy imports (torch,
 optuna, matplotlib) happen inside the commands so ``paci-tune --help`` stays fast. May import:
 every layer of the package (this is the top floor), click and rich.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
 
 from .. import __version__
-from ..errors import ConfigError
 from .common import train_with_view
+from .failures import debug_requested, guarded
 from .options import overrides_from, run_options
 from .report import report
 from .sim import calibrate, simulate
@@ -23,19 +23,16 @@ from .tune import apply, search
 
 
 class _Group(click.Group):
-    """Turns bad input anywhere below into one line and exit code 2, never a traceback."""
+    """Runs every command under the one failure handler: one line and an exit code, never a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except ConfigError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+        return guarded(lambda: super(_Group, self).invoke(ctx), debug=debug_requested(bool(ctx.params.get("debug"))))
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="paci-tune")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of a failure (also PACI_TUNE_DEBUG=1).")
+def main(debug: bool) -> None:
     """Auto-tune and run PACI asynchronous pipeline-parallel training."""
 
 

@@ -16,6 +16,7 @@ import click
 from .common import stderr
 from .ui import fmt_bytes
 
+MAX_BATCHES = 100_000
 _DEVICES = click.Choice(["auto", "cpu", "cuda"])
 _PRECISIONS = click.Choice(["auto", "fp32", "bf16"])
 
@@ -38,6 +39,22 @@ def _overrides(
 
 
 # ------------------------------------------------------------------------------------ calibrate
+
+
+def _check_calibrate_options(cfg: Any, sizes: list[int] | None, repeats: int, threads: int | None, out: str) -> None:
+    """Everything a calibration would refuse after minutes of measuring, refused before it starts."""
+    from ..base.files import check_writable
+    from ..base.processes import cpu_count
+    from ..errors import ConfigError
+    from ..pipeline.checks import check_model_and_data
+
+    if repeats < 1:
+        raise ConfigError("--repeats", repeats, "a positive integer")
+    if threads is not None and not 1 <= threads <= cpu_count():
+        raise ConfigError("--threads", threads, f"1..{cpu_count()} (this machine's CPUs: more measures contention)")
+    check_model_and_data(cfg, sizes or ())
+    check_writable(out, "--out")
+
 
 
 @click.command()
@@ -76,6 +93,7 @@ def calibrate(
 
     cfg = load_config(config, _overrides(stages, None, None))
     sizes = parse_sizes(microbatch_sizes, "--microbatch-sizes")
+    _check_calibrate_options(cfg, sizes, repeats, threads, out)
     profile = run_calibration(
         cfg,
         microbatch_sizes=sizes,
@@ -158,10 +176,13 @@ def simulate(
     cached under ~/.cache/paci-tune/profiles, so later calls are fast. With --data-parallel D the
     layout is D replicas on P x D devices: each step adds its stage's gradient all-reduce.
     """
+    from ..base.files import check_writable
+    from ..base.processes import cpu_count
     from ..config import load_config
     from ..data import load_source
     from ..errors import ConfigError
     from ..model import load_model
+    from ..pipeline.checks import check_model_and_data
     from ..pipeline.factory import unit_costs
     from ..pipeline.planning import check_profile, plan_partition
     from ..schedule import SCHEDULES, check_depth
@@ -175,7 +196,14 @@ def simulate(
         raise ConfigError("--memory-gib", memory_gib, "a positive number of GiB")
     if timeline is not None and not timeline.lower().endswith((".png", ".svg")):
         raise ConfigError("--timeline", timeline, "a file name ending in .png or .svg")
+    if threads is not None and not 1 <= threads <= cpu_count():
+        raise ConfigError("--threads", threads, f"1..{cpu_count()} (this machine's CPUs: more measures contention)")
+    if batches > MAX_BATCHES:
+        raise ConfigError("--batches", batches, f"at most {MAX_BATCHES} (each is replayed action by action)")
     cfg = load_config(config, _overrides(stages, window, microbatch_size, data_parallel))
+    check_model_and_data(cfg, built_here=profile_path is None)  # without a profile it is measured here
+    if timeline is not None:
+        check_writable(timeline, "--timeline")
     p = cfg.pipeline
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     meta = load_model(cfg.model, source.vocab_size, cfg.training.seed, indices=[])

@@ -7,14 +7,13 @@ module parses options and shows progress and the result. May import: every layer
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ..errors import ConfigError
-from .common import stderr, train_with_view
+from .common import check_outputs, stderr, train_with_view
 from .options import overrides_from, run_options
 
 
@@ -68,19 +67,15 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
     given = {"search.trials": trials, "search.space": space, "search.sampler": sampler, "search.pruner": pruner,
              "search.seed": seed}  # fmt: skip
     session = open_search(config, overrides={k: v for k, v in given.items() if v is not None}, study_name=study_name,
-                          workdir=workdir, storage=storage, log=stderr)  # fmt: skip
+                          workdir=workdir, storage=storage, log=stderr, out=out)  # fmt: skip
     tune, b = session.tune, session.tune.budget
     view = SearchView(float(b.seconds or 0), b.clock, float(tune.target.value or 0), live=live)
     view.seed(_existing_rows(session.studies, session.space.fixed_batch))
     srch = session.search(view.on_event)
     stderr(f"study {session.name} ({', '.join(session.space.schedules)}; {tune.search.trials} trials each) in "
            f"{session.storage_url}; trial logs in {session.workdir / 'trials'}")  # fmt: skip
-    try:
-        with view:
-            srch.run()
-    except KeyboardInterrupt:
-        stderr("interrupted: finished trials are in the storage; run the same command again to resume")
-        sys.exit(130)
+    with view:  # Ctrl-C: exit 130 from the one handler (.failures); finished trials stay in the storage
+        srch.run()
     out_path = Path(out)
     _print_best(recommend(session, srch, out_path), out_path)
 
@@ -161,11 +156,21 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
     distributed --clock wall for the real pipeline). Checkpoints go to BEST's folder unless
     --checkpoint-dir says otherwise, so an interrupted run continues with --resume.
     """
+    from ..base.files import check_writable
     from ..train.launch import n_processes, torchrun_command, write_resolved
     from ..train.run import resolve_run
     from ..tune.apply import apply_run, run_file_for
 
-    cfg = resolve_run(apply_run(best, overrides_from(options), until=until), log=stderr)
+    cfg = apply_run(best, overrides_from(options), until=until)
+    check_writable(run_file_for(best), "best.yaml (apply writes its run beside it)")
+    check_outputs(cfg, metrics)
+    if not dry_run:
+        from ..train import checkpoint
+
+        if not resume and cfg.training.checkpoint_dir and checkpoint.latest(Path(cfg.training.checkpoint_dir)):
+            raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {cfg.training.checkpoint_dir} "
+                                                 "already holds checkpoints of a run")  # fmt: skip
+    cfg = resolve_run(cfg, log=stderr)
     run_path = write_resolved(cfg, run_file_for(best))
     if dry_run:
         click.echo(f"# {run_path}")

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..base.files import read_yaml
-from ..errors import ConfigError
+from ..base.files import read_mapping
+from ..base.shipped import resolve_path
 from .schema import (
     LRScheduleConfig,
     OptimizerConfig,
@@ -72,10 +72,13 @@ def derive_run(data: Any, overrides: dict[str, Any] | None = None) -> RunConfig:
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read a run (or search) file, check its tuning sections if any, and derive the run."""
-    data = read_yaml(path)
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError("config", str(path), "a YAML mapping with sections model, data, training, ...")
-    run_doc, tune = split_tune_sections(data or {})
+    """Read a run (or search) file, check its tuning sections if any, and derive the run.
+
+    An empty file is an error naming it (not the defaults): a run is always written down. The
+    README's ``examples/tiny-gpt.yaml`` is found in the package where no such file exists here.
+    """
+    what = "sections model, data, training, optimizer, lr_schedule, pipeline"
+    data = read_mapping(resolve_path(path), "config", what)
+    run_doc, tune = split_tune_sections(data)
     parse_tune_sections(tune, require=False)  # checked, then left to `paci-tune search`
     return derive_run(run_doc, overrides)

@@ -14,6 +14,8 @@ valid, window and micro-batch size are both known integers, and nothing downstre
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -37,6 +39,11 @@ class OptimizerConfig:
 
     def check(self, key: str) -> None:
         _positive(f"{key}.lr", self.lr)
+        if self.lr > MAX_LR:
+            raise ConfigError(f"{key}.lr", self.lr, f"at most {MAX_LR:g} (a larger step turns every weight to inf)")
+        _positive(f"{key}.eps", self.eps)
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"{key}.momentum", self.momentum, "a number in [0, 1)")
         for i, b in enumerate(self.betas):
             if not 0.0 <= b < 1.0:
                 raise ConfigError(f"{key}.betas[{i}]", b, "a number in [0, 1)")
@@ -93,6 +100,8 @@ class TrainingConfig:
 
     def check(self, key: str) -> None:
         _positive(f"{key}.global_batch", self.global_batch)
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise ConfigError(f"{key}.seed", self.seed, "an integer in [0, 2**63)")
         if self.steps is None and self.seconds is None:
             raise ConfigError(f"{key}.steps", None, "a budget: training.steps or training.seconds")
         if self.steps is not None:
@@ -180,6 +189,14 @@ class RunConfig:
 # ----------------------------------------------------------------------------- generic parsing
 
 
+INT_LIMIT = 2**63
+"""Integers in a config are 64-bit in every consumer (numpy, torch); a larger one cannot be used."""
+MAX_LR = 1e3
+"""A peak LR beyond this moves each weight by more than any model survives; it is a typo, not a setting."""
+SEED_LIMIT = 2**63
+"""Seeds must be non-negative (the data stream's generator) and fit torch's 64-bit seed."""
+
+
 def _positive(key: str, value: float) -> None:
     if value <= 0:
         raise ConfigError(key, value, "a positive number")
@@ -205,11 +222,15 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check ``value`` against the annotation ``tp``; return it converted (ints to floats etc.)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
+        specific = None
         for arg in typing.get_args(tp):
             try:
                 return _coerce(key, value, arg)
-            except ConfigError:
-                continue
+            except ConfigError as e:
+                if e.allowed != _type_name(arg) and e.key == key:
+                    specific = e  # right type, wrong value (an infinite number): say that, not the type
+        if specific is not None:
+            raise specific
         raise ConfigError(key, value, _type_name(tp))
     if origin is Literal:
         if value in typing.get_args(tp):
@@ -238,11 +259,19 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         raise ConfigError(key, value, "true or false")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) >= INT_LIMIT:
+                raise ConfigError(key, value, "an integer of at most 63 bits")
             return value
         raise ConfigError(key, value, "an integer")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:
+                number = math.inf
+            if not math.isfinite(number):
+                raise ConfigError(key, value, "a finite number")
+            return number
         raise ConfigError(key, value, "a number")
     if tp is str:
         if isinstance(value, str):
@@ -253,6 +282,12 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     raise TypeError(f"unsupported annotation {tp!r} at {key}")
 
 
+@functools.cache
+def _fields_of(cls: type) -> tuple[dict[str, Any], list[str]]:
+    """A dataclass's resolved annotations and field names, once per class (a search derives thousands of runs)."""
+    return typing.get_type_hints(cls), [f.name for f in dataclasses.fields(cls)]
+
+
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     """Build dataclass ``cls`` from a YAML mapping, rejecting unknown keys and wrong types."""
     where = prefix or "config"
@@ -260,8 +295,7 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(where, data, "a mapping of keys to values")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    hints, names = _fields_of(cls)
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)

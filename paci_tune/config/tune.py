@@ -3,18 +3,24 @@
 A search file is a run configuration (model, data, training, optimizer, lr_schedule, pipeline)
 plus these four sections. ``paci-tune train`` accepts the same file and ignores them (after
 checking them), so one file describes both the search and the run it tunes. May import:
-:mod:`.schema`, :mod:`paci_tune.errors`.
+:mod:`.schema`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+from ..base.shipped import resolve_path, shipped, shipped_names
 from ..errors import ConfigError
 from .schema import RunConfig, from_dict, load_run_config
 
 TUNE_SECTIONS = ("target", "budget", "hardware", "search")
+MAX_CONFIRM = 1000
+"""Confirmed points and seeds: each one is a training run per schedule; more is not a search."""
+MAX_GRID = 10_000
+"""Pruner rungs per trial: each is an Optuna report and a validation; beyond this a trial is all evaluation."""
 
 
 @dataclass
@@ -24,10 +30,11 @@ class TargetConfig:
     metric: Literal["val_loss"] = "val_loss"
     value: float | None = None
 
-    def check(self, key: str) -> None:
+    def check(self, key: str, require: bool = True) -> None:
         if self.value is None:
-            raise ConfigError(f"{key}.value", None, "the validation loss a trial must reach (a positive number)")
-        if self.value <= 0:
+            if require:
+                raise ConfigError(f"{key}.value", None, "the validation loss a trial must reach (a positive number)")
+        elif self.value <= 0:
             raise ConfigError(f"{key}.value", self.value, "a positive number")
 
 
@@ -44,13 +51,17 @@ class BudgetConfig:
     grid: int = 8
     profile: str | None = None
 
-    def check(self, key: str) -> None:
-        if self.seconds is None or self.seconds <= 0:
+    def check(self, key: str, require: bool = True) -> None:
+        if (self.seconds is None and require) or (self.seconds is not None and self.seconds <= 0):
             raise ConfigError(f"{key}.seconds", self.seconds, "a positive number of seconds on budget.clock")
         if self.grid < 2:
             raise ConfigError(f"{key}.grid", self.grid, "an integer >= 2 (validations over the budget)")
+        if self.grid > MAX_GRID:
+            raise ConfigError(f"{key}.grid", self.grid, f"at most {MAX_GRID} validations over the budget")
         if self.clock == "rst" and not self.profile:
             raise ConfigError(f"{key}.profile", None, "a cost profile of the reference system for the rst clock")
+        if self.profile is not None and not Path(self.profile).is_file():
+            raise ConfigError(f"{key}.profile", self.profile, "an existing profile file (paci-tune calibrate)")
 
 
 @dataclass
@@ -68,9 +79,11 @@ class HardwareConfig:
     device: Literal["auto", "cpu", "cuda"] | None = None
     backend: Literal["auto", "gloo", "nccl"] | None = None
 
+    MAX_DEVICES = 65_536  # more than any machine room; a simulated budget beyond it is a typo
+
     def check(self, key: str) -> None:
-        if self.devices is not None and self.devices < 1:
-            raise ConfigError(f"{key}.devices", self.devices, "a positive integer")
+        if self.devices is not None and not 1 <= self.devices <= self.MAX_DEVICES:
+            raise ConfigError(f"{key}.devices", self.devices, f"a positive integer up to {self.MAX_DEVICES}")
 
 
 @dataclass
@@ -85,8 +98,8 @@ class ConfirmConfig:
 
     def check(self, key: str) -> None:
         for name in ("top", "seeds"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{key}.{name}", getattr(self, name), "an integer >= 0")
+            if not 0 <= getattr(self, name) <= MAX_CONFIRM:
+                raise ConfigError(f"{key}.{name}", getattr(self, name), f"an integer in [0, {MAX_CONFIRM}]")
 
     @property
     def enabled(self) -> bool:
@@ -121,6 +134,13 @@ class SearchConfig:
             raise ConfigError(f"{key}.trial_timeout", self.trial_timeout, "a positive number of seconds")
         if self.retries < 0:
             raise ConfigError(f"{key}.retries", self.retries, "an integer >= 0")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"{key}.seed", self.seed, "an integer in [0, 2**32) (the samplers' seed)")
+        if self.study_name is not None and (not self.study_name.strip() or "/" in self.study_name):
+            raise ConfigError(f"{key}.study_name", self.study_name, "a non-empty name without '/'")
+        if not space_exists(self.space):
+            names = ", ".join(shipped_names("search_spaces"))
+            raise ConfigError(f"{key}.space", self.space, f"a YAML file or one of the shipped spaces: {names}")
         self.confirm.check(f"{key}.confirm")
 
 
@@ -136,6 +156,13 @@ class TuneConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
 
 
+def space_exists(name: str) -> bool:
+    """What :func:`paci_tune.tune.space.resolve_space_path` finds: a file, or a shipped space's name."""
+    p = resolve_path(name)
+    return bool(name.strip()) and (p.is_file() or (p.suffix not in (".yaml", ".yml") and shipped("search_spaces", name)
+                                                   is not None))  # fmt: skip
+
+
 def split_tune_sections(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(run sections, tuning sections) of a parsed ``model.yaml``."""
     run = {k: v for k, v in doc.items() if k not in TUNE_SECTIONS}
@@ -144,7 +171,11 @@ def split_tune_sections(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 
 def parse_tune_sections(tune: dict[str, Any], *, require: bool) -> dict[str, Any]:
-    """Validate the tuning sections; with ``require`` the search's must-haves too."""
+    """Validate the tuning sections; with ``require`` the search's must-haves too.
+
+    Every value that is given is checked either way: ``paci-tune train`` ignores these sections,
+    but a file it accepts must be one ``paci-tune search`` accepts too (up to what only a search needs).
+    """
     out = {
         "target": from_dict(TargetConfig, tune.get("target"), "target"),
         "budget": from_dict(BudgetConfig, tune.get("budget"), "budget"),
@@ -153,12 +184,11 @@ def parse_tune_sections(tune: dict[str, Any], *, require: bool) -> dict[str, Any
     }
     out["hardware"].check("hardware")
     out["search"].check("search")
-    if require:
-        out["target"].check("target")
-        out["budget"].check("budget")
-        if out["hardware"].devices is None:
-            allowed = "the device budget of every trial, a positive integer (P x D = devices), e.g. 4"
-            raise ConfigError("hardware.devices", None, allowed)
+    out["target"].check("target", require)
+    out["budget"].check("budget", require)
+    if require and out["hardware"].devices is None:
+        allowed = "the device budget of every trial, a positive integer (P x D = devices), e.g. 4"
+        raise ConfigError("hardware.devices", None, allowed)
     return out
 
 

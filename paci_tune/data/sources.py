@@ -13,7 +13,7 @@ because tuning compares runs that differ only in their pipeline settings.
 
 Validation is held out by whole files, chosen by a stable hash of the relative path, so adding
 a file does not reshuffle which others are held out, and no file is in both splits. May import:
-numpy, :mod:`paci_tune.errors` and the data layer's tokenizer.
+numpy, :mod:`paci_tune.errors`, :mod:`paci_tune.base` and the data layer's tokenizer.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from paci_tune.base.processes import physical_memory_bytes
 from paci_tune.data.tokenizer import ByteTokenizer
 from paci_tune.errors import ConfigError
 
@@ -69,6 +70,13 @@ def _positive_int(key: str, value: object, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"data.{key}", value, f"an integer >= {minimum}")
     return value
+
+
+def _fits_in_memory(key: str, value: int, items: int) -> None:
+    """Refuse a source whose arrays (8 bytes an item) could not be held by this machine: it cannot work."""
+    ram = physical_memory_bytes()
+    if ram is not None and 8 * items > ram:
+        raise ConfigError(f"data.{key}", value, f"a size whose arrays fit in this machine's {ram / 2**30:.0f} GiB")
 
 
 def _fraction(value: object) -> float:
@@ -278,6 +286,8 @@ def synthetic_source(
     n_train = _positive_int("n_train", n_train, minimum=2)
     n_val = _positive_int("n_val", n_val, minimum=2)
     seed = _positive_int("seed", seed, minimum=0)
+    for key, items in (("vocab_size", vocab_size * (branching + 1)), ("n_train", n_train), ("n_val", n_val)):
+        _fits_in_memory(key, locals()[key], items)
     graph_seq, train_seq, val_seq = np.random.SeedSequence(seed).spawn(3)
     table = _successors(vocab_size, branching, np.random.default_rng(graph_seq))
     pi = _stationary(table)
@@ -292,6 +302,33 @@ def synthetic_source(
     )
 
 
+_PURE: dict[str, Any] = {"stdlib": stdlib_corpus, "synthetic": synthetic_source}
+_CACHE: dict[tuple[Any, ...], TokenSource] = {}
+_CACHE_SIZE = 4
+
+
+def _pure_source(kind: str, kwargs: dict[str, Any]) -> TokenSource:
+    """A source that is a pure function of its spec, built once per process.
+
+    A command validates its run several times before training it (the space binding, a search's
+    preflight, the run itself), and the built-in corpus takes seconds to read; its arrays are made
+    read-only, so a cached copy can never be changed under another user of it.
+    """
+    try:
+        key = (kind, *sorted((k, type(v).__name__, v) for k, v in kwargs.items()))  # 64 and 64.0 differ
+        hash(key)
+    except TypeError:  # an unhashable value: the builder refuses it
+        return _PURE[kind](**kwargs)
+    if key not in _CACHE:
+        source = _PURE[kind](**kwargs)
+        for arr in (source.train, source.val):
+            arr.setflags(write=False)
+        while len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = source
+    return _CACHE[key]
+
+
 def load_source(spec: Mapping[str, Any], vocab_size_hint: int | None) -> TokenSource:
     """Build the source a ``data:`` config section describes (``source`` defaults to ``stdlib``).
 
@@ -302,7 +339,7 @@ def load_source(spec: Mapping[str, Any], vocab_size_hint: int | None) -> TokenSo
     if not isinstance(spec, Mapping):
         raise ConfigError("data", spec, "a mapping with a 'source' key")
     kind = spec.get("source", "stdlib")
-    if kind not in SOURCE_KEYS:
+    if not isinstance(kind, str) or kind not in SOURCE_KEYS:
         raise ConfigError("data.source", kind, "one of: " + ", ".join(SOURCE_KEYS))
     for key, value in spec.items():
         if key != "source" and key not in SOURCE_KEYS[kind]:
@@ -318,8 +355,10 @@ def load_source(spec: Mapping[str, Any], vocab_size_hint: int | None) -> TokenSo
             source = bin_source(kwargs["path"], kwargs["vocab_size"], vocab_key="data.vocab_size")
         else:
             source = bin_source(kwargs["path"], GPT2_VOCAB if vocab_size_hint is None else vocab_size_hint)
+    elif kind in _PURE:
+        source = _pure_source(kind, kwargs)
     else:
-        source = {"stdlib": stdlib_corpus, "text": text_source, "synthetic": synthetic_source}[kind](**kwargs)
+        source = text_source(**kwargs)
     if vocab_size_hint is not None and vocab_size_hint < source.vocab_size:
         allowed = f"at least {source.vocab_size}, the vocabulary of the {kind} data"
         raise ConfigError("model.vocab_size", vocab_size_hint, allowed)

@@ -13,7 +13,8 @@ Two kinds of model are accepted, exactly one per config:
   rely on this -- ``len(units) == n_units`` is how they tell an entry model apart.
 
 All bad input raises :class:`ConfigError` naming the ``model.<key>``, so the CLI can print one
-line instead of a traceback. May import: torch, :mod:`.gpt`, :mod:`paci_tune.errors`.
+line instead of a traceback. A size that cannot work on this machine (weights beyond its memory)
+is bad input too. May import: torch, :mod:`.gpt`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from paci_tune.base.processes import physical_memory_bytes
 from paci_tune.errors import ConfigError
 from paci_tune.model.gpt import (
     PRESETS,
@@ -42,6 +44,8 @@ from paci_tune.model.gpt import (
 GPT_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig))
 PRESET_KEYS = ("preset", *GPT_KEYS)
 ENTRY_KEYS = ("entry", "kwargs", "block_size")
+MAX_UNITS = 100_000
+"""Pipeline units of a built-in GPT: each is listed (names, FLOPs) and cut; more is not a model."""
 _RETURNS = "a function returning a non-empty list of nn.Module"
 
 
@@ -98,7 +102,10 @@ def _load_preset(spec: Mapping[str, Any], vocab_size: int, seed: int, indices: I
     except GPTConfigError as exc:
         raise ConfigError(f"model.{exc.field}", exc.value, exc.allowed) from None
     n = num_units(cfg)
+    if n > MAX_UNITS:
+        raise ConfigError("model.n_layer", cfg.n_layer, f"at most {MAX_UNITS - 2} (units are listed one by one)")
     wanted = _check_indices(indices, n)
+    check_fits(cfg, wanted)
     return LoadedModel(
         units=build_units(cfg, seed, wanted),
         n_units=n,
@@ -107,6 +114,38 @@ def _load_preset(spec: Mapping[str, Any], vocab_size: int, seed: int, indices: I
         block_size=cfg.block_size,
         gpt=cfg,
     )
+
+
+def _unit_params(cfg: GPTConfig, i: int) -> int:
+    """Parameters of unit ``i`` (to within the norms' few vectors), without building it."""
+    d = cfg.d_model
+    if i == 0:
+        return (cfg.vocab_size + cfg.block_size) * d
+    if i == num_units(cfg) - 1:
+        return d * cfg.vocab_size + 2 * d
+    return 12 * d * d + 4 * d
+
+
+def check_fits(cfg: GPTConfig, wanted: list[int]) -> None:
+    """Refuse to build units whose fp32 weights alone exceed this machine's memory: that cannot work.
+
+    Only the units to be built count (a plan of a model bigger than this machine -- ``simulate``
+    with a profile of other hardware -- builds none; a run to be trained here checks all of them
+    before it starts, :mod:`paci_tune.pipeline.checks`), and only the weights: gradients, optimizer
+    state and activations are the memory check's (:mod:`paci_tune.pipeline.planning`).
+    """
+    ram = physical_memory_bytes()
+    if ram is None or not wanted:
+        return
+    first, last = _unit_params(cfg, 0), _unit_params(cfg, num_units(cfg) - 1)
+    blocks = sum(1 for i in wanted if 0 < i < num_units(cfg) - 1)
+    params = blocks * _unit_params(cfg, 1) + first * (0 in wanted) + last * (num_units(cfg) - 1 in wanted)
+    if 4 * params > ram:
+        raise ConfigError(
+            "model", {k: getattr(cfg, k) for k in ("n_layer", "d_model", "vocab_size", "block_size")},
+            f"a model whose weights fit in this machine's {ram / 2**30:.0f} GiB (these units need "
+            f"{4 * params / 2**30:.0f} GiB in fp32)",
+        )  # fmt: skip
 
 
 def _check_indices(indices: Iterable[int] | None, n: int) -> list[int]:

@@ -20,10 +20,12 @@ import torch
 
 from ..config.schema import RunConfig
 from ..data import MicroBatchStream, TokenSource, ValidationSet, load_source
+from ..data.limits import check_fits_data
 from ..errors import ConfigError
 from ..model import LoadedModel, load_model
 from ..schedule import check_depth, stage_units
 from ..sim.profile import Profile
+from .checks import check_trainable_here
 from .emulated import EmulatedRuntime
 from .mesh import check_world
 from .planning import choose_partition, load_profile
@@ -85,7 +87,10 @@ def load_pieces(
     seed = cfg.training.seed
     meta = load_model(cfg.model, source.vocab_size, seed, indices=[])
     built_all = meta.units and len(meta.units) == meta.n_units  # user entry models always build everything
+    check_trainable_here(meta)  # every stage is built on this machine (either runtime)
     check_depth(cfg.pipeline.stages, meta.n_units)
+    check_fits_data(source, meta.block_size, cfg.training.global_batch, cfg.pipeline.microbatch_size,
+                    cfg.training.eval_sequences)  # fmt: skip
     profile = load_profile(cfg, meta.n_units, meta.block_size)
     device = device or resolve_device(cfg.pipeline.device)
     sizes = choose_partition(cfg, unit_costs(meta), profile, device, distributed)

@@ -69,7 +69,7 @@ from typing import Any
 
 import yaml
 
-from ..base.files import atomic_write_text, read_yaml
+from ..base.files import atomic_write_text, read_mapping
 from ..errors import ConfigError
 
 FORMAT = "paci-tune-profile/1"
@@ -327,7 +327,7 @@ class Profile:
     @classmethod
     def load(cls, path: str | Path, key: str = "profile") -> Profile:
         """Read and validate a profile file; a missing file or bad YAML is a ConfigError on ``key``."""
-        return cls.from_dict(read_yaml(path, key), key)
+        return cls.from_dict(read_mapping(path, key, "a cost profile: seq_len, units, p2p"), key)
 
 
 # --------------------------------------------------------------------------------- validation
@@ -346,20 +346,24 @@ def _link(key: str, raw: Any) -> tuple[float, float, str]:
     _mapping(key, raw, _P2P_KEYS)
     latency = _number(f"{key}.latency_s", raw.get("latency_s"))
     bandwidth = raw.get("bandwidth_Bps")
-    if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
+    if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0 or (
+        isinstance(bandwidth, int) and bandwidth >= 2**1023
+    ):
         raise ConfigError(f"{key}.bandwidth_Bps", bandwidth, "a positive number of bytes/s (.inf: free)")
     return latency, float(bandwidth), str(raw.get("backend", "unknown"))
 
 
 def _number(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2**63:
+        raise ConfigError(key, value, "a finite number >= 0")
+    if not math.isfinite(float(value)):
         raise ConfigError(key, value, "a finite number >= 0")
     return float(value)
 
 
 def _int(key: str, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(key, value, f"an integer >= {minimum}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < 2**63:
+        raise ConfigError(key, value, f"an integer >= {minimum} (below 2**63)")
     return value
 
 

@@ -3,7 +3,7 @@
 Checkpoints go beside ``best.yaml`` so an interrupted run continues with ``--resume``; on the
 trial's own budget the first one comes after the trial's steps, so ``apply`` trains exactly the
 numerics of the trial it recommends (a PACI checkpoint drains the pipeline). May import:
-:mod:`paci_tune.config` and the tune layer's :mod:`.best`.
+:mod:`paci_tune.config` and the tune layer's :mod:`.bestfile`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig, derive_run
-from .best import read_best
+from .bestfile import load_best
 
 
 def apply_run(best: str | Path, overrides: dict[str, Any], *, until: str = "target") -> RunConfig:
@@ -20,7 +20,7 @@ def apply_run(best: str | Path, overrides: dict[str, Any], *, until: str = "targ
 
     ``until="budget"`` trains through the whole budget instead of stopping at the target.
     """
-    doc = read_best(best)
+    doc, _ = load_best(best)  # the whole file checked first: a bad value never reaches a run
     run_doc = doc["run"]
     best_path = Path(best).resolve()
     over = dict(overrides)

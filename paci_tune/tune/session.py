@@ -2,7 +2,7 @@
 and turn its studies into ``best.yaml``.
 
 ``paci-tune search`` is this module plus a live view. May import: optuna, :mod:`paci_tune.config`,
-:mod:`paci_tune.base` and the tune layer's own modules.
+:mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's own modules.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ from typing import Any
 
 import optuna
 
-from ..base.files import read_yaml
+from ..base.files import read_mapping
+from ..base.shipped import resolve_path
 from ..config import derive_doc
 from ..config.tune import TuneConfig, load_tune_config
+from ..errors import ConfigError, Failure
 from .best import build_best, write_best
 from .confirm import confirm_seeds
+from .preflight import check_outputs, check_trials
 from .runner import SubprocessRunner
 from .search import Search, SearchEvent
 from .setup import bind_space, drop_unfit, enqueue_start_points, fingerprint, profile_for
@@ -55,19 +58,32 @@ def open_search(
     workdir: str | Path | None = None,
     storage: str | None = None,
     log: Log | None = None,
+    out: str | Path | None = None,
 ) -> SearchSession:
     """Validate the file (with ``search.*`` overrides), bind its space, open its studies, get its profile.
 
-    The storage is opened before anything is measured, so a bad URL or a different stored search
-    is refused first.
+    Every trial the space can produce is validated and the outputs (``out``, the work folder, a
+    file storage) checked writable before anything is created (:mod:`.preflight`); the storage is
+    opened before anything is measured, so a bad URL or a different stored search is refused first.
     """
-    tune = load_tune_config(derive_doc(read_yaml(config), overrides), str(config))
+    config = resolve_path(config)  # examples/tiny-gpt.yaml from the package when not here
+    doc = read_mapping(config, "config", "sections model, data, training, ..., target, budget, search")
+    tune = load_tune_config(derive_doc(doc, overrides), str(config))
+    if study_name is not None and (not study_name.strip() or "/" in study_name):
+        raise ConfigError("--study-name", study_name, "a non-empty name without '/'")
     name = study_name or tune.search.study_name or Path(config).stem
     work = Path(workdir or Path("paci-search") / name).resolve()
     storage_url = storage or f"sqlite:///{work / 'study.db'}"
     space = bind_space(tune)
-    studies = open_studies(open_storage(storage_url), name, space.schedules, tune.search, space, tune.budget.grid,
-                           fingerprint(tune, space))  # fmt: skip
+    check_trials(tune, space, None)
+    check_outputs(out, work, storage_url)
+    try:
+        studies = open_studies(open_storage(storage_url), name, space.schedules, tune.search, space,
+                               tune.budget.grid, fingerprint(tune, space))  # fmt: skip
+    except (ConfigError, Failure):
+        raise
+    except Exception as e:  # the database: unreachable, locked, not a database, another schema version
+        raise Failure(f"opening the study storage {storage_url}", _storage_reason(e)) from e
     profile = profile_for(tune, space, work, log)
     space = drop_unfit(tune, space, profile)  # after the fingerprint: it depends on this machine's free memory
     if log:
@@ -75,6 +91,13 @@ def open_search(
             log(f"dropped from the space: {why}")
     enqueue_start_points(tune, space, studies)
     return SearchSession(Path(config), tune, name, work, storage_url, space, studies, profile)
+
+
+def _storage_reason(e: Exception) -> str:
+    text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    if "table schema" in text:
+        return f"it was written by another Optuna schema version ({text[:200]})"
+    return f"{type(e).__name__}: {text[:240]}"
 
 
 def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, Any]:

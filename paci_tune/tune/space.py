@@ -35,11 +35,13 @@ from typing import Any
 
 import optuna
 
-from ..base.files import read_yaml
+from ..base.files import read_mapping
+from ..base.shipped import resolve_path, shipped, shipped_names
 from ..errors import ConfigError
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 SCHEDULES = ("paci", "1f1b")
+MAX_CHOICES = 10_000
+"""Values one integer range may expand to: each is a point of a finite grid the search enumerates."""
 _KEYS = ("description", "schedules", "global_batch", "stages", "microbatch_size", "window", "lr_scale")
 
 
@@ -180,15 +182,15 @@ class SearchSpace:
 
 
 def resolve_space_path(name: str) -> Path:
-    """A space by file path, or by name from the shipped ``search_spaces/`` folder."""
-    p = Path(name)
+    """A space by file path, or by name from the shipped spaces (package data, :mod:`paci_tune.base.shipped`)."""
+    p = resolve_path(name)
     if p.suffix in (".yaml", ".yml") or p.is_file():
         return p
-    shipped = SPACES_DIR / f"{name}.yaml"
-    if shipped.is_file():
-        return shipped
-    names = sorted(q.stem for q in SPACES_DIR.glob("*.yaml"))
-    raise ConfigError("search.space", name, f"a YAML file or one of the shipped spaces: {', '.join(names)}")
+    found = shipped("search_spaces", name)
+    if found is not None:
+        return found
+    names = ", ".join(shipped_names("search_spaces"))
+    raise ConfigError("search.space", name, f"a YAML file or one of the shipped spaces: {names}")
 
 
 def load_space(
@@ -205,12 +207,12 @@ def load_space(
     ConfigError on ``hardware.devices`` listing why each went.
     """
     path = resolve_space_path(name)
-    doc = read_yaml(path, "search.space")
-    if not isinstance(doc, dict):
-        raise ConfigError("search.space", str(path), "a YAML mapping with keys " + ", ".join(_KEYS))
+    doc = read_mapping(path, "search.space", "keys " + ", ".join(_KEYS))
     for k, v in doc.items():
         if k not in _KEYS:
             raise ConfigError(f"space.{k}", v, "one of: " + ", ".join(_KEYS))
+    if not isinstance(doc.get("description", ""), str):
+        raise ConfigError("space.description", doc["description"], "a string")
     schedules = doc.get("schedules", list(SCHEDULES))
     if not isinstance(schedules, list) or not schedules or any(s not in SCHEDULES for s in schedules):
         raise ConfigError("space.schedules", schedules, "a non-empty list of: " + ", ".join(SCHEDULES))
@@ -331,7 +333,7 @@ def _int_choices(key: str, spec: Any) -> list[int]:
     """A list of positive integers, or a range: ``{low, high}`` with ``step`` or ``log: true``."""
     allowed = "a list of positive integers, or {low, high} with optional step or log: true (powers of two)"
     if isinstance(spec, list):
-        if not spec or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in spec):
+        if not spec or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**63 for v in spec):
             raise ConfigError(key, spec, allowed)
         return sorted(set(spec))
     if isinstance(spec, dict) and set(spec) <= {"low", "high", "step", "log"} and {"low", "high"} <= set(spec):
@@ -339,6 +341,8 @@ def _int_choices(key: str, spec: Any) -> list[int]:
         ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high, step))
         if not ints or not 1 <= low <= high or step < 1 or not isinstance(log, bool):
             raise ConfigError(key, spec, allowed)
+        if high >= 2**63 or (not log and (high - low) // step >= MAX_CHOICES):
+            raise ConfigError(key, spec, f"a range of at most {MAX_CHOICES} values below 2**63")
         if log:
             first = 2 ** math.ceil(math.log2(low))
             return [v for v in (first * 2**i for i in range(64)) if v <= high]
@@ -353,17 +357,26 @@ def _keep(key: str, values: list[int], ok: Any, why: str) -> list[int]:
     return kept
 
 
+def _finite_positive(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return 0 < float(v) < math.inf
+    except OverflowError:
+        return False
+
+
 def _lr_space(spec: Any) -> tuple[Any, bool]:
     allowed = "absent, a list of positive numbers, or {low, high, log}"
     if spec is None:
         return None, False
     if isinstance(spec, list):
-        if not spec or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in spec):
+        if not spec or not all(_finite_positive(v) for v in spec):
             raise ConfigError("space.lr_scale", spec, allowed)
         return tuple(sorted({float(v) for v in spec})), False
     if isinstance(spec, dict) and {"low", "high"} <= set(spec) <= {"low", "high", "log"}:
         low, high, log = spec["low"], spec["high"], spec.get("log", True)
-        nums = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high))
+        nums = all(_finite_positive(v) for v in (low, high))
         if not nums or not 0 < low < high or not isinstance(log, bool):
             raise ConfigError("space.lr_scale", spec, allowed)
         return (float(low), float(high), log), True

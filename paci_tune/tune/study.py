@@ -29,7 +29,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from ..config.tune import SearchConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, Failure
 from .confirm import CONFIRM_ATTR, is_confirmation
 from .space import SearchSpace
 
@@ -53,12 +53,45 @@ def open_storage(url: str) -> BaseStorage:
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         # Several local workers share one file: wait for the write lock rather than fail.
         return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-    try:
-        return RDBStorage(url)
-    except (ImportError, ModuleNotFoundError) as e:
-        raise ConfigError("--storage", url, f"a URL whose database driver is installed ({e})") from None
-    except Exception as e:
-        raise ConfigError("--storage", url, f"a reachable database ({type(e).__name__}: {str(e)[:160]})") from None
+    url = _with_driver(url)
+    for attempt in range(_CREATE_TRIES):
+        try:
+            return RDBStorage(url)
+        except (ImportError, ModuleNotFoundError) as e:
+            raise ConfigError("--storage", url, f"a URL whose database driver is installed ({e})") from None
+        except Exception as e:
+            # Workers starting together on an empty database race to create Optuna's tables: the loser
+            # sees a duplicate of what the winner made, and finds the tables in place when it tries again.
+            if attempt + 1 < _CREATE_TRIES and _creation_race(e):
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            raise Failure(f"opening the study storage {url}", f"{type(e).__name__}: {_first_line(e)}") from None
+    raise AssertionError("unreachable")
+
+
+_CREATE_TRIES = 6
+
+
+def _with_driver(url: str) -> str:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; with only psycopg 3 (``paci-tune[postgres]``) use that."""
+    import importlib.util
+
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None and (
+        importlib.util.find_spec("psycopg") is not None
+    ):
+        return "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def _first_line(e: BaseException) -> str:
+    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")[:240]
+
+
+def _creation_race(e: BaseException) -> bool:
+    text = str(e).lower()
+    return type(e).__name__ in ("IntegrityError", "ProgrammingError", "OperationalError") and (
+        "already exists" in text or "duplicate key" in text or "unique" in text
+    )
 
 
 def _journal(path: str) -> JournalStorage:

@@ -1,0 +1,106 @@
+"""The one place where a command's failure becomes its last line and its exit code.
+
+Every command runs under :func:`guarded`, so a user never sees a traceback unless they ask for it
+with ``paci-tune --debug`` (or ``PACI_TUNE_DEBUG=1``):
+
+- bad input (:class:`~paci_tune.errors.ConfigError`): ``error: KEY: got VALUE; allowed: ...``, exit 2;
+- Ctrl-C: ``interrupted``, exit 130 (what is in a storage stays: a search resumes);
+- everything else -- the file system (unwritable, full, permissions), the study's storage
+  (unreachable, locked, another schema version), running out of memory, and bugs: one line naming
+  what failed, exit 1.
+
+Why one handler: each command catching its own errors is how some paths ended in tracebacks. May
+import: :mod:`paci_tune.errors`, click, and the standard library (the storage's error types are
+recognised by their module, so nothing here loads optuna or SQLAlchemy).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import click
+
+from ..errors import ConfigError, Failure
+
+DEBUG_ENV = "PACI_TUNE_DEBUG"
+_STORAGE_MODULES = ("sqlalchemy", "optuna.storages", "optuna.exceptions", "sqlite3", "psycopg", "pymysql")
+
+
+def debug_requested(flag: bool) -> bool:
+    return flag or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def _first_line(text: object, limit: int = 300) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def describe_os_error(e: OSError) -> str:
+    """``what: why`` of a file-system error, naming the file when the error carries it."""
+    why = e.strerror or _first_line(e) or type(e).__name__
+    if e.errno == errno.ENOSPC:
+        why = "no space left on the device (the disk is full)"
+    elif e.errno in (errno.EACCES, errno.EPERM):
+        why = f"{why} (check the folder's permissions)"
+    elif e.errno == errno.EROFS:
+        why = "the file system is read-only"
+    name = e.filename if e.filename is not None else None
+    if name is not None and getattr(e, "filename2", None):
+        return f"{name} -> {e.filename2}: {why}"
+    return f"{name}: {why}" if name is not None else f"file system: {why}"
+
+
+def _is_storage_error(e: BaseException) -> bool:
+    return any(type(x).__module__.startswith(_STORAGE_MODULES) for x in type(e).__mro__ if x is not Exception)
+
+
+def describe(e: BaseException) -> str:
+    """The one line (after ``error: ``) for an exception that is not bad input."""
+    if isinstance(e, Failure):
+        return str(e)
+    if isinstance(e, OSError):
+        return describe_os_error(e)
+    if isinstance(e, MemoryError):
+        return "out of memory (a smaller model, micro-batch or evaluation chunk needs less)"
+    if _is_storage_error(e):
+        return f"the study's storage failed: {type(e).__name__}: {_first_line(e)}"
+    if isinstance(e, RuntimeError) and "table schema" in str(e):  # Optuna's schema-version refusal
+        return f"the study's storage has another schema version: {_first_line(e)}"
+    return f"internal error: {type(e).__name__}: {_first_line(e)} (paci-tune --debug ... shows the traceback)"
+
+
+def exit_code_of(e: BaseException) -> int:
+    if isinstance(e, ConfigError):
+        return 2
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    return 1
+
+
+def guarded(invoke: Callable[[], Any], *, debug: bool) -> Any:
+    """Run ``invoke``; turn any failure into one ``error:`` line on stderr and its exit code."""
+    try:
+        return invoke()
+    except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+        raise  # click's own: usage errors (exit 2), --help, --version
+    except SystemExit:
+        raise
+    except KeyboardInterrupt as e:
+        _fail("interrupted (a search keeps its finished trials in its storage: the same command resumes it)", e, debug)
+    except ConfigError as e:
+        _fail(str(e), e, debug)
+    except Exception as e:
+        _fail(describe(e), e, debug)
+
+
+def _fail(line: str, e: BaseException, debug: bool) -> NoReturn:
+    if debug:
+        import traceback
+
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    click.echo(f"error: {line}", err=True)
+    sys.exit(exit_code_of(e))
