@@ -160,7 +160,7 @@ def test_simulate_shows_d_and_the_allreduce_share(tmp_path: Path) -> None:
     cfg.write_text(yaml.safe_dump({
         "model": {"preset": "tiny", "n_layer": 2, "d_model": 32, "n_head": 2, "block_size": 16},
         "data": {"source": "synthetic", "vocab_size": 32, "n_train": 2000, "n_val": 200},
-        "training": {"global_batch": 16, "steps": 2}, "pipeline": {"stages": 2, "device": "cpu"},
+        "training": {"global_batch": 16, "steps": 2, "eval_sequences": 8}, "pipeline": {"stages": 2, "device": "cpu"},
     }))  # fmt: skip
     units = [UnitProfile(f"u{i}", 40_000, 1e-3, {2: UnitCost(1e-3, 2e-3, 1000, 4000)}) for i in range(4)]
     from paci_tune.sim.profile import P2PCost

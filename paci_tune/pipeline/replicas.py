@@ -29,6 +29,7 @@ distributed runtime), all replicas' micro-batches being the same size. May impor
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -103,6 +104,7 @@ class GradientAllReduce:
         self._next = 0
         self._armed = False
         self._launched: list[tuple[list[int], torch.Tensor, dist.Work]] = []
+        self.waited_s = 0.0  # time the steps spent finishing the all-reduce: the part compute did not hide
         optim.watch_gradients(self._done)
 
     def arm(self) -> None:
@@ -134,6 +136,7 @@ class GradientAllReduce:
     @torch.no_grad()
     def average(self) -> None:
         """At the step: finish every bucket and replace the gradients by their mean over the replicas."""
+        t0 = time.perf_counter()
         if not self._armed:
             self.arm()  # a step with no armed backward before it: reduce everything now
         self._launch(force=True)
@@ -149,6 +152,7 @@ class GradientAllReduce:
                 offset += n
         self._armed = False
         self._launched = []
+        self.waited_s += time.perf_counter() - t0
 
 
 class ReplicaLosses:

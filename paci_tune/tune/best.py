@@ -38,6 +38,10 @@ EVIDENCE = (
 )  # fmt: skip
 """A trial's figures ``best.yaml`` shows; the ``clock_`` ones are on the objective's clock (module docstring)."""
 
+RECOMMENDED = ("schedule", "stages", "data_parallel", "devices", "window", "microbatch_size", "partition",
+               "global_batch", "lr", "lr_scale")  # fmt: skip
+"""The keys of ``best.yaml``'s ``recommended`` (``apply`` checks them against the run it trains)."""
+
 HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}`.\n"
 
 
@@ -145,10 +149,8 @@ def build_best(
     rec_t, rec_p, _ = bests[rec_schedule]
     a = rec_t.user_attrs
     described = describe_trial(rec_t, rec_schedule, rec_p, base_lr * rec_p.lr_scale)
-    keep = ("schedule", "stages", "data_parallel", "devices", "window", "microbatch_size", "partition", "global_batch",
-            "lr", "lr_scale")  # fmt: skip
     doc: dict[str, Any] = {
-        "recommended": {k: described[k] for k in keep},
+        "recommended": {k: described[k] for k in RECOMMENDED},
         "evidence": {
             "trial": f"{studies[rec_schedule].study_name}#{rec_t.number}",
             "time_to_target": a.get("time_to_target"),

@@ -24,9 +24,8 @@ from ..config.tune import BudgetConfig, TargetConfig
 from ..errors import ConfigError
 from ..model.loader import MAX_UNITS
 from ..pipeline.checks import check_model_and_data
-from .best import EVIDENCE
+from .best import EVIDENCE, RECOMMENDED
 
-RECOMMENDED = ("schedule", "window", "microbatch_size", "stages", "partition", "global_batch", "lr", "lr_scale")
 EVIDENCE_KEYS = ("trial", "time_to_target", "reached_target", "best_val_loss", "score", *EVIDENCE, "steps")
 INFORMATIVE: dict[str, tuple[type, ...]] = {
     "confirmation": (dict,),
@@ -75,8 +74,9 @@ def _check_recommended(rec: dict[str, Any], run: RunConfig) -> None:
         if k not in allowed:
             raise ConfigError(f"best.yaml.recommended.{k}", v, "a key of " + ", ".join(allowed))
     p = run.pipeline
-    same = {**{k: getattr(p, k) for k in ("schedule", "stages", "window", "microbatch_size")},
-            "global_batch": run.training.global_batch, "lr": run.optimizer.lr}  # fmt: skip
+    same = {**{k: getattr(p, k) for k in ("schedule", "stages", "window", "microbatch_size", "data_parallel")},
+            "global_batch": run.training.global_batch, "lr": run.optimizer.lr,
+            "devices": p.stages * p.data_parallel}  # fmt: skip
     for k, want in same.items():
         v = rec.get(k)
         if k in rec and (type(v) is bool or v != want):
