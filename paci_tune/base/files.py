@@ -60,6 +60,15 @@ def read_mapping(path: str | Path, key: str, what: str) -> dict[str, Any]:
     return doc
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()  # read once, at import: the umask can only be read by setting it
+
+
 def atomic_write(path: str | Path, write: Callable[[str], None], *, suffix: str = "") -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place.
 
@@ -75,6 +84,7 @@ def atomic_write(path: str | Path, write: Callable[[str], None], *, suffix: str 
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp's 0600 suits the temporary; the file gets what open() gives
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)

@@ -60,7 +60,8 @@ class TrainView:
         ev = rec.get("event")
         if ev == "start":
             self.total = rec.get("steps")
-            desc = f"{rec['schedule']} P={rec['n_stages']} a={rec['window']} b={rec['microbatch_size']}"
+            dp = f" D={rec['data_parallel']}" if rec.get("data_parallel", 1) != 1 else ""
+            desc = f"{rec['schedule']} P={rec['n_stages']}{dp} a={rec['window']} b={rec['microbatch_size']}"
             if self.progress is not None:
                 self.task = self.progress.add_task(
                     desc, total=self.total, completed=rec.get("resumed_at", 0), **self.fields
@@ -106,7 +107,8 @@ def summary_table(s: dict[str, Any]) -> Table:
     """The run's headline figures and a row per stage."""
     val = s.get("final_val_loss")
     title = (
-        f"{s['schedule']} · P={s['n_stages']} · a={s['window']} · b={s['microbatch_size']} · {s['runtime']} · "
+        f"{s['schedule']} · P={s['n_stages']} · D={s.get('data_parallel', 1)} · a={s['window']} · "
+        f"b={s['microbatch_size']} · {s['runtime']} · "
         f"val_loss {val:.4f} (ppl {math.exp(min(val, 50)):.2f})"
         if val is not None
         else s["schedule"]

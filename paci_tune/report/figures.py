@@ -55,7 +55,8 @@ def draw_curves(ev: Evidence) -> Figure:
 
 
 def _search_rows(ev: Evidence, schedule: str) -> list[TrialRow]:
-    return [r for r in ev.rows.get(schedule, []) if r.confirmation_of is None and r.point is not None]
+    return [r for r in ev.rows.get(schedule, []) if r.confirmation_of is None and r.point is not None
+            and r.state != "infeasible"]  # fmt: skip
 
 
 def grid_axes(ev: Evidence) -> tuple[str, str]:

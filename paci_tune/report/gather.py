@@ -31,7 +31,7 @@ class TrialRow:
 
     schedule: str
     number: int
-    state: str  # complete | pruned | failed | running | waiting
+    state: str  # complete | pruned | failed | infeasible | running | waiting
     point: TrialParams | None
     score: float | None
     time_to_target: float | None
@@ -86,9 +86,9 @@ class Evidence:
         """How many trials were pruned or failed for each reason (the reason's first clause)."""
         out: dict[str, int] = {}
         for r in self.rows.get(schedule, []):
-            if r.state in ("pruned", "failed") and r.reason:
+            if r.state in ("pruned", "failed", "infeasible") and r.reason:
                 head = r.reason.split(" (")[0]
-                key = head if r.state == "pruned" else f"failed: {head.split(':')[0]}"
+                key = f"failed: {head.split(':')[0]}" if r.state == "failed" else head
                 out[key] = out.get(key, 0) + 1
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
@@ -130,7 +130,9 @@ def _row(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialRow:
              TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}[t.state]  # fmt: skip
     point = params_of(t, schedule, fixed_batch) if "stages" in t.params and "microbatch_size" in t.params else None
     reason = a.get("fail_reason")
-    if state == "pruned":
+    if a.get("infeasible"):  # a sampler's proposal outside the device budget, answered without training
+        state, reason = "infeasible", "outside the device budget (unrun)"
+    elif state == "pruned":
         where = a.get("pruned_clock")
         reason = f"pruned at step {a.get('pruned_step')}" + (f" ({where:.3g}s)" if isinstance(where, float) else "")
     conf = a.get(CONFIRM_ATTR) if is_confirmation(t) else None

@@ -77,8 +77,18 @@ def counts(ev: Evidence) -> Table:
     rows = []
     for s, c in ev.counts().items():
         reasons = "; ".join(f"{k} x{n}" for k, n in ev.reasons(s).items()) or "-"
-        rows.append([s, str(c["complete"]), str(c["pruned"]), str(c["failed"]), str(c["confirmation"]), reasons])
-    return Table("Trials", ["schedule", "complete", "pruned", "failed", "confirmation", "why pruned / failed"], rows)
+        rows.append([s, str(c["complete"]), str(c["pruned"]), str(c["failed"]), str(c.get("infeasible", 0)),
+                     str(c["confirmation"]), reasons])  # fmt: skip
+    header = [
+        "schedule",
+        "complete",
+        "pruned",
+        "failed",
+        "outside budget",
+        "confirmation",
+        "why pruned / failed / unrun",
+    ]
+    return Table("Trials", header, rows)
 
 
 def compute(ev: Evidence) -> Table:

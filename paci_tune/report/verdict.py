@@ -65,7 +65,7 @@ def draw_timelines(ev: Evidence, path: Path) -> tuple[Path | None, str]:
         why = "no cost profile (a wall-clock search)" if profile_path(ev) is None else "no finished trial"
         return None, why
     title = "Simulated timelines of the chosen points: " + " vs ".join(
-        f"{r.schedule} P={r.n_stages} a={r.window} b={r.microbatch_size}" for r in results
+        f"{r.schedule} P={r.n_stages} x D={r.data_parallel} a={r.window} b={r.microbatch_size}" for r in results
     )
     return plot_timelines(results, path, title=title), ""
 
