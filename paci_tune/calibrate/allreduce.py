@@ -14,10 +14,6 @@ default): it runs inside every calibration. May import: :mod:`paci_tune.sim`, :m
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..sim.profile import AllReduceCost
-from .p2p import _free_port, fit_p2p
+from .p2p import fit_p2p, run_ranks
 
 ALLREDUCE_SIZES = (16 * 1024, 512 * 1024, 4 * 2**20)
 ALLREDUCE_TIMEOUT_S = 120.0
@@ -83,35 +79,11 @@ def measure_allreduce(
     """
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
         raise ValueError(f"ranks must be an integer >= 2, got {ranks!r}")
-    with tempfile.TemporaryDirectory(prefix="paci-allreduce-") as tmp:
-        out = os.path.join(tmp, "allreduce.json")
-        port = _free_port()
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs, logs = [], []
-        for rank in range(ranks):
-            args = f"{rank}, {ranks}, {port}, {list(sizes)!r}, {repeats}, {out!r}"
-            code = f"from paci_tune.calibrate.allreduce import _allreduce_worker; _allreduce_worker({args})"
-            log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")  # noqa: SIM115 -- closed below
-            logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, env=env))
-        deadline = time.monotonic() + timeout_s
-        try:
-            for p in procs:
-                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"all-reduce measurement did not finish within {timeout_s:.0f} s") from None
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            tails = []
-            for log in logs:
-                log.seek(0)
-                tails.append(log.read()[-2000:])
-                log.close()
-        if any(p.returncode for p in procs) or not os.path.exists(out):
-            raise RuntimeError("all-reduce measurement failed:\n" + "\n".join(tails))
-        points = {int(k): float(v) for k, v in json.loads(Path(out).read_text()).items()}
+
+    def code(rank: int, port: int, out: str) -> str:
+        args = f"{rank}, {ranks}, {port}, {list(sizes)!r}, {repeats}, {out!r}"
+        return f"from paci_tune.calibrate.allreduce import _allreduce_worker; _allreduce_worker({args})"
+
+    points = run_ranks("all-reduce", ranks, code, timeout_s)
     latency, bandwidth = fit_allreduce(points, ranks)
     return AllReduceCost(latency, bandwidth, f"gloo-loopback x{ranks}")

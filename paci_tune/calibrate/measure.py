@@ -190,6 +190,7 @@ def calibrate(
     to measure it among two gloo processes, False to leave it out: the profile then derives it from
     ``p2p``).
     """
+
     def bad(value: object, minimum: int) -> bool:
         return isinstance(value, bool) or not isinstance(value, int) or value < minimum
 
@@ -246,8 +247,7 @@ def calibrate(
     finally:
         torch.set_num_threads(before)
     unit_profiles = [
-        UnitProfile(model.names[i], fp32_param_bytes(unit), optimizer_s[i], costs[i])
-        for i, unit in enumerate(units)
+        UnitProfile(model.names[i], fp32_param_bytes(unit), optimizer_s[i], costs[i]) for i, unit in enumerate(units)
     ]
     if p2p is None:
         if log:
@@ -275,5 +275,3 @@ def calibrate(
             "platform": platform.platform(),
         },
     )
-
-

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -99,24 +99,37 @@ def measure_p2p(sizes: Sequence[int] = P2P_SIZES, repeats: int = 30, timeout_s: 
     spawn re-imports the caller's ``__main__``, which breaks (or recurses) when the caller is a
     script without a main guard, stdin, or a notebook.
     """
-    with tempfile.TemporaryDirectory(prefix="paci-p2p-") as tmp:
-        out = os.path.join(tmp, "p2p.json")
+
+    def code(rank: int, port: int, out: str) -> str:
+        args = f"{rank}, {port}, {list(sizes)!r}, {repeats}, {out!r}"
+        return f"from paci_tune.calibrate.p2p import _p2p_worker; _p2p_worker({args})"
+
+    points = run_ranks("point-to-point", 2, code, timeout_s)
+    latency, bandwidth = fit_p2p(points)
+    return P2PCost(latency, bandwidth, "gloo-loopback")
+
+
+def run_ranks(what: str, ranks: int, code: Callable[[int, int, str], str], timeout_s: float) -> dict[int, float]:
+    """Start ``ranks`` plain ``python -c`` children (``code(rank, port, out)``: each one's program,
+    rendezvous on ``port``, rank 0 writing ``{size: seconds}`` JSON to ``out``), wait for them within
+    ``timeout_s``, kill what is left on any exit, and return rank 0's figures; a failure shows the
+    children's last output. Used by the point-to-point and the all-reduce measurements."""
+    with tempfile.TemporaryDirectory(prefix=f"paci-{what.replace(' ', '-')}-") as tmp:
+        out = os.path.join(tmp, "result.json")
         port = _free_port()
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs = []
-        logs = []
-        for rank in range(2):
-            args = f"{rank}, {port}, {list(sizes)!r}, {repeats}, {out!r}"
-            code = f"from paci_tune.calibrate.p2p import _p2p_worker; _p2p_worker({args})"
+        procs, logs = [], []
+        for rank in range(ranks):
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")  # noqa: SIM115 -- closed below
             logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, env=env))
+            procs.append(subprocess.Popen([sys.executable, "-c", code(rank, port, out)], stdout=log,
+                                          stderr=subprocess.STDOUT, env=env))  # fmt: skip
         deadline = time.monotonic() + timeout_s
         try:
             for p in procs:
                 p.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"point-to-point measurement did not finish within {timeout_s:.0f} s") from None
+            raise RuntimeError(f"{what} measurement did not finish within {timeout_s:.0f} s") from None
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -128,7 +141,5 @@ def measure_p2p(sizes: Sequence[int] = P2P_SIZES, repeats: int = 30, timeout_s: 
                 tails.append(log.read()[-2000:])
                 log.close()
         if any(p.returncode for p in procs) or not os.path.exists(out):
-            raise RuntimeError("point-to-point measurement failed:\n" + "\n".join(tails))
-        points = {int(k): float(v) for k, v in json.loads(Path(out).read_text()).items()}
-    latency, bandwidth = fit_p2p(points)
-    return P2PCost(latency, bandwidth, "gloo-loopback")
+            raise RuntimeError(f"{what} measurement failed:\n" + "\n".join(tails))
+        return {int(k): float(v) for k, v in json.loads(Path(out).read_text()).items()}

@@ -236,5 +236,3 @@ def pooled_optimizer(samples: Sequence[PatternSamples], units: Sequence[nn.Modul
         for i in members:
             out[i] = statistics.median(pooled) if pooled else 0.0
     return out
-
-
