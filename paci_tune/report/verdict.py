@@ -13,6 +13,7 @@ May import: matplotlib, :mod:`.gather`, :mod:`.figures`, :mod:`paci_tune.sim`, :
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from .gather import Evidence, TrialRow
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from ..sim.profile import Profile
     from ..sim.simulator import SimResult
 
 
@@ -33,16 +35,23 @@ def profile_path(ev: Evidence) -> Path | None:
     return Path(path) if path and Path(path).is_file() else None
 
 
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> Profile:
+    """One read per profile file: the timelines and the drift picture simulate on the same one."""
+    from ..sim.profile import Profile
+
+    return Profile.load(path)
+
+
 def simulated(ev: Evidence, row: TrialRow, n_batches: int = 2) -> SimResult | None:
     """The trial's point simulated on the search's profile and the trial's own stage cut."""
-    from ..sim.profile import Profile
     from ..sim.simulator import simulate
 
     path, p = profile_path(ev), row.point
     sizes = row.attrs.get("partition")
     if path is None or p is None or not sizes:
         return None
-    profile = Profile.load(path)
+    profile = _load(str(path))
     return simulate(
         p.schedule,
         p.stages,
