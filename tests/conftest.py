@@ -139,6 +139,16 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def alive(pid: int) -> bool:
+    """Running and not a zombie (an orphan reaped by init disappears; a dead child of a live
+    parent lingers as Z until waited for)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def kill_tree(proc: subprocess.Popen[Any]) -> None:
     """SIGKILL a process started with ``start_new_session=True``, its group and all its descendants."""
     pids = descendants(proc.pid)

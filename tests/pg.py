@@ -3,7 +3,7 @@
 ``.ci/run`` starts one and exports its URL as ``PACI_TUNE_POSTGRES_URL``; without that, the test
 starts its own here from the binaries under ``/usr/lib/postgresql/*/bin`` (as the ``postgres`` user
 when run as root: the server refuses to run as root), in a temporary folder that is removed after.
-``None`` from :func:`start` means no server can be had here (no binaries): the test skips and says so.
+``None`` from :func:`server` means no server can be had here (no binaries): the test skips and says so.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 ENV = "PACI_TUNE_POSTGRES_URL"
@@ -32,8 +31,34 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def start() -> tuple[str, Callable[[], None]] | None:
-    """(SQLAlchemy URL, stop) of a fresh server with an empty database ``paci``; None without binaries."""
+class Server:
+    """A PostgreSQL server of our own: its URL, and stop/start to take it away mid-search and back."""
+
+    def __init__(self, bin_dir: Path, root: Path, as_user: list[str], port: int) -> None:
+        self.bin_dir, self.root, self.as_user, self.port = bin_dir, root, as_user, port
+        self.data = root / "data"
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/paci"
+
+    def run(self, *cmd: str) -> None:
+        subprocess.run([*self.as_user, *cmd], check=True, capture_output=True, timeout=120, cwd=self.root)
+
+    def start(self) -> None:
+        opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off -c max_connections=50"
+        self.run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.root / "server.log"),
+                 "-w", "start")  # fmt: skip
+
+    def stop(self, mode: str = "immediate") -> None:
+        """``immediate``: as if the server crashed (no clean shutdown of the sessions)."""
+        self.run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def remove(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def server() -> Server | None:
+    """A fresh running server with an empty database ``paci``; None without binaries."""
     bin_dir = binaries()
     if bin_dir is None:
         return None
@@ -42,19 +67,8 @@ def start() -> tuple[str, Callable[[], None]] | None:
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
-    port, data = _port(), root / "data"
-
-    def run(*cmd: str) -> None:
-        subprocess.run([*as_user, *cmd], check=True, capture_output=True, timeout=120, cwd=root)
-
-    run(str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync")
-    opts = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off -c max_connections=50"
-    run(str(bin_dir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(root / "server.log"), "-w", "start")
-    run(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "paci")
-
-    def stop() -> None:
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            run(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
-        shutil.rmtree(root, ignore_errors=True)
-
-    return f"postgresql+psycopg://postgres@127.0.0.1:{port}/paci", stop
+    srv = Server(bin_dir, root, as_user, _port())
+    srv.run(str(bin_dir / "initdb"), "-D", str(srv.data), "-U", "postgres", "-A", "trust", "--no-sync")
+    srv.start()
+    srv.run(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", "paci")
+    return srv

@@ -101,7 +101,7 @@ def test_two_runs_differing_only_in_micro_batch_size_score_the_same_tokens() -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stages", "window"), [(3, 2), (4, 1)])
+@pytest.mark.parametrize(("stages", "window"), [(3, 2)])  # (4, 1) too on emulated; the runtimes agree (test_runtimes)
 def test_training_is_the_same_whatever_the_evaluation_cadence_distributed(
     tmp_path: Path, stages: int, window: int
 ) -> None:

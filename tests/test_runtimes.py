@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from conftest import (
     REPO,
+    alive,
     check_ok,
     cli_command,
     cli_env,
@@ -180,21 +181,11 @@ def test_killing_the_launcher_takes_the_workers_down(tmp_path: Path):
         os.killpg(proc.pid, 9)
         proc.wait(timeout=30)
         grace = time.monotonic() + 15  # generous: a parent-death signal or a watchdog acts within seconds
-        while time.monotonic() < grace and any(_alive(pid) for pid in tree):
+        while time.monotonic() < grace and any(alive(pid) for pid in tree):
             time.sleep(0.2)
-        survivors = [pid for pid in tree if _alive(pid)]
+        survivors = [pid for pid in tree if alive(pid)]
     finally:
         for pid in tree:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, 9)
     assert not survivors, f"{len(survivors)} torchrun/worker processes outlived the killed launcher"
-
-
-def _alive(pid: int) -> bool:
-    """Running and not a zombie (an orphan reaped by init disappears; a dead child of a live
-    parent lingers as Z until waited for)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -227,7 +227,7 @@ def _children_of(pid: int) -> list[int]:
 
 
 def test_sigkill_mid_trial_then_resume(tmp_path: Path) -> None:
-    config = write_search(tmp_path, search={"trials": 3})
+    config = write_search(tmp_path, search={"trials": 2})
     storage = f"sqlite:///{tmp_path / 'work' / 'study.db'}"
     proc = subprocess.Popen(search_cmd(config, tmp_path), cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
@@ -279,7 +279,7 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path) -> None:
     assert any(t.user_attrs.get("retry_of") == killed.number for t in after[sched].trials)
     for st in after.values():
         assert not [t for t in st.trials if t.state == TrialState.RUNNING]
-        assert counted(st.trials, 3) == 3
+        assert counted(st.trials, 2) == 2
     assert (tmp_path / "best.yaml").is_file()
 
 

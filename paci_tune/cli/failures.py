@@ -55,7 +55,20 @@ def describe_os_error(e: OSError) -> str:
 
 
 def _is_storage_error(e: BaseException) -> bool:
-    return any(type(x).__module__.startswith(_STORAGE_MODULES) for x in type(e).__mro__ if x is not Exception)
+    return any(x.__module__.startswith(_STORAGE_MODULES) for x in type(e).__mro__ if x is not Exception)
+
+
+def _root_storage_error(e: BaseException) -> BaseException:
+    """The deepest storage error in ``e``'s chain: Optuna's ``StorageInternalError`` wraps the
+    database driver's (connection refused, server closed the connection), which says what happened."""
+    deepest, seen = e, {id(e)}
+    nxt = e.__cause__ or e.__context__
+    while nxt is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        if _is_storage_error(nxt):
+            deepest = nxt
+        nxt = nxt.__cause__ or nxt.__context__
+    return deepest
 
 
 def describe(e: BaseException) -> str:
@@ -67,7 +80,8 @@ def describe(e: BaseException) -> str:
     if isinstance(e, MemoryError):
         return "out of memory (a smaller model, micro-batch or evaluation chunk needs less)"
     if _is_storage_error(e):
-        return f"the study's storage failed: {type(e).__name__}: {_first_line(e)}"
+        root = _root_storage_error(e)
+        return f"the study's storage failed: {type(root).__name__}: {_first_line(root)}"
     if isinstance(e, RuntimeError) and "table schema" in str(e):  # Optuna's schema-version refusal
         return f"the study's storage has another schema version: {_first_line(e)}"
     return f"internal error: {type(e).__name__}: {_first_line(e)} (paci-tune --debug ... shows the traceback)"

@@ -120,6 +120,7 @@ class SearchConfig:
     stall_seconds: float = 300.0  # a trial silent this long on the wall is a hang
     trial_timeout: float | None = None  # wall seconds a trial may take in all
     retries: int = 1  # times a trial interrupted by a dead worker is run again
+    heartbeat_grace: float = 60.0  # seconds without a heartbeat after which another host's trial is dead
     study_name: str | None = None
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
 
@@ -134,6 +135,9 @@ class SearchConfig:
             raise ConfigError(f"{key}.trial_timeout", self.trial_timeout, "a positive number of seconds")
         if self.retries < 0:
             raise ConfigError(f"{key}.retries", self.retries, "an integer >= 0")
+        if not 10 <= self.heartbeat_grace <= 86_400:
+            why = "seconds in [10, 86400] (workers beat every 5 s: a live one must not look dead)"
+            raise ConfigError(f"{key}.heartbeat_grace", self.heartbeat_grace, why)
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"{key}.seed", self.seed, "an integer in [0, 2**32) (the samplers' seed)")
         if self.study_name is not None and (not self.study_name.strip() or "/" in self.study_name):

@@ -21,15 +21,18 @@ from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..pipeline.backend import choose_backend, shares_gpus, visible_gpus
 from ..pipeline.factory import load_pieces
+from .failure import first_failure
 
 Log = Callable[[str], None]
 
 
 class WorkersFailed(Exception):
-    """The distributed runtime's workers exited with an error; :attr:`message` says where to look."""
+    """The distributed runtime's workers exited with an error; :attr:`message` says which rank
+    failed first and how (:func:`.failure.first_failure`), or shows the log's tail when torchrun
+    did not report one (the workers refused the run: they print why)."""
 
-    def __init__(self, returncode: int, log_path: Path, tail: str) -> None:
-        self.returncode, self.log_path, self.tail = returncode, log_path, tail
+    def __init__(self, returncode: int, log_path: Path, tail: str, cause: str | None = None) -> None:
+        self.returncode, self.log_path, self.tail, self.cause = returncode, log_path, tail, cause
         super().__init__(f"pipeline workers exited with code {returncode}")
 
     @property
@@ -39,6 +42,8 @@ class WorkersFailed(Exception):
 
     @property
     def message(self) -> str:
+        if self.cause:
+            return f"error: pipeline worker {self.cause}; the other ranks were stopped (log: {self.log_path})"
         return f"error: pipeline workers exited with code {self.returncode}; their log is {self.log_path}:\n{self.tail}"
 
 
@@ -108,6 +113,8 @@ def run_training(
     workdir = Path(tempfile.mkdtemp(prefix="paci-tune-run-"))
     rc, tail = run_distributed(cfg, workdir, record, metrics=metrics, resume=resume)
     if rc != 0:
-        raise WorkersFailed(rc, workdir / "workers.log", tail)
+        log_path = workdir / "workers.log"
+        cause = first_failure(log_path.read_text(errors="replace"), cfg.pipeline.stages) if log_path.exists() else None
+        raise WorkersFailed(rc, log_path, tail, cause)
     shutil.rmtree(workdir, ignore_errors=True)
     return summary[-1] if summary else None

@@ -165,4 +165,6 @@ def crash_reason(returncode: int, log: Path) -> str:
         return f"crash: killed by signal {-returncode}"
     if returncode == 2 and last.startswith("error:"):
         return f"rejected: {last[len('error:') :].strip()[:200]}"
+    if last.startswith("error: pipeline worker rank"):  # one rank of a distributed trial died first
+        return f"crash: {last[len('error: pipeline worker ') :].split('; the other ranks')[0][:200]}"
     return f"crash: exit code {returncode}: {last[:200]}"

@@ -82,7 +82,7 @@ class Search:
         """Run trials until every schedule's study holds its quota of finished trials, then confirm."""
         while True:
             for study in self.studies.values():
-                reap_dead(study, self.tune.search.retries)
+                reap_dead(study, self.tune.search.retries, self.tune.search.heartbeat_grace)
             schedule = self._next_schedule() or self._next_confirmation()
             if schedule is not None:
                 self.run_trial(schedule)

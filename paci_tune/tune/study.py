@@ -34,7 +34,7 @@ from .confirm import CONFIRM_ATTR, is_confirmation
 from .space import SearchSpace
 
 HEARTBEAT_S = 5.0
-GRACE_S = 60.0  # a heartbeat this old, from another host, means its worker died
+GRACE_S = 60.0  # default ``search.heartbeat_grace``: a heartbeat this old, from another host, means its worker died
 HOST = socket.gethostname()
 
 
@@ -220,12 +220,12 @@ class Heartbeat:
                 return
 
 
-def _is_dead(t: FrozenTrial, now: float) -> bool:
+def _is_dead(t: FrozenTrial, now: float, grace: float) -> bool:
     worker = t.user_attrs.get("worker")
     beat = t.user_attrs.get("heartbeat")
     if not isinstance(worker, dict):
         # Claimed trials always have a worker; an unclaimed RUNNING one died between ask and claim.
-        return t.datetime_start is not None and now - t.datetime_start.timestamp() > GRACE_S
+        return t.datetime_start is not None and now - t.datetime_start.timestamp() > grace
     if worker.get("host") == HOST:
         pid = int(worker.get("pid", -1))
         if pid == os.getpid():
@@ -237,14 +237,14 @@ def _is_dead(t: FrozenTrial, now: float) -> bool:
         except PermissionError:
             pass  # alive, another user's
         return False
-    return beat is not None and now - float(beat) > GRACE_S
+    return beat is not None and now - float(beat) > grace
 
 
-def reap_dead(study: optuna.Study, retries: int) -> list[int]:
+def reap_dead(study: optuna.Study, retries: int, grace: float = GRACE_S) -> list[int]:
     """Fail the running trials whose worker died and enqueue each again; the numbers failed."""
     storage, now, failed = study._storage, time.time(), []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not _is_dead(t, now):
+        if not _is_dead(t, now, grace):
             continue
         try:
             storage.set_trial_user_attr(t._trial_id, "fail_reason", "interrupted: its worker died")
