@@ -77,7 +77,7 @@ def describe(e: BaseException) -> str:
         return str(e)
     if isinstance(e, OSError):
         return describe_os_error(e)
-    if isinstance(e, MemoryError):
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":  # torch's (a RuntimeError) too
         return "out of memory (a smaller model, micro-batch or evaluation chunk needs less)"
     if _is_storage_error(e):
         root = _root_storage_error(e)

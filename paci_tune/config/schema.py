@@ -120,6 +120,8 @@ class TrainingConfig:
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError(f"{key}.checkpoint_dir", None, "a folder, needed when checkpoint_every > 0")
         _positive(f"{key}.keep_checkpoints", self.keep_checkpoints)
+        if self.target_val_loss is not None and not (math.isfinite(self.target_val_loss) and self.target_val_loss > 0):
+            raise ConfigError(f"{key}.target_val_loss", self.target_val_loss, "null or a positive, finite loss")
         if self.clock == "rst" and not self.profile:
             raise ConfigError(
                 f"{key}.profile", None, "a cost profile of the reference system (paci-tune calibrate) for the rst clock"

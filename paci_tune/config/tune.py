@@ -116,7 +116,7 @@ class SearchConfig:
     sampler: Literal["tpe", "random", "grid"] = "tpe"
     pruner: Literal["hyperband", "successive_halving", "median", "none"] = "hyperband"
     seed: int = 0
-    startup_trials: int | None = None  # random trials before TPE models the results (default: trials // 3)
+    startup_trials: int | None = None  # random trials before TPE models the results (default: max(2, trials // 3))
     stall_seconds: float = 300.0  # a trial silent this long on the wall is a hang
     trial_timeout: float | None = None  # wall seconds a trial may take in all
     retries: int = 1  # times a trial interrupted by a dead worker is run again

@@ -105,13 +105,16 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
     from .plot import plot_search
 
     tune, b = session.tune, session.tune.budget
+    # apply reads the budget back: an rst clock needs its reference profile, wherever apply runs from
+    budget = {"clock": b.clock, "seconds": b.seconds, "grid": b.grid,
+              **({"profile": str(Path(b.profile).resolve())} if b.profile else {})}  # fmt: skip
     best = build_best(
         session.studies,
         run_doc_for=search.trial_doc,
         base_lr=float(tune.run.optimizer.lr),
         fixed_batch=session.space.fixed_batch,
         target={"metric": tune.target.metric, "value": tune.target.value},
-        budget={"clock": b.clock, "seconds": b.seconds, "grid": b.grid},
+        budget=budget,
         provenance={"study_name": session.name, "storage": session.storage_url, "clock": b.clock,
                     "profile": session.profile, "space": session.space.describe(), "sampler": tune.search.sampler,
                     "pruner": tune.search.pruner, "seed": tune.search.seed,
