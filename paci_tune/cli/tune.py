@@ -126,6 +126,10 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
         iv = f" (95% interval {interval[0]:g}-{interval[1]:g})" if interval else ""
         stderr(f"verdict: {best['verdict']} -- PACI's best over flush's best {best['paci_speedup_vs_flush']:g}x{iv}; "
                f"speedup_vs_flush {best['speedup_vs_flush']:g}x")  # fmt: skip
+    from ..tune.transfer import summary_line
+
+    if (line := summary_line(best.get("transfer_check"))) is not None:
+        stderr(line)
     counts = best["provenance"]["trials"]
     stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed"
                                   + (f", {c['infeasible']} outside the device budget (unrun)" if c.get("infeasible")

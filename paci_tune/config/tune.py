@@ -21,6 +21,9 @@ MAX_CONFIRM = 1000
 """Confirmed points and seeds: each one is a training run per schedule; more is not a search."""
 MAX_GRID = 10_000
 """Pruner rungs per trial: each is an Optuna report and a validation; beyond this a trial is all evaluation."""
+MAX_TRANSFER_TOP = 50
+"""Points per schedule a transfer check trains at the longer budget: each costs ``factor`` trials."""
+MAX_TRANSFER_FACTOR = 100.0
 
 
 @dataclass
@@ -107,6 +110,28 @@ class ConfirmConfig:
 
 
 @dataclass
+class TransferConfig:
+    """After the search, train the ``top`` best distinct points of each schedule once more at ``factor``
+    times the trial budget, and write how well the short trials' ranking predicts the long runs'
+    (Spearman's rank correlation, :mod:`paci_tune.tune.transfer`). ``top: 0`` (the default): off.
+    """
+
+    top: int = 0
+    factor: float = 4.0
+
+    def check(self, key: str) -> None:
+        if not 0 <= self.top <= MAX_TRANSFER_TOP:
+            raise ConfigError(f"{key}.top", self.top, f"an integer in [0, {MAX_TRANSFER_TOP}] (0: off)")
+        if not 1.0 < self.factor <= MAX_TRANSFER_FACTOR:
+            why = f"a number in (1, {MAX_TRANSFER_FACTOR:g}]: the longer runs' budget over the trials'"
+            raise ConfigError(f"{key}.factor", self.factor, why)
+
+    @property
+    def enabled(self) -> bool:
+        return self.top > 0
+
+
+@dataclass
 class SearchConfig:
     """How the study runs. ``trials`` counts per schedule: PACI and the 1F1B-flush baseline get
     the same number of trials, sampler and pruner, so the comparison is fair."""
@@ -123,6 +148,7 @@ class SearchConfig:
     heartbeat_grace: float = 60.0  # seconds without a heartbeat after which another host's trial is dead
     study_name: str | None = None
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
+    transfer_check: TransferConfig = field(default_factory=TransferConfig)
 
     def check(self, key: str) -> None:
         if self.trials < 1:
@@ -146,6 +172,7 @@ class SearchConfig:
             names = ", ".join(shipped_names("search_spaces"))
             raise ConfigError(f"{key}.space", self.space, f"a YAML file or one of the shipped spaces: {names}")
         self.confirm.check(f"{key}.confirm")
+        self.transfer_check.check(f"{key}.transfer_check")
 
 
 @dataclass

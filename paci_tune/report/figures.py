@@ -55,7 +55,7 @@ def draw_curves(ev: Evidence) -> Figure:
 
 
 def _search_rows(ev: Evidence, schedule: str) -> list[TrialRow]:
-    return [r for r in ev.rows.get(schedule, []) if r.confirmation_of is None and r.point is not None
+    return [r for r in ev.rows.get(schedule, []) if r.is_search and r.point is not None
             and r.state != "infeasible"]  # fmt: skip
 
 
@@ -138,19 +138,28 @@ def draw_microbatch(ev: Evidence) -> Figure:
 
 
 def importances(ev: Evidence) -> dict[str, dict[str, float] | str]:
-    """Optuna's own parameter importances per schedule (fANOVA), or why there are none."""
+    """Optuna's own parameter importances per schedule (fANOVA) over its search trials, or why there are none.
+
+    Confirmation and transfer-check runs are left out (:func:`paci_tune.tune.confirm.is_extra`): a
+    long run's score is on another budget's scale. Optuna reads a whole study, so the search trials
+    are copied into an in-memory one.
+    """
     import optuna
+
+    from ..tune.confirm import is_extra
 
     out: dict[str, dict[str, float] | str] = {}
     for s, study in ev.studies.items():
         done = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and t.value is not None
-                and "confirm" not in t.user_attrs]  # fmt: skip
+                and not is_extra(t)]  # fmt: skip
         varied = {k for t in done for k in t.params if len({u.params.get(k) for u in done}) > 1}
         if len(done) < 2 or not varied:
             out[s] = f"{len(done)} finished trial(s), no parameter varied among them"
             continue
+        search = optuna.create_study(directions=study.directions)
+        search.add_trials(done)
         try:
-            out[s] = dict(optuna.importance.get_param_importances(study, params=sorted(varied)))
+            out[s] = dict(optuna.importance.get_param_importances(search, params=sorted(varied)))
         except (RuntimeError, ValueError) as e:  # too few distinct points for the evaluator
             out[s] = f"not computable: {e}"
     return out

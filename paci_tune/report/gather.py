@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..errors import ConfigError
 from ..tune.best import params_of, read_best, trial_counts
-from ..tune.confirm import CONFIRM_ATTR, is_confirmation
+from ..tune.confirm import CONFIRM_ATTR, TRANSFER_ATTR, is_confirmation
 from ..tune.space import TrialParams
 from ..tune.study import open_storage
 
@@ -41,6 +41,12 @@ class TrialRow:
     confirmation_of: int | None  # the search trial whose point this confirms
     seed: int | None
     attrs: dict[str, Any] = field(repr=False)
+    transfer_of: int | None = None  # the search trial whose point this trains at a transfer check's longer budget
+
+    @property
+    def is_search(self) -> bool:
+        """A search trial: not a confirmation or transfer-check run (:func:`paci_tune.tune.confirm.is_extra`)."""
+        return self.confirmation_of is None and self.transfer_of is None
 
     @property
     def label(self) -> str:
@@ -70,7 +76,7 @@ class Evidence:
                 wanted = _trial_number(self.best["baseline"].get("trial"))
             elif (rows := (self.best.get("confirmation") or {}).get(schedule)) and rows:
                 wanted = min(rows, key=lambda r: r["mean"])["trial"]
-        search = [r for r in self.rows.get(schedule, []) if r.confirmation_of is None]
+        search = [r for r in self.rows.get(schedule, []) if r.is_search]
         if wanted is not None:
             return next((r for r in search if r.number == wanted), None)
         done = [r for r in search if r.state == "complete" and r.score is not None]
@@ -136,12 +142,13 @@ def _row(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialRow:
         where = a.get("pruned_clock")
         reason = f"pruned at step {a.get('pruned_step')}" + (f" ({where:.3g}s)" if isinstance(where, float) else "")
     conf = a.get(CONFIRM_ATTR) if is_confirmation(t) else None
+    long = a.get(TRANSFER_ATTR)
     return TrialRow(
         schedule=schedule, number=t.number, state=state, point=point, score=t.value,
         time_to_target=a.get("time_to_target"), best_val_loss=a.get("best_val_loss"),
         curve=[(float(c), float(v)) for c, v in a.get("curve") or []], reason=reason,
         confirmation_of=None if conf is None else int(conf["of"]), seed=None if conf is None else int(conf["seed"]),
-        attrs=dict(a),
+        attrs=dict(a), transfer_of=None if long is None else int(long["of"]),
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ bound, and the file says so.
 The file also carries ``run``: the complete run configuration of the recommended trial, which
 ``paci-tune apply`` trains -- with ``pipeline.data_parallel``, so it runs on the P x D devices the
 trial was timed on (``recommended`` states P, D, a, b and the devices). May import: optuna, torch
-(its version), :mod:`paci_tune.base`, :mod:`.space`.
+(its version), :mod:`paci_tune.base`, :mod:`.space`, :mod:`.confirm`, :mod:`.transfer`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from optuna.trial import FrozenTrial, TrialState
 from .. import __version__
 from ..base.files import read_yaml, write_yaml
 from ..errors import ConfigError
-from . import confirm
-from .confirm import LEVEL, Confirmed, is_confirmation, search_trials
+from . import confirm, transfer
+from .confirm import LEVEL, TRANSFER_ATTR, Confirmed, is_confirmation, is_extra, search_trials
 from .space import TrialParams
 
 EVIDENCE = (
@@ -47,8 +47,9 @@ HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
     trials = study.get_trials(deepcopy=False)
-    search = [t for t in trials if not is_confirmation(t)]
+    search = [t for t in trials if not is_extra(t)]
     infeasible = sum(bool(t.user_attrs.get("infeasible")) for t in search)  # outside the device budget, unrun
+    long = sum(TRANSFER_ATTR in t.user_attrs and t.state.is_finished() for t in trials)  # the transfer check's
     return {
         "complete": sum(t.state == TrialState.COMPLETE for t in search),
         "pruned": sum(t.state == TrialState.PRUNED and not t.user_attrs.get("infeasible") for t in search),
@@ -56,17 +57,20 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
         "failed": sum(t.state == TrialState.FAIL for t in search),
         "repeats_reused": sum("repeat_of" in t.user_attrs and t.state != TrialState.FAIL for t in search),
         "confirmation": sum(is_confirmation(t) and t.state.is_finished() for t in trials),
+        **({"transfer": long} if long else {}),
     }
 
 
 def compute_used(studies: dict[str, optuna.Study]) -> dict[str, float]:
-    """Wall seconds of trial processes, the search's and the confirmation's (repeats answered from the storage: 0)."""
+    """Wall seconds of trial processes: the search's, the confirmation's and (when there is one) the transfer
+    check's; repeats answered from the storage cost 0."""
     out = {"search_s": 0.0, "confirmation_s": 0.0}
     for study in studies.values():
         for t in study.get_trials(deepcopy=False):
             if "repeat_of" not in t.user_attrs:
-                key = "confirmation_s" if is_confirmation(t) else "search_s"
-                out[key] += float(t.user_attrs.get("wall_seconds") or 0)
+                key = "confirmation_s" if is_confirmation(t) else "transfer_s" if TRANSFER_ATTR in t.user_attrs else (
+                    "search_s")  # fmt: skip
+                out[key] = out.get(key, 0.0) + float(t.user_attrs.get("wall_seconds") or 0)
     return {k: round(v, 1) for k, v in out.items()}
 
 
@@ -116,11 +120,14 @@ def build_best(
     budget: dict[str, Any],
     provenance: dict[str, Any],
     confirm_seeds: list[int] | None = None,
+    transfer_factor: float | None = None,
 ) -> dict[str, Any]:
     """The ``best.yaml`` document (module docstring); ConfigError when no trial finished.
 
     With ``confirm_seeds``, schedules are ranked by their confirmed points' mean over those seeds
     (:mod:`.confirm`); without, by the search's single draws (an anecdote, and the file says so).
+    With ``transfer_factor``, ``transfer_check`` reports how the short trials' ranking held at that
+    many times the budget (:mod:`.transfer`); it changes nothing else in the file.
     """
     def point_of(t: FrozenTrial, schedule: str) -> TrialParams:
         return params_of(t, schedule, fixed_batch)
@@ -164,6 +171,8 @@ def build_best(
     if confirm_seeds:
         doc["confirmation"] = {"seeds": list(confirm_seeds), "level": LEVEL,
                                **{s: [c.to_dict() for c in table] for s, table in tables.items()}}  # fmt: skip
+    if transfer_factor:
+        doc["transfer_check"] = transfer.section(studies, transfer_factor, budget.get("seconds"), point_of)
     doc.update(_comparison(studies, bests, confirmed, rec_schedule, budget))
     doc["target"] = target
     doc["budget"] = budget

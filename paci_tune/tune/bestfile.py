@@ -5,7 +5,7 @@ are validated as strictly as a run config; ``recommended``, ``evidence``, ``targ
 must have their known keys with values of the right kind, and ``recommended`` must describe the
 same pipeline as ``run`` (a file edited by hand in one place and not the other is refused rather
 than trained half-way). The purely informative sections (``provenance``, ``confirmation``,
-``baseline``, ...) need only be of the right shape: nothing reads their insides. A new field of
+``transfer_check``, ``baseline``, ...) need only be of the right shape: nothing reads their insides. A new field of
 the run's ``pipeline`` section is accepted in ``recommended`` too, so the file grows with the schema.
 May import: :mod:`paci_tune.pipeline` (its checks), :mod:`paci_tune.model`, :mod:`paci_tune.config`,
 :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's :mod:`.best`.
@@ -29,6 +29,7 @@ from .best import EVIDENCE, RECOMMENDED
 EVIDENCE_KEYS = ("trial", "time_to_target", "reached_target", "best_val_loss", "score", *EVIDENCE, "steps")
 INFORMATIVE: dict[str, tuple[type, ...]] = {
     "confirmation": (dict,),
+    "transfer_check": (dict,),
     "baseline": (dict,),
     "speedup_vs_flush": (int, float),
     "paci_speedup_vs_flush": (int, float),

@@ -27,6 +27,9 @@ from optuna.trial import FrozenTrial, TrialState
 from .space import TrialParams
 
 CONFIRM_ATTR = "confirm"  # on a confirmation trial: {"of": the search trial's number, "seed": training.seed}
+TRANSFER_ATTR = "transfer"  # on a transfer-check trial (:mod:`.transfer`): {"of": the search trial, "factor": f}
+EXTRA_ATTRS = (CONFIRM_ATTR, TRANSFER_ATTR)
+"""The user attributes that make a trial an extra run of a point the search already ran, not a search trial."""
 PLAN_ATTR = "confirm_plan"  # on a study: the numbers of the search trials being confirmed, in rank order
 BOOTSTRAP_DRAWS = 4000
 LEVEL = 0.95
@@ -36,9 +39,18 @@ def is_confirmation(t: FrozenTrial) -> bool:
     return CONFIRM_ATTR in t.user_attrs
 
 
+def is_extra(t: FrozenTrial | optuna.Trial) -> bool:
+    """Not a search trial: a confirmation or a transfer-check run of a point the search already ran.
+
+    Such trials are not counted against ``search.trials``, never reused as a repeat's answer, and not
+    ranked, planned from or recommended: the one test of "is this a search trial" everywhere.
+    """
+    return any(k in t.user_attrs for k in EXTRA_ATTRS)
+
+
 def search_trials(study: optuna.Study, states: tuple[TrialState, ...] | None = None) -> list[FrozenTrial]:
-    """The study's own search trials: no confirmation trials."""
-    return [t for t in study.get_trials(deepcopy=False, states=states) if not is_confirmation(t)]
+    """The study's own search trials: no confirmation or transfer-check trials."""
+    return [t for t in study.get_trials(deepcopy=False, states=states) if not is_extra(t)]
 
 
 def confirm_seeds(base_seed: int, n: int) -> list[int]:
@@ -51,21 +63,29 @@ def plan(study: optuna.Study, top: int) -> list[int]:
     stored = study.user_attrs.get(PLAN_ATTR)
     if stored is not None:
         return [int(n) for n in stored]
+    numbers = best_distinct(study, top)
+    study.set_user_attr(PLAN_ATTR, numbers)
+    return numbers
+
+
+def best_distinct(study: optuna.Study, top: int) -> list[int]:
+    """The ``top`` best finished search trials with distinct points, best first (ties: the earlier).
+
+    Repeats (answered from an earlier trial) are not new evidence and are left out.
+    """
     done = [t for t in search_trials(study, (TrialState.COMPLETE,)) if t.value is not None and "repeat_of" not in
             t.user_attrs]  # fmt: skip
     chosen: list[FrozenTrial] = []
     for t in sorted(done, key=lambda t: (t.value, t.number)):
         if len(chosen) < top and all(t.params != c.params for c in chosen):
             chosen.append(t)
-    numbers = [t.number for t in chosen]
-    study.set_user_attr(PLAN_ATTR, numbers)
-    return numbers
+    return [t.number for t in chosen]
 
 
 def enqueue(study: optuna.Study, numbers: list[int], seeds: list[int]) -> int:
     """Queue every (point, seed) not queued, running or done yet; how many were queued now."""
     trials = study.get_trials(deepcopy=False)
-    retried = _retried(trials)
+    retried = retried_numbers(trials)
     have = {(t.user_attrs[CONFIRM_ATTR]["of"], t.user_attrs[CONFIRM_ATTR]["seed"]) for t in trials
             if is_confirmation(t) and t.number not in retried}  # fmt: skip
     by_number = {t.number: t for t in trials}
@@ -78,13 +98,14 @@ def enqueue(study: optuna.Study, numbers: list[int], seeds: list[int]) -> int:
     return queued
 
 
-def _retried(trials: list[FrozenTrial]) -> set[int]:
+def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
     """Failed trials that were queued again (their retry stands for them)."""
     return {int(t.user_attrs["retry_of"]) for t in trials if "retry_of" in t.user_attrs}
 
 
-def waiting(study: optuna.Study) -> bool:
-    return any(is_confirmation(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+def waiting(study: optuna.Study, attr: str = CONFIRM_ATTR) -> bool:
+    """A trial of this kind (``attr``: a confirmation, or a transfer check) is queued in ``study``."""
+    return any(attr in t.user_attrs for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
 @dataclass
@@ -127,7 +148,7 @@ def confirmed(study: optuna.Study, schedule: str, seeds: list[int], params_of: A
     """The study's confirmed points in plan order, with every seed that has finished."""
     numbers = [int(n) for n in study.user_attrs.get(PLAN_ATTR, [])]
     trials = study.get_trials(deepcopy=False)
-    by_number, retried = {t.number: t for t in trials}, _retried(trials)
+    by_number, retried = {t.number: t for t in trials}, retried_numbers(trials)
     out = {n: Confirmed(n, params_of(by_number[n], schedule)) for n in numbers}
     for t in trials:
         c = t.user_attrs.get(CONFIRM_ATTR)

@@ -1,9 +1,10 @@
 """A picture of a search: every trial's validation curve on the budget's clock.
 
 One panel per schedule, the target as a line, finished trials solid, pruned ones dashed and
-ending where they were stopped, the recommendation drawn thick. It shows at a glance what a
+ending where they were stopped, the recommendation drawn thick (a transfer check's long runs, on
+another budget, are not drawn). It shows at a glance what a
 table of numbers hides: how early the pruner cut, and how close the runners-up came. May import:
-matplotlib, optuna, :mod:`paci_tune.base`.
+matplotlib, optuna, :mod:`paci_tune.base`, the tune layer's :mod:`.confirm`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ..base.files import atomic_write
+from .confirm import TRANSFER_ATTR
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -50,7 +52,7 @@ def draw_search(
     for ax, (schedule, study) in zip(axes[0], studies.items(), strict=True):
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
             curve: Any = t.user_attrs.get("curve")
-            if not curve or "repeat_of" in t.user_attrs:
+            if not curve or "repeat_of" in t.user_attrs or TRANSFER_ATTR in t.user_attrs:
                 continue
             xs, ys = [c for c, _ in curve], [v for _, v in curve]
             chosen = best == (schedule, t.number) or (schedule, t.number) in thick

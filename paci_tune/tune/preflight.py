@@ -3,7 +3,8 @@
 A trial that refuses its configuration fails after the study has started (and a search of such
 trials ends with "no finished trial" after all of them). So the search derives the run of every
 point the bound space can produce -- every schedule, depth, micro-batch size and window, each LR
-scale of a list or both ends of a range, on the search's seed and every confirmation seed -- and
+scale of a list or both ends of a range, on the search's seed and every confirmation seed, and at
+a transfer check's longer budget -- and
 validates it like a trial does: the schema, the data it must draw from, the device and backend,
 and a given profile against the model. A grid too large to walk is checked at its corners. The
 output paths are checked too, so nothing is measured or trained for a result that cannot be
@@ -73,6 +74,14 @@ def check_trials(tune: TuneConfig, space: SearchSpace, profile: str | None) -> l
             runs.append(derive_run(search.trial_doc(params, seed)))
         except ConfigError as e:
             raise _blame(e, params, seed, space) from None
+    tc = tune.search.transfer_check
+    for params in trial_points(space) if tc.enabled else []:
+        try:
+            derive_run(search.trial_doc(params, None, tc.factor))
+        except ConfigError as e:
+            trial = f"{e.key}: got {e.value!r}; allowed: {e.allowed} (the trial {params.label()} at {tc.factor:g}x)"
+            why = f"a factor whose long runs pass: {trial}"
+            raise ConfigError("search.transfer_check.factor", tc.factor, why) from None
     first = runs[0]
     source = load_source(first.data, first.model.get("vocab_size"))
     meta = load_model(first.model, source.vocab_size, first.training.seed, indices=[])

@@ -46,6 +46,7 @@ class TrialJob:
     grid: int
     target: float
     threads: int | None = None  # CPU threads for the trial (None: torch's default, or the user's OMP_NUM_THREADS)
+    timeout_factor: float = 1.0  # the runner's timeout is scaled by this (a transfer check's long run: its factor)
 
 
 @dataclass
@@ -122,6 +123,7 @@ class SubprocessRunner:
         if job.threads is not None and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(job.threads)
         watch = _Watch(job, on_eval, on_record)
+        timeout = None if self.timeout is None else self.timeout * job.timeout_factor
         t0 = last_activity = time.monotonic()
 
         def feed(rec: dict[str, Any]) -> None:
@@ -135,8 +137,8 @@ class SubprocessRunner:
                 last_activity = now
             if watch.stop is None and now - last_activity > self.stall_seconds:
                 watch.stop = ("failed", f"hang: no progress for {self.stall_seconds:g}s", None)
-            elif watch.stop is None and self.timeout is not None and now - t0 > self.timeout:
-                watch.stop = ("failed", f"timeout: still running after {self.timeout:g}s", None)
+            elif watch.stop is None and timeout is not None and now - t0 > timeout:
+                watch.stop = ("failed", f"timeout: still running after {timeout:g}s", None)
             return watch.stop is not None
 
         with Child(cmd, log=log, events=events, env=env) as child:

@@ -27,8 +27,8 @@ from optuna.trial import FrozenTrial, TrialState
 from ..base.processes import threads_per_process
 from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
-from . import confirm
-from .confirm import CONFIRM_ATTR, confirm_seeds
+from . import confirm, transfer
+from .confirm import CONFIRM_ATTR, TRANSFER_ATTR, confirm_seeds, is_extra
 from .objective import Progress
 from .runner import TrialJob, TrialResult, TrialRunner
 from .setup import trial_runtime
@@ -79,11 +79,12 @@ class Search:
         return self.tune.search.trials
 
     def run(self) -> None:
-        """Run trials until every schedule's study holds its quota of finished trials, then confirm."""
+        """Run trials until every schedule's study holds its quota of finished trials, then confirm, then
+        run the transfer check (:mod:`.transfer`: it decides nothing, so the confirmation comes first)."""
         while True:
             for study in self.studies.values():
                 reap_dead(study, self.tune.search.retries, self.tune.search.heartbeat_grace)
-            schedule = self._next_schedule() or self._next_confirmation()
+            schedule = self._next_schedule() or self._next_confirmation() or self._next_transfer()
             if schedule is not None:
                 self.run_trial(schedule)
                 continue
@@ -108,6 +109,15 @@ class Search:
             confirm.enqueue(study, confirm.plan(study, c.top), seeds)
         return next((s for s, study in self.studies.items() if confirm.waiting(study)), None)
 
+    def _next_transfer(self) -> str | None:
+        """Once every quota is met and no confirmation waits: plan and queue the transfer check's long runs."""
+        tc = self.tune.search.transfer_check
+        if not tc.enabled:
+            return None
+        for study in self.studies.values():
+            transfer.enqueue(study, transfer.plan(study, tc.top), tc.factor)
+        return next((s for s, study in self.studies.items() if transfer.queued(study)), None)
+
     # ------------------------------------------------------------------------- one trial
     def run_trial(self, schedule: str) -> None:
         study = self.studies[schedule]
@@ -115,17 +125,20 @@ class Search:
         claim(trial)
         params = self.space.suggest(trial, schedule)
         seed = (trial.user_attrs.get(CONFIRM_ATTR) or {}).get("seed")
-        trial.set_user_attr("label", params.label() + (f" seed {seed}" if seed is not None else ""))
+        factor = float((trial.user_attrs.get(TRANSFER_ATTR) or {}).get("factor", 1.0))
+        tag = f" seed {seed}" if seed is not None else (f" x{factor:g} budget" if factor != 1.0 else "")
+        trial.set_user_attr("label", params.label() + tag)
         trial.set_user_attr("data_parallel", params.data_parallel)
         trial.set_user_attr("devices", params.devices)
-        note = None if seed is None else f"confirmation, seed {seed}"
+        note = f"confirmation, seed {seed}" if seed is not None else (
+            f"transfer check, {factor:g}x the budget" if factor != 1.0 else None)  # fmt: skip
         self.on_event(SearchEvent("start", schedule, trial.number, params, reason=note))
         if (why := self.space.why_not(params)) is not None:
             self._refuse(study, trial, params, why)
             return
         with Heartbeat(study, trial._trial_id):
-            if seed is not None or not self._reuse(study, trial, params):
-                self._run_fresh(study, trial, params, seed)
+            if is_extra(trial) or not self._reuse(study, trial, params):  # an extra run is trained, always
+                self._run_fresh(study, trial, params, seed, factor)
         self.ran.append(trial.number)
 
     def _refuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, why: str) -> None:
@@ -142,16 +155,19 @@ class Search:
                                   f"rejected: {why}", None))  # fmt: skip
         self.ran.append(trial.number)
 
-    def _run_fresh(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None) -> None:
+    def _run_fresh(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None,
+                   factor: float = 1.0) -> None:  # fmt: skip
         b = self.tune.budget
+        budget, grid = transfer.long_budget(float(b.seconds or 0.0), b.grid, factor)
         job = TrialJob(
             params=params,
-            run_doc=self.trial_doc(params, seed),
+            run_doc=self.trial_doc(params, seed, factor),
             workdir=self.workdir / "trials" / study.study_name / f"trial-{trial.number:04d}",
-            budget=float(b.seconds or 0.0),
-            grid=b.grid,
+            budget=budget,
+            grid=grid,
             target=float(self.tune.target.value or 0.0),
             threads=self._threads(),
+            timeout_factor=factor,  # search.trial_timeout is a short trial's: a long run gets factor x as long
         )
         # Steps already reported (a pruned point's curve replayed by _reuse) are not reported twice.
         reported = set(study._storage.get_trial(trial._trial_id).intermediate_values)
@@ -159,6 +175,8 @@ class Search:
 
         def on_eval(step: int, progress: Progress) -> bool:
             self.on_event(SearchEvent("eval", schedule, trial.number, params, step, progress))
+            if factor != 1.0:
+                return False  # a transfer check's long run: not reported, never pruned (.transfer)
             if step in reported:
                 return False
             reported.add(step)
@@ -296,13 +314,17 @@ class Search:
         return False
 
     # ------------------------------------------------------------------------- configs
-    def trial_doc(self, params: TrialParams, seed: int | None = None) -> dict[str, Any]:
-        """The complete run document of one trial: the base run, the point, the budget (and a seed)."""
+    def trial_doc(self, params: TrialParams, seed: int | None = None, factor: float = 1.0) -> dict[str, Any]:
+        """The complete run document of one trial: the base run, the point, the budget (and a seed).
+
+        ``factor``: a transfer check's long run, on ``factor`` x the budget with the same validation
+        spacing (:mod:`.transfer`); the LR schedule decays over ``training.seconds``, the longer budget.
+        """
         t, b, hw = self.tune, self.tune.budget, self.tune.hardware
         over: dict[str, Any] = dict(params.overrides())
         over.update(
             {
-                "training.seconds": b.seconds,
+                "training.seconds": b.seconds * factor if b.seconds is not None and factor != 1.0 else b.seconds,
                 "training.clock": b.clock,
                 "training.profile": self.profile,
                 "training.eval_every_seconds": (b.seconds or 0.0) / b.grid,

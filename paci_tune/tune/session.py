@@ -121,6 +121,7 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
                     "config": str(session.config.resolve())},
         confirm_seeds=confirm_seeds(tune.run.training.seed, tune.search.confirm.seeds)
         if tune.search.confirm.enabled else None,
+        transfer_factor=tune.search.transfer_check.factor if tune.search.transfer_check.enabled else None,
     )  # fmt: skip
     rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
     picture = plot_search(session.studies, target=float(tune.target.value or 0), budget=float(b.seconds or 0),

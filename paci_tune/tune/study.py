@@ -30,7 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..config.tune import SearchConfig
 from ..errors import ConfigError, Failure
-from .confirm import CONFIRM_ATTR, is_confirmation
+from .confirm import EXTRA_ATTRS, is_extra
 from .space import SearchSpace
 
 HEARTBEAT_S = 5.0
@@ -167,8 +167,8 @@ def counted(trials: list[FrozenTrial], quota: int) -> int:
     """Trials that use up the quota: running or finished ones.
 
     Not counted: queued ones (not started yet), failures that were enqueued again (their retry
-    counts), and repeats of a point already run (answered from the earlier trial, no compute
-    spent) -- samplers propose repeats
+    counts), confirmation and transfer-check runs (:func:`.confirm.is_extra`), and repeats of a
+    point already run (answered from the earlier trial, no compute spent) -- samplers propose repeats
     often in small discrete spaces, and counting them would leave most of the quota unexplored.
     Repeats beyond twice the quota do count, so a search of an exhausted space still ends. So do
     proposals outside the device budget's feasible points (``infeasible``: answered unrun, no
@@ -177,7 +177,7 @@ def counted(trials: list[FrozenTrial], quota: int) -> int:
     retried = {t.user_attrs.get("retry_of") for t in trials}
     fresh = repeats = 0
     for t in trials:
-        if t.state == TrialState.WAITING or (t.state == TrialState.FAIL and t.number in retried) or is_confirmation(t):
+        if t.state == TrialState.WAITING or (t.state == TrialState.FAIL and t.number in retried) or is_extra(t):
             continue
         if "repeat_of" in t.user_attrs or t.user_attrs.get("infeasible"):
             repeats += 1
@@ -255,6 +255,6 @@ def reap_dead(study: optuna.Study, retries: int, grace: float = GRACE_S) -> list
         failed.append(t.number)
         attempt = int(t.user_attrs.get("attempt", 0)) + 1
         if attempt <= retries and t.params:
-            keep = {k: t.user_attrs[k] for k in (CONFIRM_ATTR,) if k in t.user_attrs}  # a confirmation stays one
+            keep = {k: t.user_attrs[k] for k in EXTRA_ATTRS if k in t.user_attrs}  # an extra run stays one
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, "attempt": attempt, **keep})
     return failed
