@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -78,14 +79,30 @@ def run_layout(base: dict[str, Any], profile: str, schedule: str, p: int, d: int
 
     t0 = time.time()
     summary = run_training(cfg, on_record=on_record) or {}
-    reached = next((c for c, v in evals if v <= args.target), None)
     from paci_tune.sim.simulator import simulate
 
     sim = simulate(schedule, p, a, b, sizes, prof, 8, data_parallel=d)
     return {"schedule": schedule, "stages": p, "data_parallel": d, "window": a, "microbatch_size": b,
-            "partition": sizes, "time_to_target": reached, "best_val_loss": min((v for _, v in evals), default=None),
+            "partition": sizes, "curve": evals, "best_val_loss": min((v for _, v in evals), default=None),
             "steps": summary.get("steps"), "step_time_s": sim.steady_step_time_s,
             "allreduce_fraction": sim.allreduce_fraction, "wall_s": round(time.time() - t0, 1)}  # fmt: skip
+
+
+def auto_target(rows: list[dict[str, Any]], seconds: float) -> float:
+    """The median, over flush's runs, of the validation loss at two thirds of the budget: a target
+    flush reaches well inside the budget at its typical layout, so times to it are real times."""
+    at = []
+    for r in rows:
+        if r["schedule"] == "1f1b":
+            late = [v for c, v in r["curve"] if c >= 2 * seconds / 3 - 1e-9]
+            if late:
+                at.append(late[0])
+    return round(statistics.median(at), 3)
+
+
+def set_times(rows: list[dict[str, Any]], target: float) -> None:
+    for r in rows:
+        r["time_to_target"] = next((c for c, v in r["curve"] if v <= target), None)
 
 
 def windows_for(p: int, d: int, g: int, wanted: list[int]) -> list[int]:
@@ -98,12 +115,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=3.0, help="Budget per run on the sim clock.")
     ap.add_argument("--grid", type=int, default=8, help="Validations over the budget (time-to-target resolution).")
-    ap.add_argument("--target", type=float, default=3.4, help="Target validation loss.")
+    ap.add_argument("--target", type=float, default=None,
+                    help="Target validation loss (default: flush's median loss at 2/3 of the budget).")
+    ap.add_argument("--global-batch", type=int, default=None, help="Override training.global_batch.")
+    ap.add_argument("--d-model", type=int, default=None, help="Override model.d_model.")
+    ap.add_argument("--block-size", type=int, default=None, help="Override model.block_size (sequence length).")
     ap.add_argument("--windows", type=int, nargs="+", default=[2, 8], help="Windows a tried per layout.")
     ap.add_argument("--quick", action="store_true", help="Tiny model, one window per layout: a smoke run.")
     ap.add_argument("--workdir", default="paci-bench-dp", help="Where the profile is kept.")
     args = ap.parse_args()
     base = QUICK if args.quick else FULL
+    base = {**base, "model": dict(base["model"]), "training": dict(base["training"])}
+    for key, section, name in (("global_batch", "training", "global_batch"), ("d_model", "model", "d_model"),
+                               ("block_size", "model", "block_size")):  # fmt: skip
+        if getattr(args, key) is not None:
+            base[section][name] = getattr(args, key)
     layouts = LAYOUTS
     if args.quick:
         args.seconds, args.grid, args.target, args.windows = 0.03, 2, 3.3, [2]
@@ -130,12 +156,15 @@ def main() -> None:
             for a in windows_for(p, d, g, args.windows):
                 r = run_layout(base, str(profile_path), schedule, p, d, a, args)
                 rows.append(r)
-                print(f"  {schedule:5s} P={p} D={d} a={a:2d} b={r['microbatch_size']:2d}: to target "
-                      f"{r['time_to_target']}, best val {r['best_val_loss']:.4f}, step {r['step_time_s']:.3g} s, "
+                print(f"  {schedule:5s} P={p} D={d} a={a:2d} b={r['microbatch_size']:2d}: {len(r['curve'])} evals, "
+                      f"best val {r['best_val_loss']:.4f}, step {r['step_time_s']:.3g} s, "
                       f"all-reduce {r['allreduce_fraction']:.1%}, {r['wall_s']} s wall", file=sys.stderr)  # fmt: skip
+    if args.target is None:
+        args.target = auto_target(rows, args.seconds)
+    set_times(rows, args.target)
     print(table(rows, args, layouts))
     took = time.time() - t0
-    cmd = "python bench/dp_budget.py" + (" --quick" if args.quick else "")
+    cmd = "python " + " ".join(sys.argv)
     print(f"\n{cmd}: {took:.0f} s on this machine")
     print(json.dumps({"rows": rows, "seconds": args.seconds, "target": args.target, "took_s": round(took, 1)}))
 

@@ -33,11 +33,16 @@ QUICK: dict[str, Any] = {
     "lr_schedule": {"warmup_fraction": 0.0, "min_ratio": 0.1, "scaling": "none"},
     "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "emulated", "device": "cpu"},
     "target": {"value": 2.9},
-    "budget": {"clock": "sim", "seconds": 0.05, "grid": 3},
+    "budget": {"clock": "rst", "seconds": 0.05, "grid": 3},  # on QUICK_PROFILE: a smoke run measures nothing
     "hardware": {"devices": 2},
     "search": {"trials": 1, "stall_seconds": 120, "confirm": {"top": 1, "seeds": 2}},
 }
 QUICK_SPACE = {"schedules": ["paci", "1f1b"], "stages": [2], "microbatch_size": [2, 4]}
+# A hand-written reference system for QUICK's model (embed, 2 blocks, head; sequence 16).
+_COST = {"forward_s": 0.002, "backward_s": 0.004, "activation_bytes": 8192, "saved_bytes": 32768}
+QUICK_PROFILE = {"seq_len": 16, "units": [{"name": f"u{i}", "param_bytes": 1 << 16, "optimizer_s": 0.001,
+                                           "microbatch": {2: _COST, 4: _COST}} for i in range(4)],
+                 "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e10}}  # fmt: skip
 
 
 def run_search(config: Path, seed: int, work: Path) -> tuple[dict[str, Any], float]:
@@ -64,7 +69,9 @@ def main() -> None:
     config, seeds = Path(args.config), args.seeds
     if args.quick:
         (root / "space.yaml").write_text(yaml.safe_dump(QUICK_SPACE))
-        doc = {**QUICK, "search": {**QUICK["search"], "space": str(root / "space.yaml")}}
+        (root / "profile.yaml").write_text(yaml.safe_dump(QUICK_PROFILE))
+        doc = {**QUICK, "search": {**QUICK["search"], "space": str(root / "space.yaml")},
+               "budget": {**QUICK["budget"], "profile": str(root / "profile.yaml")}}  # fmt: skip
         config, seeds = root / "quick.yaml", [0, 1]
         config.write_text(yaml.safe_dump(doc, sort_keys=False))
     rows = []
