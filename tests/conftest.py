@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,22 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def survivors_after(pids: list[int], grace_s: float) -> list[int]:
+    """The ``pids`` still alive after waiting up to ``grace_s`` for them all to go."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.2)
+    return [pid for pid in pids if alive(pid)]
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL whichever of ``pids`` is still alive (a test's clean-up)."""
+    for pid in pids:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def kill_tree(proc: subprocess.Popen[Any]) -> None:

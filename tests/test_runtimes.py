@@ -17,16 +17,17 @@ from typing import Any
 import pytest
 from conftest import (
     REPO,
-    alive,
     check_ok,
     cli_command,
     cli_env,
     descendants,
     free_port,
+    kill_all,
     make_config,
     read_metrics,
     run_cli,
     summary_of,
+    survivors_after,
     train_losses,
     write_config,
 )
@@ -180,12 +181,7 @@ def test_killing_the_launcher_takes_the_workers_down(tmp_path: Path):
         assert tree, "the launcher has no child processes"
         os.killpg(proc.pid, 9)
         proc.wait(timeout=30)
-        grace = time.monotonic() + 15  # generous: a parent-death signal or a watchdog acts within seconds
-        while time.monotonic() < grace and any(alive(pid) for pid in tree):
-            time.sleep(0.2)
-        survivors = [pid for pid in tree if alive(pid)]
+        survivors = survivors_after(tree, 15)  # generous: a parent-death signal or a watchdog acts within seconds
     finally:
-        for pid in tree:
-            if alive(pid):
-                os.kill(pid, 9)
+        kill_all(tree)
     assert not survivors, f"{len(survivors)} torchrun/worker processes outlived the killed launcher"

@@ -20,7 +20,17 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import REPO, alive, cli_command, cli_env, descendants, make_config, write_config
+from conftest import (
+    REPO,
+    alive,
+    cli_command,
+    cli_env,
+    descendants,
+    kill_all,
+    make_config,
+    survivors_after,
+    write_config,
+)
 from optuna.trial import TrialState
 from test_search import run, search_cmd, write_search
 
@@ -59,14 +69,9 @@ def test_a_killed_rank_ends_train_in_bounded_time_with_one_line(tmp_path: Path) 
         killed = time.monotonic()
         _, err = proc.communicate(timeout=DEATH_BOUND_S + 30)
         took = time.monotonic() - killed
-        grace = time.monotonic() + 10
-        while time.monotonic() < grace and any(alive(pid) for pid in tree):
-            time.sleep(0.2)
-        survivors = [pid for pid in tree if alive(pid)]
+        survivors = survivors_after(tree, 10)
     finally:
-        for pid in tree:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(tree)
     assert took < DEATH_BOUND_S, f"the run took {took:.1f} s to end after rank 1 died"
     assert proc.returncode == 1, err[-2000:]
     assert not survivors, f"{len(survivors)} processes outlived the failed run"

@@ -60,11 +60,17 @@ def confirm_seeds(base_seed: int, n: int) -> list[int]:
 
 def plan(study: optuna.Study, top: int) -> list[int]:
     """The search trials whose points are confirmed: the ``top`` best distinct finished ones (kept once set)."""
-    stored = study.user_attrs.get(PLAN_ATTR)
+    return kept_plan(study, top, PLAN_ATTR)
+
+
+def kept_plan(study: optuna.Study, top: int, attr: str) -> list[int]:
+    """The ``top`` best distinct finished search trials, stored on the study under ``attr`` the first
+    time, so every worker (and every resume) plans the same ones."""
+    stored = study.user_attrs.get(attr)
     if stored is not None:
         return [int(n) for n in stored]
     numbers = best_distinct(study, top)
-    study.set_user_attr(PLAN_ATTR, numbers)
+    study.set_user_attr(attr, numbers)
     return numbers
 
 

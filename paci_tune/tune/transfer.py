@@ -46,7 +46,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .confirm import TRANSFER_ATTR, best_distinct, retried_numbers, waiting
+from .confirm import TRANSFER_ATTR, kept_plan, retried_numbers, waiting
 from .space import TrialParams
 
 PLAN_ATTR = "transfer_plan"  # on a study: the search trials whose points are trained longer, in rank order
@@ -54,12 +54,7 @@ PLAN_ATTR = "transfer_plan"  # on a study: the search trials whose points are tr
 
 def plan(study: optuna.Study, top: int) -> list[int]:
     """The search trials whose points are trained longer: the ``top`` best distinct finished ones (kept once set)."""
-    stored = study.user_attrs.get(PLAN_ATTR)
-    if stored is not None:
-        return [int(n) for n in stored]
-    numbers = best_distinct(study, top)
-    study.set_user_attr(PLAN_ATTR, numbers)
-    return numbers
+    return kept_plan(study, top, PLAN_ATTR)
 
 
 def enqueue(study: optuna.Study, numbers: list[int], factor: float) -> int:
