@@ -34,7 +34,7 @@ from .confirm import EXTRA_ATTRS, is_extra
 from .space import SearchSpace
 
 HEARTBEAT_S = 5.0
-GRACE_S = 60.0  # default ``search.heartbeat_grace``: a heartbeat this old, from another host, means its worker died
+GRACE_S = SearchConfig.heartbeat_grace  # a heartbeat this old, from another host, means its worker died
 HOST = socket.gethostname()
 
 
