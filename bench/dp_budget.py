@@ -29,11 +29,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from simrun import train_sim
+
 from paci_tune.calibrate import calibrate
 from paci_tune.calibrate.cache import measured_profile
 from paci_tune.config import derive_run
-from paci_tune.pipeline.planning import plan_partition
-from paci_tune.train.run import run_training
 
 DEVICES = 8
 LAYOUTS = [(1, 8), (2, 4), (4, 2), (8, 1)]
@@ -57,35 +57,7 @@ QUICK: dict[str, Any] = {
 
 def run_layout(base: dict[str, Any], profile: str, schedule: str, p: int, d: int, a: int, args: Any) -> dict[str, Any]:
     """Train one (schedule, P, D, a) on the sim clock; its time to target and best validation loss."""
-    g = base["training"]["global_batch"]
-    b = g // (d * a)
-    common = {"pipeline.schedule": schedule, "pipeline.stages": p, "pipeline.window": a, "training.clock": "sim",
-              "training.profile": profile, "training.seconds": args.seconds, "training.steps": None,
-              "training.eval_every_seconds": args.seconds / args.grid, "training.eval_every": 10**9,
-              "training.target_val_loss": None}  # fmt: skip
-    # The layout as configured: its cut is planned for D replicas at micro-batch b (all-reduce included).
-    cfg = derive_run(base, {**common, "pipeline.data_parallel": d, "pipeline.microbatch_size": b})
-    from paci_tune.sim.profile import Profile
-
-    prof = Profile.load(profile)
-    sizes = plan_partition(cfg, [1.0] * prof.n_units, prof)
-    cfg = derive_run(base, {**common, "pipeline.data_parallel": d, "pipeline.microbatch_size": b,
-                            "pipeline.partition": sizes})  # fmt: skip
-    evals: list[tuple[float, float]] = []
-
-    def on_record(rec: dict[str, Any]) -> None:
-        if rec.get("event") == "eval":
-            evals.append((float(rec["clock"]), float(rec["val_loss"])))
-
-    t0 = time.time()
-    summary = run_training(cfg, on_record=on_record) or {}
-    from paci_tune.sim.simulator import simulate
-
-    sim = simulate(schedule, p, a, b, sizes, prof, 8, data_parallel=d)
-    return {"schedule": schedule, "stages": p, "data_parallel": d, "window": a, "microbatch_size": b,
-            "partition": sizes, "curve": evals, "best_val_loss": min((v for _, v in evals), default=None),
-            "steps": summary.get("steps"), "step_time_s": sim.steady_step_time_s,
-            "allreduce_fraction": sim.allreduce_fraction, "wall_s": round(time.time() - t0, 1)}  # fmt: skip
+    return train_sim(base, profile, schedule, p, d, a, seconds=args.seconds, grid=args.grid)
 
 
 def auto_target(rows: list[dict[str, Any]], seconds: float) -> float:

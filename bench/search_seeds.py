@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ QUICK_PROFILE = {"seq_len": 16, "units": [{"name": f"u{i}", "param_bytes": 1 << 
 
 
 def run_search(config: Path, seed: int, work: Path) -> tuple[dict[str, Any], float]:
+    work.mkdir(parents=True, exist_ok=True)
     out = work / "best.yaml"
     cmd = [sys.executable, "-m", "paci_tune.cli", "search", str(config), "--seed", str(seed), "--no-live",
            "--workdir", str(work), "--out", str(out)]  # fmt: skip
@@ -62,6 +64,7 @@ def main() -> None:
     ap.add_argument("--config", default="examples/tiny-gpt.yaml")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--workdir", default=None, help="Keep the searches here (default: a temporary folder).")
+    ap.add_argument("--jobs", type=int, default=2, help="Searches run at once once the profile is known.")
     ap.add_argument("--quick", action="store_true", help="A tiny synthetic search with 2 seeds: a smoke run.")
     args = ap.parse_args()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="paci-seeds-"))
@@ -74,14 +77,24 @@ def main() -> None:
                "budget": {**QUICK["budget"], "profile": str(root / "profile.yaml")}}  # fmt: skip
         config, seeds = root / "quick.yaml", [0, 1]
         config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    # One clock for every run: the first search measures the profile (unless the config gives one),
+    # the others copy it; with the profile known up front, the searches run side by side.
+    given = bool((yaml.safe_load(config.read_text()).get("budget") or {}).get("profile"))
+    first = root / f"seed-{seeds[0]}"
+    results: dict[int, tuple[dict[str, Any], float]] = {}
+    if not given:
+        results[seeds[0]] = run_search(config, seeds[0], first)
+    for seed in seeds[1:]:
+        if (first / "profile.yaml").is_file():
+            (root / f"seed-{seed}").mkdir(parents=True, exist_ok=True)
+            shutil.copy(first / "profile.yaml", root / f"seed-{seed}" / "profile.yaml")
+    with ThreadPoolExecutor(args.jobs) as pool:
+        todo = [s for s in seeds if s not in results]
+        for seed, res in zip(todo, pool.map(lambda s: run_search(config, s, root / f"seed-{s}"), todo), strict=True):
+            results[seed] = res
     rows = []
-    for i, seed in enumerate(seeds):
-        work = root / f"seed-{seed}"
-        first = root / f"seed-{seeds[0]}" / "profile.yaml"
-        if i and first.is_file():
-            work.mkdir(parents=True, exist_ok=True)
-            shutil.copy(first, work / "profile.yaml")  # one clock for every run
-        best, wall = run_search(config, seed, work)
+    for seed in seeds:
+        best, wall = results[seed]
         r = best["recommended"]
         rows.append({
             "seed": seed, "wall_s": round(wall, 1),

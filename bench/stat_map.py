@@ -9,18 +9,19 @@ needs at the same window (flush's numerics do not depend on P: one run per windo
 every seed, at two learning rates. A ratio of 1 means PACI's staleness is free; above 1, PACI
 must be that much faster per step to win on time.
 
-The target is the median, over flush's runs at the base LR, of the validation loss at two thirds
+The target is the median, over flush's runs at the first LR, of the validation loss at two thirds
 of the step budget, so flush reaches it well inside the budget; runs that never reach it are
 censored (shown as ">"). Each cell is the mean over seeds of the paired ratio (same seed, same
 window, same LR), with the drift bound ceil((P-1)/a) beside it.
 
-    python bench/stat_map.py --out runs/stat-map          # the full map (~50 min on a 2-core CPU)
+    python bench/stat_map.py --out runs/stat-map          # the full map (about an hour on a 2-core CPU)
     python bench/stat_map.py --quick --out /tmp/map        # seconds: P {1,2} x a {1,2}, one seed (CI)
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -29,29 +30,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from simrun import first_reach, run_pool
+
 from paci_tune.config import derive_run, load_config
 from paci_tune.schedule import drift_bound
 from paci_tune.train import run_training
 
 
-def steps_to(curve: list[tuple[int, float]], target: float) -> float | None:
-    """The (linearly interpolated) step where the validation curve first reaches ``target``."""
-    prev = None
-    for step, loss in curve:
-        if loss <= target:
-            if prev is None or prev[1] == loss:
-                return float(step)
-            (s0, l0) = prev
-            return s0 + (step - s0) * (l0 - target) / (l0 - loss)
-        prev = (step, loss)
-    return None
-
-
-def train(base: dict[str, Any], schedule: str, p: int, a: int, seed: int, lr: float, args: argparse.Namespace) -> dict:
-    """One emulated run; its validation curve, per-batch train losses and per-stage drift."""
+def train(base: dict[str, Any], steps: int, eval_every: int, task: dict[str, Any]) -> dict:
+    """One emulated run (in a worker of :func:`simrun.run_pool`): its validation curve, per-batch
+    train losses and per-stage drift."""
+    schedule, p, a, seed, lr = task["schedule"], task["P"], task["a"], task["seed"], task["lr"]
     cfg = derive_run(base, {
         "pipeline.schedule": schedule, "pipeline.stages": p, "pipeline.window": a, "training.seed": seed,
-        "optimizer.lr": lr, "training.steps": args.steps, "training.eval_every": args.eval_every,
+        "optimizer.lr": lr, "training.steps": steps, "training.eval_every": eval_every,
         "pipeline.runtime": "emulated", "pipeline.device": "cpu", "pipeline.partition": "auto",
     })  # fmt: skip
     curve: list[tuple[int, float]] = []
@@ -65,8 +57,7 @@ def train(base: dict[str, Any], schedule: str, p: int, a: int, seed: int, lr: fl
 
     summary = run_training(cfg, on_record=on_record) or {}
     drift = [(st["max_drift"], drift_bound(st["stage"], p, a)) for st in summary.get("stages", [])]
-    return {"schedule": schedule, "P": p, "a": a, "seed": seed, "lr": lr, "curve": curve, "losses": losses,
-            "drift": drift}  # fmt: skip
+    return {**task, "curve": curve, "losses": losses, "drift": drift}
 
 
 def main() -> None:
@@ -76,12 +67,14 @@ def main() -> None:
     ap.add_argument("--stages", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--windows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--lr-scales", type=float, nargs="+", default=[1.0, 0.5])
-    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--lr-scales", type=float, nargs="+", default=[1.0, 2.0],
+                    help="LRs as multiples of the config's (the first: the target's).")  # fmt: skip
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--n-layer", type=int, default=8, help="blocks (at least max(stages) - 2 units' worth)")
-    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--n-layer", type=int, default=6, help="blocks (at least max(stages) - 2 units' worth)")
+    ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--jobs", type=int, default=2, help="Runs trained at once (one thread each).")
     ap.add_argument("--quick", action="store_true", help="P {1,2} x a {1,2}, one seed and LR, 6 steps: a smoke run")
     args = ap.parse_args()
     if args.quick:
@@ -98,14 +91,12 @@ def main() -> None:
         base["data"] = {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 20_000, "n_val": 4_000}
     base["pipeline"].pop("microbatch_size", None)
     lr0 = float(cfg.optimizer.lr)
-    runs: list[dict] = []
-    for lr in (lr0 * s for s in args.lr_scales):
-        for seed in args.seeds:
-            for a in args.windows:
-                runs.append(train(base, "1f1b", 1, a, seed, lr, args))
-                for p in args.stages:
-                    runs.append(train(base, "paci", p, a, seed, lr, args))
-                print(f"  lr {lr:.3g} seed {seed} a={a}: {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+    tasks = [{"schedule": s, "P": p, "a": a, "seed": seed, "lr": lr0 * scale}
+             for scale in args.lr_scales for seed in args.seeds for a in args.windows
+             for s, p in [("1f1b", 1)] + [("paci", p) for p in args.stages]]  # fmt: skip
+    runs = run_pool(tasks, functools.partial(train, base, args.steps, args.eval_every),
+                    log=Path(args.out) / "runs.jsonl", jobs=args.jobs, describe=_describe,
+                    depends=[base, args.steps, args.eval_every])  # fmt: skip
 
     def flush_of(r: dict) -> dict:
         key = (r["a"], r["seed"], r["lr"])
@@ -117,13 +108,13 @@ def main() -> None:
         if r["schedule"] == "paci" and r["P"] == 1:
             assert r["losses"] == flush_of(r)["losses"], f"P=1 PACI differs from flush at a={r['a']}"
     at = max(1, round(2 * args.steps / 3))
-    base_flush = [dict(r["curve"]) for r in runs if r["schedule"] == "1f1b" and r["lr"] == lr0]
+    base_flush = [dict(r["curve"]) for r in runs if r["schedule"] == "1f1b" and r["lr"] == lr0 * args.lr_scales[0]]
     target = statistics.median(min(c.items(), key=lambda kv: abs(kv[0] - at))[1] for c in base_flush)
     cells: dict[str, dict] = {}
     for r in runs:
         if r["schedule"] != "paci":
             continue
-        mine, theirs = steps_to(r["curve"], target), steps_to(flush_of(r)["curve"], target)
+        mine, theirs = first_reach(r["curve"], target), first_reach(flush_of(r)["curve"], target)
         key = f"{r['lr']:.3g}|{r['P']}|{r['a']}"
         cell = cells.setdefault(key, {"lr": r["lr"], "P": r["P"], "a": r["a"], "ratios": [], "censored": 0,
                                       "bound": drift_bound(0, r["P"], r["a"]),
@@ -134,11 +125,17 @@ def main() -> None:
             cell["ratios"].append(mine / theirs)
     for c in cells.values():
         c["mean"] = statistics.fmean(c["ratios"]) if c["ratios"] else math.nan
+        # The most PACI's speed can buy back: flush's step over PACI's on an ideal pipeline (equal
+        # stages, free transfers), (a + P - 1) / a. More steps than that and PACI cannot win on time.
+        c["payback"] = (c["a"] + c["P"] - 1) / c["a"]
+        c["cannot_win"] = c["P"] > 1 and (c["mean"] >= c["payback"] if c["ratios"] else c["censored"] > 0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"command": "python bench/stat_map.py " + " ".join(sys.argv[1:]), "target_val_loss": target,
-           "steps": args.steps, "global_batch": cfg.training.global_batch, "seconds": round(time.time() - t0, 1),
-           "model": base["model"], "cells": list(cells.values()), "runs": runs}  # fmt: skip
+           "steps": args.steps, "jobs": args.jobs, "global_batch": cfg.training.global_batch,
+           "seconds": round(time.time() - t0, 1),
+           "model": base["model"], "cells": list(cells.values()), "stale_limit": stale_limit(list(cells.values())),
+           "runs": runs}  # fmt: skip
     (out / "map.json").write_text(json.dumps(doc, indent=1))
     table = markdown(doc, args)
     (out / "map.md").write_text(table)
@@ -147,12 +144,29 @@ def main() -> None:
     print(f"target val loss {target:.4f}; {len(runs)} runs in {doc['seconds']:.0f}s; wrote {out}/map.{{json,md,png}}")
 
 
+def stale_limit(cells: list[dict]) -> dict[str, Any]:
+    """The smallest drift bound at which PACI cannot win somewhere in the map (any LR), and whether
+    it wins -- could win -- in every cell below it: the basis of ``search.paci_max_drift``'s default."""
+    hopeless = sorted({c["bound"] for c in cells if c["cannot_win"]})
+    if not hopeless:
+        return {"bound": None, "clean_below": True, "cells": []}
+    lowest = hopeless[0]
+    return {"bound": lowest, "clean_below": not any(c["cannot_win"] for c in cells if c["bound"] < lowest),
+            "cells": [f"P={c['P']} a={c['a']} lr={c['lr']:.3g}" for c in cells if c["cannot_win"]]}  # fmt: skip
+
+
+def _describe(r: dict) -> str:
+    last = r["curve"][-1][1] if r["curve"] else float("nan")
+    return f"{r['schedule']:5s} P={r['P']} a={r['a']:2d} lr={r['lr']:.3g} seed {r['seed']}: final val {last:.4f}"
+
+
 def _cell_text(c: dict) -> str:
     if not c["ratios"]:
-        return f"> (x{c['censored']})"
+        return f"> (x{c['censored']}, bound {c['bound']})" + (" **x**" if c["cannot_win"] else "")
     spread = f" [{min(c['ratios']):.2f}-{max(c['ratios']):.2f}]" if len(c["ratios"]) > 1 else ""
     cens = f" +{c['censored']}>" if c["censored"] else ""
-    return f"{c['mean']:.2f}{spread}{cens} (bound {c['bound']})"
+    mark = " **x**" if c["cannot_win"] else ""
+    return f"{c['mean']:.2f}{spread}{cens} (bound {c['bound']}, pays {c['payback']:.2f}){mark}"
 
 
 def markdown(doc: dict, args: argparse.Namespace) -> str:
@@ -165,6 +179,14 @@ def markdown(doc: dict, args: argparse.Namespace) -> str:
         for p in args.stages:
             row = [next(c for c in doc["cells"] if (c["lr"], c["P"], c["a"]) == (lr, p, a)) for a in args.windows]
             lines.append(f"| {p} | " + " | ".join(_cell_text(c) for c in row) + " |")
+    lim = doc["stale_limit"]
+    lines.append("\n**x**: PACI cannot win there -- it needs more steps than removing the bubble can buy back "
+                 "(`pays` = (a + P - 1) / a, flush's step over PACI's on an ideal pipeline). ")  # fmt: skip
+    if lim["bound"] is None:
+        lines.append("No cell of the map is out of reach.")
+    else:
+        below = "every cell below it could win" if lim["clean_below"] else "some cells below it cannot win either"
+        lines.append(f"The smallest drift bound of such a cell: {lim['bound']} ({', '.join(lim['cells'])}); {below}.")
     return "\n".join(lines) + "\n"
 
 
@@ -188,7 +210,8 @@ def draw(doc: dict, args: argparse.Namespace, path: Path) -> None:
             if c["lr"] == lr:
                 i, j = args.stages.index(c["P"]), args.windows.index(c["a"])
                 text = ">" if not c["ratios"] else f"{c['mean']:.2f}"
-                ax.text(j, i, f"{text}\nbound {c['bound']}", ha="center", va="center", fontsize=8)
+                mark = "\ncannot win" if c["cannot_win"] else ""
+                ax.text(j, i, f"{text}\nbound {c['bound']}{mark}", ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(args.windows)), [str(a) for a in args.windows])
         ax.set_yticks(range(len(args.stages)), [str(p) for p in args.stages])
         ax.set_xlabel("window a (micro-batches per step)")

@@ -49,6 +49,20 @@ def test_dp_budget_quick(tmp_path: Path) -> None:
     assert "| 2 x 4 |" in out and "| 4 x 2 |" in out
 
 
+def test_paper_scaled_quick(tmp_path: Path) -> None:
+    """Both batches, both schedules, every window and seed; the bench asserts PACI's simulated step is
+    never longer than flush's at the same (P, a, b) and that the best flush reaches its own target."""
+    out = _bench("bench/paper_scaled.py", "--quick", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path))
+    doc = json.loads((tmp_path / "paper.json").read_text())
+    assert [r["G"] for r in doc["results"]] == [4, 8]
+    for res in doc["results"]:
+        assert {(p["schedule"], p["a"]) for p in res["points"]} == {(s, a) for s in ("paci", "1f1b")
+                                                                     for a in (res["G"] // 2, res["G"])}  # fmt: skip
+        for r in res["ratios"].values():
+            assert r["low"] <= r["speedup"] <= r["high"] and r["verdict"] in ("paci", "flush", "tie")
+    assert "Direction:" in out and (tmp_path / "paper.png").stat().st_size > 5_000
+
+
 def test_stat_map_quick(tmp_path) -> None:
     """The bench asserts P=1 PACI == flush (every train loss) and every stage's drift <= its bound."""
     _bench("bench/stat_map.py", "--quick", "--out", str(tmp_path))
@@ -57,4 +71,8 @@ def test_stat_map_quick(tmp_path) -> None:
     assert set(cells) == {(1, 1), (1, 2), (2, 1), (2, 2)}
     assert cells[(1, 1)]["mean"] == 1.0 and cells[(1, 2)]["mean"] == 1.0  # no staleness, the same steps
     assert cells[(2, 1)]["bound"] == 1 and cells[(2, 2)]["bound"] == 1
+    # What PACI's speed can buy back at most, (a + P - 1) / a; P = 1 has nothing to buy back and is never out of reach.
+    assert [cells[k]["payback"] for k in ((1, 1), (2, 1), (2, 2))] == [1.0, 2.0, 1.5]
+    assert not cells[(1, 1)]["cannot_win"] and not cells[(1, 2)]["cannot_win"]
+    assert all(c["cannot_win"] == (c["mean"] >= c["payback"]) for k, c in cells.items() if k[0] == 2 and c["ratios"])
     assert (tmp_path / "map.png").stat().st_size > 5_000 and "| P \\ a |" in (tmp_path / "map.md").read_text()

@@ -7,8 +7,8 @@ alternatives a block lists do not trip over each other's files across blocks. Ev
 starts as a copy of one where the quick start's search (``paci-tune search examples/tiny-gpt.yaml``)
 has run once, so a block that only reports on or applies a search finds its study and best.yaml,
 and a block's own search resumes it. The built-in
-example there is the real ``examples/tiny-gpt.yaml`` on a reduced budget (a slice of the corpus,
-a few steps, two trials on the rst clock over a hand-written profile, so nothing is measured);
+example there is the real ``examples/tiny-gpt.yaml`` reduced (a smaller model, a slice of the
+corpus, a few steps, two trials on the rst clock over a hand-written profile, so nothing is measured);
 ``model.yaml`` in a command means that file too. A command the check does not run is listed in
 ``SKIPPED`` with why (a second machine, a database server, a GPU, minutes of training, or another
 test that runs it for real); a ``paci-tune`` one among them must still parse (its options exist).
@@ -59,6 +59,7 @@ SKIPPED: list[tuple[str, str]] = [
     (r"^torchrun .*--nnodes", "needs several machines: tests/test_runtimes.py runs a two-node launch on loopback"),
     (r"^optuna-dashboard", "a web server that runs until stopped (the study it reads is checked by test_report)"),
     (r"^paci-tune calibrate", "measures this machine for a minute: tests/test_sim_accuracy.py runs a calibration"),
+    (r"^paci-tune search .*--storage journal:", "a new study on a journal file: tests/test_search.py runs two workers on one"),
     (r"--device cuda|backend nccl|device: cuda", "needs a GPU: bench/gpu_check.sh runs on a lent one"),
 ]
 # Installation steps in a command line are not re-run here: tests/test_install.py installs a wheel
@@ -110,10 +111,10 @@ def runnable(cmd: Command, scratch: Path) -> str:
 
 def _reduced_example(scratch: Path) -> None:
     example = yaml.safe_load((REPO / "examples" / "tiny-gpt.yaml").read_text())
-    n_units = example["model"].get("n_layer", 4) + 2
-    profile = scratch / "profile.yaml"
-    profile.write_text(yaml.safe_dump(_profile(n_units, 128)))
     doc = dict(example)
+    doc["model"] = {**example["model"], "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 64}  # 4 units
+    profile = scratch / "profile.yaml"
+    profile.write_text(yaml.safe_dump(_profile(doc["model"]["n_layer"] + 2, doc["model"]["block_size"])))
     doc["data"] = {**example["data"], "max_bytes": 1_000_000}
     doc["training"] = {**example["training"], "steps": 6, "eval_every": 3, "eval_sequences": 16}
     doc["budget"] = {"clock": "rst", "seconds": 0.2, "grid": 2, "profile": "profile.yaml"}

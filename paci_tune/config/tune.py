@@ -24,6 +24,12 @@ MAX_GRID = 10_000
 MAX_TRANSFER_TOP = 50
 """Points per schedule a transfer check trains at the longer budget: each costs ``factor`` trials."""
 MAX_TRANSFER_FACTOR = 100.0
+MAX_DRIFT = 4096
+"""A drift bound is below the pipeline depth; one beyond any depth is a typo."""
+PACI_MAX_DRIFT = 3
+"""The default ``search.paci_max_drift``: in the statistical-efficiency map (docs/benchmarks.md), PACI
+points whose drift bound ceil((P-1)/a) exceeds it needed more steps than removing the bubble can
+buy back, at both learning rates."""
 
 
 @dataclass
@@ -146,6 +152,7 @@ class SearchConfig:
     trial_timeout: float | None = None  # wall seconds a trial may take in all
     retries: int = 1  # times a trial interrupted by a dead worker is run again
     heartbeat_grace: float = 60.0  # seconds without a heartbeat after which another host's trial is dead
+    paci_max_drift: int | None = PACI_MAX_DRIFT  # PACI points with a larger drift bound are skipped; None: none
     study_name: str | None = None
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
     transfer_check: TransferConfig = field(default_factory=TransferConfig)
@@ -164,6 +171,9 @@ class SearchConfig:
         if not 10 <= self.heartbeat_grace <= 86_400:
             why = "seconds in [10, 86400] (workers beat every 5 s: a live one must not look dead)"
             raise ConfigError(f"{key}.heartbeat_grace", self.heartbeat_grace, why)
+        if self.paci_max_drift is not None and not 1 <= self.paci_max_drift <= MAX_DRIFT:
+            why = f"null (keep every PACI point) or an integer in [1, {MAX_DRIFT}]: the largest drift bound PACI tries"
+            raise ConfigError(f"{key}.paci_max_drift", self.paci_max_drift, why)
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"{key}.seed", self.seed, "an integer in [0, 2**32) (the samplers' seed)")
         if self.study_name is not None and (not self.study_name.strip() or "/" in self.study_name):

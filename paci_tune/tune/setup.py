@@ -27,7 +27,7 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
     On the wall clock the budget's devices must exist here: each trial runs P x D processes.
     """
     from ..pipeline.factory import load_pieces
-    from .space import load_space
+    from .space import load_space, skip_stale
 
     devices = tune.hardware.devices
     if devices is None:
@@ -40,8 +40,9 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
     one_stage = derive_run(tune.run_doc, {"pipeline.stages": 1, "pipeline.data_parallel": 1,
                                           "pipeline.partition": "auto"})  # fmt: skip
     _, meta, _, _ = load_pieces(one_stage, [], distributed=True)
-    return load_space(tune.search.space, global_batch=tune.run.training.global_batch, n_units=meta.n_units,
-                      max_stages=None, devices=devices)  # fmt: skip
+    space = load_space(tune.search.space, global_batch=tune.run.training.global_batch, n_units=meta.n_units,
+                       max_stages=None, devices=devices)  # fmt: skip
+    return skip_stale(space, tune.search.paci_max_drift)
 
 
 def trial_runtime(tune: TuneConfig) -> str:
@@ -145,12 +146,13 @@ def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) 
     from .space import TrialParams
 
     a = space.window_of(p.stages, p.microbatch_size) if space.fixed_batch is not None else p.window
-    if space.why_not(TrialParams("paci", p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages))):
+    if space.why_not(TrialParams("1f1b", p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages))):
         return  # under the device budget the user's (P, b) is not a point
     if space.lr_scale is not None:
         if not space.lr_is_range and 1.0 not in space.lr_scale:
             return
         point["lr_scale"] = 1.0
-    for study in studies.values():
-        if not study.get_trials(deepcopy=False):
+    for schedule, study in studies.items():
+        params = TrialParams(schedule, p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages))
+        if not study.get_trials(deepcopy=False) and space.why_not(params) is None:  # PACI may skip a stale point
             study.enqueue_trial(point, skip_if_exists=True)

@@ -20,7 +20,8 @@ feasible values and the grid is finite:
   points whose devices would not hold their stage. Optuna samples P and b as two categoricals over
   the values some feasible point uses; a pair outside the feasible set is answered without training
   (:meth:`SearchSpace.why_not`, :mod:`.search`). Without a budget (``devices=None``, the API's
-  default) D = 1 for every P. May import: optuna, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
+  default) D = 1 for every P. PACI may also skip the points too stale to win (:func:`skip_stale`).
+May import: optuna, :mod:`paci_tune.base`, :mod:`paci_tune.schedule`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import optuna
 from ..base.files import read_mapping
 from ..base.shipped import resolve_path, shipped, shipped_names
 from ..errors import ConfigError
+from ..schedule import drift_bound
 
 SCHEDULES = ("paci", "1f1b")
 MAX_CHOICES = 10_000
@@ -97,6 +99,7 @@ class SearchSpace:
     devices: int | None = None  # the device budget N (every point uses P x D = N); None: D = 1
     points: frozenset[tuple[int, int, int]] = frozenset()  # feasible (P, a, b); empty: the whole product
     dropped: tuple[str, ...] = ()  # why the other points went, for the user
+    paci_max_drift: int | None = None  # PACI skips the points whose drift bound is above it (:func:`skip_stale`)
 
     def data_parallel(self, stages: int) -> int:
         """D of a point with ``stages`` stages: the budget shared out, or 1 without a budget."""
@@ -111,6 +114,8 @@ class SearchSpace:
     def why_not(self, params: TrialParams) -> str | None:
         """None for a feasible point; else why it is not one (a pair Optuna may propose, see the module)."""
         key = (params.stages, params.window, params.microbatch_size)
+        if params.schedule == "paci" and params.window and (why := self._stale(params.stages, params.window)):
+            return f"{params.label()}: {why}"
         if not self.points or key in self.points:
             return None
         if params.window == 0:
@@ -118,6 +123,13 @@ class SearchSpace:
             return (f"P={params.stages} D={d} b={params.microbatch_size}: a = {self.fixed_batch}/({d}*"
                     f"{params.microbatch_size}) is not a whole number")  # fmt: skip
         return f"{params.label()} was dropped when the space was bound (see the search's dropped points)"
+
+    def _stale(self, stages: int, window: int) -> str | None:
+        bound = drift_bound(0, stages, window)
+        if self.paci_max_drift is None or bound <= self.paci_max_drift:
+            return None
+        return (f"drift bound ceil(({stages}-1)/{window}) = {bound} > search.paci_max_drift = {self.paci_max_drift} "
+                "(too stale to win in the statistical-efficiency map; flush keeps the point)")  # fmt: skip
 
     def suggest(self, trial: optuna.trial.BaseTrial, schedule: str) -> TrialParams:
         """Ask Optuna for one point; ``schedule`` is fixed by the study the trial belongs to."""
@@ -168,6 +180,8 @@ class SearchSpace:
             "stages": list(self.stages),
             "microbatch_size": list(self.microbatch_size),
         }
+        if self.paci_max_drift is not None:
+            out["paci_max_drift"] = self.paci_max_drift
         if self.devices is not None:
             out["devices"] = self.devices
             out["layouts"] = [[p, self.data_parallel(p)] for p in self.stages]  # (P, D)
@@ -327,6 +341,27 @@ def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -
         space, points=frozenset(kept), dropped=tuple(dropped),
         stages=tuple(sorted({p for p, _, _ in kept})), microbatch_size=tuple(sorted({b for _, _, b in kept})),
     )  # fmt: skip
+
+
+def skip_stale(space: SearchSpace, max_drift: int | None) -> SearchSpace:
+    """``space`` with PACI skipping its points whose drift bound ceil((P-1)/a) exceeds ``max_drift``.
+
+    Why: the statistical-efficiency map (``bench/stat_map.py``, docs/benchmarks.md) measured that
+    above this staleness PACI needs more steps to a loss than the bubble it removes can pay for,
+    so a trial there is a trial wasted. Flush has no staleness and keeps every point; the skipped
+    ones are listed in ``dropped`` and a proposal of one is answered unrun (:meth:`SearchSpace.why_not`).
+    ``None`` keeps every point. A bound that leaves PACI nothing is a ConfigError naming the key.
+    """
+    if max_drift is None or "paci" not in space.schedules:
+        return space
+    bounds = [drift_bound(0, p, a) for p, a, _ in space.points]
+    if bounds and min(bounds) > max_drift:
+        raise ConfigError("search.paci_max_drift", max_drift, f"null, or at least {min(bounds)}: every PACI point "
+                          "of the space has a larger drift bound")  # fmt: skip
+    out = dataclasses.replace(space, paci_max_drift=max_drift)
+    stale = [(p, a, b) for p, a, b in sorted(space.points) if out._stale(p, a)]
+    dropped = [f"paci P={p} D={space.data_parallel(p)} a={a} b={b}: {out._stale(p, a)}" for p, a, b in stale]
+    return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))
 
 
 def _int_choices(key: str, spec: Any) -> list[int]:

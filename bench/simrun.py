@@ -1,0 +1,116 @@
+"""What the time-to-target benches share: one run on the sim clock, and where a curve reaches a target.
+
+A run's numerics are the configured layout's on the emulated runtime (exact: the distributed
+runtime's, tested equal); only its clock is simulated, from a profile measured on this machine, so
+every configuration is timed as P x D devices of its own however few cores run it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from paci_tune.base.processes import die_with_parent
+from paci_tune.config import derive_run
+from paci_tune.pipeline.planning import plan_partition
+from paci_tune.sim.profile import Profile
+from paci_tune.sim.simulator import simulate
+from paci_tune.train.run import run_training
+
+
+def run_pool(tasks: list[dict[str, Any]], fn: Callable[[dict[str, Any]], dict[str, Any]], *, log: Path, jobs: int,
+             depends: Any, describe: Callable[[dict[str, Any]], str]) -> list[dict[str, Any]]:  # fmt: skip
+    """``fn(task)`` for every task, in ``jobs`` processes of one thread each; the results in task order.
+
+    Small models are bound by per-op overhead, not arithmetic, so on a 2-core machine two one-thread
+    runs side by side finish sooner than one two-thread run after another; the sim clock is
+    unaffected by what shares the cores. Each finished run is appended to ``log`` under a key of
+    the task and everything else it depends on (``depends``: the base config, the profile, the
+    budget), so a killed bench resumes where it stopped and a changed one does not reuse stale runs.
+    """
+    done: dict[str, dict] = {}
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+            done[rec["key"]] = rec
+    for t in tasks:
+        t["key"] = hashlib.sha256(json.dumps([depends, t], sort_keys=True, default=str).encode()).hexdigest()[:16]
+    todo = [t for t in tasks if t["key"] not in done]
+    print(f"{len(tasks)} runs, {len(tasks) - len(todo)} already in {log}", file=sys.stderr)
+    t0 = time.time()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker, initargs=(os.getpid(),)) as pool, \
+            log.open("a") as out:  # fmt: skip
+        futures = [pool.submit(fn, t) for t in todo]
+        for i, fut in enumerate(as_completed(futures), 1):
+            rec = fut.result()
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+            done[rec["key"]] = rec
+            print(f"  [{i}/{len(todo)}] {describe(rec)} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    return [done[t["key"]] for t in tasks]
+
+
+def _worker(parent: int) -> None:
+    """One thread per run; and the run dies with the bench (a killed bench leaves no worker training)."""
+    import torch
+
+    die_with_parent(parent=parent)
+    torch.set_num_threads(1)
+
+
+def first_reach(curve: list[tuple[float, float]], target: float) -> float | None:
+    """The (linearly interpolated) x -- step or clock -- where a validation curve first reaches ``target``."""
+    prev = None
+    for x, loss in curve:
+        if loss <= target:
+            if prev is None or prev[1] == loss:
+                return float(x)
+            (x0, l0) = prev
+            return x0 + (x - x0) * (l0 - target) / (l0 - loss)
+        prev = (x, loss)
+    return None
+
+
+def train_sim(base: dict[str, Any], profile: str, schedule: str, p: int, d: int, a: int, *, seconds: float,
+              grid: int, overrides: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Train one (schedule, P, D, a) for ``seconds`` of the sim clock, validating ``grid`` times.
+
+    The global batch is fixed (b = global_batch / (D a)); the stage cut is planned for D replicas at
+    micro-batch b on the profile, as a search would; the LR decays over the clock's budget.
+    Returns the validation curve on the clock, the steps run, and the simulated steady step time.
+    """
+    b = base["training"]["global_batch"] // (d * a)
+    common = {"pipeline.schedule": schedule, "pipeline.stages": p, "pipeline.window": a, "training.clock": "sim",
+              "training.profile": profile, "training.seconds": seconds, "training.steps": None,
+              "training.eval_every_seconds": seconds / grid, "training.eval_every": 10**9,
+              "training.target_val_loss": None, "pipeline.data_parallel": d, "pipeline.microbatch_size": b,
+              **(overrides or {})}  # fmt: skip
+    prof = Profile.load(profile)
+    sizes = plan_partition(derive_run(base, common), [1.0] * prof.n_units, prof)
+    cfg = derive_run(base, {**common, "pipeline.partition": sizes})
+    evals: list[tuple[float, float]] = []
+
+    def on_record(rec: dict[str, Any]) -> None:
+        if rec.get("event") == "eval":
+            evals.append((float(rec["clock"]), float(rec["val_loss"])))
+
+    t0 = time.time()
+    summary = run_training(cfg, on_record=on_record) or {}
+    sim = simulate(schedule, p, a, b, sizes, prof, 8, data_parallel=d)
+    return {"schedule": schedule, "stages": p, "data_parallel": d, "window": a, "microbatch_size": b,
+            "partition": sizes, "curve": evals, "best_val_loss": min((v for _, v in evals), default=None),
+            "steps": summary.get("steps"), "step_time_s": sim.steady_step_time_s,
+            "allreduce_fraction": sim.allreduce_fraction, "wall_s": round(time.time() - t0, 1)}  # fmt: skip
