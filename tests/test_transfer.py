@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -334,6 +335,10 @@ def test_search_runs_the_transfer_check_and_resumes_without_rerunning(tmp_path: 
     rec_number = int(best["evidence"]["trial"].rsplit("#", 1)[1])
     assert TRANSFER_ATTR not in studies(storage)[rec].trials[rec_number].user_attrs
     assert "transfer check (2x the trial budget): Spearman" in proc.stderr
+    figure = subprocess.run([sys.executable, str(REPO / "bench" / "transfer_figure.py"), str(tmp_path / "best.yaml"),
+                             "--out", str(tmp_path / "transfer.png")],
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    assert figure.returncode == 0 and (tmp_path / "transfer.png").stat().st_size > 5_000, figure.stderr[-2000:]
 
     # The same command again: the study is complete, no trial is added, the section is the same.
     n_before = sum(len(st.trials) for st in studies(storage).values())
