@@ -147,12 +147,19 @@ def main() -> None:
 def stale_limit(cells: list[dict]) -> dict[str, Any]:
     """The smallest drift bound at which PACI cannot win somewhere in the map (any LR), and whether
     it wins -- could win -- in every cell below it: the basis of ``search.paci_max_drift``'s default."""
-    hopeless = sorted({c["bound"] for c in cells if c["cannot_win"]})
+    deep = [c for c in cells if c["P"] > 1]
+    per_depth = {str(p): f"{sum(c['cannot_win'] for c in deep if c['P'] == p)}/{sum(c['P'] == p for c in deep)}"
+                 for p in sorted({c["P"] for c in deep})}  # fmt: skip
+    hopeless = sorted({c["bound"] for c in deep if c["cannot_win"]})
     if not hopeless:
-        return {"bound": None, "clean_below": True, "cells": []}
+        return {"bound": None, "clean_below": True, "separates": True, "cells": [], "per_depth": per_depth}
     lowest = hopeless[0]
-    return {"bound": lowest, "clean_below": not any(c["cannot_win"] for c in cells if c["bound"] < lowest),
-            "cells": [f"P={c['P']} a={c['a']} lr={c['lr']:.3g}" for c in cells if c["cannot_win"]]}  # fmt: skip
+    # A bound separates the map when cells above it cannot win and cells at or below it can; when
+    # the lowest losing bound is the map's lowest bound, no cut on the bound keeps a winner apart.
+    separates = lowest > min(c["bound"] for c in deep)
+    return {"bound": lowest, "clean_below": not any(c["cannot_win"] for c in deep if c["bound"] < lowest),
+            "separates": separates, "per_depth": per_depth,
+            "cells": [f"P={c['P']} a={c['a']} lr={c['lr']:.3g}" for c in deep if c["cannot_win"]]}  # fmt: skip
 
 
 def _describe(r: dict) -> str:
@@ -182,11 +189,16 @@ def markdown(doc: dict, args: argparse.Namespace) -> str:
     lim = doc["stale_limit"]
     lines.append("\n**x**: PACI cannot win there -- it needs more steps than removing the bubble can buy back "
                  "(`pays` = (a + P - 1) / a, flush's step over PACI's on an ideal pipeline). ")  # fmt: skip
+    depth = ", ".join(f"P={p}: {n}" for p, n in lim["per_depth"].items())
     if lim["bound"] is None:
         lines.append("No cell of the map is out of reach.")
+    elif not lim["separates"]:
+        lines.append(f"Cells that cannot win occur at the map's smallest drift bound ({lim['bound']}): no cut on the "
+                     f"bound separates them from the rest. Cells that cannot win, per depth: {depth}.")  # fmt: skip
     else:
         below = "every cell below it could win" if lim["clean_below"] else "some cells below it cannot win either"
-        lines.append(f"The smallest drift bound of such a cell: {lim['bound']} ({', '.join(lim['cells'])}); {below}.")
+        lines.append(f"The smallest drift bound of a cell that cannot win: {lim['bound']} ({', '.join(lim['cells'])}); "
+                     f"{below}. Per depth: {depth}.")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -75,4 +75,7 @@ def test_stat_map_quick(tmp_path) -> None:
     assert [cells[k]["payback"] for k in ((1, 1), (2, 1), (2, 2))] == [1.0, 2.0, 1.5]
     assert not cells[(1, 1)]["cannot_win"] and not cells[(1, 2)]["cannot_win"]
     assert all(c["cannot_win"] == (c["mean"] >= c["payback"]) for k, c in cells.items() if k[0] == 2 and c["ratios"])
+    lim = doc["stale_limit"]  # how the cells that cannot win fall over depth and bound
+    losing = sum(cells[(2, a)]["cannot_win"] for a in (1, 2))
+    assert set(lim["per_depth"]) == {"2"} and lim["per_depth"]["2"] == f"{losing}/2"
     assert (tmp_path / "map.png").stat().st_size > 5_000 and "| P \\ a |" in (tmp_path / "map.md").read_text()

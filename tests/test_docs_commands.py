@@ -59,7 +59,7 @@ SKIPPED: list[tuple[str, str]] = [
     (r"^torchrun .*--nnodes", "needs several machines: tests/test_runtimes.py runs a two-node launch on loopback"),
     (r"^optuna-dashboard", "a web server that runs until stopped (the study it reads is checked by test_report)"),
     (r"^paci-tune calibrate", "measures this machine for a minute: tests/test_sim_accuracy.py runs a calibration"),
-    (r"^paci-tune search .*--storage journal:", "a new study on a journal file: tests/test_search.py runs two workers on one"),
+    (r"^paci-tune search .*--storage journal:", "a new study on a journal: test_search.py runs two workers on one"),
     (r"--device cuda|backend nccl|device: cuda", "needs a GPU: bench/gpu_check.sh runs on a lent one"),
 ]
 # Installation steps in a command line are not re-run here: tests/test_install.py installs a wheel

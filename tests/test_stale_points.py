@@ -1,4 +1,4 @@
-"""PACI skips the points too stale to win (``search.paci_max_drift``): a documented default, switchable off.
+"""PACI skips the points too stale to win (``search.paci_max_drift``): documented, off by default.
 
 Oracle: the drift bound worked by hand, ceil((P-1)/a), for each (P, a) of a fixed-batch space;
 the search session's own storage (which points each study was started from) and its log lines.
@@ -56,10 +56,10 @@ def test_null_keeps_every_point_and_a_bound_below_every_point_is_refused(tmp_pat
     assert skip_stale(flush_only, 1) == flush_only  # nothing of PACI's to skip
 
 
-def test_the_setting_is_validated_and_defaults_to_the_maps_value() -> None:
+def test_the_setting_is_validated_and_off_by_default() -> None:
     doc = {k: dict(v) for k, v in SEARCH_DOC.items()}
-    assert load_tune_config(doc).search.paci_max_drift == PACI_MAX_DRIFT == 3
-    assert load_tune_config({**doc, "search": {**doc["search"], "paci_max_drift": None}}).search.paci_max_drift is None
+    assert load_tune_config(doc).search.paci_max_drift is PACI_MAX_DRIFT is None
+    assert load_tune_config({**doc, "search": {**doc["search"], "paci_max_drift": 3}}).search.paci_max_drift == 3
     for bad in (0, -1, 10**12, "lots", 2.5):
         with pytest.raises(ConfigError) as e:
             load_tune_config({**doc, "search": {**doc["search"], "paci_max_drift": bad}})

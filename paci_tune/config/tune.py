@@ -26,10 +26,11 @@ MAX_TRANSFER_TOP = 50
 MAX_TRANSFER_FACTOR = 100.0
 MAX_DRIFT = 4096
 """A drift bound is below the pipeline depth; one beyond any depth is a typo."""
-PACI_MAX_DRIFT = 3
-"""The default ``search.paci_max_drift``: in the statistical-efficiency map (docs/benchmarks.md), PACI
-points whose drift bound ceil((P-1)/a) exceeds it needed more steps than removing the bubble can
-buy back, at both learning rates."""
+PACI_MAX_DRIFT: int | None = None
+"""The default ``search.paci_max_drift``: off. The statistical-efficiency map (docs/benchmarks.md)
+found no drift bound that separates the PACI points that can win from those that cannot: at its
+short budgets the depth decided (P = 4 at bound 1 lost like P = 8 at bound 7), so a cut on the
+bound would drop nothing that a cut should. The knob is for a user whose own map shows one."""
 
 
 @dataclass

@@ -129,7 +129,7 @@ class SearchSpace:
         if self.paci_max_drift is None or bound <= self.paci_max_drift:
             return None
         return (f"drift bound ceil(({stages}-1)/{window}) = {bound} > search.paci_max_drift = {self.paci_max_drift} "
-                "(too stale to win in the statistical-efficiency map; flush keeps the point)")  # fmt: skip
+                "(PACI skips points this stale; flush keeps the point)")  # fmt: skip
 
     def suggest(self, trial: optuna.trial.BaseTrial, schedule: str) -> TrialParams:
         """Ask Optuna for one point; ``schedule`` is fixed by the study the trial belongs to."""
@@ -346,11 +346,12 @@ def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -
 def skip_stale(space: SearchSpace, max_drift: int | None) -> SearchSpace:
     """``space`` with PACI skipping its points whose drift bound ceil((P-1)/a) exceeds ``max_drift``.
 
-    Why: the statistical-efficiency map (``bench/stat_map.py``, docs/benchmarks.md) measured that
-    above this staleness PACI needs more steps to a loss than the bubble it removes can pay for,
-    so a trial there is a trial wasted. Flush has no staleness and keeps every point; the skipped
-    ones are listed in ``dropped`` and a proposal of one is answered unrun (:meth:`SearchSpace.why_not`).
-    ``None`` keeps every point. A bound that leaves PACI nothing is a ConfigError naming the key.
+    Why: where a map of the regime (``bench/stat_map.py``) shows that above some staleness PACI needs
+    more steps to a loss than the bubble it removes can pay for, a trial there is a trial wasted.
+    Flush has no staleness and keeps every point; the skipped ones are listed in ``dropped`` and a
+    proposal of one is answered unrun (:meth:`SearchSpace.why_not`). ``None`` (the default: the
+    project's own map found no such bound) keeps every point. A bound that leaves PACI nothing is a
+    ConfigError naming the key.
     """
     if max_drift is None or "paci" not in space.schedules:
         return space
