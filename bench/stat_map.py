@@ -11,8 +11,9 @@ must be that much faster per step to win on time.
 
 The target is the median, over flush's runs at the first LR, of the validation loss at two thirds
 of the step budget, so flush reaches it well inside the budget; runs that never reach it are
-censored (shown as ">"). Each cell is the mean over seeds of the paired ratio (same seed, same
-window, same LR), with the drift bound ceil((P-1)/a) beside it.
+censored (shown as ">"; "<": PACI reached it and flush did not, at that seed). Each cell is the
+mean over seeds of the paired ratio (same seed, same window, same LR), with the drift bound
+ceil((P-1)/a) beside it.
 
     python bench/stat_map.py --out runs/stat-map          # the full map (about an hour on a 2-core CPU)
     python bench/stat_map.py --quick --out /tmp/map        # seconds: P {1,2} x a {1,2}, one seed (CI)
@@ -117,9 +118,12 @@ def main() -> None:
         mine, theirs = first_reach(r["curve"], target), first_reach(flush_of(r)["curve"], target)
         key = f"{r['lr']:.3g}|{r['P']}|{r['a']}"
         cell = cells.setdefault(key, {"lr": r["lr"], "P": r["P"], "a": r["a"], "ratios": [], "censored": 0,
+                                      "paci_only": 0,
                                       "bound": drift_bound(0, r["P"], r["a"]),
                                       "max_drift": max((d for d, _ in r["drift"]), default=0)})  # fmt: skip
-        if mine is None or theirs is None:
+        if mine is not None and theirs is None:
+            cell["paci_only"] += 1  # PACI reached the target and flush did not: a win by any ratio
+        elif mine is None or theirs is None:
             cell["censored"] += 1
         else:
             cell["ratios"].append(mine / theirs)
@@ -128,7 +132,8 @@ def main() -> None:
         # The most PACI's speed can buy back: flush's step over PACI's on an ideal pipeline (equal
         # stages, free transfers), (a + P - 1) / a. More steps than that and PACI cannot win on time.
         c["payback"] = (c["a"] + c["P"] - 1) / c["a"]
-        c["cannot_win"] = c["P"] > 1 and (c["mean"] >= c["payback"] if c["ratios"] else c["censored"] > 0)
+        c["cannot_win"] = c["P"] > 1 and not c["paci_only"] and (
+            c["mean"] >= c["payback"] if c["ratios"] else c["censored"] > 0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"command": "python bench/stat_map.py " + " ".join(sys.argv[1:]), "target_val_loss": target,
@@ -169,9 +174,10 @@ def _describe(r: dict) -> str:
 
 def _cell_text(c: dict) -> str:
     if not c["ratios"]:
-        return f"> (x{c['censored']}, bound {c['bound']})" + (" **x**" if c["cannot_win"] else "")
+        only = f" +{c['paci_only']}<" if c["paci_only"] else ""
+        return f"> (x{c['censored']}{only}, bound {c['bound']})" + (" **x**" if c["cannot_win"] else "")
     spread = f" [{min(c['ratios']):.2f}-{max(c['ratios']):.2f}]" if len(c["ratios"]) > 1 else ""
-    cens = f" +{c['censored']}>" if c["censored"] else ""
+    cens = (f" +{c['censored']}>" if c["censored"] else "") + (f" +{c['paci_only']}<" if c["paci_only"] else "")
     mark = " **x**" if c["cannot_win"] else ""
     return f"{c['mean']:.2f}{spread}{cens} (bound {c['bound']}, pays {c['payback']:.2f}){mark}"
 
