@@ -1,5 +1,5 @@
 """``python -m paci_tune``: the ``paci-tune`` command line."""
 
-from .cli import main
+from .cli import run
 
-main()
+run()

@@ -4,6 +4,32 @@ Each command parses its options, calls one function of the layer that does the w
 result. May import: every layer of the package, click and rich.
 """
 
-from .app import main
+from __future__ import annotations
 
-__all__ = ["main"]
+import sys
+from typing import Any
+
+__all__ = ["main", "run"]
+
+
+def run() -> None:
+    """The ``paci-tune`` entry point. The commands are imported here, not when the package is, so that
+    a Ctrl-C while the program is still loading (torch takes seconds) ends like one during the work
+    (:mod:`.failures`): one line, exit 130, no traceback."""
+    try:
+        from .app import main as commands
+    except KeyboardInterrupt:
+        from .failures import INTERRUPTED
+
+        sys.stderr.write(f"error: {INTERRUPTED}\n")
+        raise SystemExit(130) from None
+    commands()
+
+
+def __getattr__(name: str) -> Any:
+    """``main``, the click group (for ``CliRunner`` and embedding), loaded on first use."""
+    if name == "main":
+        from .app import main
+
+        return main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

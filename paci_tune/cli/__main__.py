@@ -1,5 +1,5 @@
 """``python -m paci_tune.cli``: the ``paci-tune`` command line."""
 
-from .app import main
+from . import run
 
-main()
+run()

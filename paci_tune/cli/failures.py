@@ -27,6 +27,7 @@ import click
 from ..errors import ConfigError, Failure
 
 DEBUG_ENV = "PACI_TUNE_DEBUG"
+INTERRUPTED = "interrupted (a search keeps its finished trials in its storage: the same command resumes it)"
 _STORAGE_MODULES = ("sqlalchemy", "optuna.storages", "optuna.exceptions", "sqlite3", "psycopg", "pymysql")
 
 
@@ -104,7 +105,7 @@ def guarded(invoke: Callable[[], Any], *, debug: bool) -> Any:
     except SystemExit:
         raise
     except KeyboardInterrupt as e:
-        _fail("interrupted (a search keeps its finished trials in its storage: the same command resumes it)", e, debug)
+        _fail(INTERRUPTED, e, debug)
     except ConfigError as e:
         _fail(str(e), e, debug)
     except Exception as e:
