@@ -146,13 +146,12 @@ def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) 
     from .space import TrialParams
 
     a = space.window_of(p.stages, p.microbatch_size) if space.fixed_batch is not None else p.window
-    if space.why_not(TrialParams("1f1b", p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages))):
-        return  # under the device budget the user's (P, b) is not a point
     if space.lr_scale is not None:
         if not space.lr_is_range and 1.0 not in space.lr_scale:
             return
         point["lr_scale"] = 1.0
     for schedule, study in studies.items():
         params = TrialParams(schedule, p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages))
-        if not study.get_trials(deepcopy=False) and space.why_not(params) is None:  # PACI may skip a stale point
+        # not a point under the device budget, or (PACI) too stale: that study starts from the sampler
+        if not study.get_trials(deepcopy=False) and space.why_not(params) is None:
             study.enqueue_trial(point, skip_if_exists=True)
