@@ -17,7 +17,8 @@ start=$(date +%s)
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || true
   "$py" -c 'import torch, click, rich, yaml, numpy, matplotlib; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 } 2>&1 | tee "$out/gpu_check.log"
-"$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/pytest-gpu.log"
+# In one process (-o addopts="": not the suite's xdist workers): one GPU, and no xdist installed there.
+"$py" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_gpu.py 2>&1 | tee "$out/pytest-gpu.log"
 tests=${PIPESTATUS[0]}
 "$py" bench/gpu_check.py --out "$out" "${@:2}" 2>&1 | tee -a "$out/gpu_check.log"
 check=${PIPESTATUS[0]}

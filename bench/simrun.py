@@ -53,7 +53,7 @@ def run_pool(tasks: list[dict[str, Any]], fn: Callable[[dict[str, Any]], dict[st
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker, initargs=(os.getpid(),)) as pool, \
             log.open("a") as out:  # fmt: skip
-        futures = [pool.submit(fn, t) for t in todo]
+        futures = [pool.submit(_timed, fn, t) for t in todo]
         for i, fut in enumerate(as_completed(futures), 1):
             rec = fut.result()
             out.write(json.dumps(rec) + "\n")
@@ -61,6 +61,14 @@ def run_pool(tasks: list[dict[str, Any]], fn: Callable[[dict[str, Any]], dict[st
             done[rec["key"]] = rec
             print(f"  [{i}/{len(todo)}] {describe(rec)} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     return [done[t["key"]] for t in tasks]
+
+
+def _timed(fn: Callable[[dict[str, Any]], dict[str, Any]], task: dict[str, Any]) -> dict[str, Any]:
+    """``fn(task)`` with the seconds it took (``wall_s``), so a resumed bench can still say what its
+    runs cost on this machine."""
+    t0 = time.perf_counter()
+    rec = fn(task)
+    return {"wall_s": round(time.perf_counter() - t0, 1), **rec}
 
 
 def _worker(parent: int) -> None:

@@ -15,7 +15,7 @@ censored (shown as ">"; "<": PACI reached it and flush did not, at that seed). E
 mean over seeds of the paired ratio (same seed, same window, same LR), with the drift bound
 ceil((P-1)/a) beside it.
 
-    python bench/stat_map.py --out runs/stat-map          # the full map (about an hour on a 2-core CPU)
+    python bench/stat_map.py --out runs/stat-map          # the full map (about 40 min on a 2-core CPU)
     python bench/stat_map.py --quick --out /tmp/map        # seconds: P {1,2} x a {1,2}, one seed (CI)
 """
 
@@ -138,7 +138,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     doc = {"command": "python bench/stat_map.py " + " ".join(sys.argv[1:]), "target_val_loss": target,
            "steps": args.steps, "jobs": args.jobs, "global_batch": cfg.training.global_batch,
-           "seconds": round(time.time() - t0, 1),
+           "seconds": round(time.time() - t0, 1), "run_seconds": run_seconds(runs, args.jobs),
            "model": base["model"], "cells": list(cells.values()), "stale_limit": stale_limit(list(cells.values())),
            "runs": runs}  # fmt: skip
     (out / "map.json").write_text(json.dumps(doc, indent=1))
@@ -182,6 +182,20 @@ def _cell_text(c: dict) -> str:
     return f"{c['mean']:.2f}{spread}{cens} (bound {c['bound']}, pays {c['payback']:.2f}){mark}"
 
 
+def run_seconds(runs: list[dict], jobs: int) -> dict[str, Any]:
+    """What the map's runs cost on this machine, from the seconds each took in its worker (a bench
+    resumed from its run log only times the runs it trained, so this, not the bench's own wall
+    time, says how long one run of the whole map takes): the sum, the mean per window, and the sum
+    over ``jobs`` workers -- the wall time of the map from scratch."""
+    timed = [r for r in runs if "wall_s" in r]
+    by_a: dict[int, list[float]] = {}
+    for r in timed:
+        by_a.setdefault(r["a"], []).append(r["wall_s"])
+    total = sum(r["wall_s"] for r in timed)
+    return {"timed": len(timed), "of": len(runs), "sum": round(total, 1), "from_scratch_wall": round(total / jobs, 1),
+            "mean_by_window": {a: round(statistics.fmean(v), 1) for a, v in sorted(by_a.items())}}  # fmt: skip
+
+
 def markdown(doc: dict, args: argparse.Namespace) -> str:
     lines = []
     for lr in sorted({c["lr"] for c in doc["cells"]}, reverse=True):
@@ -205,6 +219,11 @@ def markdown(doc: dict, args: argparse.Namespace) -> str:
         below = "every cell below it could win" if lim["clean_below"] else "some cells below it cannot win either"
         lines.append(f"The smallest drift bound of a cell that cannot win: {lim['bound']} ({', '.join(lim['cells'])}); "
                      f"{below}. Per depth: {depth}.")  # fmt: skip
+    rs = doc["run_seconds"]
+    if rs["timed"]:
+        per = ", ".join(f"a={a}: {v:.0f} s" for a, v in rs["mean_by_window"].items())
+        lines.append(f"\nRuns: {rs['timed']} of {rs['of']} timed, {rs['sum']:.0f} s in all (per run, mean: {per}); "
+                     f"from scratch on {doc['jobs']} workers ~{rs['from_scratch_wall'] / 60:.0f} min.")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

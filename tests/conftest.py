@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,78 @@ def write_config(directory: Path, doc: dict[str, Any], name: str = "run.yaml") -
 _SCRATCH: list[Path] = []
 
 
+# ------------------------------------------------------------------ tests side by side (pytest-xdist)
+# The suite runs in one worker per CPU (``-n auto``), each worker pinned to its own CPUs: the affinity
+# mask its children inherit, by which paci-tune sizes its thread counts, so the trainers, ranks and
+# trials of two tests side by side never oversubscribe a core (unpinned, two workers of 2-thread
+# trainers on 2 cores spent 40 % more CPU time than one worker and finished no sooner). Two markers
+# give a test more: ``whole_machine`` -- every CPU, shared with the other worker (a wall-clock run
+# of several devices needs a core each); ``alone`` -- every CPU and no other test beside it (it
+# compares timings of this machine). For ``alone``, every other test holds a shared lock on one
+# file and the ``alone`` one an exclusive lock; a turnstile taken before either keeps a waiting
+# ``alone`` test from being starved by a stream of shared ones.
+
+_ALL_CPUS: list[int] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker is None or count is None or not hasattr(os, "sched_setaffinity"):
+        return
+    _ALL_CPUS[:] = sorted(os.sched_getaffinity(0))
+    mine = _ALL_CPUS[int(worker.removeprefix("gw")) % int(count) :: int(count)]
+    if mine:
+        _pin(mine)
+
+
+def _pin(cpus: list[int]) -> None:
+    import torch
+
+    os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(len(cpus))
+
+
+@contextlib.contextmanager
+def machine(config: pytest.Config, *, alone: bool, whole: bool = True) -> Iterator[None]:
+    """Hold the machine: shared (``alone=False``) or to this test alone, among the xdist workers of
+    this run, on every CPU (``whole``) or this worker's own. A no-op without xdist. Never nest two
+    holds in one process (flock would deadlock)."""
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        yield
+        return
+    root = Path(tempfile.gettempdir()) / f"paci-tune-tests-{worker['testrunuid']}"
+    root.mkdir(exist_ok=True)
+    own = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    with open(root / "turnstile", "a") as turn, open(root / "machine", "a") as lock:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+        try:
+            if whole and _ALL_CPUS and own != _ALL_CPUS:
+                _pin(_ALL_CPUS)
+            yield
+        finally:
+            if whole and own and own != _ALL_CPUS:
+                _pin(own)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _cpus_of_this_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    alone = request.node.get_closest_marker("alone") is not None
+    whole = alone or request.node.get_closest_marker("whole_machine") is not None
+    with machine(request.config, alone=alone, whole=whole):
+        yield
+
+
+def cpu_threads() -> str:
+    """The threads a test's subprocess gets: the CPUs this test process may use."""
+    return str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _scratch_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Subprocesses put their temporary files (the launcher's work folder, torchrun's) under pytest's tmp."""
@@ -64,7 +139,7 @@ def _scratch_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "2")
+    env.setdefault("OMP_NUM_THREADS", cpu_threads())
     env["PYTHONUNBUFFERED"] = "1"
     if _SCRATCH:
         env["TMPDIR"] = str(_SCRATCH[0])

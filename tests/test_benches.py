@@ -79,3 +79,7 @@ def test_stat_map_quick(tmp_path) -> None:
     losing = sum(cells[(2, a)]["cannot_win"] for a in (1, 2))
     assert set(lim["per_depth"]) == {"2"} and lim["per_depth"]["2"] == f"{losing}/2"
     assert (tmp_path / "map.png").stat().st_size > 5_000 and "| P \\ a |" in (tmp_path / "map.md").read_text()
+    # Every run was trained here and timed; the sum is of those times (a resumed bench times only its new runs).
+    rs = doc["run_seconds"]
+    assert rs["timed"] == rs["of"] == len(doc["runs"]) == 6
+    assert rs["sum"] == pytest.approx(sum(r["wall_s"] for r in doc["runs"]), abs=0.2) and rs["sum"] > 0

@@ -31,7 +31,7 @@ from pathlib import Path
 import click
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, cpu_threads
 from test_install import _profile
 
 from paci_tune.cli.app import main as cli_main
@@ -150,7 +150,7 @@ def test_the_readme_test_command_is_what_ci_runs() -> None:
 def test_every_command_in_the_docs_runs_or_says_why_not(doc: str, tmp_path: Path) -> None:
     commands = shell_commands(doc)
     assert commands, f"no shell commands found in {doc}"
-    env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONUNBUFFERED="1", TERM="dumb")  # no live view: plain lines
+    env = dict(os.environ, OMP_NUM_THREADS=cpu_threads(), PYTHONUNBUFFERED="1", TERM="dumb")  # TERM: plain lines
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # paci-tune, python
     base = tmp_path / "base"
     base.mkdir()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, cpu_threads
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def _profile(n_units: int, seq_len: int) -> dict:
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.setdefault("OMP_NUM_THREADS", "2")
+    env.setdefault("OMP_NUM_THREADS", cpu_threads())
     return env
 
 

@@ -342,6 +342,7 @@ def build():
 '''
 
 
+@pytest.mark.whole_machine  # a wall-clock search of 2 devices: a core each
 def test_crash_hang_and_divergence_are_recorded_and_the_study_goes_on(tmp_path: Path) -> None:
     (tmp_path / "broken_model.py").write_text(BROKEN_MODEL)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump({"schedules": ["paci"], "stages": [2],

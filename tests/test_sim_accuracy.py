@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import check_ok, descendants, read_metrics, run_cli, summary_of, write_config
+from conftest import check_ok, descendants, machine, read_metrics, run_cli, summary_of, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +42,9 @@ DOC: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(config, profile) with the profile calibrated once, in process, at the trained micro-batch size."""
+def calibrated(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> tuple[Path, Path]:
+    """(config, profile) with the profile calibrated once, in process, at the trained micro-batch size
+    (with the machine to itself, as the runs it is compared with)."""
     from paci_tune.calibrate import calibrate
     from paci_tune.config import load_config
 
@@ -51,7 +52,8 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     config = write_config(d, DOC)
     cfg = load_config(config)
     t0 = time.perf_counter()
-    profile = calibrate(cfg, microbatch_sizes=[cfg.pipeline.microbatch_size])
+    with machine(request.config, alone=True):
+        profile = calibrate(cfg, microbatch_sizes=[cfg.pipeline.microbatch_size])
     print(f"calibration: {time.perf_counter() - t0:.1f} s")
     path = d / "profile.yaml"
     profile.save(path)
@@ -75,6 +77,7 @@ def _ratio(config: Path, profile: Path, schedule: str, metrics: Path) -> tuple[f
     return ratio, line
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("schedule", ["paci", "1f1b"])
 def test_simulated_step_time_same_order_as_measured(
     calibrated: tuple[Path, Path], schedule: str, tmp_path: Path

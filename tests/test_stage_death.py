@@ -120,6 +120,7 @@ def build():
 '''
 
 
+@pytest.mark.whole_machine  # a wall-clock search of 2 devices: a core each
 def test_a_rank_dying_mid_trial_fails_that_trial_and_the_study_goes_on(tmp_path: Path) -> None:
     (tmp_path / "dying_model.py").write_text(DYING_MODEL)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump({"schedules": ["paci"], "stages": [2],
