@@ -60,7 +60,7 @@ _SCRATCH: list[Path] = []
 
 
 # ------------------------------------------------------------------ tests side by side (pytest-xdist)
-# The suite runs in one worker per CPU (``-n auto``), each worker pinned to its own CPUs: the affinity
+# Side by side (``-n auto``, opt-in) the suite runs one worker per CPU, each pinned to its own CPUs: the affinity
 # mask its children inherit, by which paci-tune sizes its thread counts, so the trainers, ranks and
 # trials of two tests side by side never oversubscribe a core (unpinned, two workers of 2-thread
 # trainers on 2 cores spent 40 % more CPU time than one worker and finished no sooner). Two markers
