@@ -127,8 +127,10 @@ def _cpus_of_this_test(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def cpu_threads() -> str:
-    """The threads a test's subprocess gets: the CPUs this test process may use."""
-    return str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    """The threads a test's subprocess gets: the CPUs this test process may use (its affinity mask)."""
+    from paci_tune.base.processes import cpu_count
+
+    return str(cpu_count())
 
 
 @pytest.fixture(scope="session", autouse=True)
