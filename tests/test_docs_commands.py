@@ -5,10 +5,10 @@ Each ```bash block's commands run in order in a scratch folder of the block's ow
 use what an earlier one of its block wrote (``apply best.yaml`` after ``search``), and the
 alternatives a block lists do not trip over each other's files across blocks. Every scratch folder
 starts as a copy of one where the quick start's search (``paci-tune search examples/tiny-gpt.yaml``)
-has run once, so a block that only reports on or applies a search finds its study and best.yaml,
-and a block's own search resumes it. The built-in
-example there is the real ``examples/tiny-gpt.yaml`` reduced (a smaller model, a slice of the
-corpus, a few steps, two trials on the rst clock over a hand-written profile, so nothing is measured);
+has run once (one search for both documents), so a block that only reports on or applies a
+search finds its study and best.yaml, and a block's own search resumes it. The built-in example
+there is the real ``examples/tiny-gpt.yaml`` reduced (a smaller model, a slice of the corpus, a few
+steps, two trials on the rst clock over a hand-written profile, so nothing is measured);
 ``model.yaml`` in a command means that file too. A command the check does not run is listed in
 ``SKIPPED`` with why (a second machine, a database server, a GPU, minutes of training, or another
 test that runs it for real); a ``paci-tune`` one among them must still parse (its options exist).
@@ -146,18 +146,28 @@ def test_the_readme_test_command_is_what_ci_runs() -> None:
     assert f"{install} && python -m pytest -q" in ci, "the README's test command must be the one .ci/run calls"
 
 
-@pytest.mark.parametrize("doc", [d for d in DOCS if (REPO / d).is_file()])
-def test_every_command_in_the_docs_runs_or_says_why_not(doc: str, tmp_path: Path) -> None:
-    commands = shell_commands(doc)
-    assert commands, f"no shell commands found in {doc}"
+def _env() -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS=cpu_threads(), PYTHONUNBUFFERED="1", TERM="dumb")  # TERM: plain lines
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # paci-tune, python
-    base = tmp_path / "base"
-    base.mkdir()
+    return env
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every block starts from: the reduced example, searched once (for both docs)."""
+    base = tmp_path_factory.mktemp("docs-base")
     _reduced_example(base)
-    first = subprocess.run(["bash", "-c", "paci-tune search examples/tiny-gpt.yaml"], cwd=base, env=env,
+    first = subprocess.run(["bash", "-c", "paci-tune search examples/tiny-gpt.yaml"], cwd=base, env=_env(),
                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert first.returncode == 0, first.stderr[-3000:]
+    return base
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if (REPO / d).is_file()])
+def test_every_command_in_the_docs_runs_or_says_why_not(doc: str, searched: Path, tmp_path: Path) -> None:
+    commands = shell_commands(doc)
+    assert commands, f"no shell commands found in {doc}"
+    env = _env()
     ran = 0
     for cmd in commands:
         if skip_reason(cmd) is not None:
@@ -165,7 +175,7 @@ def test_every_command_in_the_docs_runs_or_says_why_not(doc: str, tmp_path: Path
             continue
         scratch = tmp_path / f"block{cmd.block}"
         if not scratch.exists():
-            shutil.copytree(base, scratch)
+            shutil.copytree(searched, scratch)
         text = runnable(cmd, scratch)
         if not text:
             continue

@@ -152,6 +152,17 @@ def test_measured_gloo_allreduce_is_positive_and_grows_with_size() -> None:
     assert cost.ring_s(2**21, 2) > cost.ring_s(16_384, 2) > 0
 
 
+def test_one_launch_measures_both_links_as_the_separate_measurements_do() -> None:
+    from paci_tune.calibrate import measure_links
+
+    sizes = {"allreduce_sizes": [16_384, 2**21], "allreduce_repeats": 2}
+    p2p, allreduce = measure_links([1024, 256 * 1024], p2p_repeats=3, **sizes)
+    assert p2p.backend == "gloo-loopback" and allreduce.backend == "gloo-loopback x2"
+    assert p2p.latency_s >= 0 and 0 < p2p.bandwidth_Bps < math.inf
+    assert allreduce.latency_s >= 0 and 0 < allreduce.bandwidth_Bps < math.inf
+    assert allreduce.ring_s(2**21, 2) > allreduce.ring_s(16_384, 2) > 0
+
+
 # ------------------------------------------------------------------------------- simulate command
 def test_simulate_shows_d_and_the_allreduce_share(tmp_path: Path) -> None:
     from paci_tune.sim.profile import UnitCost, UnitProfile

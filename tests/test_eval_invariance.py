@@ -105,8 +105,11 @@ def test_two_runs_differing_only_in_micro_batch_size_score_the_same_tokens() -> 
 def test_training_is_the_same_whatever_the_evaluation_cadence_distributed(
     tmp_path: Path, stages: int, window: int
 ) -> None:
+    """The two ways a distributed run drains to evaluate -- every step (the most drains) and on the rst
+    clock's grid -- against the emulated run; the emulated test above holds every cadence equal (a
+    3-rank run is ~17 s here, so not all four again)."""
     want = train_losses(run_in_process(_doc(tmp_path, stages, window, CADENCES[0])))
-    for i, cadence in enumerate(CADENCES):
+    for i, cadence in enumerate((CADENCES[0], CADENCES[-1])):
         d = tmp_path / f"c{i}"
         d.mkdir()
         metrics = d / "m.jsonl"

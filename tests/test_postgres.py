@@ -108,7 +108,9 @@ def test_two_workers_share_a_study_and_one_killed_on_another_host_is_found_by_it
             assert procs[0].poll() is None, procs[0].communicate()[1][-2000:]
             for s, st in _studies(storage, name).items() if _has_studies(storage, name) else ():
                 for t in st.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                    if (t.user_attrs.get("worker") or {}).get("host") == OTHER_HOST:
+                    # mid-trial: its trial has started (its folder exists), not only been asked for
+                    started = (tmp_path / "work" / "trials" / f"{name}.{s}" / f"trial-{t.number:04d}").is_dir()
+                    if (t.user_attrs.get("worker") or {}).get("host") == OTHER_HOST and started:
                         victim = (s, t.number, int(t.user_attrs["worker"]["pid"]))
             if victim is None:
                 time.sleep(0.2)
@@ -142,7 +144,9 @@ def test_two_workers_share_a_study_and_one_killed_on_another_host_is_found_by_it
         assert 3 <= counted(study.trials, 3) <= 4, s  # at most (workers - 1) extra from a race at the very end
         fresh = [t for t in study.trials if "repeat_of" not in t.user_attrs]
         dirs = sorted(p.name for p in (tmp_path / "work" / "trials" / f"{name}.{s}").iterdir())
-        assert dirs == [f"trial-{t.number:04d}" for t in sorted(fresh, key=lambda t: t.number)], "each trial ran once"
+        seen = [(t.number, t.state.name, sorted(t.user_attrs)) for t in study.trials]
+        ran = [f"trial-{t.number:04d}" for t in sorted(fresh, key=lambda t: t.number)]
+        assert dirs == ran, f"each trial ran once: {seen}"
         workers |= {t.user_attrs["worker"]["host"] for t in study.trials}
     assert len(workers) == 2, "both workers ran trials"
     folder = f"trial-{number:04d}"

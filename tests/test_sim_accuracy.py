@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import check_ok, descendants, machine, read_metrics, run_cli, summary_of, write_config
+from conftest import check_ok, descendants, read_metrics, run_cli, summary_of, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -42,9 +42,9 @@ DOC: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> tuple[Path, Path]:
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(config, profile) with the profile calibrated once, in process, at the trained micro-batch size
-    (with the machine to itself, as the runs it is compared with)."""
+    (with the machine to itself, as the runs it is compared with: the module holds it, tests/conftest.py)."""
     from paci_tune.calibrate import calibrate
     from paci_tune.config import load_config
 
@@ -52,8 +52,7 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
     config = write_config(d, DOC)
     cfg = load_config(config)
     t0 = time.perf_counter()
-    with machine(request.config, alone=True):
-        profile = calibrate(cfg, microbatch_sizes=[cfg.pipeline.microbatch_size])
+    profile = calibrate(cfg, microbatch_sizes=[cfg.pipeline.microbatch_size])
     print(f"calibration: {time.perf_counter() - t0:.1f} s")
     path = d / "profile.yaml"
     profile.save(path)

@@ -60,7 +60,8 @@ ran alone. What is measured, and how:
 - **Gradient all-reduce** (:mod:`.allreduce`): two gloo processes on loopback all-reduce tensors
   of a few sizes; the fastest time of each is fitted to the ring model (one step: ``latency +
   bytes / bandwidth``), what a stage's data-parallel group pays at each optimizer step. Written by
-  hand for NVLink or InfiniBand.
+  hand for NVLink or InfiniBand. A calibration measures both links from one pair of processes
+  (:mod:`.links`): their start-up, not the transfers, is most of the time.
 
 Not modelled, so simulated step times still run 5-10% under measured ones on a 2-core CPU:
 
@@ -77,7 +78,7 @@ Not modelled, so simulated step times still run 5-10% under measured ones on a 2
 Modules: :mod:`.pattern` (the stage pattern), :mod:`.corun` (co-running processes), :mod:`.units`
 (one unit alone: bytes, and the isolated timing kept for quick checks and as the fallback when the
 whole model with its micro-batches in flight does not fit on a GPU), :mod:`.p2p` (transfers),
-:mod:`.allreduce` (the data-parallel gradient all-reduce),
+:mod:`.allreduce` (the data-parallel gradient all-reduce), :mod:`.links` (both in one launch),
 :mod:`.measure` (a whole config) and :mod:`.cache` (measure once, read back). The package stands
 above :mod:`paci_tune.pipeline`, whose stage step it reuses. May import:
 :mod:`paci_tune.pipeline`, :mod:`paci_tune.sim`, :mod:`paci_tune.model`, :mod:`paci_tune.data`,
@@ -87,6 +88,7 @@ above :mod:`paci_tune.pipeline`, whose stage step it reuses. May import:
 from .allreduce import fit_allreduce, measure_allreduce
 from .cache import cache_dir, cache_key, measured_profile
 from .corun import co_run_pattern
+from .links import measure_links
 from .measure import calibrate, default_inflight, default_processes, default_threads, parse_sizes, resolve_target
 from .p2p import fit_p2p, measure_p2p
 from .pattern import PatternSamples, StagePattern
@@ -105,6 +107,7 @@ __all__ = [
     "fit_allreduce",
     "fit_p2p",
     "measure_allreduce",
+    "measure_links",
     "measure_optimizer",
     "measure_p2p",
     "measure_unit",

@@ -21,40 +21,42 @@ from pathlib import Path
 import torch
 
 from ..sim.profile import AllReduceCost
-from .p2p import fit_p2p, run_ranks
+from .p2p import fit_p2p, init_gloo, run_ranks, sizes_of
 
 ALLREDUCE_SIZES = (16 * 1024, 512 * 1024, 4 * 2**20)
 ALLREDUCE_TIMEOUT_S = 120.0
 
 
-def _allreduce_worker(rank: int, world: int, port: int, sizes: list[int], repeats: int, out_path: str) -> None:
-    """One rank; rank 0 writes {bytes: fastest all-reduce seconds} to ``out_path``.
+def time_allreduce(sizes: Sequence[int], repeats: int) -> dict[int, float]:
+    """{bytes: fastest all-reduce seconds} over the initialised group.
 
     A barrier before each timed all-reduce lines the ranks up, so the time is the collective's own,
     not a late rank's start.
     """
-    import datetime
-
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=ALLREDUCE_TIMEOUT_S),
-    )  # fmt: skip
     result: dict[int, float] = {}
+    for n in sizes:
+        buf = torch.ones(max(n // 4, 1), dtype=torch.float32)
+        times = []
+        for r in range(1 + repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            if r >= 1:
+                times.append(time.perf_counter() - t0)
+            buf.fill_(1.0)  # keep the values finite whatever the repeat count
+        result[buf.numel() * 4] = min(times)
+    return result
+
+
+def _allreduce_worker(rank: int, world: int, port: int, sizes: list[int], repeats: int, out_path: str) -> None:
+    """One rank; rank 0 writes {bytes: fastest all-reduce seconds} to ``out_path``."""
+    import torch.distributed as dist
+
+    init_gloo(rank, world, port, ALLREDUCE_TIMEOUT_S)
     try:
-        for n in sizes:
-            buf = torch.ones(max(n // 4, 1), dtype=torch.float32)
-            times = []
-            for r in range(1 + repeats):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(buf)
-                if r >= 1:
-                    times.append(time.perf_counter() - t0)
-                buf.fill_(1.0)  # keep the values finite whatever the repeat count
-            result[buf.numel() * 4] = min(times)
+        result = time_allreduce(sizes, repeats)
         if rank == 0:
             Path(out_path).write_text(json.dumps(result))
     finally:
@@ -84,6 +86,6 @@ def measure_allreduce(
         args = f"{rank}, {ranks}, {port}, {list(sizes)!r}, {repeats}, {out!r}"
         return f"from paci_tune.calibrate.allreduce import _allreduce_worker; _allreduce_worker({args})"
 
-    points = run_ranks("all-reduce", ranks, code, timeout_s)
+    points = sizes_of(run_ranks("all-reduce", ranks, code, timeout_s))
     latency, bandwidth = fit_allreduce(points, ranks)
     return AllReduceCost(latency, bandwidth, f"gloo-loopback x{ranks}")

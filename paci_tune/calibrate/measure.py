@@ -26,6 +26,7 @@ from ..pipeline.optim import release_masters
 from ..sim.profile import AllReduceCost, P2PCost, Profile, UnitCost, UnitProfile
 from .allreduce import measure_allreduce
 from .corun import co_run_pattern
+from .links import measure_links
 from .p2p import P2P_SIZES, measure_p2p
 from .pattern import PatternSamples, StagePattern, pooled_costs, pooled_optimizer
 from .units import fp32_param_bytes, measure_units, signature, to_compute
@@ -250,11 +251,16 @@ def calibrate(
         UnitProfile(model.names[i], fp32_param_bytes(unit), optimizer_s[i], costs[i]) for i, unit in enumerate(units)
     ]
     if p2p is None:
-        if log:
-            log("point-to-point transfers (2 gloo processes on loopback)")
         biggest = max(u.costs[max(sizes)].activation_bytes for u in unit_profiles[:-1]) if len(units) > 1 else 0
         p2p_sizes = sorted({*P2P_SIZES, min(max(biggest, 1), 64 * 2**20)})
-        p2p = measure_p2p(p2p_sizes, repeats=p2p_repeats)
+        if allreduce is True:  # both from one pair of processes (their start-up is most of the time)
+            if log:
+                log("point-to-point transfers and gradient all-reduce (2 gloo processes on loopback)")
+            p2p, allreduce = measure_links(p2p_sizes, p2p_repeats=p2p_repeats)
+        else:
+            if log:
+                log("point-to-point transfers (2 gloo processes on loopback)")
+            p2p = measure_p2p(p2p_sizes, repeats=p2p_repeats)
     if allreduce is True:
         if log:
             log("gradient all-reduce (2 gloo processes on loopback)")

@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,42 +33,54 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _p2p_worker(rank: int, port: int, sizes: list[int], repeats: int, out_path: str) -> None:
-    """One side of the ping-pong; rank 0 writes {bytes: one-way seconds} to ``out_path``.
-
-    The fastest round trip of each size is kept, not the median: on a shared machine scheduler
-    noise only ever adds time (a peer that is not running cannot answer), and the median of a few
-    round trips swung between 0.08 and 2 ms from one run to the next on a loaded 2-core machine.
-    """
+def init_gloo(rank: int, world: int, port: int, timeout_s: float) -> None:
+    """Join the measurement's gloo group on loopback (one thread per process: a link, not compute)."""
     import datetime
 
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=P2P_TIMEOUT_S),
-    )
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )  # fmt: skip
+
+
+def ping_pong(rank: int, sizes: Sequence[int], repeats: int) -> dict[int, float]:
+    """{bytes: fastest one-way seconds} between ranks 0 and 1 of the initialised group.
+
+    The fastest round trip of each size is kept, not the median: on a shared machine scheduler
+    noise only ever adds time (a peer that is not running cannot answer), and the median of a few
+    round trips swung between 0.08 and 2 ms from one run to the next on a loaded 2-core machine.
+    """
+    import torch.distributed as dist
+
     peer = 1 - rank
     result: dict[int, float] = {}
+    for n in sizes:
+        buf = torch.zeros(max(n // 4, 1), dtype=torch.float32)
+        times = []
+        for r in range(2 + repeats):
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
+            else:
+                dist.recv(buf, peer)
+                dist.send(buf, peer)
+            if r >= 2:
+                times.append((time.perf_counter() - t0) / 2)
+        result[buf.numel() * 4] = min(times)
+    return result
+
+
+def _p2p_worker(rank: int, port: int, sizes: list[int], repeats: int, out_path: str) -> None:
+    """One side of the ping-pong; rank 0 writes {bytes: one-way seconds} to ``out_path``."""
+    import torch.distributed as dist
+
+    init_gloo(rank, 2, port, P2P_TIMEOUT_S)
     try:
-        for n in sizes:
-            buf = torch.zeros(max(n // 4, 1), dtype=torch.float32)
-            times = []
-            for r in range(2 + repeats):
-                t0 = time.perf_counter()
-                if rank == 0:
-                    dist.send(buf, peer)
-                    dist.recv(buf, peer)
-                else:
-                    dist.recv(buf, peer)
-                    dist.send(buf, peer)
-                if r >= 2:
-                    times.append((time.perf_counter() - t0) / 2)
-            result[buf.numel() * 4] = min(times)
+        result = ping_pong(rank, sizes, repeats)
         if rank == 0:
             Path(out_path).write_text(json.dumps(result))
     finally:
@@ -104,16 +117,21 @@ def measure_p2p(sizes: Sequence[int] = P2P_SIZES, repeats: int = 30, timeout_s: 
         args = f"{rank}, {port}, {list(sizes)!r}, {repeats}, {out!r}"
         return f"from paci_tune.calibrate.p2p import _p2p_worker; _p2p_worker({args})"
 
-    points = run_ranks("point-to-point", 2, code, timeout_s)
+    points = sizes_of(run_ranks("point-to-point", 2, code, timeout_s))
     latency, bandwidth = fit_p2p(points)
     return P2PCost(latency, bandwidth, "gloo-loopback")
 
 
-def run_ranks(what: str, ranks: int, code: Callable[[int, int, str], str], timeout_s: float) -> dict[int, float]:
+def sizes_of(doc: dict[str, float]) -> dict[int, float]:
+    """{bytes: seconds} back from JSON, whose keys are strings."""
+    return {int(k): float(v) for k, v in doc.items()}
+
+
+def run_ranks(what: str, ranks: int, code: Callable[[int, int, str], str], timeout_s: float) -> Any:
     """Start ``ranks`` plain ``python -c`` children (``code(rank, port, out)``: each one's program,
-    rendezvous on ``port``, rank 0 writing ``{size: seconds}`` JSON to ``out``), wait for them within
+    rendezvous on ``port``, rank 0 writing its figures as JSON to ``out``), wait for them within
     ``timeout_s``, kill what is left on any exit, and return rank 0's figures; a failure shows the
-    children's last output. Used by the point-to-point and the all-reduce measurements."""
+    children's last output. Used by the point-to-point, the all-reduce and the links measurements."""
     with tempfile.TemporaryDirectory(prefix=f"paci-{what.replace(' ', '-')}-") as tmp:
         out = os.path.join(tmp, "result.json")
         port = _free_port()
@@ -142,4 +160,4 @@ def run_ranks(what: str, ranks: int, code: Callable[[int, int, str], str], timeo
                 log.close()
         if any(p.returncode for p in procs) or not os.path.exists(out):
             raise RuntimeError(f"{what} measurement failed:\n" + "\n".join(tails))
-        return {int(k): float(v) for k, v in json.loads(Path(out).read_text()).items()}
+        return json.loads(Path(out).read_text())
