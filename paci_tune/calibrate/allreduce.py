@@ -13,15 +13,13 @@ default): it runs inside every calibration. May import: :mod:`paci_tune.sim`, :m
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
 from ..sim.profile import AllReduceCost
-from .p2p import fit_p2p, init_gloo, run_ranks, sizes_of
+from .p2p import fit_p2p, measure_in_group, run_ranks, sizes_of
 
 ALLREDUCE_SIZES = (16 * 1024, 512 * 1024, 4 * 2**20)
 ALLREDUCE_TIMEOUT_S = 120.0
@@ -52,15 +50,7 @@ def time_allreduce(sizes: Sequence[int], repeats: int) -> dict[int, float]:
 
 def _allreduce_worker(rank: int, world: int, port: int, sizes: list[int], repeats: int, out_path: str) -> None:
     """One rank; rank 0 writes {bytes: fastest all-reduce seconds} to ``out_path``."""
-    import torch.distributed as dist
-
-    init_gloo(rank, world, port, ALLREDUCE_TIMEOUT_S)
-    try:
-        result = time_allreduce(sizes, repeats)
-        if rank == 0:
-            Path(out_path).write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
+    measure_in_group(rank, world, port, ALLREDUCE_TIMEOUT_S, out_path, lambda: time_allreduce(sizes, repeats))
 
 
 def fit_allreduce(points: dict[int, float], ranks: int) -> tuple[float, float]:

@@ -9,27 +9,21 @@ separate measurements. May import: :mod:`paci_tune.sim`, :mod:`.p2p`, :mod:`.all
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 
 from ..sim.profile import AllReduceCost, P2PCost
 from .allreduce import ALLREDUCE_SIZES, ALLREDUCE_TIMEOUT_S, fit_allreduce, time_allreduce
-from .p2p import P2P_TIMEOUT_S, fit_p2p, init_gloo, ping_pong, run_ranks, sizes_of
+from .p2p import P2P_TIMEOUT_S, fit_p2p, measure_in_group, ping_pong, run_ranks, sizes_of
 
 
 def _links_worker(rank: int, port: int, p2p: list[int], p2p_repeats: int, allreduce: list[int],
                   allreduce_repeats: int, out_path: str) -> None:  # fmt: skip
     """One of the two ranks; rank 0 writes {"p2p": {bytes: s}, "allreduce": {bytes: s}} to ``out_path``."""
-    import torch.distributed as dist
 
-    init_gloo(rank, 2, port, P2P_TIMEOUT_S + ALLREDUCE_TIMEOUT_S)
-    try:
-        result = {"p2p": ping_pong(rank, p2p, p2p_repeats), "allreduce": time_allreduce(allreduce, allreduce_repeats)}
-        if rank == 0:
-            Path(out_path).write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
+    def both() -> dict[str, dict[int, float]]:
+        return {"p2p": ping_pong(rank, p2p, p2p_repeats), "allreduce": time_allreduce(allreduce, allreduce_repeats)}
+
+    measure_in_group(rank, 2, port, P2P_TIMEOUT_S + ALLREDUCE_TIMEOUT_S, out_path, both)
 
 
 def measure_links(

@@ -253,15 +253,15 @@ def calibrate(
     if p2p is None:
         biggest = max(u.costs[max(sizes)].activation_bytes for u in unit_profiles[:-1]) if len(units) > 1 else 0
         p2p_sizes = sorted({*P2P_SIZES, min(max(biggest, 1), 64 * 2**20)})
-        if allreduce is True:  # both from one pair of processes (their start-up is most of the time)
-            if log:
-                log("point-to-point transfers and gradient all-reduce (2 gloo processes on loopback)")
-            p2p, allreduce = measure_links(p2p_sizes, p2p_repeats=p2p_repeats)
-        else:
-            if log:
-                log("point-to-point transfers (2 gloo processes on loopback)")
-            p2p = measure_p2p(p2p_sizes, repeats=p2p_repeats)
-    if allreduce is True:
+    if p2p is None and allreduce is True:  # both from one pair of processes (their start-up is most of the time)
+        if log:
+            log("point-to-point transfers and gradient all-reduce (2 gloo processes on loopback)")
+        p2p, allreduce = measure_links(p2p_sizes, p2p_repeats=p2p_repeats)
+    elif p2p is None:
+        if log:
+            log("point-to-point transfers (2 gloo processes on loopback)")
+        p2p = measure_p2p(p2p_sizes, repeats=p2p_repeats)
+    elif allreduce is True:
         if log:
             log("gradient all-reduce (2 gloo processes on loopback)")
         allreduce = measure_allreduce(2)

@@ -33,8 +33,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_gloo(rank: int, world: int, port: int, timeout_s: float) -> None:
-    """Join the measurement's gloo group on loopback (one thread per process: a link, not compute)."""
+def measure_in_group(rank: int, world: int, port: int, timeout_s: float, out_path: str,
+                     measure: Callable[[], Any]) -> None:  # fmt: skip
+    """A measurement process's life: join the gloo group on loopback (one thread per process: a link,
+    not compute), run ``measure``, rank 0 writes its figures as JSON to ``out_path``, leave the group."""
     import datetime
 
     import torch.distributed as dist
@@ -44,6 +46,12 @@ def init_gloo(rank: int, world: int, port: int, timeout_s: float) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),
     )  # fmt: skip
+    try:
+        result = measure()
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
 
 
 def ping_pong(rank: int, sizes: Sequence[int], repeats: int) -> dict[int, float]:
@@ -76,15 +84,7 @@ def ping_pong(rank: int, sizes: Sequence[int], repeats: int) -> dict[int, float]
 
 def _p2p_worker(rank: int, port: int, sizes: list[int], repeats: int, out_path: str) -> None:
     """One side of the ping-pong; rank 0 writes {bytes: one-way seconds} to ``out_path``."""
-    import torch.distributed as dist
-
-    init_gloo(rank, 2, port, P2P_TIMEOUT_S)
-    try:
-        result = ping_pong(rank, sizes, repeats)
-        if rank == 0:
-            Path(out_path).write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
+    measure_in_group(rank, 2, port, P2P_TIMEOUT_S, out_path, lambda: ping_pong(rank, sizes, repeats))
 
 
 def fit_p2p(points: dict[int, float]) -> tuple[float, float]:
