@@ -87,8 +87,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=3.0, help="Budget per run on the sim clock.")
     ap.add_argument("--grid", type=int, default=8, help="Validations over the budget (time-to-target resolution).")
-    ap.add_argument("--target", type=float, default=None,
-                    help="Target validation loss (default: flush's median loss at 2/3 of the budget).")
+    ap.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="Target validation loss (default: flush's median loss at 2/3 of the budget).",
+    )
     ap.add_argument("--global-batch", type=int, default=None, help="Override training.global_batch.")
     ap.add_argument("--d-model", type=int, default=None, help="Override model.d_model.")
     ap.add_argument("--block-size", type=int, default=None, help="Override model.block_size (sequence length).")

@@ -172,8 +172,10 @@ def direction(results: list[dict]) -> str:
     else:
         d = "does not hold: the gain at the smaller batch is not larger"
     size = {s: f"{r['speedup']:.2f}x" for s, r in zip(("small", "large"), (small, large), strict=True)}
-    return (f"Direction: {d}. Size: {size['small']} and {size['large']} here against the paper's "
-            f"{PAPER['small']['best']}x and {PAPER['large']['best']}x.")
+    return (
+        f"Direction: {d}. Size: {size['small']} and {size['large']} here against the paper's "
+        f"{PAPER['small']['best']}x and {PAPER['large']['best']}x."
+    )
 
 
 def draw(results: list[dict], path: Path) -> None:

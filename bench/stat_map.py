@@ -15,7 +15,10 @@ censored (shown as ">"; "<": PACI reached it and flush did not, at that seed). E
 mean over seeds of the paired ratio (same seed, same window, same LR), with the drift bound
 ceil((P-1)/a) beside it.
 
-    python bench/stat_map.py --out runs/stat-map          # the full map (about 40 min on a 2-core CPU)
+PACI runs once per ``--backward-weights`` semantics (``forward``: each backward reads the weights its
+forward used; ``current``: the weights of now), side by side against the same flush runs.
+
+    python bench/stat_map.py --out runs/stat-map          # the full map, both semantics (~70 min, 2 cores)
     python bench/stat_map.py --quick --out /tmp/map        # seconds: P {1,2} x a {1,2}, one seed (CI)
 """
 
@@ -46,6 +49,7 @@ def train(base: dict[str, Any], steps: int, eval_every: int, task: dict[str, Any
         "pipeline.schedule": schedule, "pipeline.stages": p, "pipeline.window": a, "training.seed": seed,
         "optimizer.lr": lr, "training.steps": steps, "training.eval_every": eval_every,
         "pipeline.runtime": "emulated", "pipeline.device": "cpu", "pipeline.partition": "auto",
+        "pipeline.backward_weights": task.get("bw", "current"),
     })  # fmt: skip
     curve: list[tuple[int, float]] = []
     losses: list[float] = []
@@ -58,7 +62,8 @@ def train(base: dict[str, Any], steps: int, eval_every: int, task: dict[str, Any
 
     summary = run_training(cfg, on_record=on_record) or {}
     drift = [(st["max_drift"], drift_bound(st["stage"], p, a)) for st in summary.get("stages", [])]
-    return {**task, "curve": curve, "losses": losses, "drift": drift}
+    read_ahead = [st.get("max_read_ahead", 0) for st in summary.get("stages", [])]
+    return {**task, "curve": curve, "losses": losses, "drift": drift, "read_ahead": read_ahead}
 
 
 def main() -> None:
@@ -70,6 +75,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--lr-scales", type=float, nargs="+", default=[1.0, 2.0],
                     help="LRs as multiples of the config's (the first: the target's).")  # fmt: skip
+    ap.add_argument("--backward-weights", nargs="+", default=["forward", "current"], choices=["forward", "current"],
+                    help="PACI's semantics, each run side by side (pipeline.backward_weights).")  # fmt: skip
+    ap.add_argument("--warmup", type=float, default=None, help="lr_schedule.warmup as a fraction of the steps.")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--n-layer", type=int, default=6, help="blocks (at least max(stages) - 2 units' worth)")
@@ -91,10 +99,18 @@ def main() -> None:
     if args.quick:  # no corpus to read: a small synthetic source
         base["data"] = {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 20_000, "n_val": 4_000}
     base["pipeline"].pop("microbatch_size", None)
+    if args.warmup is not None:
+        base["lr_schedule"] = {**base["lr_schedule"], "warmup": args.warmup}
     lr0 = float(cfg.optimizer.lr)
-    tasks = [{"schedule": s, "P": p, "a": a, "seed": seed, "lr": lr0 * scale}
-             for scale in args.lr_scales for seed in args.seeds for a in args.windows
-             for s, p in [("1f1b", 1)] + [("paci", p) for p in args.stages]]  # fmt: skip
+    tasks = [
+        {"schedule": "1f1b", "P": 1, "a": a, "seed": seed, "lr": lr0 * scale}
+        for scale in args.lr_scales
+        for seed in args.seeds
+        for a in args.windows
+    ]
+    tasks += [{"schedule": "paci", "P": p, "a": a, "seed": seed, "lr": lr0 * scale, "bw": bw}
+              for bw in args.backward_weights for scale in args.lr_scales for seed in args.seeds
+              for a in args.windows for p in args.stages]  # fmt: skip
     runs = run_pool(tasks, functools.partial(train, base, args.steps, args.eval_every),
                     log=Path(args.out) / "runs.jsonl", jobs=args.jobs, describe=_describe,
                     depends=[base, args.steps, args.eval_every])  # fmt: skip
@@ -108,6 +124,8 @@ def main() -> None:
         assert all(d <= b for d, b in r["drift"]), f"drift above the bound: {r['drift']} at P={r['P']} a={r['a']}"
         if r["schedule"] == "paci" and r["P"] == 1:
             assert r["losses"] == flush_of(r)["losses"], f"P=1 PACI differs from flush at a={r['a']}"
+        if r["schedule"] == "paci" and r["bw"] == "forward":
+            assert all(x == 0 for x in r.get("read_ahead", [0])), f"a forward-mode backward read newer weights: {r}"
     at = max(1, round(2 * args.steps / 3))
     base_flush = [dict(r["curve"]) for r in runs if r["schedule"] == "1f1b" and r["lr"] == lr0 * args.lr_scales[0]]
     target = statistics.median(min(c.items(), key=lambda kv: abs(kv[0] - at))[1] for c in base_flush)
@@ -116,11 +134,16 @@ def main() -> None:
         if r["schedule"] != "paci":
             continue
         mine, theirs = first_reach(r["curve"], target), first_reach(flush_of(r)["curve"], target)
-        key = f"{r['lr']:.3g}|{r['P']}|{r['a']}"
-        cell = cells.setdefault(key, {"lr": r["lr"], "P": r["P"], "a": r["a"], "ratios": [], "censored": 0,
+        cell_reached = mine is not None
+        key = f"{r['bw']}|{r['lr']:.3g}|{r['P']}|{r['a']}"
+        cell = cells.setdefault(key, {"bw": r["bw"], "lr": r["lr"], "P": r["P"], "a": r["a"], "ratios": [],
+                                      "censored": 0, "reached": 0, "runs": 0, "finals": [],
                                       "paci_only": 0,
                                       "bound": drift_bound(0, r["P"], r["a"]),
                                       "max_drift": max((d for d, _ in r["drift"]), default=0)})  # fmt: skip
+        cell["runs"] += 1
+        cell["reached"] += int(cell_reached)
+        cell["finals"].append(r["curve"][-1][1] if r["curve"] else math.nan)
         if mine is not None and theirs is None:
             cell["paci_only"] += 1  # PACI reached the target and flush did not: a win by any ratio
         elif mine is None or theirs is None:
@@ -132,14 +155,19 @@ def main() -> None:
         # The most PACI's speed can buy back: flush's step over PACI's on an ideal pipeline (equal
         # stages, free transfers), (a + P - 1) / a. More steps than that and PACI cannot win on time.
         c["payback"] = (c["a"] + c["P"] - 1) / c["a"]
-        c["cannot_win"] = c["P"] > 1 and not c["paci_only"] and (
-            c["mean"] >= c["payback"] if c["ratios"] else c["censored"] > 0)
+        c["cannot_win"] = (
+            c["P"] > 1 and not c["paci_only"] and (c["mean"] >= c["payback"] if c["ratios"] else c["censored"] > 0)
+        )
+    flush_runs = [r for r in runs if r["schedule"] == "1f1b"]
+    flush = {"runs": len(flush_runs), "reached": sum(first_reach(r["curve"], target) is not None for r in flush_runs),
+             "final": statistics.fmean(r["curve"][-1][1] for r in flush_runs if r["curve"])}  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"command": "python bench/stat_map.py " + " ".join(sys.argv[1:]), "target_val_loss": target,
            "steps": args.steps, "jobs": args.jobs, "global_batch": cfg.training.global_batch,
            "seconds": round(time.time() - t0, 1), "run_seconds": run_seconds(runs, args.jobs),
-           "model": base["model"], "cells": list(cells.values()), "stale_limit": stale_limit(list(cells.values())),
+           "model": base["model"], "lr_schedule": base["lr_schedule"], "flush": flush,
+           "cells": list(cells.values()), "stale_limit": stale_limit(list(cells.values())),
            "runs": runs}  # fmt: skip
     (out / "map.json").write_text(json.dumps(doc, indent=1))
     table = markdown(doc, args)
@@ -198,14 +226,32 @@ def run_seconds(runs: list[dict], jobs: int) -> dict[str, Any]:
 
 def markdown(doc: dict, args: argparse.Namespace) -> str:
     lines = []
-    for lr in sorted({c["lr"] for c in doc["cells"]}, reverse=True):
-        lines.append(f"\nlr {lr:.3g}: PACI steps to val loss {doc['target_val_loss']:.3f} over flush's (same a, "
-                     f"same seed); mean [min-max] over seeds, drift bound ceil((P-1)/a)\n")  # fmt: skip
-        lines.append("| P \\ a | " + " | ".join(str(a) for a in args.windows) + " |")
-        lines.append("|---" * (len(args.windows) + 1) + "|")
+    for bw in args.backward_weights:
+        for lr in sorted({c["lr"] for c in doc["cells"]}, reverse=True):
+            lines.append(f"\nbackward_weights **{bw}**, lr {lr:.3g}: PACI steps to val loss "
+                         f"{doc['target_val_loss']:.3f} over flush's (same a, same seed); mean [min-max] over "
+                         "seeds, drift bound ceil((P-1)/a)\n")  # fmt: skip
+            lines.append("| P \\ a | " + " | ".join(str(a) for a in args.windows) + " |")
+            lines.append("|---" * (len(args.windows) + 1) + "|")
+            for p in args.stages:
+                key = [(bw, lr, p, a) for a in args.windows]
+                row = [next(c for c in doc["cells"] if (c["bw"], c["lr"], c["P"], c["a"]) == k) for k in key]
+                lines.append(f"| {p} | " + " | ".join(_cell_text(c) for c in row) + " |")
+    lines.append("\nRuns that reached the target, and mean final validation loss, per semantics and depth "
+                 "(all windows, LRs and seeds):\n")  # fmt: skip
+    lines.append("| runs | " + " | ".join(f"P={p}" for p in args.stages) + " |")
+    lines.append("|---" * (len(args.stages) + 1) + "|")
+    fl = doc["flush"]
+    lines.append(f"| 1F1B-flush | {fl['reached']} of {fl['runs']}, final {fl['final']:.3f} (any P) |"
+                 + " |" * (len(args.stages) - 1))  # fmt: skip
+    for bw in args.backward_weights:
+        cols = []
         for p in args.stages:
-            row = [next(c for c in doc["cells"] if (c["lr"], c["P"], c["a"]) == (lr, p, a)) for a in args.windows]
-            lines.append(f"| {p} | " + " | ".join(_cell_text(c) for c in row) + " |")
+            cs = [c for c in doc["cells"] if c["bw"] == bw and c["P"] == p]
+            finals = [f for c in cs for f in c["finals"]]
+            cols.append(f"{sum(c['reached'] for c in cs)} of {sum(c['runs'] for c in cs)}, "
+                        f"final {statistics.fmean(finals):.3f}")  # fmt: skip
+        lines.append(f"| PACI {bw} | " + " | ".join(cols) + " |")
     lim = doc["stale_limit"]
     lines.append("\n**x**: PACI cannot win there -- it needs more steps than removing the bubble can buy back "
                  "(`pays` = (a + P - 1) / a, flush's step over PACI's on an ideal pipeline). ")  # fmt: skip
@@ -235,15 +281,21 @@ def draw(doc: dict, args: argparse.Namespace, path: Path) -> None:
     import numpy as np
 
     lrs = sorted({c["lr"] for c in doc["cells"]}, reverse=True)
-    fig, axes = plt.subplots(1, len(lrs), figsize=(1.3 * len(args.windows) * len(lrs) + 2, 0.8 * len(args.stages) + 2),
-                             squeeze=False)  # fmt: skip
-    for ax, lr in zip(axes[0], lrs, strict=True):
+    bws = args.backward_weights
+    fig, axes = plt.subplots(
+        len(bws),
+        len(lrs),
+        squeeze=False,
+        figsize=(1.3 * len(args.windows) * len(lrs) + 2, (0.8 * len(args.stages) + 2) * len(bws)),
+    )
+    for ax, (bw, lr) in zip(axes.flat, [(bw, lr) for bw in bws for lr in lrs], strict=True):
         grid = np.full((len(args.stages), len(args.windows)), np.nan)
-        for c in doc["cells"]:
+        mine = [c for c in doc["cells"] if c["bw"] == bw]
+        for c in mine:
             if c["lr"] == lr:
                 grid[args.stages.index(c["P"]), args.windows.index(c["a"])] = c["mean"]
         im = ax.imshow(grid, cmap="RdBu_r", vmin=0.5, vmax=1.5, aspect="auto")
-        for c in doc["cells"]:
+        for c in mine:
             if c["lr"] == lr:
                 i, j = args.stages.index(c["P"]), args.windows.index(c["a"])
                 text = ">" if not c["ratios"] else f"{c['mean']:.2f}"
@@ -253,7 +305,7 @@ def draw(doc: dict, args: argparse.Namespace, path: Path) -> None:
         ax.set_yticks(range(len(args.stages)), [str(p) for p in args.stages])
         ax.set_xlabel("window a (micro-batches per step)")
         ax.set_ylabel("pipeline depth P")
-        ax.set_title(f"PACI / flush steps to val {doc['target_val_loss']:.3f}, lr {lr:.3g}")
+        ax.set_title(f"PACI ({bw} weights) / flush steps to val {doc['target_val_loss']:.3f}, lr {lr:.3g}", fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8, label="< 1: PACI needs fewer steps")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

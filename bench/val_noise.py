@@ -67,7 +67,7 @@ def main() -> None:
     model = load_model(cfg.model, source.vocab_size, 0)
     units = [model.units[i] for i in range(model.n_units)]
     seq = model.block_size
-    val = source.val[: 40_000] if args.quick else source.val
+    val = source.val[:40_000] if args.quick else source.val
     params = [p for u in units for p in u.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.optimizer.lr, betas=(0.9, 0.95), weight_decay=0.1)
     stream = MicroBatchStream(source.train, seq, cfg.training.global_batch, 0)

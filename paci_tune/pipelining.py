@@ -202,9 +202,7 @@ class SchedulePACI:
         if self._drained:
             return
         if not self.flush and self._submitted:
-            final = stage_actions(
-                "paci", self.index, self.n_stages, self.window, self._seg_first, self._submitted
-            )
+            final = stage_actions("paci", self.index, self.n_stages, self.window, self._seg_first, self._submitted)
             rest = final[self._pos :]
             self._announce(rest)
             for act in rest:
@@ -263,9 +261,7 @@ class SchedulePACI:
         if self._horizon >= n_batches:
             return
         self._horizon = max(n_batches, 2 * self._horizon)
-        self._actions = stage_actions(
-            "paci", self.index, self.n_stages, self.window, self._seg_first, self._horizon
-        )
+        self._actions = stage_actions("paci", self.index, self.n_stages, self.window, self._seg_first, self._horizon)
 
     def _announce(self, acts: list[Action]) -> None:
         """Tell the transport which messages these actions will receive, so it can post them early."""

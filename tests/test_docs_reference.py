@@ -403,6 +403,7 @@ def test_text_and_bin_sources_by_behaviour(tmp_path: Path) -> None:
         def run(spec: dict[str, Any]) -> Any:
             s = sources.load_source({"source": kind, **spec}, None)
             return s.vocab_size, len(s.train), len(s.val)
+
         return run
 
     for kind, base in (("text", {"path": str(text), "val_fraction": 0.3}), ("bin", {"path": str(folder),
@@ -420,6 +421,7 @@ def _space_loader(tmp_path: Path) -> Callable[[Any], Any]:
         path = tmp_path / "space.yaml"
         path.write_text(yaml.safe_dump(doc))
         return load_space(str(path), global_batch=8, n_units=8, max_stages=None).describe()
+
     return load
 
 

@@ -128,8 +128,12 @@ def _refused(folder: Path, inputs: set[str], args: list[str], key: str, cache: P
         problems.append("a traceback")
     if left or (cache.exists() and any(cache.rglob("*"))):
         problems.append(f"wrote {sorted(left) or 'the profile cache'}")
-    if r.exit_code == 2 and not (len(lines) == 1 and lines[0].lower().startswith("error") and key in lines[0]) and not (
-        lines and lines[-1].startswith("Error:") and key in out  # click's usage error: usage lines, then one Error
+    if (
+        r.exit_code == 2
+        and not (len(lines) == 1 and lines[0].lower().startswith("error") and key in lines[0])
+        and not (
+            lines and lines[-1].startswith("Error:") and key in out  # click's usage error: usage lines, then one Error
+        )
     ):
         problems.append(f"message does not name {key!r}")
     last = next((ln for ln in reversed(out.splitlines()) if ln.strip()), "")
@@ -193,8 +197,11 @@ def test_broken_search_spaces_are_refused_by_search(tmp_path: Path, tripwire: Pa
         Variant("stages=range-of-a-billion", _dump({**SPACE, "stages": {"low": 1, "high": 10**9}}), "stages"),
         Variant("stages=empty-range", _dump({**SPACE, "stages": {"low": 5, "high": 1}}), "stages"),
         Variant("stages=all-beyond-units", _dump({**SPACE, "stages": [50, 60]}), "stages"),
-        Variant("free-batch=microbatch-beyond-data",
-                _dump({**SPACE, "global_batch": "free", "window": [2], "microbatch_size": [10**9]}), "microbatch_size"),
+        Variant(
+            "free-batch=microbatch-beyond-data",
+            _dump({**SPACE, "global_batch": "free", "window": [2], "microbatch_size": [10**9]}),
+            "microbatch_size",
+        ),
         Variant("lr_scale=inf-lr", _dump({**SPACE, "lr_scale": [1.0, 1e300]}), "lr"),
         Variant("lr_scale=range-to-inf-lr", _dump({**SPACE, "lr_scale": {"low": 1.0, "high": 1e300}}), "lr"),
     ]
@@ -234,10 +241,22 @@ def test_broken_profiles_are_refused_by_every_reader(tmp_path: Path, tripwire: P
 
 
 OPTIONS: list[tuple[list[str], str]] = [
-    *[(["train", "c.yaml", flag, value], flag.lstrip("-").split("-")[0])
-      for flag in ("--stages", "--window", "--microbatch-size", "--inflight", "--global-batch", "--steps",
-                   "--seconds", "--seed", "--eval-every", "--checkpoint-every")
-      for value in ("-3", "lots")],
+    *[
+        (["train", "c.yaml", flag, value], flag.lstrip("-").split("-")[0])
+        for flag in (
+            "--stages",
+            "--window",
+            "--microbatch-size",
+            "--inflight",
+            "--global-batch",
+            "--steps",
+            "--seconds",
+            "--seed",
+            "--eval-every",
+            "--checkpoint-every",
+        )
+        for value in ("-3", "lots")
+    ],
     (["train", "c.yaml", "--stages", "1000000"], "stages"),
     (["train", "c.yaml", "--global-batch", "1000000000000"], "global_batch"),
     (["train", "c.yaml", "--seed", str(2**64)], "seed"),

@@ -202,7 +202,13 @@ def paci_local_order(stage: int, n_stages: int, window: int, mbs: list[int]) -> 
 
 
 def simulate_paci(doc: dict[str, Any], sizes: list[int]) -> list[float]:
+    """PACI by hand in float64: each stage's weights, its AdamW, its local order of F, B and S.
+
+    ``pipeline.backward_weights``: ``current`` multiplies each backward by the weights of *now*;
+    ``forward`` by a copy of the weights taken at that micro-batch's forward.
+    """
     t, opt_doc, pipe = doc["training"], doc["optimizer"], doc["pipeline"]
+    at_forward = pipe.get("backward_weights", "forward") == "forward"
     n_stages, a, steps = pipe["stages"], pipe["window"], t["steps"]
     b = t["global_batch"] // a
     source = load_source(doc["data"], None)
@@ -241,7 +247,7 @@ def simulate_paci(doc: dict[str, Any], sizes: list[int]) -> list[float]:
                     h = x if s == 0 else acts.pop((s, m))
                     ins = []
                     for i in stage_units[s]:
-                        ins.append(h)
+                        ins.append((h, weights[i].clone() if at_forward else weights[i]))
                         h = weights[0][h] if i == 0 else h @ weights[i].T
                     if s == n_stages - 1:
                         logits = h.reshape(-1, SIM_VOCAB)
@@ -259,12 +265,12 @@ def simulate_paci(doc: dict[str, Any], sizes: list[int]) -> list[float]:
                         break
                     ins = saved.pop((s, m))
                     g = ins.pop() if s == n_stages - 1 else back.pop((s, m))
-                    for i, h_in in zip(reversed(stage_units[s]), reversed(ins), strict=True):
+                    for i, (h_in, w) in zip(reversed(stage_units[s]), reversed(ins), strict=True):
                         if i == 0:
                             grads[0].index_put_((h_in.flatten(),), g.reshape(-1, SIM_WIDTH), accumulate=True)
                         else:
                             grads[i] += g.reshape(-1, g.shape[-1]).T @ h_in.reshape(-1, h_in.shape[-1])
-                            g = g @ weights[i]  # the weights of *now*: PACI's backward
+                            g = g @ w  # the weights of now (current), or the forward's copy
                     if s > 0:
                         back[(s - 1, m)] = g
                 else:
@@ -280,16 +286,18 @@ def simulate_paci(doc: dict[str, Any], sizes: list[int]) -> list[float]:
     return [sum(losses[m] for m in range(k * a, k * a + a)) / a for k in range(steps)]
 
 
+@pytest.mark.parametrize("backward_weights", ["current", "forward"])
 @pytest.mark.parametrize(
     ("sizes", "window"), [([2, 2], 1), ([2, 2], 4), ([1, 2, 1], 2), ([1, 1, 1, 1], 1), ([1, 1, 1, 1], 4)]
 )
-def test_paci_equals_an_independent_simulation_of_paci(sizes: list[int], window: int):
+def test_paci_equals_an_independent_simulation_of_paci(sizes: list[int], window: int, backward_weights: str):
     doc = make_config(
         training={"steps": 10, "global_batch": 8, "eval_every": 1000, "eval_sequences": 2},
         optimizer={"lr": 2e-2},
         lr_schedule=CONSTANT_LR,
-        pipeline={"schedule": "paci", "stages": len(sizes), "window": window, "partition": sizes},
-    )
+        pipeline={"schedule": "paci", "stages": len(sizes), "window": window, "partition": sizes,
+                  "backward_weights": backward_weights},
+    )  # fmt: skip
     doc["model"] = {"entry": "test_numerics:linear_units", "block_size": SIM_SEQ}
     got = train_losses(run_in_process(doc))
     want = simulate_paci(doc, sizes)
@@ -297,3 +305,7 @@ def test_paci_equals_an_independent_simulation_of_paci(sizes: list[int], window:
     # and the simulation is not plain training in disguise: one stage has no staleness
     plain = simulate_paci(merge(doc, {"pipeline": {"stages": 1, "partition": [4]}}), [4])
     assert max(abs(w - p) for w, p in zip(want, plain, strict=True)) > 1e-3
+    # nor the other semantics in disguise (every case here has micro-batches that cross an update)
+    other = "current" if backward_weights == "forward" else "forward"
+    alt = simulate_paci(merge(doc, {"pipeline": {"backward_weights": other}}), sizes)
+    assert max(abs(w - a) for w, a in zip(want, alt, strict=True)) > 1e-6

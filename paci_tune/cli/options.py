@@ -31,6 +31,14 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--runtime", "pipeline.runtime", {"type": click.Choice(["emulated", "distributed"]), "help": "Runtime."}),
     ("--device", "pipeline.device", {"type": click.Choice(["auto", "cpu", "cuda"]), "help": "Device."}),
     ("--precision", "pipeline.precision", {"type": click.Choice(["auto", "fp32", "bf16"]), "help": "Precision."}),
+    (
+        "--backward-weights",
+        "pipeline.backward_weights",
+        {
+            "type": click.Choice(["forward", "current"]),
+            "help": "PACI: a backward reads the weights its forward used (forward) or the current ones.",
+        },
+    ),
     ("--global-batch", "training.global_batch", {"type": int, "help": "Global batch in sequences."}),
     ("--steps", "training.steps", {"type": int, "help": "Budget in global batches (steps)."}),
     ("--seconds", "training.seconds", {"type": float, "help": "Budget in seconds of the clock."}),

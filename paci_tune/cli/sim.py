@@ -56,7 +56,6 @@ def _check_calibrate_options(cfg: Any, sizes: list[int] | None, repeats: int, th
     check_writable(out, "--out")
 
 
-
 @click.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile YAML to write.")
@@ -253,7 +252,15 @@ def simulate(
 
         short = [
             run_simulation(
-                n, p.stages, p.window, p.microbatch_size, sizes_of[n], profile, 2, inflight=p.inflight, extend=False,
+                n,
+                p.stages,
+                p.window,
+                p.microbatch_size,
+                sizes_of[n],
+                profile,
+                2,
+                inflight=p.inflight,
+                extend=False,
                 data_parallel=p.data_parallel,
             )
             for n in ("1f1b", "gpipe", "paci")

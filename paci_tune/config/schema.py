@@ -141,6 +141,9 @@ class PipelineConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # PACI: what an in-flight micro-batch's backward reads -- the weights its forward used (one copy per
+    # version still needed, as the reference code's autocast casts did), or the current ones (no copy).
+    backward_weights: Literal["forward", "current"] = "forward"
 
     def __post_init__(self) -> None:
         self.check("pipeline")

@@ -215,7 +215,8 @@ class DistributedRuntime:
 
     def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
         """Every stage's summary entry (replica 0's: the replicas' drift is the same), the same list on each rank."""
-        mine = stage_stats(self.stage, timing[self.s], makespan, self.units[self.s], self.device, self.schedule)
+        mine = stage_stats(self.stage, timing[self.s], makespan, self.units[self.s], self.device, self.schedule,
+                           self.inflight)  # fmt: skip
         if self.grads is not None:  # the all-reduce's exposed part, since the run (or resume) started
             mine["allreduce_wait_s"] = round(self.grads.waited_s, 6)
         out: list[dict | None] = [None] * dist.get_world_size()

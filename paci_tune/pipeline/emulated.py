@@ -205,7 +205,7 @@ class EmulatedRuntime:
     def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
         """Per-stage summary entries (replica 0's: every replica has the same drift), given the run's timing."""
         return [
-            stage_stats(st, timing[s], makespan, self.units[s], self.device, self.schedule)
+            stage_stats(st, timing[s], makespan, self.units[s], self.device, self.schedule, self.inflight)
             for s, st in enumerate(self.stages)
         ]
 

@@ -2,9 +2,10 @@
 
 A stage reaches ``EVAL(k)`` in its program (:mod:`paci_tune.schedule.program`) and scores the
 validation set with its weights after update ``k``: its current ones, or, where it stepped again
-first, a snapshot taken just before that later step (one copy of the stage's weights for the
-duration of one evaluation). Stage 0 starts each evaluation with a control message, which every
-stage reads, extends with the weights it scored and passes on before the activations:
+first, the copy that later step made of them (the stage's weight versions, :mod:`.versions`, the
+same store -- and the same copy -- that in-flight backwards of ``forward`` mode read). Stage 0
+starts each evaluation with a control message, which every stage reads, extends with the weights
+it scored and passes on before the activations:
 
 - whether to evaluate at this point at all (on the wall clock the points are candidates, and stage 0
   decides by its clock), and
@@ -93,24 +94,25 @@ class StageEvaluator:
         self.scores = True  # False on data-parallel replicas other than 0: they pass the control message only
         self.program: Program | None = None
         self.plan: EvalPlan | None = None
-        self._awaiting: list[int] = []  # evaluation points stepped here and not evaluated yet
-        self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self._awaiting: dict[int, int] = {}  # evaluation point stepped here -> the weight version it scores
 
     def begin(self, program: Program, plan: EvalPlan) -> None:
         self.program, self.plan = program, plan
-        self._awaiting.clear()
-        self._snapshots.clear()
+        for k in list(self._awaiting):
+            self._drop(k)
 
-    # ----------------------------------------------------------------------------- snapshots
-    def before_step(self) -> None:
-        """Keep the weights of every pending evaluation before this step changes them."""
-        for k in self._awaiting if self.scores else ():
-            if k not in self._snapshots:
-                self._snapshots[k] = {n: p.detach().clone() for n, p in self.stage.module.named_parameters()}
+    # ----------------------------------------------------------------------------- versions
+    def _drop(self, k: int) -> None:
+        version = self._awaiting.pop(k)
+        if self.scores:
+            self.stage.versions.release(version)
 
     def after_step(self, batch: int) -> None:
+        """After the step closing ``batch``: an evaluation of it holds these weights until it runs."""
         if self.program is not None and self.program.evaluates(batch):
-            self._awaiting.append(batch)
+            self._awaiting[batch] = self.stage.updates
+            if self.scores:
+                self.stage.versions.hold(self.stage.updates)
 
     # ---------------------------------------------------------------------------- the action
     def run(self, k: int) -> None:
@@ -124,19 +126,25 @@ class StageEvaluator:
         else:
             got, _ = tr.recv(s - 1, s, "ctl", k)
             ctl = [int(v) for v in got.tolist()]
-        weights = self._snapshots.pop(k, None)
-        self._awaiting.remove(k)
-        ctl += [st.updates if weights is None else k + 1, int(weights is not None)]
+        version = self._awaiting[k]
+        weights = st.versions.weights(version) if self.scores else None
+        ctl += [version, int(version != st.updates)]
         if not st.is_last:
             tr.send(s, s + 1, "ctl", k, torch.tensor(ctl, dtype=torch.int64))
         if ctl[1] >= 0:
             self.program.set_end(ctl[1], k)
             self.plan.on_end(ctl[1])
             for j in [j for j in self._awaiting if j > k]:  # evaluations the end dropped
-                self._awaiting.remove(j)
-                self._snapshots.pop(j, None)
-        if not ctl[0] or not self.scores:
-            return
+                self._drop(j)
+        try:
+            if ctl[0] and self.scores:
+                self._score(k, ctl, weights)
+        finally:
+            self._drop(k)
+
+    def _score(self, k: int, ctl: list[int], weights: dict[str, torch.Tensor] | None) -> None:
+        """This stage's forwards of the validation set at evaluation ``k`` (the loss, on the last stage)."""
+        st, s, tr = self.stage, self.stage.index, self.transport
         n = len(self.val)
         if not st.is_first:
             tr.expect(s - 1, [("eval", k * n + i) for i in range(n)])

@@ -148,6 +148,7 @@ def build_setup(
             lr_at=lr_at,
             device=device,
             dtype=dtype,
+            backward_weights=p.backward_weights,
         )
 
     runtime: object

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from ..schedule import Action, Op, Program, drift_bound, stage_actions
+from ..schedule import Action, Op, Program, copies_bound, drift_bound, stage_actions
 from .evaluation import EvalPlan, StageEvaluator, Transport
 from .stage import Stage
 
@@ -141,7 +141,6 @@ class ActionRunner:
                 self.grad_sync(act.mb)  # before any norm: clipping sees the averaged gradients
             norm = self.global_grad_norm(act.mb) if self.global_grad_norm is not None else None
             t1 = time.perf_counter()  # waiting for the replicas' gradients or other stages' norms is not compute
-            self.evaluator.before_step()
             st.step(norm)
             self.evaluator.after_step(act.mb)
         if self._sync:
@@ -190,7 +189,13 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def stage_stats(
-    stage: Stage, timing: StageTiming, makespan: float, units: range, device: torch.device, schedule: str
+    stage: Stage,
+    timing: StageTiming,
+    makespan: float,
+    units: range,
+    device: torch.device,
+    schedule: str,
+    inflight: int | None = None,
 ) -> dict:
     """The per-stage entry of the run summary (flush schedules cross no update: their bound is 0)."""
     return {
@@ -205,6 +210,12 @@ def stage_stats(
         "mean_drift": stage.drift.mean,
         "drift_bound": drift_bound(stage.index, stage.n_stages, stage.window) if schedule == "paci" else 0,
         "drift_histogram": {str(k): v for k, v in sorted(stage.drift.histogram.items())},
+        "read_ahead_histogram": {str(k): v for k, v in sorted(stage.drift.read_histogram.items())},
+        "max_read_ahead": stage.drift.max_read_ahead,
+        **stage.copies_stats(),
+        "weight_copies_bound": copies_bound(schedule, stage.index, stage.n_stages, stage.window, inflight)
+        if stage.backward_weights == "forward"
+        else 0,
         "parameter_bytes": stage.parameter_bytes(),
         "peak_memory_bytes": peak_memory_bytes(device),
     }

@@ -1,12 +1,15 @@
 """One pipeline stage: its units, its optimizer, its local accumulation counter, its drift record.
 
-The stage steps its optimizer through parameter aliases (:mod:`.optim`), so a micro-batch in flight
-runs its backward against the current weights, PACI's semantics, with no weight copy. In bf16
+The stage steps its optimizer through parameter aliases (:mod:`.optim`), so a step never trips
+autograd's in-place check on a micro-batch in flight. Which weights that micro-batch's backward then
+reads is ``backward_weights`` (:mod:`.versions`): ``forward``, the values its forward used (one copy
+per version still needed, made on step), or ``current``, the weights as they are now (no copy). In bf16
 (``dtype=torch.bfloat16``) the stage's parameters *are* bf16 -- the module is converted, not run
 under autocast, whose per-forward weight casts autograd would keep for every micro-batch in flight
-(a stashed copy each, and stale weights in the backward) -- its inputs and activations are bf16,
-the loss is fp32 (:func:`~paci_tune.model.loss.next_token_loss`), and the optimizer keeps fp32
-masters written back in place after each step. May import: :mod:`.optim`, :mod:`paci_tune.model`,
+(a cast per micro-batch, where ``forward`` keeps one copy per version) -- its inputs and activations
+are bf16, the loss is fp32 (:func:`~paci_tune.model.loss.next_token_loss`), and the optimizer keeps
+fp32 masters written back in place after each step. May import: :mod:`.optim`, :mod:`.versions`,
+:mod:`paci_tune.model`,
 :mod:`paci_tune.config`, torch.
 """
 
@@ -21,6 +24,7 @@ from torch import nn
 from ..config.schema import OptimizerConfig
 from ..model.loss import next_token_loss
 from .optim import MASTER_DTYPES, AliasedOptimizer
+from .versions import BACKWARD_WEIGHTS, WeightVersions
 
 
 def compute_dtype(precision: str) -> torch.dtype:
@@ -35,33 +39,59 @@ class _InFlight:
     inputs: torch.Tensor
     outputs: torch.Tensor  # activations, or the scaled loss on the last stage
     updates_at_forward: int
+    held: bool  # whether it holds its forward's weight version (``forward`` mode)
 
 
 @dataclass
 class DriftStats:
-    """Optimizer updates crossed between forward and backward, over every micro-batch seen."""
+    """Optimizer updates crossed between forward and backward, over every micro-batch seen.
+
+    ``read_histogram``: for each micro-batch, how many updates newer than its forward's were the
+    weights its backward read (0 in ``forward`` mode, the drift in ``current`` mode): what each
+    backward saw, beside how late it came.
+    """
 
     count: int = 0
     total: int = 0
     maximum: int = 0
     histogram: dict[int, int] = field(default_factory=dict)
+    read_histogram: dict[int, int] = field(default_factory=dict)
 
-    def add(self, drift: int) -> None:
+    def add(self, drift: int, read_ahead: int | None = None) -> None:
+        """One micro-batch: ``drift`` updates crossed; its backward read weights ``read_ahead`` updates newer.
+
+        ``read_ahead`` defaults to ``drift`` (the current weights).
+        """
         self.count += 1
         self.total += drift
         self.maximum = max(self.maximum, drift)
         self.histogram[drift] = self.histogram.get(drift, 0) + 1
+        seen = drift if read_ahead is None else read_ahead
+        self.read_histogram[seen] = self.read_histogram.get(seen, 0) + 1
+
+    @property
+    def max_read_ahead(self) -> int:
+        """Most updates any backward's weights were newer than its forward's."""
+        return max(self.read_histogram, default=0)
 
     @property
     def mean(self) -> float:
         return self.total / self.count if self.count else 0.0
 
     def state_dict(self) -> dict:
-        return {"count": self.count, "total": self.total, "maximum": self.maximum, "histogram": dict(self.histogram)}
+        return {
+            "count": self.count,
+            "total": self.total,
+            "maximum": self.maximum,
+            "histogram": dict(self.histogram),
+            "read_histogram": dict(self.read_histogram),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.count, self.total, self.maximum = state["count"], state["total"], state["maximum"]
         self.histogram = {int(k): int(v) for k, v in state["histogram"].items()}
+        # Checkpoints from before the record existed were all read at the current weights.
+        self.read_histogram = {int(k): int(v) for k, v in state.get("read_histogram", state["histogram"]).items()}
 
 
 class Stage:
@@ -80,26 +110,48 @@ class Stage:
         units: Sequence[nn.Module],
         *,
         window: int,
-        optimizer: OptimizerConfig,
-        lr_at: Callable[[int], float],
+        optimizer: OptimizerConfig | AliasedOptimizer,
+        lr_at: Callable[[int], float] | None,
         device: torch.device,
         dtype: torch.dtype = torch.float32,
+        backward_weights: str = "current",
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = next_token_loss,
     ) -> None:
+        if backward_weights not in BACKWARD_WEIGHTS:
+            raise ValueError(f"backward_weights must be one of {BACKWARD_WEIGHTS}, got {backward_weights!r}")
         self.index, self.n_stages, self.window = index, n_stages, window
         self.device, self.dtype = device, dtype
-        self.module = nn.Sequential(*units).to(device)
+        self.module = nn.Sequential(*units)
+        self.module.to(device)
         if dtype != torch.float32:
             self.module.to(dtype)
-        self.lr_at = lr_at
-        self.grad_clip = optimizer.grad_clip
-        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-        self.param_names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        self.optim = AliasedOptimizer.from_config(self.params, optimizer)
-        self.updates = 0
+        self.lr_at, self.loss_fn = lr_at, loss_fn
+        if isinstance(optimizer, AliasedOptimizer):  # built by the caller over this module's parameters
+            self.optim = optimizer
+            names = {id(p): n for n, p in self.module.named_parameters()}
+            self.params = list(optimizer.params)
+            self.param_names = [names[id(p)] for p in self.params]
+            self.grad_clip = optimizer.grad_clip
+        else:
+            named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+            self.param_names = [n for n, _ in named]
+            self.params = [p for _, p in named]
+            self.optim = AliasedOptimizer.from_config(self.params, optimizer)
+            self.grad_clip = optimizer.grad_clip
+        self.backward_weights = backward_weights
+        self.versions = WeightVersions(list(zip(self.param_names, self.params, strict=True)))
         self.backwards = 0
         self.drift = DriftStats()
         self._inflight: dict[int, _InFlight] = {}
+
+    @property
+    def updates(self) -> int:
+        """Optimizer steps taken: the version of the weights the parameters hold now."""
+        return self.versions.current
+
+    @updates.setter
+    def updates(self, value: int) -> None:
+        self.versions.current = value
 
     @property
     def is_first(self) -> bool:
@@ -128,32 +180,51 @@ class Stage:
         """
         inputs = self._cast(inputs.to(self.device, non_blocking=True))
         if not self.is_first:
-            inputs = inputs.detach().requires_grad_(True)
-        out = self.module(inputs)
+            inputs = inputs.detach().requires_grad_(inputs.is_floating_point())
+        held = self.backward_weights == "forward"
+        if held:
+            with self.versions.recording():
+                out = self.module(inputs)
+                if self.is_last:  # a loss with weights of its own saves them too
+                    assert targets is not None
+                    loss = self.loss_fn(out, targets.to(self.device))
+            self.versions.hold(self.updates)
+        else:
+            out = self.module(inputs)
+            if self.is_last:
+                assert targets is not None
+                loss = self.loss_fn(out, targets.to(self.device))
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"stage {self.index} returned {type(out).__name__}; a pipeline stage passes on one tensor")
         if self.is_last:
-            assert targets is not None
-            loss = next_token_loss(out, targets.to(self.device))
             out = loss / self.window
-        self._inflight[mb] = _InFlight(inputs, out, self.updates)
+        self._inflight[mb] = _InFlight(inputs, out, self.updates, held)
         return loss.detach() if self.is_last else out.detach()
 
     def backward(self, mb: int, grad: torch.Tensor | None = None, *, warmup: bool = False) -> torch.Tensor | None:
-        """Backward of micro-batch ``mb`` against the current weights; returns the input gradient.
+        """Backward of micro-batch ``mb``; returns the input gradient.
+
+        It reads the weights its forward used (``forward``) or the current ones (``current``).
 
         ``warmup=True`` discards the gradients and records nothing: a warm-up pass before the run
         leaves weights, optimizer state and counters exactly as they were.
         """
         rec = self._inflight.pop(mb)
-        if self.is_last:
-            rec.outputs.backward()
-        else:
-            assert grad is not None
-            rec.outputs.backward(grad.to(self.device, dtype=rec.outputs.dtype, non_blocking=True))
+        try:
+            if self.is_last:
+                rec.outputs.backward()
+            else:
+                assert grad is not None
+                rec.outputs.backward(grad.to(self.device, dtype=rec.outputs.dtype, non_blocking=True))
+        finally:
+            if rec.held:
+                self.versions.release(rec.updates_at_forward)
         if warmup:
             self.optim.discard_grads()
         else:
             self.backwards += 1
-            self.drift.add(self.updates - rec.updates_at_forward)
+            drift = self.updates - rec.updates_at_forward
+            self.drift.add(drift, 0 if rec.held else drift)
         return None if self.is_first else rec.inputs.grad
 
     def gradients(self) -> list[torch.Tensor]:
@@ -165,8 +236,14 @@ class Stage:
         return self.optim.grad_sq_norm()
 
     def step(self, grad_norm: float | None = None) -> None:
-        """Apply the accumulated window at this step's LR (see :meth:`.AliasedOptimizer.step` for ``grad_norm``)."""
-        self.optim.set_lr(self.lr_at(self.updates))
+        """Apply the accumulated window at this step's LR (see :meth:`.AliasedOptimizer.step` for ``grad_norm``).
+
+        Weights a micro-batch in flight or a pending evaluation still needs are copied first
+        (:meth:`.WeightVersions.preserve`); ``lr_at=None`` leaves the LR to the caller's scheduler.
+        """
+        if self.lr_at is not None:
+            self.optim.set_lr(self.lr_at(self.updates))
+        self.versions.preserve()
         self.optim.step(grad_norm)
         self.updates += 1
 
@@ -183,7 +260,7 @@ class Stage:
         out = self.module(x) if weights is None else torch.func.functional_call(self.module, weights, (x,))
         if self.is_last:
             assert targets is not None
-            return next_token_loss(out, targets.to(self.device))
+            return self.loss_fn(out, targets.to(self.device))
         return out
 
     def state_dict(self) -> dict:
@@ -215,3 +292,12 @@ class Stage:
     def parameter_bytes(self) -> int:
         """Bytes of the parameters the stage computes with (bf16 ones in bf16; the masters not counted)."""
         return sum(p.numel() * p.element_size() for p in self.params)
+
+    def copies_stats(self) -> dict:
+        """What ``forward`` mode's weight copies cost here: the most held at once, and how many were made."""
+        return {
+            "backward_weights": self.backward_weights,
+            "weight_copies_peak": self.versions.peak_copies,
+            "weight_copies_made": self.versions.copies_made,
+            "weight_copy_bytes": self.versions.weight_bytes,
+        }

@@ -5,7 +5,18 @@ times them; both stand on this package and neither needs the other to know what 
 May import: :mod:`paci_tune.errors` and the standard library only.
 """
 
-from .actions import SCHEDULES, Action, Op, dependency, drift_bound, execution_order, inflight_cap, step_barrier, sweep
+from .actions import (
+    SCHEDULES,
+    Action,
+    Op,
+    copies_bound,
+    dependency,
+    drift_bound,
+    execution_order,
+    inflight_cap,
+    step_barrier,
+    sweep,
+)
 from .partition import (
     balanced_partition,
     check_depth,
@@ -28,6 +39,7 @@ __all__ = [
     "build",
     "check_depth",
     "check_partition",
+    "copies_bound",
     "dependency",
     "drift_bound",
     "drift_per_microbatch",

@@ -72,6 +72,20 @@ def drift_bound(stage: int, n_stages: int, window: int) -> int:
     return math.ceil((n_stages - stage - 1) / window)
 
 
+def copies_bound(schedule: str, stage: int, n_stages: int, window: int, inflight: int | None = None) -> int:
+    """Most weight copies a stage holds for in-flight backwards with ``pipeline.backward_weights: forward``.
+
+    A copy exists only for a version an in-flight micro-batch still references after a step; with
+    ``k`` micro-batches in flight those span at most ``ceil((k-1)/a)`` versions older than the
+    current one (PACI's drift bound, ``ceil((P-s-1)/a)`` at the default cap). Synchronous schedules
+    never step with a micro-batch in flight: 0.
+    """
+    if schedule != "paci":
+        return 0
+    k = inflight_cap(schedule, stage, n_stages, window, inflight)
+    return math.ceil((k - 1) / window)
+
+
 def dependency(action: Action, stage: int, n_stages: int) -> tuple[int, Action] | None:
     """The action at a neighbouring stage that must finish before ``action`` can start.
 

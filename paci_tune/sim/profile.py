@@ -346,8 +346,11 @@ def _link(key: str, raw: Any) -> tuple[float, float, str]:
     _mapping(key, raw, _P2P_KEYS)
     latency = _number(f"{key}.latency_s", raw.get("latency_s"))
     bandwidth = raw.get("bandwidth_Bps")
-    if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0 or (
-        isinstance(bandwidth, int) and bandwidth >= 2**1023
+    if (
+        isinstance(bandwidth, bool)
+        or not isinstance(bandwidth, (int, float))
+        or not bandwidth > 0
+        or (isinstance(bandwidth, int) and bandwidth >= 2**1023)
     ):
         raise ConfigError(f"{key}.bandwidth_Bps", bandwidth, "a positive number of bytes/s (.inf: free)")
     return latency, float(bandwidth), str(raw.get("backend", "unknown"))

@@ -129,6 +129,7 @@ def build_best(
     With ``transfer_factor``, ``transfer_check`` reports how the short trials' ranking held at that
     many times the budget (:mod:`.transfer`); it changes nothing else in the file.
     """
+
     def point_of(t: FrozenTrial, schedule: str) -> TrialParams:
         return params_of(t, schedule, fixed_batch)
 

@@ -158,8 +158,12 @@ def confirmed(study: optuna.Study, schedule: str, seeds: list[int], params_of: A
     out = {n: Confirmed(n, params_of(by_number[n], schedule)) for n in numbers}
     for t in trials:
         c = t.user_attrs.get(CONFIRM_ATTR)
-        if c is None or c["of"] not in out or c["seed"] not in seeds or t.state not in (TrialState.COMPLETE,
-                                                                                        TrialState.FAIL):
+        if (
+            c is None
+            or c["of"] not in out
+            or c["seed"] not in seeds
+            or t.state not in (TrialState.COMPLETE, TrialState.FAIL)
+        ):
             continue
         if t.number in retried:
             continue  # an interrupted run that was queued again: its retry counts

@@ -21,6 +21,7 @@ from .space import SearchSpace
 
 Log = Callable[[str], None]
 
+
 def bind_space(tune: TuneConfig) -> SearchSpace:
     """The space file, constrained by this run's global batch, model depth and device budget.
 

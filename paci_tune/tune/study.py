@@ -78,8 +78,10 @@ def _with_driver(url: str) -> str:
     """``postgresql://`` means psycopg2 to SQLAlchemy; with only psycopg 3 (``paci-tune[postgres]``) use that."""
     import importlib.util
 
-    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None and (
-        importlib.util.find_spec("psycopg") is not None
+    if (
+        url.startswith("postgresql://")
+        and importlib.util.find_spec("psycopg2") is None
+        and (importlib.util.find_spec("psycopg") is not None)
     ):
         return "postgresql+psycopg://" + url[len("postgresql://") :]
     return url
