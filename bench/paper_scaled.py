@@ -19,6 +19,10 @@ where flush's bubble is a larger share of its step. Here, the same protocol at C
   flush's mean over PACI's, with a paired percentile-bootstrap 95% interval over the seeds, against
   the best flush point and against flush at PACI's micro-batch count (its best LR there).
 
+PACI runs under each ``--backward-weights`` semantics (``forward``: every backward reads the weights
+its forward used, as the reference code's autocast casts did; ``current``: the weights of now), each
+compared with the same flush runs, side by side.
+
 The best points are picked on the same seeds the ratio is measured on, as a grid search's winner
 is: an optimistic pick for both schedules alike. Finished runs are kept in ``--workdir``, so a killed
 bench resumes where it stopped.
@@ -68,14 +72,15 @@ QUICK: dict[str, Any] = {
 def _one(base: dict[str, Any], profile: str, seconds: float, grid: int, task: dict[str, Any]) -> dict[str, Any]:
     """One run (in a worker process of :func:`simrun.run_pool`)."""
     run_base = {**base, "training": {**base["training"], "global_batch": task["G"]}}
+    extra = {"pipeline.backward_weights": task["bw"]} if "bw" in task else {}
     row = train_sim(run_base, profile, task["schedule"], task["P"], 1, task["a"], seconds=seconds, grid=grid,
-                    overrides={"optimizer.lr": task["lr"], "training.seed": task["seed"]})  # fmt: skip
+                    overrides={"optimizer.lr": task["lr"], "training.seed": task["seed"], **extra})  # fmt: skip
     return {**task, **row}
 
 
 def _describe(r: dict[str, Any]) -> str:
-    return (f"G={r['G']} {r['schedule']:5s} a={r['a']:2d} lr={r['lr']:.3g} seed {r['seed']}: {r['steps']} steps, "
-            f"best val {r['best_val_loss']:.4f}, {r['wall_s']} s wall")  # fmt: skip
+    return (f"G={r['G']} {r['schedule']:5s} {r.get('bw', ''):7s} a={r['a']:2d} lr={r['lr']:.3g} seed {r['seed']}: "
+            f"{r['steps']} steps, best val {r['best_val_loss']:.4f}, {r['wall_s']} s wall")  # fmt: skip
 
 
 def loss_at(curve: list[tuple[float, float]], at: float) -> float:
@@ -83,9 +88,12 @@ def loss_at(curve: list[tuple[float, float]], at: float) -> float:
     return min(curve, key=lambda cv: abs(cv[0] - at))[1]
 
 
-def analyse(rows: list[dict], g: int, seconds: float) -> dict[str, Any]:
-    """One global batch: the target, every point's scores per seed, the best points and the ratios."""
-    mine = [r for r in rows if r["G"] == g]
+def analyse(rows: list[dict], g: int, seconds: float, bw: str) -> dict[str, Any]:
+    """One global batch and PACI semantics: the target, every point's scores per seed, the best points, the ratios.
+
+    The target depends on flush alone, so it is the same for both semantics.
+    """
+    mine = [r for r in rows if r["G"] == g and r.get("bw", bw) == bw]
     points: dict[tuple[str, int, float], dict[str, Any]] = {}
     for r in mine:
         pt = points.setdefault((r["schedule"], r["a"], r["lr"]), {
@@ -109,7 +117,7 @@ def analyse(rows: list[dict], g: int, seconds: float) -> dict[str, Any]:
     for name, ref in (("best", best["1f1b"]), ("same_m", same_m)):
         point, lo, hi = paired_ratio(ref["scores"], best["paci"]["scores"])
         ratios[name] = {"flush": _label(ref), "speedup": point, "low": lo, "high": hi, "verdict": verdict(lo, hi)}
-    return {"G": g, "target": target, "best_paci": _label(best["paci"]), "best_flush": _label(best["1f1b"]),
+    return {"G": g, "bw": bw, "target": target, "best_paci": _label(best["paci"]), "best_flush": _label(best["1f1b"]),
             "ratios": ratios, "points": [_public(p) for p in points.values()]}  # fmt: skip
 
 
@@ -140,21 +148,30 @@ def check(rows: list[dict], results: list[dict], seconds: float) -> None:
 def markdown(results: list[dict], args: argparse.Namespace) -> str:
     lines = [f"P = {args.stages} stages on the sim clock, {args.seconds:g} s budget, {len(args.seeds)} seeds per "
              "point; speedup = flush's mean time to target over PACI's, paired bootstrap 95% interval.\n",
-             "| global batch | target val loss | best PACI | best flush | speedup over best flush | paper | "
-             "speedup over flush at PACI's m | paper |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for res, paper in zip(results, (PAPER["small"], PAPER["large"]), strict=True):
+             "| global batch | PACI's backward weights | target val loss | best PACI | best flush | speedup over best "
+             "flush | paper | speedup over flush at PACI's m | paper |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    papers = {g: paper for g, paper in zip(args.batches, (PAPER["small"], PAPER["large"]), strict=True)}
+    for res in results:
+        paper = papers[res["G"]]
         r1, r2 = res["ratios"]["best"], res["ratios"]["same_m"]
-        lines.append(f"| {res['G']} | {res['target']:.3f} | {res['best_paci']} | {res['best_flush']} | "
+        lines.append(f"| {res['G']} | {res['bw']} | {res['target']:.3f} | {res['best_paci']} | {res['best_flush']} | "
                      f"{_ratio(r1)} | {paper['best']}x (G={paper['batch']}) | {_ratio(r2)} ({r2['flush']}) | "
                      f"{paper['same_m']}x |")  # fmt: skip
     lines += ["", "Every point (mean time to target over seeds; `>` a miss, scored as the search does):", "",
               "| G | schedule | a (m) | b | lr | sim step (s) | reached | mean score (s) |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    seen: set[tuple] = set()
     for res in results:
         for p in sorted(res["points"], key=lambda p: (p["schedule"], p["a"], p["lr"])):
-            lines.append(f"| {res['G']} | {p['schedule']} | {p['a']} | {p['b']} | {p['lr']:.3g} | "
+            name = p["schedule"] if p["schedule"] == "1f1b" else f"paci {res['bw']}"
+            if (res["G"], name, p["a"], p["lr"]) in seen:
+                continue  # flush's points appear once, not once per PACI semantics
+            seen.add((res["G"], name, p["a"], p["lr"]))
+            lines.append(f"| {res['G']} | {name} | {p['a']} | {p['b']} | {p['lr']:.3g} | "
                          f"{p['step_time_s']:.4f} | {p['reached']}/{len(p['scores'])} | {p['mean']:.2f} |")  # fmt: skip
-    lines += ["", direction(results)]
+    for bw in args.backward_weights:
+        lines += ["", f"PACI {bw}: " + direction([r for r in results if r["bw"] == bw])]
     return "\n".join(lines) + "\n"
 
 
@@ -184,9 +201,12 @@ def draw(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = plt.subplots(figsize=(3.5 * len(results), 3.6))
     labels, x = [], 0.0
-    for res, paper in zip(results, (PAPER["small"], PAPER["large"]), strict=True):
+    papers = {g: paper for g, paper in zip(sorted({r["G"] for r in results}), (PAPER["small"], PAPER["large"]),
+                                           strict=True)}  # fmt: skip
+    for res in results:
+        paper = papers[res["G"]]
         for name, color in (("best", "tab:blue"), ("same_m", "tab:green")):
             r, what = res["ratios"][name], "best flush" if name == "best" else "flush at same m"
             ax.errorbar([x], [r["speedup"]], yerr=[[r["speedup"] - r["low"]], [r["high"] - r["speedup"]]], fmt="o",
@@ -194,7 +214,7 @@ def draw(results: list[dict], path: Path) -> None:
             ax.plot([x + 0.25], [paper[name]], marker="*", markersize=11, color=color, alpha=0.5, linestyle="none",
                     label=f"paper: vs {what}")  # fmt: skip
             x += 1
-        labels.append((x - 1.5, f"G={res['G']} (paper {paper['batch']})"))
+        labels.append((x - 1.5, f"G={res['G']} {res['bw']}\n(paper {paper['batch']})"))
         x += 0.5
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks([p for p, _ in labels], [t for _, t in labels])
@@ -215,6 +235,8 @@ def main() -> None:
                     help="Micro-batch sizes b tried (window / micro-batch count G / b).")  # fmt: skip
     ap.add_argument("--lrs", type=float, nargs="+", default=[4e-3, 8e-3], help="Peak LRs tried by both schedules.")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--backward-weights", nargs="+", default=["forward", "current"], choices=["forward", "current"],
+                    help="PACI's semantics, each against the same flush runs (pipeline.backward_weights).")  # fmt: skip
     ap.add_argument("--stages", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=8.0, help="Budget per run on the sim clock.")
     ap.add_argument("--grid", type=int, default=10, help="Validations over the budget.")
@@ -240,13 +262,15 @@ def main() -> None:
         prof.save(profile)
     else:
         _, profile = measured_profile(probe, microbatch_sizes=sizes, path=work / "profile.yaml", log=log)
-    tasks = [{"G": g, "schedule": s, "P": args.stages, "a": g // b, "lr": lr, "seed": seed}
-             for g in args.batches for b in args.microbatch_sizes if g % b == 0 and g // b > 1
-             for s in ("paci", "1f1b") for lr in args.lrs for seed in args.seeds]  # fmt: skip
+    points = [(g, g // b) for g in args.batches for b in args.microbatch_sizes if g % b == 0 and g // b > 1]
+    tasks = [{"G": g, "schedule": "1f1b", "P": args.stages, "a": a, "lr": lr, "seed": seed}
+             for g, a in points for lr in args.lrs for seed in args.seeds]  # fmt: skip
+    tasks += [{"G": g, "schedule": "paci", "bw": bw, "P": args.stages, "a": a, "lr": lr, "seed": seed}
+              for bw in args.backward_weights for g, a in points for lr in args.lrs for seed in args.seeds]  # fmt: skip
     rows = run_pool(tasks, functools.partial(_one, base, str(profile), args.seconds, args.grid),
                     log=work / "runs.jsonl", jobs=args.jobs, describe=_describe,
                     depends=[base, profile.read_text(), args.seconds, args.grid])  # fmt: skip
-    results = [analyse(rows, g, args.seconds) for g in args.batches]
+    results = [analyse(rows, g, args.seconds, bw) for bw in args.backward_weights for g in args.batches]
     check(rows, results, args.seconds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -117,7 +117,7 @@ def train_sim(base: dict[str, Any], profile: str, schedule: str, p: int, d: int,
 
     t0 = time.time()
     summary = run_training(cfg, on_record=on_record) or {}
-    sim = simulate(schedule, p, a, b, sizes, prof, 8, data_parallel=d)
+    sim = simulate(schedule, p, a, b, sizes, prof, 8, data_parallel=d, backward_weights=cfg.pipeline.backward_weights)
     return {"schedule": schedule, "stages": p, "data_parallel": d, "window": a, "microbatch_size": b,
             "partition": sizes, "curve": evals, "best_val_loss": min((v for _, v in evals), default=None),
             "steps": summary.get("steps"), "step_time_s": sim.steady_step_time_s,

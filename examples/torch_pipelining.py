@@ -6,11 +6,12 @@ Everything except the schedule line is plain ``torch.distributed.pipelining`` us
 point: ``--schedule 1f1b`` steps the optimizer after every ``step()`` as torch users do, while
 ``--schedule paci`` hands the optimizer to ``SchedulePACI``, which steps it every ``--window``
 backwards at each stage and never flushes the pipeline (``--flush`` makes it synchronous 1F1B for
-an A/B run). The last rank prints each step's mean micro-batch loss. ``--json DIR`` writes each
-rank's losses and drift to ``DIR/rank<r>.json`` (used by the tests). ``--bf16`` converts each
-stage's module to bf16 (no autocast): SchedulePACI then keeps fp32 master weights in the optimizer
-and writes them into the bf16 parameters in place (torch's ``--schedule 1f1b`` path steps the bf16
-parameters directly, as a plain torch optimizer does).
+an A/B run; ``--backward-weights current`` makes each backward read the weights as they are then
+instead of those its forward used). The last rank prints each step's mean micro-batch loss.
+``--json DIR`` writes each rank's losses, drift and weight copies to ``DIR/rank<r>.json`` (used by
+the tests). ``--bf16`` converts each stage's module to bf16 (no autocast): SchedulePACI then keeps
+fp32 master weights in the optimizer and writes them into the bf16 parameters in place (torch's
+``--schedule 1f1b`` path steps the bf16 parameters directly, as a plain torch optimizer does).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
+from paci_tune import SchedulePACI
 from paci_tune.data import MicroBatchStream, synthetic_source
 from paci_tune.model import load_model
-from paci_tune import SchedulePACI
 
 SPEC = {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32}
 VOCAB = 256
@@ -64,6 +65,12 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--backward-weights",
+        choices=["forward", "current"],
+        default="forward",
+        help="PACI: which weights a late backward reads (its forward's, or the current ones)",
+    )
     ap.add_argument("--bf16", action="store_true", help="bf16 parameters and activations (fp32 masters under PACI)")
     args = ap.parse_args()
 
@@ -80,11 +87,20 @@ def main() -> None:
     if args.schedule == "1f1b":
         schedule = Schedule1F1B(stage, m, loss_fn=loss_fn)
     else:  # the one-line swap
-        schedule = SchedulePACI(stage, m, loss_fn, window=args.window, optimizer=optimizer, flush=args.flush)
+        schedule = SchedulePACI(
+            stage,
+            m,
+            loss_fn,
+            window=args.window,
+            optimizer=optimizer,
+            flush=args.flush,
+            backward_weights=args.backward_weights,
+        )
     ptrs = [p.data_ptr() for p in module.parameters()]
 
     data = MicroBatchStream(synthetic_source(VOCAB, n_train=200_000, n_val=1_000).train, 32, args.microbatch_size, 0)
     step_losses: list[float] = []
+    mb_losses: list[float] = []  # every micro-batch's, in order
     for k in range(args.steps):
         x, y = (torch.cat(t) for t in zip(*[data.get(k * m + i) for i in range(m)], strict=True))
         losses: list[torch.Tensor] = []
@@ -99,14 +115,20 @@ def main() -> None:
             optimizer.zero_grad()
         if rank == world - 1:
             step_losses.append(float(torch.stack(losses).detach().mean()))
+            mb_losses += [float(v) for v in losses]
             print(f"step {k} loss {step_losses[-1]:.4f}", flush=True)
     if isinstance(schedule, SchedulePACI):
         schedule.drain()  # finish in-flight micro-batches before evaluating or saving
 
     if args.json is not None:
-        out = {"losses": step_losses, "ptrs_unchanged": ptrs == [p.data_ptr() for p in module.parameters()]}
+        out = {
+            "losses": step_losses,
+            "mb_losses": mb_losses,
+            "ptrs_unchanged": ptrs == [p.data_ptr() for p in module.parameters()],
+        }
         if isinstance(schedule, SchedulePACI):
-            out |= {"max_drift": schedule.max_drift, "updates": schedule.updates}
+            copies = schedule.copies_stats()["weight_copies_peak"]
+            out |= {"max_drift": schedule.max_drift, "updates": schedule.updates, "weight_copies_peak": copies}
         args.json.mkdir(parents=True, exist_ok=True)
         (args.json / f"rank{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()

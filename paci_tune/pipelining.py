@@ -20,10 +20,12 @@ swapping the schedule line. Import it as ``from paci_tune.pipelining import Sche
     # leaving the `with` block drained the pipeline: evaluate or checkpoint now
 
 What is reused, not re-implemented: the per-stage action order comes from
-:func:`paci_tune.schedule.stage_actions` (the same lists paci-tune's own runtimes execute), the
-optimizer steps through :class:`paci_tune.pipeline.optim.AliasedOptimizer` (the runtimes' own
-step), activations and gradients travel over :class:`paci_tune.pipeline.p2p.P2P`, and drift is
-recorded in :class:`paci_tune.pipeline.stage.DriftStats`. From torch's ``PipelineStage`` only the
+:func:`paci_tune.schedule.stage_actions` (the same lists paci-tune's own runtimes execute), and each
+forward, backward and optimizer step is a :class:`paci_tune.pipeline.stage.Stage`'s -- the runtimes'
+own stage, built over the ``PipelineStage``'s module with the caller's optimizer rebound to
+:class:`paci_tune.pipeline.optim.AliasedOptimizer`, so loss scaling, which weights a backward reads
+(``backward_weights``), fp32 masters and drift records are the runtimes' too. Activations and
+gradients travel over :class:`paci_tune.pipeline.p2p.P2P`. From torch's ``PipelineStage`` only the
 module, stage index, stage count, device and process group are used: its own send/recv machinery
 assumes chunk ids below ``n_microbatches`` and a flush per ``step()``, which an un-flushed pipeline
 breaks. May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.schedule`, torch.
@@ -31,6 +33,7 @@ breaks. May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.schedule`, torch.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from types import TracebackType
@@ -38,14 +41,37 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from .pipeline.optim import AliasedOptimizer
 from .pipeline.p2p import P2P
-from .pipeline.stage import DriftStats
+from .pipeline.stage import DriftStats, Stage
+from .pipeline.versions import BACKWARD_WEIGHTS
 from .schedule import Action, Op, stage_actions
 
 __all__ = ["SchedulePACI"]
+
+
+class _StageUnit(nn.Module):
+    """The user's stage module as the :class:`Stage`'s one unit.
+
+    It passes stage 0's further ``step()`` arguments (``extra``, set around each forward) after the
+    one input a :class:`Stage` forwards, and refuses any output but one tensor with SchedulePACI's
+    own message, before the loss sees it. The user's module is held, not changed: its own
+    ``state_dict`` keys, parameters, dtype and device stay as they were.
+    """
+
+    def __init__(self, module: nn.Module, index: int) -> None:
+        super().__init__()
+        self.inner, self.index = module, index
+        self.extra: tuple[torch.Tensor, ...] = ()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x, *self.extra)
+        if not isinstance(out, torch.Tensor):
+            raise RuntimeError(f"stage {self.index} returned {type(out).__name__}; SchedulePACI needs one tensor")
+        return out
 
 
 class SchedulePACI:
@@ -63,31 +89,49 @@ class SchedulePACI:
     coordination between stages. Call :meth:`drain` (or leave the ``with`` block) before evaluating
     or checkpointing; :meth:`restart` continues training afterwards.
 
+    ``backward_weights``: which weights a micro-batch's backward reads when this stage stepped its
+    optimizer between that micro-batch's forward and backward (:mod:`paci_tune.pipeline.versions`),
+    as ``pipeline.backward_weights`` in paci-tune's own runs. ``"forward"`` (default): the weights its
+    forward used, so each gradient is consistent, only late. Nothing is copied at forward time;
+    an optimizer step copies the stage's weights once, in their own dtype, if a micro-batch in
+    flight still needs them, and the copy is freed with its last such backward: at most
+    ``ceil((P-s-1)/window)`` copies at stage ``s`` of ``P``, none at the last stage or with
+    ``flush=True`` (:meth:`copies_stats`). ``"current"``: the weights as they are when the backward
+    runs (the PACI paper's "no weight stashing"), with no copy at all.
+
     ``flush=True`` is synchronous 1F1B-flush for A/B runs in one script: every ``step()`` drains
     and the optimizer steps once at its end over all ``n_microbatches`` (loss scaled by
     ``1/n_microbatches``, as ``Schedule1F1B`` scales its gradients), numerically the same as
-    ``Schedule1F1B`` followed by ``optimizer.step()``.
+    ``Schedule1F1B`` followed by ``optimizer.step()`` (no step ever finds a micro-batch in flight,
+    so both ``backward_weights`` agree).
 
     Optimizer: ``optimizer`` must be freshly built over this stage's parameters. Its param groups
     are rebound, in place, to aliases of the parameters (``p.data``), as paci-tune's own
     :class:`~paci_tune.pipeline.stage.Stage` does: stepping through an alias updates the shared
-    storage without bumping the autograd version counter, so a micro-batch in flight runs its
-    backward against the current weights (PACI's semantics) with no weight copy and no in-place
-    modification error. Hyper-parameters and any ``lr_scheduler`` built on the same optimizer keep
-    working; ``lr_scheduler.step()`` is called after every optimizer step.
+    storage without bumping the autograd version counter, so a step with micro-batches in flight
+    raises no in-place modification error and moves no parameter (their backwards then read what
+    ``backward_weights`` says). Hyper-parameters and any ``lr_scheduler`` built on the same optimizer
+    keep working; ``lr_scheduler.step()`` is called after every optimizer step. The module must
+    already be on the ``PipelineStage``'s device (as torch's own schedules need too): SchedulePACI
+    moves and converts nothing.
 
     bf16: convert the stage module to bf16 (``module.to(torch.bfloat16)``) before building the
-    optimizer, and do not run it under ``torch.autocast`` (autocast's weight casts would be kept for
-    every micro-batch in flight: a stashed copy each, and stale weights in the backward). Parameters
-    in bf16 get fp32 master weights in the optimizer, fp32 gradient accumulation over the window,
-    and the masters written back into the bf16 parameters in place after each step
-    (:mod:`paci_tune.pipeline.optim`); compute the loss in fp32 (``logits.float()``). No loss
-    scaling is needed for bf16. Checkpoint with :meth:`state_dict` (the optimizer's state *and* the
-    fp32 masters, which ``optimizer.state_dict()`` does not hold) next to the module's own.
+    optimizer, and do not run it under ``torch.autocast``: autocast's per-forward weight casts would
+    be kept for every micro-batch in flight -- a copy of the weights per micro-batch, and backwards
+    reading their forward's weights whatever ``backward_weights`` says -- where a bf16 module holds
+    one copy per version still needed (``"forward"``) or none (``"current"``). Parameters in bf16
+    get fp32 master weights in the optimizer, fp32 gradient accumulation over the window, and the
+    masters written back into the bf16 parameters in place after each step
+    (:mod:`paci_tune.pipeline.optim`; ``"forward"``'s copies are of the bf16 weights, never of the
+    masters); compute the loss in fp32 (``logits.float()``). No loss scaling is needed for bf16.
+    Checkpoint with :meth:`state_dict` (the optimizer's state *and* the fp32 masters, which
+    ``optimizer.state_dict()`` does not hold) next to the module's own.
 
     Limits: one stage per rank, stage ``i`` on group rank ``i``; a single tensor flows between
     stages and keeps one shape; ``step()`` returns ``None`` (outputs of micro-batches still in flight
-    do not exist yet).
+    do not exist yet). Activation checkpointing inside the module (``torch.utils.checkpoint``)
+    recomputes its part of the forward at the backward, with the weights current then, so
+    ``"forward"`` does not hold for that part.
     """
 
     def __init__(
@@ -100,6 +144,7 @@ class SchedulePACI:
         optimizer: torch.optim.Optimizer,
         lr_scheduler: Any | None = None,
         flush: bool = False,
+        backward_weights: str = "forward",
     ) -> None:
         if not isinstance(stage, PipelineStage):
             raise ValueError(
@@ -121,20 +166,37 @@ class SchedulePACI:
                 f"n_microbatches ({n_microbatches}) must be a multiple of window ({window}) so every step() "
                 "submits whole accumulation windows"
             )
+        if backward_weights not in BACKWARD_WEIGHTS:
+            raise ValueError(f"backward_weights must be one of {BACKWARD_WEIGHTS}, got {backward_weights!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if optimizer.state:
             raise ValueError("optimizer must be fresh (no state yet): its parameters are rebound to aliases")
         self.module = stage.submod
         self.index, self.n_stages, self.device = stage.stage_index, stage.num_stages, stage.device
-        self.n_microbatches, self.loss_fn, self.flush = n_microbatches, loss_fn, flush
+        own = {id(p) for p in self.module.parameters()}
+        if any(id(p) not in own for group in optimizer.param_groups for p in group["params"]):
+            raise ValueError("optimizer holds parameters that are not the stage module's")
+        _check_device(self.module, self.device)
+        self.n_microbatches, self.flush = n_microbatches, flush
         self.window = n_microbatches if flush else window
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
-        self._optim = AliasedOptimizer.rebind(optimizer)
+        self._unit = _StageUnit(self.module, self.index)
+        # fp32 so the Stage casts nothing: a bf16 module is the caller's conversion (class docstring).
+        self._stage = Stage(
+            self.index,
+            self.n_stages,
+            [self._unit],
+            window=self.window,
+            optimizer=AliasedOptimizer.rebind(optimizer),
+            lr_at=None,
+            device=self.device,
+            dtype=torch.float32,
+            backward_weights=backward_weights,
+            loss_fn=loss_fn,
+        )
         ranks = [i if stage.group is None else dist.get_global_rank(stage.group, i) for i in range(self.n_stages)]
         self._p2p = P2P(ranks, self.device)
-        self.updates = 0
-        self.drift = DriftStats()
         self._seg_first = 0  # first global batch of the current segment (a segment ends at drain())
         self._submitted = 0  # global batches submitted in this segment
         self._actions: list[Action] = []
@@ -143,7 +205,6 @@ class SchedulePACI:
         self._drained = False
         self._inputs: dict[int, tuple[torch.Tensor, ...]] = {}
         self._targets: dict[int, tuple[torch.Tensor, ...]] = {}
-        self._inflight: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
         self._losses: list | None = None
 
     # ------------------------------------------------------------------------------ properties
@@ -156,9 +217,40 @@ class SchedulePACI:
         return self.index == self.n_stages - 1
 
     @property
+    def backward_weights(self) -> str:
+        """``"forward"`` or ``"current"`` (class docstring)."""
+        return self._stage.backward_weights
+
+    @property
+    def loss_fn(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        return self._stage.loss_fn
+
+    @loss_fn.setter
+    def loss_fn(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        self._stage.loss_fn = fn
+
+    @property
+    def updates(self) -> int:
+        """Optimizer steps this stage has taken."""
+        return self._stage.updates
+
+    @updates.setter
+    def updates(self, value: int) -> None:
+        self._stage.updates = value
+
+    @property
+    def drift(self) -> DriftStats:
+        """Updates each micro-batch crossed here between its forward and backward, and what its backward read."""
+        return self._stage.drift
+
+    @property
     def max_drift(self) -> int:
         """Most optimizer updates any micro-batch crossed here between its forward and backward."""
-        return self.drift.maximum
+        return self._stage.drift.maximum
+
+    def copies_stats(self) -> dict:
+        """What ``backward_weights="forward"`` cost here: most weight copies held at once, copies made, bytes of one."""
+        return self._stage.copies_stats()
 
     # ---------------------------------------------------------------------------------- public
     def step(self, *args: torch.Tensor, target: torch.Tensor | None = None, losses: list | None = None) -> None:
@@ -222,7 +314,7 @@ class SchedulePACI:
             raise RuntimeError("state_dict() with micro-batches in flight: drain() first")
         return {
             "optimizer": self.optimizer.state_dict(),
-            "masters": [m.detach().clone() for m in self._optim.master_weights()],
+            "masters": [m.detach().clone() for m in self._stage.optim.master_weights()],
             "updates": self.updates,
             "drift": self.drift.state_dict(),
         }
@@ -230,7 +322,7 @@ class SchedulePACI:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (after loading the module's own ``state_dict``)."""
         self.optimizer.load_state_dict(state["optimizer"])
-        self._optim.load_master_weights(state["masters"])
+        self._stage.optim.load_master_weights(state["masters"])
         self.updates = state["updates"]
         self.drift.load_state_dict(state["drift"])
 
@@ -279,36 +371,43 @@ class SchedulePACI:
             self._optimizer_step()
 
     def _forward(self, mb: int) -> None:
+        """:meth:`Stage.forward`: its input from the batch or the previous stage; on the activation, or the loss."""
         if self.is_first:
-            inputs = self._inputs.pop(mb)
+            x, *extra = self._inputs.pop(mb)
         else:
-            x = self._p2p.recv(self.index - 1, self.index, "act", mb)[0]
-            inputs = (x.detach().requires_grad_(x.is_floating_point()),)
-        out = self.module(*inputs)
-        if not isinstance(out, torch.Tensor):
-            raise RuntimeError(f"stage {self.index} returned {type(out).__name__}; SchedulePACI needs one tensor")
+            x, extra = self._p2p.recv(self.index - 1, self.index, "act", mb)[0], []
+        target = self._targets.pop(mb)[0] if self.is_last else None
+        self._unit.extra = tuple(extra)
+        try:
+            out = self._stage.forward(mb, x, target)
+        finally:
+            self._unit.extra = ()
         if self.is_last:
-            loss = self.loss_fn(out, self._targets.pop(mb)[0])
             if self._losses is not None:
-                self._losses.append(loss.detach())
-            out = loss / self.window
+                self._losses.append(out)  # unscaled, detached
         else:
-            self._p2p.send(self.index, self.index + 1, "act", mb, out.detach())
-        self._inflight[mb] = (inputs[0], out, self.updates)
+            self._p2p.send(self.index, self.index + 1, "act", mb, out)
 
     def _backward(self, mb: int) -> None:
-        inputs, out, updates_at_forward = self._inflight.pop(mb)
-        if self.is_last:
-            out.backward()
-        else:
-            out.backward(self._p2p.recv(self.index + 1, self.index, "grad", mb)[0])
-        self.drift.add(self.updates - updates_at_forward)
+        """:meth:`Stage.backward` with the next stage's gradient; the input gradient goes back."""
+        grad = None if self.is_last else self._p2p.recv(self.index + 1, self.index, "grad", mb)[0]
+        grad_in = self._stage.backward(mb, grad)
         if not self.is_first:
-            self._p2p.send(self.index, self.index - 1, "grad", mb, inputs.grad)
+            self._p2p.send(self.index, self.index - 1, "grad", mb, grad_in)
 
     def _optimizer_step(self) -> None:
-        """Step through the aliases (see the class docstring), then clear the window's gradients."""
-        self._optim.step()
-        self.updates += 1
+        """:meth:`Stage.step` (through the aliases; the LR is the caller's), then the caller's scheduler."""
+        self._stage.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
+
+
+def _check_device(module: nn.Module, device: torch.device) -> None:
+    """Refuse a module not already on the stage's device: the :class:`Stage` would move it silently."""
+    here = torch.empty(0, device=device).device  # "cuda" -> "cuda:<current>"
+    for name, t in itertools.chain(module.named_parameters(), module.named_buffers()):
+        if t.device != here:
+            raise ValueError(
+                f"the stage module's {name} is on {t.device}, the PipelineStage's device is {here}: "
+                "move the module there (module.to(device)) before building the optimizer"
+            )

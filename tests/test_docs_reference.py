@@ -426,7 +426,8 @@ def _space_loader(tmp_path: Path) -> Callable[[Any], Any]:
 
 
 SPACE_BASE = {"description": "a space", "schedules": ["paci"], "global_batch": "fixed", "stages": [1, 2],
-              "microbatch_size": [2, 4], "lr_scale": [0.5, 1.0]}  # fmt: skip
+              "microbatch_size": [2, 4], "lr_scale": [0.5, 1.0],
+              "backward_weights": ["forward", "current"]}  # fmt: skip
 
 
 def test_space_keys_are_the_parsers(tmp_path: Path) -> None:
@@ -467,7 +468,7 @@ RUN = {
 }
 RECOMMENDED_FOR_RUN = {"schedule": "paci", "stages": 2, "data_parallel": 1, "devices": 2, "window": 2,
                        "microbatch_size": 4, "partition": [2, 2], "global_batch": 8, "lr": 6.0e-4,
-                       "lr_scale": 1.0}  # fmt: skip
+                       "lr_scale": 1.0, "backward_weights": "forward"}  # fmt: skip
 
 
 def _best_file(tmp_path: Path, **changes: Any) -> Path:
@@ -525,7 +526,7 @@ def test_evidence_keys_apply_checks_and_reads(tmp_path: Path) -> None:
 
 COST = {"forward_s": 0.001, "backward_s": 0.002, "activation_bytes": 64, "saved_bytes": 128}
 LINK = {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e9, "backend": "hand"}
-UNIT = {"name": "embed", "param_bytes": 1024, "optimizer_s": 0.0001, "microbatch": {4: COST}}
+UNIT = {"name": "embed", "param_bytes": 1024, "optimizer_s": 0.0001, "copy_s": 0.00001, "microbatch": {4: COST}}
 PROFILE_BASE = {"format": "paci-tune-profile/1", "machine": {"node": "h"}, "device": "cpu", "torch": "2.0",
                 "dtype": "bf16", "date": "2026-01-01", "threads": 2, "seq_len": 16, "units": [UNIT], "p2p": LINK,
                 "allreduce": LINK}  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -22,6 +23,7 @@ def random_profile(rng: random.Random, n: int) -> Profile:
             {
                 "param_bytes": rng.randrange(0, 5000),
                 "optimizer_s": rng.uniform(0, 0.5),
+                "copy_s": rng.choice([None, rng.uniform(0, 0.3)]),  # absent in old profiles: no copy time
                 "microbatch": {
                     2: {
                         "forward_s": rng.uniform(0.1, 2.0),
@@ -44,30 +46,44 @@ def compositions(n: int, parts: int) -> list[list[int]]:
     return out
 
 
-def hand_time(prof: Profile, first: int, stop: int, window: int) -> float:
-    """F + B of one micro-batch plus the optimizer step spread over the window (independent of the code)."""
+def hand_copies(s: int, n_stages: int, schedule: str, window: int, bw: str) -> int:
+    """PACI in ``forward`` mode keeps ceil((P - s - 1) / a) copies of the weights at stage s; nothing else does."""
+    return -(-(n_stages - s - 1) // window) if schedule == "paci" and bw == "forward" else 0
+
+
+def hand_time(prof: Profile, first: int, stop: int, window: int, copies: int = 0) -> float:
+    """F + B of one micro-batch plus the optimizer step (and, with copies, one weight clone) spread over the
+    window (independent of the code)."""
     us = prof.units[first:stop]
-    return sum(u.costs[2].forward_s + u.costs[2].backward_s + u.optimizer_s / window for u in us)
+    copy = sum(u.copy_s or 0.0 for u in us) if copies else 0.0
+    return sum(u.costs[2].forward_s + u.costs[2].backward_s + u.optimizer_s / window for u in us) + copy / window
 
 
-def hand_memory(prof: Profile, s: int, first: int, stop: int, n_stages: int, schedule: str, window: int) -> int:
-    """Weights + grads + AdamW (2x) + in-flight x (saved + stage output unless last) + overhead."""
+def hand_memory(
+    prof: Profile, s: int, first: int, stop: int, n_stages: int, schedule: str, window: int, bw: str = "current"
+) -> int:
+    """Weights + grads + AdamW (2x) + in-flight x (saved + stage output unless last) + overhead, + the
+    forward-mode weight copies (fp32 profile: 4 bytes per parameter each)."""
     us = prof.units[first:stop]
     params = sum(u.param_bytes for u in us)
     per_mb = sum(u.costs[2].saved_bytes for u in us)
     if s < n_stages - 1:
         per_mb += us[-1].costs[2].activation_bytes
     inflight = {"gpipe": window, "1f1b": min(n_stages - s, window), "paci": n_stages - s}[schedule]
-    return 4 * params + inflight * per_mb + OVERHEAD
+    return (4 + hand_copies(s, n_stages, schedule, window, bw)) * params + inflight * per_mb + OVERHEAD
 
 
-def brute_force(prof: Profile, n_stages: int, schedule: str, window: int, limit: float | None) -> float | None:
+def brute_force(
+    prof: Profile, n_stages: int, schedule: str, window: int, limit: float | None, bw: str = "current"
+) -> float | None:
     best = None
     for sizes in compositions(prof.n_units, n_stages):
         start, worst, fits = 0, 0.0, True
         for s, size in enumerate(sizes):
-            worst = max(worst, hand_time(prof, start, start + size, window))
-            if limit is not None and hand_memory(prof, s, start, start + size, n_stages, schedule, window) > limit:
+            copies = hand_copies(s, n_stages, schedule, window, bw)
+            worst = max(worst, hand_time(prof, start, start + size, window, copies))
+            mem = hand_memory(prof, s, start, start + size, n_stages, schedule, window, bw)
+            if limit is not None and mem > limit:
                 fits = False
             start += size
         if fits and (best is None or worst < best):
@@ -84,14 +100,14 @@ def test_partition_is_optimal_against_brute_force(seed: int) -> None:
         n_stages = rng.randint(1, min(4, n))
         schedule = rng.choice(["paci", "1f1b", "gpipe"])
         window = rng.randint(1, 6)
+        bw = rng.choice(["forward", "current"])
         prof = random_profile(rng, n)
+        mem = functools.partial(hand_memory, prof, n_stages=n_stages, schedule=schedule, window=window, bw=bw)
+
         # No limit; limits between the leanest cut's peak and the whole model on one stage (feasible, often
         # binding: the fastest cut does not fit); and one below the leanest cut's peak (nothing fits).
-        lean = min(
-            max(hand_memory(prof, s, sum(c[:s]), sum(c[: s + 1]), n_stages, schedule, window) for s in range(n_stages))
-            for c in compositions(n, n_stages)
-        )
-        top = max(hand_memory(prof, s, 0, n, n_stages, schedule, window) for s in range(n_stages))
+        lean = min(max(mem(s, sum(c[:s]), sum(c[: s + 1])) for s in range(n_stages)) for c in compositions(n, n_stages))
+        top = max(mem(s, 0, n) for s in range(n_stages))
         for limit in (
             None,
             rng.uniform(lean, top),
@@ -99,8 +115,9 @@ def test_partition_is_optimal_against_brute_force(seed: int) -> None:
             lean,
             rng.uniform(OVERHEAD, lean - 1),
         ):
-            expected = brute_force(prof, n_stages, schedule, window, limit)
-            kwargs = {"schedule": schedule, "window": window, "microbatch_size": 2, "overhead_bytes": OVERHEAD}
+            expected = brute_force(prof, n_stages, schedule, window, limit, bw)
+            kwargs = {"schedule": schedule, "window": window, "microbatch_size": 2, "overhead_bytes": OVERHEAD,
+                      "backward_weights": bw}  # fmt: skip
             if expected is None:
                 with pytest.raises(ConfigError) as e:
                     partition(prof, n_stages, memory_bytes=limit, **kwargs)
@@ -111,12 +128,13 @@ def test_partition_is_optimal_against_brute_force(seed: int) -> None:
             assert got.bottleneck_s == pytest.approx(expected, rel=1e-9)
             start = 0
             for s, size in enumerate(got.sizes):  # the reported figures are the hand ones
-                assert got.stage_time_s[s] == pytest.approx(hand_time(prof, start, start + size, window))
-                mem = hand_memory(prof, s, start, start + size, n_stages, schedule, window)
-                assert got.memory_bytes[s] == mem
-                assert limit is None or mem <= limit
+                copies = hand_copies(s, n_stages, schedule, window, bw)
+                assert got.stage_time_s[s] == pytest.approx(hand_time(prof, start, start + size, window, copies))
+                need = mem(s, start, start + size)
+                assert got.memory_bytes[s] == need
+                assert limit is None or need <= limit
                 start += size
-            checked_binding += expected > brute_force(prof, n_stages, schedule, window, None) + 1e-12
+            checked_binding += expected > brute_force(prof, n_stages, schedule, window, None, bw) + 1e-12
     assert checked_binding >= 5
 
 

@@ -2,8 +2,10 @@
 
 Each multi-rank check launches ``examples/torch_pipelining.py`` under torchrun (so the example is
 tested too) and reads the per-rank JSON it writes. The asynchronous losses are compared with
-paci-tune's own trainer on the same config, run in process with the emulated runtime (which
-``test_runtimes`` checks against ``paci-tune train --runtime distributed``), to save a launch.
+paci-tune's own trainer on the same config and the same ``backward_weights``, run in process with
+the emulated runtime (which ``test_runtimes`` checks against ``paci-tune train --runtime
+distributed``, and ``test_numerics`` against an independent simulation of PACI in both modes), to
+save a launch.
 """
 
 from __future__ import annotations
@@ -46,12 +48,20 @@ def _launch(out: Path, nproc: int, *args: str) -> list[dict]:
 
 
 def _paci_tune_losses(
-    n_stages: int, window: int, microbatches: int, steps: int, mb_size: int = 4, precision: str = "fp32"
+    n_stages: int,
+    window: int,
+    microbatches: int,
+    steps: int,
+    *,
+    backward_weights: str,
+    mb_size: int = 4,
+    precision: str = "fp32",
 ) -> list[float]:
-    """Per-step mean losses of the same run under paci-tune's own trainer (emulated runtime, in process).
+    """Per-window mean losses (one per optimizer step) of the same run under paci-tune's own trainer.
 
-    Model, data, partition, optimizer and constant LR are those of the example; ``test_runtimes``
-    shows the distributed runtime (``paci-tune train --runtime distributed``) gives the same numbers.
+    Emulated runtime, in process. Model, data, partition, optimizer and constant LR are those of the
+    example; ``test_runtimes`` shows the distributed runtime (``paci-tune train --runtime
+    distributed``) gives the same numbers.
     """
     bounds = [round(i * 4 / n_stages) for i in range(n_stages + 1)]  # the example's split of the 4 units
     doc = make_config(
@@ -66,11 +76,15 @@ def _paci_tune_losses(
             "runtime": "emulated",
             "device": "cpu",
             "precision": precision,
+            "backward_weights": backward_weights,
         },
     )
-    batch_losses = train_losses(run_in_process(doc))
-    per_step = microbatches // window
-    return [sum(batch_losses[k * per_step : (k + 1) * per_step]) / per_step for k in range(steps)]
+    return train_losses(run_in_process(doc))
+
+
+def _window_means(mb_losses: list[float], window: int) -> list[float]:
+    """The example's per-micro-batch losses, averaged per window as the trainer records them."""
+    return [sum(mb_losses[i : i + window]) / window for i in range(0, len(mb_losses), window)]
 
 
 @pytest.mark.parametrize("n_stages", [2, 3])
@@ -83,18 +97,34 @@ def test_flush_mode_matches_torch_schedule_1f1b(tmp_path: Path, n_stages: int) -
     assert all(rec["max_drift"] == 0 and rec["ptrs_unchanged"] for rec in got)
 
 
-@pytest.mark.parametrize(("n_stages", "window", "microbatches"), [(2, 2, 4), (3, 1, 3)])
-def test_async_matches_paci_tune_and_drift_bound(tmp_path: Path, n_stages: int, window: int, microbatches: int) -> None:
-    """Async losses equal paci-tune's own PACI; drift reaches exactly ceil((P-s-1)/a); no weight copies."""
+@pytest.mark.parametrize(
+    ("n_stages", "window", "microbatches", "backward_weights"), [(2, 2, 4, "current"), (3, 1, 3, "forward")]
+)
+def test_async_matches_paci_tune_and_drift_bound(
+    tmp_path: Path, n_stages: int, window: int, microbatches: int, backward_weights: str
+) -> None:
+    """Async losses equal paci-tune's own PACI with the same ``backward_weights`` (and not with the
+    other: late backwards happen here); drift reaches exactly ceil((P-s-1)/a); parameters never move.
+
+    ``current`` reads the weights as they are (no copy); ``forward`` reads its forward's, holding
+    exactly :func:`copies_bound` weight copies at the peak."""
     steps = 4
     args = ["--schedule", "paci", "--steps", str(steps), "--window", str(window), "--microbatches", str(microbatches)]
-    ranks = _launch(tmp_path, n_stages, *args)
-    expected = _paci_tune_losses(n_stages, window, microbatches, steps)
-    assert ranks[-1]["losses"] == pytest.approx(expected, abs=1e-5)
+    ranks = _launch(tmp_path, n_stages, *args, "--backward-weights", backward_weights)
+    got = _window_means(ranks[-1]["mb_losses"], window)
+    other = "current" if backward_weights == "forward" else "forward"
+    expected = _paci_tune_losses(n_stages, window, microbatches, steps, backward_weights=backward_weights)
+    assert len(got) == steps * microbatches // window
+    assert got == pytest.approx(expected, abs=1e-5)
+    assert got != pytest.approx(
+        _paci_tune_losses(n_stages, window, microbatches, steps, backward_weights=other), abs=1e-5
+    )
     for s, rec in enumerate(ranks):
         assert rec["max_drift"] == math.ceil((n_stages - s - 1) / window) == schedules.drift_bound(s, n_stages, window)
         assert rec["updates"] == steps * microbatches // window
         assert rec["ptrs_unchanged"]
+        copies = schedules.copies_bound("paci", s, n_stages, window) if backward_weights == "forward" else 0
+        assert rec["weight_copies_peak"] == copies
 
 
 def test_bf16_async_matches_paci_tune_bf16(tmp_path: Path) -> None:
@@ -104,16 +134,18 @@ def test_bf16_async_matches_paci_tune_bf16(tmp_path: Path) -> None:
     as the example's ranks run (with two, CPU bf16 kernels split their sums differently, and the
     losses move by ~2e-5 after one step)."""
     args = ["--schedule", "paci", "--steps", "4", "--window", "2", "--microbatches", "4", "--bf16"]
-    ranks = _launch(tmp_path, 2, *args)
+    ranks = _launch(tmp_path, 2, *args, "--backward-weights", "forward")
+    got = _window_means(ranks[-1]["mb_losses"], 2)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        expected = _paci_tune_losses(2, 2, 4, 4, precision="bf16")
+        expected = _paci_tune_losses(2, 2, 4, 4, backward_weights="forward", precision="bf16")
     finally:
         torch.set_num_threads(threads)
-    assert ranks[-1]["losses"] == pytest.approx(expected, abs=1e-5)
-    assert ranks[-1]["losses"] != pytest.approx(_paci_tune_losses(2, 2, 4, 4), abs=1e-5), "bf16 did not run"
+    assert got == pytest.approx(expected, abs=1e-5)
+    assert got != pytest.approx(_paci_tune_losses(2, 2, 4, 4, backward_weights="forward"), abs=1e-5), "bf16 did not run"
     assert all(rec["ptrs_unchanged"] and rec["max_drift"] == 1 - s for s, rec in enumerate(ranks))
+    assert [rec["weight_copies_peak"] for rec in ranks] == [1, 0]  # one bf16 copy, at stage 0
 
 
 @pytest.fixture
@@ -157,6 +189,33 @@ def test_misuse_raises_clear_errors(single_rank: None) -> None:
     sched.drain()
     assert sched.updates == 4
 
+    with pytest.raises(ValueError, match="backward_weights"):
+        make(backward_weights="stale")
+    meta = nn.Linear(4, 4, device="meta")
+    with pytest.raises(ValueError, match="PipelineStage's device"):
+        SchedulePACI(
+            PipelineStage(meta, 0, 1, torch.device("cpu")),
+            4,
+            nn.functional.mse_loss,
+            window=2,
+            optimizer=torch.optim.SGD(meta.parameters(), lr=0.1),
+        )
+
+    class Pair(nn.Linear):  # two inputs at stage 0 (further step() arguments); a tuple out
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+            return super().forward(x + y), y
+
+    pair = Pair(4, 4)
+    sched = SchedulePACI(
+        PipelineStage(pair, 0, 1, torch.device("cpu")),
+        4,
+        lambda out, y: nn.functional.mse_loss(out[0], y),
+        window=2,
+        optimizer=torch.optim.SGD(pair.parameters(), lr=0.1),
+    )
+    with pytest.raises(RuntimeError, match="stage 0 returned tuple; SchedulePACI needs one tensor"):
+        sched.step(x, x, target=x)
+
 
 def test_bf16_state_dict_keeps_the_fp32_masters(single_rank: None) -> None:
     """A bf16 stage's optimizer steps fp32 masters; state_dict() carries them, so a resumed schedule
@@ -179,9 +238,13 @@ def test_bf16_state_dict_keeps_the_fp32_masters(single_rank: None) -> None:
                 sched.step(x.to(torch.bfloat16), target=y)
 
     mod_a, a = make(0)
+    params = list(mod_a.parameters())
     train(a, data[:2])
     assert [p.dtype for p in a.optimizer.param_groups[0]["params"]] == [torch.float32] * 2
     saved_module, saved = copy.deepcopy(mod_a.state_dict()), copy.deepcopy(a.state_dict())
+    # The user's module is as it was: its own keys, its parameters, in bf16, where they were.
+    assert list(saved_module) == ["weight", "bias"] and list(mod_a.parameters()) == params
+    assert all(p.dtype == torch.bfloat16 and p.device.type == "cpu" for p in params)
     assert any(not torch.equal(m.to(torch.bfloat16).float(), m) for m in saved["masters"])
     mod_b, b = make(1)
     mod_b.load_state_dict(saved_module)

@@ -395,6 +395,7 @@ def test_calibrate_smoke_one_layer(tmp_path: Path, precision: str, act_size: int
     for u in prof.units:
         c = u.costs[2]
         assert c.forward_s > 0 and c.backward_s > 0 and c.saved_bytes > 0 and u.param_bytes > 0
+        assert u.copy_s is not None and 0 < u.copy_s < 1  # one clone of the unit's weights, measured
     assert prof.units[0].costs[2].activation_bytes == 2 * 16 * 32 * act_size  # bf16 activations in bf16
     # 4 bytes per parameter in either precision (the profile's convention): matmuls + two LayerNorm weights
     assert prof.units[1].param_bytes == 4 * (12 * 32 * 32 + 2 * 32)

@@ -27,6 +27,10 @@ ran alone. What is measured, and how:
   AdamW step over a stage took 3.1 ms in the pipeline against 0.76 ms per block timed alone).
   The step is the stage's own (:class:`~paci_tune.pipeline.optim.AliasedOptimizer`), clipping
   included when the config clips.
+- **Weight copy** (``copy_s``): one clone of each unit's parameter storages in the compute dtype,
+  what a PACI stage with ``pipeline.backward_weights: forward`` does at a step that keeps a weight
+  version (:mod:`paci_tune.pipeline.versions`); timed alone in this process with the stage's
+  threads (median of the repeats), so hot-cached and a little optimistic.
 - **Concurrency (CPU).** The measurement runs in ``processes = min(stages, cpu_count // threads)``
   processes at once (the stage processes the distributed runtime would run here at once), each
   with ``threads`` threads and the environment the distributed launcher gives its workers. They
@@ -92,7 +96,7 @@ from .links import measure_links
 from .measure import calibrate, default_inflight, default_processes, default_threads, parse_sizes, resolve_target
 from .p2p import fit_p2p, measure_p2p
 from .pattern import PatternSamples, StagePattern
-from .units import measure_optimizer, measure_unit, measure_units
+from .units import measure_copy, measure_optimizer, measure_unit, measure_units
 
 __all__ = [
     "PatternSamples",
@@ -107,6 +111,7 @@ __all__ = [
     "fit_allreduce",
     "fit_p2p",
     "measure_allreduce",
+    "measure_copy",
     "measure_links",
     "measure_optimizer",
     "measure_p2p",

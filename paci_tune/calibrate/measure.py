@@ -29,14 +29,15 @@ from .corun import co_run_pattern
 from .links import measure_links
 from .p2p import P2P_SIZES, measure_p2p
 from .pattern import PatternSamples, StagePattern, pooled_costs, pooled_optimizer
-from .units import fp32_param_bytes, measure_units, signature, to_compute
+from .units import fp32_param_bytes, measure_copies, measure_units, signature, to_compute
 from .units import probe as probe_unit
 
 Log = Callable[[str], None]
 
-METHOD = "stage-pattern/2"
+METHOD = "stage-pattern/3"
 """How compute is measured (see the package docstring); part of the profile cache's key. /2: bf16 is
-measured with bf16 parameters and fp32 masters (no autocast), and ``param_bytes`` is 4 per parameter."""
+measured with bf16 parameters and fp32 masters (no autocast), and ``param_bytes`` is 4 per parameter.
+/3: each unit's ``copy_s`` (a clone of its weights, what ``backward_weights: forward`` pays at a step)."""
 
 
 def default_threads(n_stages: int) -> int:
@@ -245,10 +246,14 @@ def calibrate(
             torch.cuda.empty_cache()
             isolated = measure_units(model, vocab, sizes, device=dev, dtype=dtype, repeats=repeats, warmup=warmup)
             costs, optimizer_s = [u.costs for u in isolated], [u.optimizer_s for u in isolated]
+            copy_s = [u.copy_s for u in isolated]
+        else:
+            copy_s = measure_copies(units, device=dev, repeats=repeats, warmup=warmup)
     finally:
         torch.set_num_threads(before)
     unit_profiles = [
-        UnitProfile(model.names[i], fp32_param_bytes(unit), optimizer_s[i], costs[i]) for i, unit in enumerate(units)
+        UnitProfile(model.names[i], fp32_param_bytes(unit), optimizer_s[i], costs[i], copy_s=copy_s[i])
+        for i, unit in enumerate(units)
     ]
     if p2p is None:
         biggest = max(u.costs[max(sizes)].activation_bytes for u in unit_profiles[:-1]) if len(units) > 1 else 0

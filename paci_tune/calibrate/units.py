@@ -7,7 +7,8 @@ as the fallback when the whole model with its micro-batches in flight does not f
 
 Precision is the stage's own scheme: in bf16 a unit's parameters are converted to bf16
 (:func:`to_compute`) and nothing runs under autocast, so the saved bytes are the bf16 activations
-and count no weight copy; the optimizer step is the stage's (fp32 masters, written back in place).
+and count no weight copy; the optimizer step is the stage's (fp32 masters, written back in place),
+and a weight copy (:func:`measure_copy`) clones the bf16 weights.
 May import: :mod:`paci_tune.pipeline` (the stage's dtype and optimizer step),
 :mod:`paci_tune.model`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, torch.
 """
@@ -188,6 +189,42 @@ def measure_optimizer(unit: nn.Module, *, device: torch.device, repeats: int, wa
     return statistics.median(times)
 
 
+def measure_copy(unit: nn.Module, *, device: torch.device, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of one clone of ``unit``'s weights as a stage holds them (0 for a unit without any).
+
+    What ``pipeline.backward_weights: forward`` does at a step that keeps a version for in-flight
+    backwards (:meth:`paci_tune.pipeline.versions.WeightVersions.preserve`): a clone of each distinct
+    parameter storage, in the compute dtype (the fp32 masters are never copied). Timed alone, on a
+    hot cache: a little optimistic, like the isolated optimizer step.
+    """
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage() for p in unit.parameters() if p.requires_grad}
+    if not storages:
+        return 0.0
+    times = []
+    with torch.no_grad():
+        for r in range(warmup + max(repeats, 3)):
+            sync(device)
+            t0 = time.perf_counter()
+            copies = [s.clone() for s in storages.values()]
+            sync(device)
+            if r >= warmup:
+                times.append(time.perf_counter() - t0)
+            del copies
+    return statistics.median(times)
+
+
+def measure_copies(units: Sequence[nn.Module], *, device: torch.device, repeats: int, warmup: int = 2) -> list[float]:
+    """:func:`measure_copy` of every unit, once per distinct unit (identical units pool, as the costs do)."""
+    seen: dict[str, float] = {}
+    out = []
+    for unit in units:
+        sig = unit_signature(unit)
+        if sig not in seen:
+            seen[sig] = measure_copy(unit, device=device, repeats=repeats, warmup=warmup)
+        out.append(seen[sig])
+    return out
+
+
 def measure_units(
     model: LoadedModel,
     vocab_size: int,
@@ -225,12 +262,13 @@ def measure_units(
                     x = unit(_like(x, unit))
     out: list[UnitProfile] = []
     opt_seen: dict[str, float] = {}
+    copy_s = measure_copies(units, device=device, repeats=repeats, warmup=warmup)
     for i, unit in enumerate(units):
         param_bytes = fp32_param_bytes(unit)
         sig = unit_signature(unit)
         if sig not in opt_seen:
             opt_seen[sig] = measure_optimizer(unit, device=device, repeats=repeats, warmup=warmup)
-        out.append(UnitProfile(model.names[i], param_bytes, opt_seen[sig], costs[i]))
+        out.append(UnitProfile(model.names[i], param_bytes, opt_seen[sig], costs[i], copy_s=copy_s[i]))
     for unit in units:
         unit.zero_grad(set_to_none=True)
     return out

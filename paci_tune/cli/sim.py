@@ -173,7 +173,9 @@ def simulate(
     The simulator replays the runtimes' own schedule action lists with durations from a cost
     profile. Without --profile the model is calibrated quickly on this machine and the profile
     cached under ~/.cache/paci-tune/profiles, so later calls are fast. With --data-parallel D the
-    layout is D replicas on P x D devices: each step adds its stage's gradient all-reduce.
+    layout is D replicas on P x D devices: each step adds its stage's gradient all-reduce. PACI
+    follows the config's pipeline.backward_weights (--backward-weights is not an option here: set it
+    in CONFIG): forward counts the weight copies kept for in-flight backwards, in memory and step time.
     """
     from ..base.files import check_writable
     from ..base.processes import cpu_count
@@ -242,6 +244,7 @@ def simulate(
             inflight=p.inflight,
             optimizer=cfg.optimizer.name,
             data_parallel=p.data_parallel,
+            backward_weights=p.backward_weights,
         )
     if not results:
         raise ConfigError("pipeline.stages", p.stages, "; ".join(f"{n}: {msg}" for n, msg in errors.items()))
@@ -262,6 +265,7 @@ def simulate(
                 inflight=p.inflight,
                 extend=False,
                 data_parallel=p.data_parallel,
+                backward_weights=p.backward_weights,
             )
             for n in ("1f1b", "gpipe", "paci")
             if n in results
@@ -277,6 +281,7 @@ def simulate(
         "window": p.window,
         "microbatch_size": p.microbatch_size,
         "global_batch": p.data_parallel * p.window * p.microbatch_size,
+        "backward_weights": p.backward_weights,
         "seq_len": profile.seq_len,
         "memory_limit_bytes": memory_bytes,
         "profile": {
@@ -341,6 +346,8 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
     if "paci_vs_1f1b_throughput" in doc:
         m, pp = doc["window"], doc["n_stages"]
         notes.append(f"paci/1f1b throughput {doc['paci_vs_1f1b_throughput']:.3f} (analytic {(m + pp - 1) / m:.3f})")
+    if "paci" in results and doc["backward_weights"] == "forward":
+        notes.append("paci: backward_weights forward (weight copies in memory and step time)")
     notes.append(f"profile {prof['path']}")
     table.caption = " · ".join(notes)
     Console(width=max(Console().width, 110)).print(table)

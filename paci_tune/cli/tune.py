@@ -111,9 +111,13 @@ def _outcome(best: dict[str, Any], schedule: str, search_ttt: float | None) -> s
 
 
 def _print_best(best: dict[str, Any], path: Path) -> None:
+    from ..tune.space import DEFAULT_BACKWARD_WEIGHTS
+
     r, e = best["recommended"], best["evidence"]
+    bw = r.get("backward_weights")
+    w = f"w={bw} " if bw not in (None, DEFAULT_BACKWARD_WEIGHTS) else ""  # as a trial's label says it
     stderr(f"recommended: {r['schedule']} P={r['stages']} D={r.get('data_parallel', 1)} a={r['window']} "
-           f"b={r['microbatch_size']} "
+           f"b={r['microbatch_size']} {w}"
            f"lr={r['lr']:.3g}: {_outcome(best, r['schedule'], e.get('time_to_target'))} on the "
            f"{best['budget']['clock']} clock")  # fmt: skip
     base = best.get("baseline")

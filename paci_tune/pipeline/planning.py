@@ -2,7 +2,8 @@
 
 With a cost profile (``training.profile``), ``partition: auto`` uses the measured, memory-aware
 partitioner, and the run's predicted peak memory per stage is checked against the device: a
-configuration that will not fit is refused with the numbers, not discovered by an OOM. Without
+configuration that will not fit is refused with the numbers, not discovered by an OOM; PACI's
+weight copies under ``pipeline.backward_weights: forward`` are part of that prediction. Without
 one, the cut balances FLOP estimates and no prediction is made. ``paci-tune simulate`` cuts with the
 same function, per schedule.
 
@@ -24,7 +25,7 @@ import torch
 from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..schedule import check_partition, inflight_cap, resolve_partition, stage_units
-from ..sim.memory import GIB, stage_memory
+from ..sim.memory import GIB, stage_copies, stage_memory
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
 
@@ -59,13 +60,20 @@ def memory_available(device: torch.device, processes_here: int) -> float:
 
 def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[int]:
     """Peak bytes per stage (per device: one stage of one replica): weights, gradients, optimizer state,
-    in-flight activations."""
+    in-flight activations, and under PACI with ``pipeline.backward_weights: forward`` the weight copies."""
     p = cfg.pipeline
     out = []
     for s, units in enumerate(stage_units(sizes)):
         inflight = inflight_cap(p.schedule, s, p.stages, p.window, p.inflight)
+        copies = stage_copies(p.schedule, s, p.stages, p.window, p.inflight, backward_weights=p.backward_weights)
         mem = stage_memory(
-            profile, list(units), p.microbatch_size, inflight, last=s == p.stages - 1, optimizer=cfg.optimizer.name
+            profile,
+            list(units),
+            p.microbatch_size,
+            inflight,
+            last=s == p.stages - 1,
+            optimizer=cfg.optimizer.name,
+            copies=copies,
         )
         out.append(mem.total)
     return out
@@ -98,6 +106,7 @@ def plan_partition(
         inflight=p.inflight,
         optimizer=cfg.optimizer.name,
         data_parallel=p.data_parallel,
+        backward_weights=p.backward_weights,
     ).sizes
 
 

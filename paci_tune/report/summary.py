@@ -33,7 +33,9 @@ def verdict_sentence(ev: Evidence) -> str:
     r = best["recommended"]
     d = r.get("data_parallel", 1)
     where = f" x D={d} on {r.get('devices', r['stages'] * d)} devices" if d != 1 else ""
-    point = f"{r['schedule']} P={r['stages']}{where} a={r['window']} b={r['microbatch_size']} lr={r['lr']:.3g}"
+    bw = r.get("backward_weights")
+    w = f" w={bw}" if bw not in (None, "forward") else ""  # as a trial's label: only the non-default value
+    point = f"{r['schedule']} P={r['stages']}{where} a={r['window']} b={r['microbatch_size']}{w} lr={r['lr']:.3g}"
     sp, iv, verdict = best.get("paci_speedup_vs_flush"), best.get("paci_speedup_interval"), best.get("verdict")
     if sp is None:
         return f"Recommended {point}; no flush baseline finished, so there is no comparison."

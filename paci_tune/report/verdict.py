@@ -62,6 +62,7 @@ def simulated(ev: Evidence, row: TrialRow, n_batches: int = 2) -> SimResult | No
         n_batches,
         extend=False,
         data_parallel=p.data_parallel,
+        backward_weights=p.backward_weights or "forward",  # trials record it; older ones ran the default
     )
 
 

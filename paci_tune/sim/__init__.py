@@ -8,7 +8,7 @@ runs cannot disagree about what a schedule is. Torch-free: measuring a profile i
 :mod:`paci_tune.base`, :mod:`paci_tune.errors`, PyYAML and the standard library.
 """
 
-from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, stage_memory
+from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, stage_copies, stage_memory
 from .partitioner import Partition, PartitionModel, partition
 from .profile import P2PCost, Profile, UnitCost, UnitProfile
 from .simulator import SimResult, StageResult, simulate
@@ -26,5 +26,6 @@ __all__ = [
     "UnitProfile",
     "partition",
     "simulate",
+    "stage_copies",
     "stage_memory",
 ]

@@ -13,7 +13,14 @@ A stage's memory at its peak is the sum of
   saved tensors of the stage's units (``saved_bytes``), plus the stage's output, which the stage
   holds until its backward (it is the root the backward starts from; the last stage holds only a
   scalar loss),
-- a fixed overhead for allocator slack and the temporaries of the action in progress.
+- a fixed overhead for allocator slack and the temporaries of the action in progress,
+- under PACI with ``pipeline.backward_weights: forward``, the copies of its weights that in-flight
+  micro-batches still need (``weight_copies``): each is one clone of the weights the stage
+  computes with (bf16 ones in a bf16 profile; the fp32 masters are never copied), and a stage holds
+  at most :func:`paci_tune.schedule.copies_bound` of them, ``ceil((k-1)/a)`` with ``k`` in flight
+  (:mod:`paci_tune.pipeline.versions`). Flush schedules never step with a micro-batch in flight,
+  the last stage holds one micro-batch at a time, and ``current`` copies nothing: 0 there. The
+  count comes from :func:`stage_copies`.
 
 The in-flight count is what the schedule allows (:func:`paci_tune.schedule.inflight_cap`):
 ``P - s`` at stage ``s`` for 1F1B and PACI, the whole window for GPipe. That is why 1F1B-style
@@ -24,7 +31,7 @@ stage of one replica, fed micro-batches of ``b`` sequences (the global batch is 
 device's memory is this stage's at ``b`` whatever D is: the all-reduce reduces the gradients
 already counted in place, and the collective's own staging buffers are left to the fixed overhead
 (not measured here). May import:
-:mod:`.profile` and the standard library.
+:mod:`.profile`, :mod:`paci_tune.schedule` and the standard library.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from ..schedule import copies_bound
 from .profile import Profile
 
 MIB = 2**20
@@ -45,10 +53,14 @@ OPTIMIZER_STATE_FACTOR = {"adamw": 2, "sgd": 1}
 WEIGHT_BYTES = {"fp32": 4, "bf16": 2}
 """Bytes per parameter of the weights a stage computes with, by the profile's ``dtype``."""
 
+BACKWARD_WEIGHTS = ("forward", "current")
+"""``pipeline.backward_weights``: what an in-flight micro-batch's backward reads under PACI."""
+
 
 @dataclass(frozen=True)
 class StageMemory:
-    """The parts of one stage's predicted peak memory, in bytes (``masters``: fp32 masters of bf16 weights)."""
+    """The parts of one stage's predicted peak memory, in bytes (``masters``: fp32 masters of bf16 weights;
+    ``weight_copies``: the forward-mode copies of ``params``, see the module docstring)."""
 
     params: int
     grads: int
@@ -56,13 +68,34 @@ class StageMemory:
     activations: int
     overhead: int
     masters: int = 0
+    weight_copies: int = 0  # forward-mode weight versions kept for in-flight backwards
 
     @property
     def total(self) -> int:
-        return self.params + self.masters + self.grads + self.optimizer_state + self.activations + self.overhead
+        return (
+            self.params
+            + self.masters
+            + self.grads
+            + self.optimizer_state
+            + self.activations
+            + self.overhead
+            + self.weight_copies
+        )
 
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
+
+
+def stage_copies(
+    schedule: str, stage: int, n_stages: int, window: int, inflight: int | None = None, *, backward_weights: str
+) -> int:
+    """Weight copies a stage holds at its peak: :func:`paci_tune.schedule.copies_bound` in ``forward`` mode
+    (0 for flush schedules and at the last stage), none in ``current``."""
+    if backward_weights not in BACKWARD_WEIGHTS:
+        raise ValueError(f"unknown backward_weights {backward_weights!r}; expected one of {BACKWARD_WEIGHTS}")
+    if backward_weights == "current":
+        return 0
+    return copies_bound(schedule, stage, n_stages, window, inflight)
 
 
 def inflight_bytes(profile: Profile, units: Sequence[int], microbatch_size: int, *, last: bool) -> int:
@@ -81,8 +114,14 @@ def stage_memory(
     last: bool,
     optimizer: str = "adamw",
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+    copies: int = 0,
 ) -> StageMemory:
-    """Predicted peak memory of a stage owning ``units`` with at most ``inflight`` micro-batches in flight."""
+    """Predicted peak memory of a stage owning ``units`` with at most ``inflight`` micro-batches in flight.
+
+    ``copies``: forward-mode weight copies the stage holds (:func:`stage_copies`; 0: none, as before).
+    """
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
+        raise ValueError(f"copies must be an integer >= 0, got {copies!r}")
     if optimizer not in OPTIMIZER_STATE_FACTOR:
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(OPTIMIZER_STATE_FACTOR)}")
     fp32 = sum(profile.units[i].param_bytes for i in units)
@@ -94,4 +133,5 @@ def stage_memory(
         activations=inflight * inflight_bytes(profile, units, microbatch_size, last=last),
         overhead=overhead_bytes,
         masters=0 if weights == fp32 else fp32,
+        weight_copies=copies * weights,
     )

@@ -5,7 +5,11 @@ forward plus backward of one micro-batch, plus the optimizer step amortised over
 micro-batches of a window, and with ``D`` data-parallel replicas the step's gradient all-reduce
 amortised the same way (the ring cost of :mod:`.profile` is linear in the stage's gradient bytes
 plus a constant per stage, so it adds per unit and per stage; 0 when ``D = 1``). Memory is per
-device -- one stage of one replica at micro-batch ``b`` -- and does not depend on ``D``. Unlike
+device -- one stage of one replica at micro-batch ``b`` -- and does not depend on ``D``. Under PACI
+with ``backward_weights="forward"`` a stage that keeps weight copies (:func:`.memory.stage_copies`,
+all but the last stage at the default cap) holds them in memory and clones its weights at every
+steady-state step: its time adds the profile's ``copy_s`` amortised over the window, like the
+step (:mod:`.simulator`); ``current`` and the flush schedules add nothing. Unlike
 :func:`paci_tune.schedule.balanced_partition` (FLOP estimates, no memory), this uses measured
 times and rejects cuts whose predicted memory (:mod:`paci_tune.sim.memory`) does not fit the
 device: the in-flight count differs per stage (``P - s`` under 1F1B/PACI), so the memory limit
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..schedule import SCHEDULES, inflight_cap, min_max_partition
-from .memory import DEFAULT_OVERHEAD_BYTES, GIB, stage_memory
+from .memory import BACKWARD_WEIGHTS, DEFAULT_OVERHEAD_BYTES, GIB, stage_copies, stage_memory
 from .profile import Profile
 
 
@@ -56,9 +60,12 @@ class PartitionModel:
         optimizer: str = "adamw",
         overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
         data_parallel: int = 1,
+        backward_weights: str = "forward",
     ) -> None:
         if schedule not in SCHEDULES:
             raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
+        if backward_weights not in BACKWARD_WEIGHTS:
+            raise ConfigError("pipeline.backward_weights", backward_weights, "one of: " + ", ".join(BACKWARD_WEIGHTS))
         self.profile, self.n_stages, self.schedule = profile, n_stages, schedule
         self.window, self.microbatch_size, self.inflight = window, microbatch_size, inflight
         self.optimizer, self.overhead_bytes = optimizer, overhead_bytes
@@ -72,10 +79,19 @@ class PartitionModel:
         self._prefix = [0.0]
         for t in per_unit:
             self._prefix.append(self._prefix[-1] + t)
+        self._copy_prefix = [0.0]
+        for u in profile.units:
+            self._copy_prefix.append(self._copy_prefix[-1] + (u.copy_s or 0.0) / window)
+        self.copies = [
+            stage_copies(schedule, s, n_stages, window, inflight, backward_weights=backward_weights)
+            for s in range(n_stages)
+        ]
 
     def time(self, stage: int, first: int, stop: int) -> float:
-        """F+B of one micro-batch plus the optimizer step (and all-reduce) amortised over the window."""
-        return self._prefix[stop] - self._prefix[first] + self._reduce_stage
+        """F+B of one micro-batch plus the optimizer step (and all-reduce, and a weight copy) amortised
+        over the window."""
+        copy = self._copy_prefix[stop] - self._copy_prefix[first] if self.copies[stage] else 0.0
+        return self._prefix[stop] - self._prefix[first] + self._reduce_stage + copy
 
     def memory(self, stage: int, first: int, stop: int) -> int:
         """Predicted peak bytes of ``stage`` owning units ``first..stop-1``."""
@@ -88,6 +104,7 @@ class PartitionModel:
             last=stage == self.n_stages - 1,
             optimizer=self.optimizer,
             overhead_bytes=self.overhead_bytes,
+            copies=self.copies[stage],
         ).total
 
     def describe(self, sizes: list[int]) -> Partition:
@@ -111,12 +128,14 @@ def partition(
     optimizer: str = "adamw",
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     data_parallel: int = 1,
+    backward_weights: str = "forward",
 ) -> Partition:
     """The fastest contiguous cut of the profile's units into ``n_stages`` that fits ``memory_bytes``.
 
     ``memory_bytes`` is one device's memory (``None``: unlimited). When no cut fits, raises
     ``ConfigError("pipeline.stages", ...)`` with the prediction of the cut that needs the least
-    memory, so the user sees how far off they are and on which stage.
+    memory, so the user sees how far off they are and on which stage. ``backward_weights``: PACI's
+    ``pipeline.backward_weights`` (``forward`` counts the weight copies, module docstring).
     """
     n = profile.n_units
     if isinstance(n_stages, bool) or not isinstance(n_stages, int) or not 1 <= n_stages <= n:
@@ -131,6 +150,7 @@ def partition(
         optimizer=optimizer,
         overhead_bytes=overhead_bytes,
         data_parallel=data_parallel,
+        backward_weights=backward_weights,
     )
     fits = None if memory_bytes is None else (lambda s, j, i: model.memory(s, j, i) <= memory_bytes)
     sizes = min_max_partition(n, n_stages, model.time, fits)

@@ -18,6 +18,7 @@ Format (every time in seconds, every size in bytes)::
       - name: embed                 # optional
         param_bytes: 131072         # 4 bytes per parameter of the unit, in either dtype (see below)
         optimizer_s: 0.0002         # one optimizer step over the unit's parameters
+        copy_s: 0.00002             # optional: one clone of the unit's weights in the compute dtype (below)
         microbatch:                 # per micro-batch size (sequences) measured
           8: {forward_s: 0.001, backward_s: 0.002, activation_bytes: 524288, saved_bytes: 8192}
           16: {forward_s: 0.002, backward_s: 0.004, activation_bytes: 1048576, saved_bytes: 16384}
@@ -49,6 +50,15 @@ weights, gradients and optimizer state of ``param_bytes`` each (AdamW: two momen
 masters, fp32 gradients and fp32 optimizer state as in fp32. ``activation_bytes`` and ``saved_bytes``
 are measured in the profile's ``dtype`` (bf16 activations in a bf16 profile, no weight copies).
 
+``copy_s`` is one clone of the unit's weights as a stage computes with them (bf16 in a bf16
+profile, the fp32 masters never), what PACI with ``pipeline.backward_weights: forward`` does at an
+optimizer step that would overwrite a version an in-flight micro-batch still needs
+(:mod:`paci_tune.pipeline.versions`). ``paci-tune calibrate`` measures it. **A profile without**
+``copy_s`` (every profile written before it existed) predicts such a copy to take no time: the
+copy's *memory* is still counted (:mod:`paci_tune.sim.memory`), only its seconds are left out, which
+is a small optimism (one pass over the weights, against an optimizer step's several); calibrate
+again to measure it.
+
 **Micro-batch sizes that were not measured** are linearly interpolated between the two nearest
 measured sizes, and extrapolated along the line through the two nearest measured sizes beyond
 either end (clamped at zero); with a single measured size, costs are taken proportional to the
@@ -74,7 +84,7 @@ from ..errors import ConfigError
 
 FORMAT = "paci-tune-profile/1"
 _TOP_KEYS = ("format", "machine", "device", "torch", "dtype", "date", "threads", "seq_len", "units", "p2p", "allreduce")
-_UNIT_KEYS = ("name", "param_bytes", "optimizer_s", "microbatch")
+_UNIT_KEYS = ("name", "param_bytes", "optimizer_s", "copy_s", "microbatch")
 _COST_KEYS = ("forward_s", "backward_s", "activation_bytes", "saved_bytes")
 _P2P_KEYS = ("latency_s", "bandwidth_Bps", "backend")
 
@@ -105,6 +115,7 @@ class UnitProfile:
     param_bytes: int
     optimizer_s: float
     costs: dict[int, UnitCost]
+    copy_s: float | None = None  # one clone of the weights (compute dtype); None: not measured, taken as 0
 
     def at(self, microbatch_size: int) -> UnitCost:
         """Cost at ``microbatch_size``; interpolated or extrapolated when not measured (module docstring)."""
@@ -133,12 +144,15 @@ class UnitProfile:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "name": str(self.name),
             "param_bytes": int(self.param_bytes),
             "optimizer_s": float(self.optimizer_s),
-            "microbatch": {int(b): c.to_dict() for b, c in sorted(self.costs.items())},
         }
+        if self.copy_s is not None:
+            out["copy_s"] = float(self.copy_s)
+        out["microbatch"] = {int(b): c.to_dict() for b, c in sorted(self.costs.items())}
+        return out
 
 
 @dataclass(frozen=True)
@@ -216,6 +230,10 @@ class Profile:
         """
         return sum(self.units[i].param_bytes for i in units)
 
+    def weight_copy_s(self, units: Sequence[int]) -> float:
+        """Seconds to clone the weights of a stage owning ``units`` once (0 for units without ``copy_s``)."""
+        return sum(self.units[i].copy_s or 0.0 for i in units)
+
     @property
     def n_units(self) -> int:
         return len(self.units)
@@ -235,7 +253,7 @@ class Profile:
     def scale(self, factor: float, p2p_factor: float | None = None) -> Profile:
         """A copy of this profile on hardware ``factor`` times slower (0.5: twice as fast).
 
-        Compute and optimizer times are multiplied by ``factor``; transfers by ``p2p_factor``
+        Compute, optimizer and weight-copy times are multiplied by ``factor``; transfers by ``p2p_factor``
         (default: the same factor), i.e. latency multiplied and bandwidth divided. Memory sizes
         are unchanged: they depend on the model, not on the speed of the machine.
         """
@@ -247,6 +265,7 @@ class Profile:
             replace(
                 u,
                 optimizer_s=u.optimizer_s * factor,
+                copy_s=None if u.copy_s is None else u.copy_s * factor,
                 costs={
                     b: replace(c, forward_s=c.forward_s * factor, backward_s=c.backward_s * factor)
                     for b, c in u.costs.items()
@@ -399,4 +418,5 @@ def _unit(key: str, raw: Any, index: int) -> UnitProfile:
         param_bytes=_int(f"{key}.param_bytes", raw.get("param_bytes")),
         optimizer_s=_number(f"{key}.optimizer_s", raw.get("optimizer_s")),
         costs=costs,
+        copy_s=None if raw.get("copy_s") is None else _number(f"{key}.copy_s", raw["copy_s"]),
     )

@@ -23,6 +23,17 @@ runtime may run it before: a little pessimistic for that one case. D = 1 adds ex
 Memory is per device: each device holds one stage of one replica at micro-batch ``b``, so the
 memory prediction does not depend on D.
 
+**Weight copies** (PACI with ``backward_weights="forward"``, :mod:`paci_tune.pipeline.versions`): a
+stage clones its weights at a step that would overwrite a version an in-flight micro-batch still
+references (copy on step). Which steps those are is read off the stage's own action list
+(:func:`weight_copy_steps`, the same bookkeeping as the runtime's store): in steady state, every
+step of a stage that holds two or more micro-batches in flight (all but the last stage at the
+default cap), none at the steps of the final drain, none under a flush schedule or in ``current``
+mode. Such a step costs ``optimizer_s + copy_s`` (the profile's clone time of the stage's weights,
+0 for a profile that has none), and the stage's memory counts the most copies held at once
+(``copies_bound`` once the run reaches its steady state). Pending evaluations that hold a version
+are not modelled (the simulated lists have no evaluations).
+
 PACI never drains inside a segment, so a short simulation would be dominated by its fill and
 drain; it is simulated over at least ``4 * P`` global batches, and the steady-state step time
 (measured between optimizer steps in the middle of the run) is reported next to the average. May
@@ -39,7 +50,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..schedule import SCHEDULES, Action, Op, build, check_partition, drift_bound, stage_units
 from ..schedule.replay import StageTimes, Timeline, drift_per_microbatch, peak_inflight, replay
-from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, stage_memory
+from .memory import BACKWARD_WEIGHTS, DEFAULT_OVERHEAD_BYTES, StageMemory, stage_memory
 from .profile import Profile
 
 
@@ -60,6 +71,9 @@ class StageResult:
     drift_bound: int
     drift_histogram: dict[int, int] = field(default_factory=dict)
     allreduce_s: float = 0.0  # one gradient all-reduce in the stage's dp group (0 when D = 1)
+    weight_copies_made: int = 0  # forward mode: steps that cloned the weights (module docstring)
+    weight_copies_peak: int = 0  # forward mode: most weight copies held at once
+    copy_s: float = 0.0  # one clone of the stage's weights (the profile's ``copy_s``)
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -81,6 +95,9 @@ class StageResult:
             "drift_bound": self.drift_bound,
             "drift_histogram": {str(k): v for k, v in sorted(self.drift_histogram.items())},
             "allreduce_s": self.allreduce_s,
+            "weight_copies_made": self.weight_copies_made,
+            "weight_copies_peak": self.weight_copies_peak,
+            "copy_s": self.copy_s,
         }
 
 
@@ -103,6 +120,7 @@ class SimResult:
     stages: list[StageResult]
     timeline: Timeline = field(repr=False)
     data_parallel: int = 1
+    backward_weights: str = "forward"
 
     @property
     def global_batch(self) -> int:
@@ -150,6 +168,7 @@ class SimResult:
             "schedule": self.schedule,
             "n_stages": self.n_stages,
             "data_parallel": self.data_parallel,
+            "backward_weights": self.backward_weights,
             "devices": self.devices,
             "window": self.window,
             "microbatch_size": self.microbatch_size,
@@ -172,6 +191,37 @@ class SimResult:
         }
 
 
+def weight_copy_steps(actions: Sequence[Action]) -> tuple[set[int], int]:
+    """Forward mode on one stage's action list: the steps (their global batch) that copy, and the most copies held.
+
+    The runtime's bookkeeping (:class:`paci_tune.pipeline.versions.WeightVersions`) replayed on the
+    list: a forward holds the current version until its backward; a step whose current version is
+    still held (and not yet copied) copies it; a copy is freed with the last backward holding it.
+    """
+    version, peak = 0, 0
+    at_forward: dict[int, int] = {}
+    holders: Counter[int] = Counter()
+    copies: set[int] = set()
+    steps: set[int] = set()
+    for act in actions:
+        if act.op is Op.FORWARD:
+            at_forward[act.mb] = version
+            holders[version] += 1
+        elif act.op is Op.BACKWARD:
+            v = at_forward.pop(act.mb)
+            holders[v] -= 1
+            if not holders[v]:
+                del holders[v]
+                copies.discard(v)
+        elif act.op is Op.STEP:
+            if holders[version] and version not in copies:
+                copies.add(version)
+                steps.add(act.mb)
+                peak = max(peak, len(copies))
+            version += 1
+    return steps, peak
+
+
 def simulated_batches(schedule: str, n_stages: int, n_batches: int) -> int:
     """Global batches actually simulated: PACI needs a run long enough to reach its steady state."""
     return max(n_batches, 4 * n_stages) if schedule == "paci" else n_batches
@@ -192,14 +242,19 @@ def simulate(
     extend: bool = True,
     sync_steps: bool = False,
     data_parallel: int = 1,
+    backward_weights: str = "forward",
 ) -> SimResult:
     """Predict one schedule's step time, throughput, bubble, memory and drift (module docstring).
 
     ``extend=False`` simulates exactly ``n_batches`` even for PACI (for pictures of a short run).
     ``sync_steps``: every stage's step waits for all stages' backwards of its batch, as the runtimes
     do for a flush schedule that clips the whole model's gradient norm. ``data_parallel``: D
-    replicas, each step adding the stage's gradient all-reduce (module docstring).
+    replicas, each step adding the stage's gradient all-reduce (module docstring). ``backward_weights``:
+    PACI's ``pipeline.backward_weights``; ``forward`` adds the weight copies' time and memory (module
+    docstring), ``current`` (and every flush schedule) none.
     """
+    if backward_weights not in BACKWARD_WEIGHTS:
+        raise ConfigError("pipeline.backward_weights", backward_weights, "one of: " + ", ".join(BACKWARD_WEIGHTS))
     if schedule not in SCHEDULES:
         raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
     for key, value in (
@@ -223,8 +278,12 @@ def simulate(
     opt = [sum(profile.units[i].optimizer_s for i in r) + ar for r, ar in zip(ranges, reduce, strict=True)]
     link = [profile.p2p.transfer_s(costs[r[-1]].activation_bytes) for r in ranges]
     by_op = {Op.FORWARD: fwd, Op.BACKWARD: bwd, Op.STEP: opt}
+    copy = [profile.weight_copy_s(r) for r in ranges]
+    kept = [weight_copy_steps(acts) if backward_weights == "forward" else (set(), 0) for acts in lists]
 
     def duration(s: int, act: Action) -> float:
+        if act.op is Op.STEP and act.mb in kept[s][0]:
+            return opt[s] + copy[s]
         return by_op[act.op][s]
 
     def latency(src: int, dst: int, act: Action) -> float:
@@ -258,12 +317,16 @@ def simulate(
                     last=s == stages - 1,
                     optimizer=optimizer,
                     overhead_bytes=overhead_bytes,
+                    copies=kept[s][1],
                 ),
                 max_drift=max(drift.values(), default=0),
                 mean_drift=sum(drift.values()) / len(drift) if drift else 0.0,
                 drift_bound=drift_bound(s, stages, window) if schedule == "paci" else 0,
                 drift_histogram=dict(Counter(drift.values())),
                 allreduce_s=reduce[s],
+                weight_copies_made=len(kept[s][0]),
+                weight_copies_peak=kept[s][1],
+                copy_s=copy[s],
             )
         )
     return SimResult(
@@ -282,6 +345,7 @@ def simulate(
         stages=out,
         timeline=timeline,
         data_parallel=data_parallel,
+        backward_weights=backward_weights,
     )
 
 

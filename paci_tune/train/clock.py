@@ -14,6 +14,9 @@ Profile clocks time each segment by replaying the segment's own action lists
 the reading at global batch k is when the last stage closes batch k. With ``data_parallel = D``
 the simulated layout is D replicas of the pipeline on P x D devices: each stage's step also pays
 its dp group's gradient all-reduce (:mod:`paci_tune.sim.simulator`); D = 1 reads exactly as before.
+PACI with ``pipeline.backward_weights: forward`` also pays, at each step that keeps a weight version
+for in-flight backwards, the profile's ``copy_s`` of the stage's weights (0 for a profile without
+it); ``current`` and the flush schedules pay nothing.
 Evaluation is not training time: it does not advance them, and the wall clock leaves it out.
 May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`.
 """
@@ -119,10 +122,11 @@ class ProfileClock:
         sync_steps: bool = False,
         offset: float = 0.0,
         data_parallel: int = 1,
+        backward_weights: str = "forward",
     ) -> None:
         self.name, self.profile = name, profile
         self._shape = (schedule, stages, window, microbatch_size, list(partition), inflight, sync_steps)
-        self.data_parallel = data_parallel
+        self.data_parallel, self.backward_weights = data_parallel, backward_weights
         self.reading = offset
         self._plans: dict[int, SegmentPlan] = {}
         self._current: SegmentPlan | None = None
@@ -139,7 +143,8 @@ class ProfileClock:
         if n_batches not in self._plans:
             schedule, stages, window, b, sizes, inflight, sync = self._shape
             res = simulate(schedule, stages, window, b, sizes, self.profile, n_batches, inflight=inflight, extend=False,
-                           sync_steps=sync, data_parallel=self.data_parallel)  # fmt: skip
+                           sync_steps=sync, data_parallel=self.data_parallel,
+                           backward_weights=self.backward_weights)  # fmt: skip
             steps = [[end for act, _, end in st.intervals if act.op is Op.STEP] for st in res.timeline.stages]
             model = tuple(max(per[i] for per in steps) for i in range(n_batches))
             busy = tuple(st.busy for st in res.timeline.stages)

@@ -107,6 +107,7 @@ class Trainer:
             inflight=p.inflight,
             sync_steps=p.schedule != "paci" and bool(self.cfg.optimizer.grad_clip),
             data_parallel=p.data_parallel,
+            backward_weights=p.backward_weights,
             offset=offset,
         )
 

@@ -10,8 +10,9 @@ bound, and the file says so.
 
 The file also carries ``run``: the complete run configuration of the recommended trial, which
 ``paci-tune apply`` trains -- with ``pipeline.data_parallel``, so it runs on the P x D devices the
-trial was timed on (``recommended`` states P, D, a, b and the devices). May import: optuna, torch
-(its version), :mod:`paci_tune.base`, :mod:`.space`, :mod:`.confirm`, :mod:`.transfer`.
+trial was timed on (``recommended`` states P, D, a, b and the devices, and for PACI the
+``backward_weights`` the run has: the point's, else the run's own; null for flush). May import:
+optuna, torch (its version), :mod:`paci_tune.base`, :mod:`.space`, :mod:`.confirm`, :mod:`.transfer`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..base.files import read_yaml, write_yaml
 from ..errors import ConfigError
 from . import confirm, transfer
 from .confirm import LEVEL, TRANSFER_ATTR, Confirmed, is_confirmation, is_extra, search_trials
-from .space import TrialParams
+from .space import DEFAULT_BACKWARD_WEIGHTS, TrialParams
 
 EVIDENCE = (
     "clock_tokens_per_s", "clock_step_time_s", "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift",
@@ -39,7 +40,7 @@ EVIDENCE = (
 """A trial's figures ``best.yaml`` shows; the ``clock_`` ones are on the objective's clock (module docstring)."""
 
 RECOMMENDED = ("schedule", "stages", "data_parallel", "devices", "window", "microbatch_size", "partition",
-               "global_batch", "lr", "lr_scale")  # fmt: skip
+               "global_batch", "lr", "lr_scale", "backward_weights")  # fmt: skip
 """The keys of ``best.yaml``'s ``recommended`` (``apply`` checks them against the run it trains)."""
 
 HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}`.\n"
@@ -93,6 +94,7 @@ def describe_trial(t: FrozenTrial, schedule: str, params: TrialParams, lr: float
         "global_batch": params.global_batch,
         "lr": lr,
         "lr_scale": params.lr_scale,
+        "backward_weights": params.backward_weights,
         "trial": t.number,
         "time_to_target": a.get("time_to_target"),
         "reached_target": a.get("time_to_target") is not None,
@@ -102,12 +104,18 @@ def describe_trial(t: FrozenTrial, schedule: str, params: TrialParams, lr: float
 
 
 def params_of(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialParams:
-    """A trial's point; D is in its user attributes (1 for trials of searches without a device budget)."""
+    """A trial's point; D is in its user attributes (1 for trials of searches without a device budget).
+
+    PACI's ``backward_weights``: the parameter where the study tunes it, the user attribute where the
+    space fixes it; None (the run's own value) for a space without the key -- and for trials stored
+    before the key existed, whose runs used the current weights (the only mode then).
+    """
     p = t.params
     b = int(p["microbatch_size"])
     d = int(p.get("data_parallel", t.user_attrs.get("data_parallel", 1)))
     a = fixed_batch // (d * b) if fixed_batch is not None else int(p["window"])
-    return TrialParams(schedule, int(p["stages"]), a, b, float(p.get("lr_scale", 1.0)), d)
+    bw = p.get("backward_weights", t.user_attrs.get("backward_weights")) if schedule == "paci" else None
+    return TrialParams(schedule, int(p["stages"]), a, b, float(p.get("lr_scale", 1.0)), d, bw)
 
 
 def build_best(
@@ -190,6 +198,10 @@ def build_best(
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
     }
     doc["run"] = run_doc_for(rec_p)
+    if rec_schedule == "paci" and rec_p.backward_weights is None:  # the space left it to the run: state the run's
+        pipe = doc["run"].get("pipeline") if isinstance(doc["run"], dict) else None
+        own = pipe.get("backward_weights") if isinstance(pipe, dict) else None
+        doc["recommended"]["backward_weights"] = own or DEFAULT_BACKWARD_WEIGHTS
     return doc
 
 

@@ -7,8 +7,10 @@ same pipeline as ``run`` (a file edited by hand in one place and not the other i
 than trained half-way). The purely informative sections (``provenance``, ``confirmation``,
 ``transfer_check``, ``baseline``, ...) need only be of the right shape: nothing reads their insides. A new field of
 the run's ``pipeline`` section is accepted in ``recommended`` too, so the file grows with the schema.
-May import: :mod:`paci_tune.pipeline` (its checks), :mod:`paci_tune.model`, :mod:`paci_tune.config`,
-:mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's :mod:`.best`.
+``recommended.backward_weights`` is null (flush) or PACI's value, the run's ``pipeline.backward_weights``;
+a file from before the key has none and trains the run as written. May import: :mod:`paci_tune.pipeline`
+(its checks), :mod:`paci_tune.model`, :mod:`paci_tune.config`, :mod:`paci_tune.base`,
+:mod:`paci_tune.errors` and the tune layer's :mod:`.best` and :mod:`.choices`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..errors import ConfigError
 from ..model.loader import MAX_UNITS
 from ..pipeline.checks import check_model_and_data
 from .best import EVIDENCE, RECOMMENDED
+from .choices import BACKWARD_WEIGHTS
 
 EVIDENCE_KEYS = ("trial", "time_to_target", "reached_target", "best_val_loss", "score", *EVIDENCE, "steps")
 INFORMATIVE: dict[str, tuple[type, ...]] = {
@@ -89,6 +92,10 @@ def _check_recommended(rec: dict[str, Any], run: RunConfig) -> None:
     scale = rec.get("lr_scale")
     if scale is not None and not _number(scale, 1e3):
         raise ConfigError("best.yaml.recommended.lr_scale", scale, "a positive number up to 1000")
+    bw = rec.get("backward_weights")  # absent in files written before the key: nothing to compare
+    if bw is not None and (not isinstance(bw, str) or bw not in BACKWARD_WEIGHTS or bw != p.backward_weights):
+        raise ConfigError("best.yaml.recommended.backward_weights", bw, f"null or {p.backward_weights!r}, what the "
+                          f"run apply trains says (one of {', '.join(BACKWARD_WEIGHTS)})")  # fmt: skip
 
 
 NUMBERS = ("time_to_target", "best_val_loss", "score", "clock_tokens_per_s", "clock_step_time_s",

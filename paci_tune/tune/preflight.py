@@ -3,14 +3,14 @@
 A trial that refuses its configuration fails after the study has started (and a search of such
 trials ends with "no finished trial" after all of them). So the search derives the run of every
 point the bound space can produce -- every schedule, depth, micro-batch size and window, each LR
-scale of a list or both ends of a range, on the search's seed and every confirmation seed, and at
-a transfer check's longer budget -- and
-validates it like a trial does: the schema, the data it must draw from, the device and backend,
-and a given profile against the model. A grid too large to walk is checked at its corners. The
-output paths are checked too, so nothing is measured or trained for a result that cannot be
-written. May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.data`, :mod:`paci_tune.sim`,
-:mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's
-:mod:`.space`, :mod:`.search`, :mod:`.confirm`.
+scale of a list or both ends of a range, each of PACI's ``backward_weights``, on the search's seed
+and every confirmation seed, and at a transfer check's longer budget -- and validates it like a
+trial does: the schema, the data it must draw from, the device and backend, and a given profile
+against the model. A grid too large to walk is checked at its corners. The output paths are
+checked too, so nothing is measured or trained for a result that cannot be written. May import:
+:mod:`paci_tune.pipeline`, :mod:`paci_tune.data`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`,
+:mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's :mod:`.space`, :mod:`.search`,
+:mod:`.confirm`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def trial_points(space: SearchSpace) -> list[TrialParams]:
     if space.lr_is_range:
         low, high, _ = lr  # type: ignore[misc]
         space = dataclasses.replace(space, lr_scale=(float(low), float(high)), lr_is_range=False)
-    n_lr = len(space.lr_scale or (1.0,))
-    n = len(space.schedules) * len(space.stages) * len(space.microbatch_size) * max(len(space.window), 1) * n_lr
+    n_lr, n_bw = len(space.lr_scale or (1.0,)), max(len(space.backward_weights), 1)
+    n = len(space.schedules) * len(space.stages) * len(space.microbatch_size) * max(len(space.window), 1) * n_lr * n_bw
     if n <= MAX_POINTS:
         return space.grid()
 
@@ -102,7 +102,8 @@ def check_trials(tune: TuneConfig, space: SearchSpace, profile: str | None) -> l
 
 
 _FROM_POINT = {"optimizer.lr": "lr_scale", "pipeline.stages": "stages", "pipeline.window": "window",
-               "pipeline.microbatch_size": "microbatch_size", "training.global_batch": "microbatch_size"}  # fmt: skip
+               "pipeline.microbatch_size": "microbatch_size", "training.global_batch": "microbatch_size",
+               "pipeline.backward_weights": "backward_weights"}  # fmt: skip
 """The space's dimension behind each run key a point sets (the run as written already passed)."""
 
 

@@ -130,6 +130,8 @@ class Search:
         trial.set_user_attr("label", params.label() + tag)
         trial.set_user_attr("data_parallel", params.data_parallel)
         trial.set_user_attr("devices", params.devices)
+        if params.backward_weights is not None:  # PACI with the space's backward_weights (a fixed one is no param)
+            trial.set_user_attr("backward_weights", params.backward_weights)
         note = f"confirmation, seed {seed}" if seed is not None else (
             f"transfer check, {factor:g}x the budget" if factor != 1.0 else None)  # fmt: skip
         self.on_event(SearchEvent("start", schedule, trial.number, params, reason=note))

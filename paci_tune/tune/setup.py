@@ -152,7 +152,11 @@ def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) 
             return
         point["lr_scale"] = 1.0
     for schedule, study in studies.items():
-        params = TrialParams(schedule, p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages))
+        # PACI's backward_weights: the file's when the study tunes it, the space's fixed one, or None (the run's)
+        bws = space.backward_weights_of(schedule)
+        bw = p.backward_weights if p.backward_weights in bws else bws[0]
+        tuned = {"backward_weights": bw} if space.tunes_backward_weights(schedule) else {}
+        params = TrialParams(schedule, p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages), bw)
         # not a point under the device budget, or (PACI) too stale: that study starts from the sampler
         if not study.get_trials(deepcopy=False) and space.why_not(params) is None:
-            study.enqueue_trial(point, skip_if_exists=True)
+            study.enqueue_trial({**point, **tuned}, skip_if_exists=True)

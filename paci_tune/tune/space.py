@@ -2,7 +2,10 @@
 
 A space lists the pipeline depth P (``stages``), the micro-batch size and, when the global batch
 is ``free``, the window ``a``; optionally an LR scale. Each is a list of choices or a range
-(``{low, high}``, ``step``, or ``log: true`` for powers of two / a log-uniform float).
+(``{low, high}``, ``step``, or ``log: true`` for powers of two / a log-uniform float). PACI's
+``backward_weights`` (``pipeline.backward_weights``: ``forward`` or ``current``) is a list of choices
+too: two make a categorical dimension of the PACI study, one fixes it for every PACI trial, absent
+leaves the run's own value; flush studies never get it (it changes nothing under a flush).
 
 Constraints are applied once, when the space is bound to a run, so the sampler only ever sees
 feasible values and the grid is finite:
@@ -21,14 +24,14 @@ feasible values and the grid is finite:
   the values some feasible point uses; a pair outside the feasible set is answered without training
   (:meth:`SearchSpace.why_not`, :mod:`.search`). Without a budget (``devices=None``, the API's
   default) D = 1 for every P. PACI may also skip the points too stale to win (:func:`skip_stale`).
-May import: optuna, :mod:`paci_tune.base`, :mod:`paci_tune.schedule`, :mod:`paci_tune.errors`.
+The file's values are parsed by :mod:`.choices`. May import: optuna, :mod:`paci_tune.base`,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.errors` and the tune layer's :mod:`.choices`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +43,11 @@ from ..base.files import read_mapping
 from ..base.shipped import resolve_path, shipped, shipped_names
 from ..errors import ConfigError
 from ..schedule import drift_bound
+from .choices import DEFAULT_BACKWARD_WEIGHTS, backward_weights_choices, int_choices, keep, lr_space
 
 SCHEDULES = ("paci", "1f1b")
-MAX_CHOICES = 10_000
-"""Values one integer range may expand to: each is a point of a finite grid the search enumerates."""
-_KEYS = ("description", "schedules", "global_batch", "stages", "microbatch_size", "window", "lr_scale")
+_KEYS = ("description", "schedules", "global_batch", "stages", "microbatch_size", "window", "lr_scale",
+         "backward_weights")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class TrialParams:
     microbatch_size: int
     lr_scale: float = 1.0
     data_parallel: int = 1
+    backward_weights: str | None = None  # PACI's pipeline.backward_weights; None: the run's own (flush: always)
 
     @property
     def global_batch(self) -> int:
@@ -68,7 +72,7 @@ class TrialParams:
 
     def overrides(self) -> dict[str, Any]:
         """Dotted run-config overrides (``pipeline.window`` ...) that make a run this point."""
-        return {
+        out: dict[str, Any] = {
             "pipeline.schedule": self.schedule,
             "pipeline.stages": self.stages,
             "pipeline.data_parallel": self.data_parallel,
@@ -76,12 +80,19 @@ class TrialParams:
             "pipeline.microbatch_size": self.microbatch_size,
             "training.global_batch": self.global_batch,
         }
+        if self.backward_weights is not None:
+            out["pipeline.backward_weights"] = self.backward_weights
+        return out
 
     def label(self) -> str:
+        """``paci P=4 D=2 a=8 b=4 w=current lr x0.5``: D, the backward's weights and the LR scale only where
+        they are not the default (D=1, ``forward`` or the run's own, x1)."""
         lr = f" lr x{self.lr_scale:.2g}" if self.lr_scale != 1.0 else ""
         dp = f" D={self.data_parallel}" if self.data_parallel != 1 else ""
         a = self.window if self.window else "-"  # 0: no whole window (a point outside the budget)
-        return f"{self.schedule} P={self.stages}{dp} a={a} b={self.microbatch_size}{lr}"
+        bw = self.backward_weights
+        w = f" w={bw}" if bw is not None and bw != DEFAULT_BACKWARD_WEIGHTS else ""
+        return f"{self.schedule} P={self.stages}{dp} a={a} b={self.microbatch_size}{w}{lr}"
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,15 @@ class SearchSpace:
     points: frozenset[tuple[int, int, int]] = frozenset()  # feasible (P, a, b); empty: the whole product
     dropped: tuple[str, ...] = ()  # why the other points went, for the user
     paci_max_drift: int | None = None  # PACI skips the points whose drift bound is above it (:func:`skip_stale`)
+    backward_weights: tuple[str, ...] = ()  # PACI's choices, in BACKWARD_WEIGHTS order; empty: the run's own
+
+    def backward_weights_of(self, schedule: str) -> list[str | None]:
+        """The values ``schedule``'s points take: the space's choices for PACI, else [None] (the run's own)."""
+        return list(self.backward_weights) if schedule == "paci" and self.backward_weights else [None]
+
+    def tunes_backward_weights(self, schedule: str) -> bool:
+        """Whether ``schedule``'s study has the ``backward_weights`` dimension (PACI, two choices)."""
+        return len(self.backward_weights_of(schedule)) > 1
 
     def data_parallel(self, stages: int) -> int:
         """D of a point with ``stages`` stages: the budget shared out, or 1 without a budget."""
@@ -146,7 +166,10 @@ class SearchSpace:
                 lr = float(trial.suggest_float("lr_scale", float(low), float(high), log=bool(log)))
             else:
                 lr = float(trial.suggest_categorical("lr_scale", list(self.lr_scale)))
-        return TrialParams(schedule, stages, a, b, lr, self.data_parallel(stages))
+        (bw, *more) = self.backward_weights_of(schedule)
+        if more:
+            bw = str(trial.suggest_categorical("backward_weights", [bw, *more]))
+        return TrialParams(schedule, stages, a, b, lr, self.data_parallel(stages), bw)
 
     def grid(self, schedule: str | None = None) -> list[TrialParams]:
         """Every feasible point (of one schedule, or all); a continuous LR range has no grid."""
@@ -155,14 +178,15 @@ class SearchSpace:
         lrs = list(self.lr_scale) if self.lr_scale is not None else [1.0]
         out = []
         for s in [schedule] if schedule else self.schedules:
-            for p, b, lr in itertools.product(self.stages, self.microbatch_size, lrs):
+            for p, b, lr, bw in itertools.product(self.stages, self.microbatch_size, lrs, self.backward_weights_of(s)):
                 windows = [self.window_of(p, b)] if self.fixed_batch is not None else list(self.window)
-                points = [TrialParams(s, p, a, b, float(lr), self.data_parallel(p)) for a in windows]
+                points = [TrialParams(s, p, a, b, float(lr), self.data_parallel(p), bw) for a in windows]
                 out += [q for q in points if self.why_not(q) is None]
         return out
 
-    def grid_params(self) -> dict[str, list[Any]]:
-        """The search space in the form ``optuna.samplers.GridSampler`` takes."""
+    def grid_params(self, schedule: str = "paci") -> dict[str, list[Any]]:
+        """``schedule``'s study space in the form ``optuna.samplers.GridSampler`` takes (only PACI's has
+        ``backward_weights``, and only with two choices)."""
         if self.lr_is_range:
             raise ConfigError("search.sampler", "grid", "a space whose lr_scale is a list of choices, not a range")
         out: dict[str, list[Any]] = {"stages": list(self.stages), "microbatch_size": list(self.microbatch_size)}
@@ -170,6 +194,8 @@ class SearchSpace:
             out["window"] = list(self.window)
         if self.lr_scale is not None:
             out["lr_scale"] = list(self.lr_scale)
+        if self.tunes_backward_weights(schedule):
+            out["backward_weights"] = list(self.backward_weights)
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -192,6 +218,8 @@ class SearchSpace:
             keys = ("low", "high", "log")
             lr = self.lr_scale
             out["lr_scale"] = dict(zip(keys, lr, strict=True)) if self.lr_is_range else list(lr)
+        if self.backward_weights:
+            out["backward_weights"] = list(self.backward_weights)
         return out
 
 
@@ -234,12 +262,12 @@ def load_space(
     if mode not in ("fixed", "free"):
         raise ConfigError("space.global_batch", mode, "fixed (a * micro-batch size = training.global_batch) or free")
 
-    stages = _int_choices("space.stages", doc.get("stages"))
+    stages = int_choices("space.stages", doc.get("stages"))
     cap = n_units if max_stages is None else min(n_units, max_stages)
     why = f"at most {n_units} (the model's units)" + (
         f" and at most hardware.devices={max_stages} on the wall clock" if max_stages is not None else ""
     )
-    stages = _keep("space.stages", stages, lambda p: p <= cap, why)
+    stages = keep("space.stages", stages, lambda p: p <= cap, why)
     windows_given: list[int] = []
 
     if mode == "fixed":
@@ -249,24 +277,25 @@ def load_space(
                 "(a = global_batch / micro-batch size); or set global_batch: free"
             )  # fmt: skip
         if "window" in doc:
-            windows = _int_choices("space.window", doc["window"])
-            windows = _keep("space.window", windows, lambda a: global_batch % a == 0, f"divisors of {global_batch}")
+            windows = int_choices("space.window", doc["window"])
+            windows = keep("space.window", windows, lambda a: global_batch % a == 0, f"divisors of {global_batch}")
             sizes = [global_batch // a for a in windows]
             windows_given = windows
         else:
-            sizes = _int_choices("space.microbatch_size", doc.get("microbatch_size"))
-            sizes = _keep(
+            sizes = int_choices("space.microbatch_size", doc.get("microbatch_size"))
+            sizes = keep(
                 "space.microbatch_size", sizes, lambda b: global_batch % b == 0,
                 f"divisors of training.global_batch={global_batch}",
             )  # fmt: skip
         windows = []
         fixed: int | None = global_batch
     else:
-        sizes = _int_choices("space.microbatch_size", doc.get("microbatch_size"))
-        windows = _int_choices("space.window", doc.get("window"))
+        sizes = int_choices("space.microbatch_size", doc.get("microbatch_size"))
+        windows = int_choices("space.window", doc.get("window"))
         fixed = None
 
-    lr, lr_range = _lr_space(doc.get("lr_scale"))
+    lr, lr_range = lr_space(doc.get("lr_scale"))
+    backward_weights = backward_weights_choices(doc.get("backward_weights"))
     given_windows = windows_given if mode == "fixed" and "window" in doc else None
     points, dropped = _budget_points(stages, sorted(set(sizes)), windows, fixed, devices, given_windows)
     if not points:
@@ -284,6 +313,7 @@ def load_space(
         devices=devices,
         points=frozenset(points),
         dropped=tuple(dropped),
+        backward_weights=backward_weights,
     )
 
 
@@ -325,11 +355,17 @@ def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -
     """``space`` less the points ``why_not`` refuses (it returns the reason; None keeps the point).
 
     The setup's memory check uses it; a check that leaves nothing is a ConfigError on
-    ``hardware.devices`` listing every reason.
+    ``hardware.devices`` listing every reason. A point is asked with the space's first schedule and,
+    for PACI, its lightest ``backward_weights`` (``current`` holds no weight copy when it is a choice):
+    a point stays when it fits one way; a heavier choice that does not fit is refused by its trial's
+    own check.
     """
+    schedule = space.schedules[0]
+    bws = space.backward_weights_of(schedule)
+    bw = "current" if "current" in bws else bws[0]
     kept, dropped = set(), list(space.dropped)
     for p, a, b in sorted(space.points):
-        reason = why_not(TrialParams(space.schedules[0], p, a, b, 1.0, space.data_parallel(p)))
+        reason = why_not(TrialParams(schedule, p, a, b, 1.0, space.data_parallel(p), bw))
         if reason is None:
             kept.add((p, a, b))
         else:
@@ -363,57 +399,3 @@ def skip_stale(space: SearchSpace, max_drift: int | None) -> SearchSpace:
     stale = [(p, a, b) for p, a, b in sorted(space.points) if out._stale(p, a)]
     dropped = [f"paci P={p} D={space.data_parallel(p)} a={a} b={b}: {out._stale(p, a)}" for p, a, b in stale]
     return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))
-
-
-def _int_choices(key: str, spec: Any) -> list[int]:
-    """A list of positive integers, or a range: ``{low, high}`` with ``step`` or ``log: true``."""
-    allowed = "a list of positive integers, or {low, high} with optional step or log: true (powers of two)"
-    if isinstance(spec, list):
-        if not spec or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**63 for v in spec):
-            raise ConfigError(key, spec, allowed)
-        return sorted(set(spec))
-    if isinstance(spec, dict) and set(spec) <= {"low", "high", "step", "log"} and {"low", "high"} <= set(spec):
-        low, high, step, log = spec["low"], spec["high"], spec.get("step", 1), spec.get("log", False)
-        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high, step))
-        if not ints or not 1 <= low <= high or step < 1 or not isinstance(log, bool):
-            raise ConfigError(key, spec, allowed)
-        if high >= 2**63 or (not log and (high - low) // step >= MAX_CHOICES):
-            raise ConfigError(key, spec, f"a range of at most {MAX_CHOICES} values below 2**63")
-        if log:
-            first = 2 ** math.ceil(math.log2(low))
-            return [v for v in (first * 2**i for i in range(64)) if v <= high]
-        return list(range(low, high + 1, step))
-    raise ConfigError(key, spec, allowed)
-
-
-def _keep(key: str, values: list[int], ok: Any, why: str) -> list[int]:
-    kept = [v for v in values if ok(v)]
-    if not kept:
-        raise ConfigError(key, values, f"at least one value that satisfies: {why}")
-    return kept
-
-
-def _finite_positive(v: Any) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return 0 < float(v) < math.inf
-    except OverflowError:
-        return False
-
-
-def _lr_space(spec: Any) -> tuple[Any, bool]:
-    allowed = "absent, a list of positive numbers, or {low, high, log}"
-    if spec is None:
-        return None, False
-    if isinstance(spec, list):
-        if not spec or not all(_finite_positive(v) for v in spec):
-            raise ConfigError("space.lr_scale", spec, allowed)
-        return tuple(sorted({float(v) for v in spec})), False
-    if isinstance(spec, dict) and {"low", "high"} <= set(spec) <= {"low", "high", "log"}:
-        low, high, log = spec["low"], spec["high"], spec.get("log", True)
-        nums = all(_finite_positive(v) for v in (low, high))
-        if not nums or not 0 < low < high or not isinstance(log, bool):
-            raise ConfigError("space.lr_scale", spec, allowed)
-        return (float(low), float(high), log), True
-    raise ConfigError("space.lr_scale", spec, allowed)

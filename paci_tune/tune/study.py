@@ -164,6 +164,8 @@ def enqueue_grid(study: optuna.Study, space: SearchSpace, schedule: str, seed: i
             params["window"] = p.window
         if space.lr_scale is not None:
             params["lr_scale"] = p.lr_scale
+        if space.tunes_backward_weights(schedule):
+            params["backward_weights"] = p.backward_weights
         study.enqueue_trial(params, skip_if_exists=True)
 
 

@@ -1,0 +1,308 @@
+"""``pipeline.backward_weights``: every backward against the weights its forward used, at one copy per version.
+
+Oracles, none of which is the code under test:
+
+- **a from-scratch PACI** written here: each stage keeps its live weights and its own AdamW; at every
+  forward it deep-copies the stage's module and runs the micro-batch through the copy, whose
+  gradients are added to the live weights' at the backward; steps after every ``a`` backwards, in
+  the stage's own 1F1B order with at most ``min(P - s, inflight)`` in flight; D replicas average
+  their gradients before each step. In bf16 the live weights are bf16 with fp32 masters, each
+  backward's bf16 gradient summed in fp32, the masters written back after the step.
+- **the allocator's record** (the CPU profiler's memory events) for the memory a copy costs.
+- **the drift bound** ceil((k - 1)/a) for how many copies may exist.
+
+``current`` mode's numerics are pinned elsewhere (``tests/test_numerics.py``'s float64 simulation runs
+both semantics); here it is the control that differs from the oracle.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import (
+    check_ok,
+    make_config,
+    read_metrics,
+    run_cli,
+    run_in_process,
+    summary_of,
+    train_losses,
+    write_config,
+)
+from test_bf16 import allocated_cpu
+from torch import nn
+
+from paci_tune.config import OptimizerConfig
+from paci_tune.data import MicroBatchStream, load_source
+from paci_tune.model import GPTConfig, build_units, load_model
+from paci_tune.model.loss import next_token_loss
+from paci_tune.pipeline.stage import Stage
+from paci_tune.schedule import copies_bound
+
+CONSTANT_LR = {"warmup_fraction": 0.0, "min_ratio": 1.0, "scaling": "none"}
+# 8 units (embedding, 6 blocks, head): P = 8 is one unit per stage.
+MODEL = {"preset": "tiny", "n_layer": 6, "d_model": 32, "n_head": 2, "block_size": 16}
+
+
+def partition(p: int, n_units: int = 8) -> list[int]:
+    """``n_units`` cut into ``p`` contiguous stages, as evenly as counts allow (the first ones larger)."""
+    return [n_units // p + (1 if s < n_units % p else 0) for s in range(p)]
+
+
+def doc_for(p: int, a: int, *, inflight: int | None = None, d: int = 1, bw: str = "forward", **extra: Any) -> dict:
+    b = 2
+    pipeline: dict[str, Any] = {"schedule": "paci", "stages": p, "window": a, "data_parallel": d,
+                                "backward_weights": bw, "partition": partition(p), **extra}  # fmt: skip
+    if inflight is not None:
+        pipeline["inflight"] = inflight
+    return make_config(
+        model=MODEL,
+        training={"steps": 4, "global_batch": d * a * b, "eval_every": 1000, "eval_sequences": 2},
+        optimizer={"lr": 3e-2},
+        lr_schedule=CONSTANT_LR,
+        pipeline=pipeline,
+    )
+
+
+def local_order(cap: int, window: int, n: int) -> list[tuple[str, int]]:
+    """One stage's PACI order: forward while fewer than ``cap`` are in flight, else backward; a step every window."""
+    order, f, b = [], 0, 0
+    while b < n:
+        if f < n and f - b < cap:
+            order.append(("F", f))
+            f += 1
+        else:
+            order.append(("B", b))
+            b += 1
+            if b % window == 0:
+                order.append(("S", b // window - 1))
+    return order
+
+
+class OracleStage:
+    """A stage of the from-scratch PACI: live weights (and fp32 masters in bf16), AdamW, copies per forward."""
+
+    def __init__(self, units: list[nn.Module], cfg: dict, dtype: torch.dtype) -> None:
+        self.live = nn.Sequential(*units).to(dtype)
+        self.params = [p for p in self.live.parameters() if p.requires_grad]
+        self.masters = [p.detach().float().clone() for p in self.params]
+        groups = [{"params": [m for m in self.masters if m.dim() >= 2], "weight_decay": cfg["weight_decay"]},
+                  {"params": [m for m in self.masters if m.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+        self.opt = torch.optim.AdamW(groups, lr=cfg["lr"], betas=tuple(cfg["betas"]), eps=cfg["eps"])
+        self.dtype = dtype
+        self.saved: dict[int, tuple[nn.Module, torch.Tensor, torch.Tensor]] = {}
+
+    def forward(self, mb: int, x: torch.Tensor) -> torch.Tensor:
+        frozen = copy.deepcopy(self.live)  # the weights of this forward, for this micro-batch's backward
+        if x.is_floating_point():
+            x = x.detach().to(self.dtype).requires_grad_(True)
+        out = frozen(x)
+        self.saved[mb] = (frozen, x, out)
+        return out
+
+    def backward(self, mb: int, root: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor | None:
+        frozen, x, _ = self.saved.pop(mb)
+        root.backward(None if grad is None else grad.to(root.dtype))
+        for master, p in zip(self.masters, frozen.parameters(), strict=True):
+            if p.grad is not None:
+                g = p.grad.float()
+                master.grad = g if master.grad is None else master.grad + g
+        return x.grad if x.is_floating_point() else None
+
+    def step(self) -> None:
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters, strict=True):
+                p.copy_(m)
+
+
+def oracle_losses(doc: dict, dtype: torch.dtype = torch.float32) -> list[float]:
+    """Per-global-batch train losses of PACI with forward-time weights, written from scratch (module doc).
+
+    Every action of a stage's order runs on replica 0, 1, ..., D-1 in turn; at a step the D
+    replicas' gradients are averaged (summed in replica order) and every replica steps.
+    """
+    t, pipe = doc["training"], doc["pipeline"]
+    p_, a, d, steps = pipe["stages"], pipe["window"], pipe.get("data_parallel", 1), t["steps"]
+    b = t["global_batch"] // (d * a)
+    source = load_source(doc["data"], None)
+    loaded = load_model(doc["model"], source.vocab_size, t["seed"])
+    sizes = pipe["partition"]
+    bounds = [sum(sizes[:s]) for s in range(p_ + 1)]
+    base = [[loaded.units[i] for i in range(bounds[s], bounds[s + 1])] for s in range(p_)]
+    reps = [[OracleStage([copy.deepcopy(u) for u in units], doc["optimizer"], dtype) for units in base]
+            for _ in range(d)]  # fmt: skip
+    streams = [MicroBatchStream(source.train, loaded.block_size, b, t["seed"], replicas=d, replica=r)
+               for r in range(d)]  # fmt: skip
+    n = steps * a
+    orders = [local_order(min(p_ - s, pipe.get("inflight") or p_), a, n) for s in range(p_)]
+    acts: dict[tuple[int, int, int], torch.Tensor] = {}
+    grads: dict[tuple[int, int, int], torch.Tensor] = {}
+    roots: dict[tuple[int, int, int], torch.Tensor] = {}
+    losses: dict[tuple[int, int], torch.Tensor] = {}
+    pos = [0] * p_
+    while any(pos[s] < len(orders[s]) for s in range(p_)):
+        progressed = False
+        for s in range(p_):
+            while pos[s] < len(orders[s]):
+                op, m = orders[s][pos[s]]
+                if op == "F" and s > 0 and (0, s, m) not in acts:
+                    break
+                if op == "B" and s < p_ - 1 and (0, s, m) not in grads:
+                    break
+                for r in range(d):
+                    st = reps[r][s]
+                    if op == "F":
+                        x, y = streams[r].get(m)
+                        out = st.forward(m, x if s == 0 else acts.pop((r, s, m)))
+                        if s == p_ - 1:
+                            loss = next_token_loss(out, y)
+                            losses[(r, m)] = loss.detach()
+                            roots[(r, s, m)] = loss / a
+                        else:
+                            roots[(r, s, m)] = out
+                            acts[(r, s + 1, m)] = out.detach()
+                    elif op == "B":
+                        gin = st.backward(m, roots.pop((r, s, m)), None if s == p_ - 1 else grads.pop((r, s, m)))
+                        if s > 0:
+                            grads[(r, s - 1, m)] = gin
+                if op == "S":
+                    for i in range(len(reps[0][s].masters)):
+                        gs = [reps[r][s].masters[i].grad for r in range(d)]
+                        if gs[0] is None:
+                            continue
+                        total = gs[0].clone()
+                        for g in gs[1:]:
+                            total.add_(g)
+                        total.div_(d)
+                        for r in range(d):
+                            reps[r][s].masters[i].grad = total.clone()
+                    for r in range(d):
+                        reps[r][s].step()
+                pos[s] += 1
+                progressed = True
+        assert progressed, "the oracle's PACI schedule deadlocked"
+    out = []
+    for k in range(steps):
+        per = [float(torch.stack([losses[(r, m)] for m in range(k * a, k * a + a)]).mean()) for r in range(d)]
+        out.append(sum(per) / d)
+    return out
+
+
+# ----------------------------------------------------------------------------------- numerics
+
+
+# P 2..8, a 1..8, in-flight caps; every case has micro-batches that cross an update.
+CASES = [(2, 1, None), (3, 2, None), (4, 1, None), (4, 2, 2), (5, 3, 3), (8, 1, None), (8, 4, 4), (8, 8, None)]
+
+
+@pytest.mark.parametrize(("p", "a", "inflight"), CASES, ids=lambda v: str(v))
+def test_forward_mode_equals_a_paci_that_copies_the_weights_at_every_forward(p: int, a: int, inflight: int | None):
+    doc = doc_for(p, a, inflight=inflight)
+    records = run_in_process(doc)
+    got, want = train_losses(records), oracle_losses(doc)
+    assert got == pytest.approx(want, abs=1e-6, rel=0)
+    # the control: current weights are another algorithm wherever a backward crosses an update
+    stages = summary_of(records)["stages"]
+    if any(st["max_drift"] for st in stages):
+        current = train_losses(run_in_process(doc_for(p, a, inflight=inflight, bw="current")))
+        assert max(abs(c - w) for c, w in zip(current, want, strict=True)) > 1e-5
+    # what each backward saw: its forward's weights, however many updates it crossed
+    for st in stages:
+        assert st["max_read_ahead"] == 0 and st["read_ahead_histogram"] == {"0": sum(st["drift_histogram"].values())}
+        bound = copies_bound("paci", st["stage"], p, a, inflight)
+        assert st["weight_copies_peak"] <= bound == st["weight_copies_bound"]
+        assert st["max_drift"] <= bound
+
+
+def test_inflight_one_is_still_flush_and_takes_no_copy():
+    paci = run_in_process(doc_for(4, 2, inflight=1))
+    flush = run_in_process(doc_for(4, 2, schedule="1f1b"))
+    assert train_losses(paci) == train_losses(flush)
+    assert all(st["weight_copies_made"] == 0 for st in summary_of(paci)["stages"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("p", "a", "d"), [(3, 1, 1), (2, 2, 2)], ids=lambda v: str(v))
+def test_distributed_forward_mode_equals_the_oracle(tmp_path: Path, p: int, a: int, d: int):
+    doc = doc_for(p, a, d=d)
+    doc["training"]["eval_every"] = 2  # evaluations inside the run: drained segments and held versions
+    metrics = tmp_path / "m.jsonl"
+    check_ok(run_cli(write_config(tmp_path, doc), "--runtime", "distributed", "--metrics", metrics))
+    records = read_metrics(metrics)
+    assert train_losses(records) == pytest.approx(oracle_losses(doc), abs=1e-6, rel=0)
+    stages = summary_of(records)["stages"]
+    assert all(st["max_read_ahead"] == 0 for st in stages)
+    assert stages[0]["weight_copies_made"] > 0
+
+
+def test_data_parallel_forward_mode_equals_the_oracle():
+    doc = doc_for(2, 2, d=2)
+    assert train_losses(run_in_process(doc)) == pytest.approx(oracle_losses(doc), abs=1e-6, rel=0)
+
+
+def test_bf16_forward_mode_equals_the_oracle_in_bf16():
+    doc = doc_for(4, 2, precision="bf16")
+    got, want = train_losses(run_in_process(doc)), oracle_losses(doc, torch.bfloat16)
+    fp32 = oracle_losses(doc_for(4, 2))
+    # bf16's tolerance: the two bf16 runs agree far better than bf16 agrees with fp32
+    gap = max(abs(w - f) for w, f in zip(want, fp32, strict=True))
+    assert gap > 1e-4
+    assert got == pytest.approx(want, abs=max(1e-3, gap / 20), rel=0)
+
+
+def test_current_mode_reads_the_current_weights():
+    summary = summary_of(run_in_process(doc_for(4, 1, bw="current")))
+    for st in summary["stages"]:
+        assert st["read_ahead_histogram"] == st["drift_histogram"]
+        assert st["weight_copies_made"] == 0 and st["weight_copies_bound"] == 0
+
+
+# ------------------------------------------------------------------------------------- memory
+
+WIDE = GPTConfig(n_layer=2, n_head=2, d_model=128, block_size=8, vocab_size=32)
+
+
+def stage_peak(bw: str, k: int, window: int, dtype: torch.dtype = torch.float32) -> tuple[int, Stage]:
+    """Peak bytes allocated while a middle stage (s = 1 of P = 6) runs 12 micro-batches, ``k`` in flight."""
+    stage = Stage(1, 6, list(build_units(WIDE, 0, indices=[1, 2]).values()), window=window,
+                  optimizer=OptimizerConfig(lr=1e-3), lr_at=lambda _: 1e-3, device=torch.device("cpu"),
+                  dtype=dtype, backward_weights=bw)  # fmt: skip
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(1, WIDE.block_size, WIDE.d_model, generator=gen).to(dtype) for _ in range(12)]
+    gs = [torch.randn(1, WIDE.block_size, WIDE.d_model, generator=gen).to(dtype) for _ in range(12)]
+
+    def run(base: int) -> None:
+        for op, j in local_order(k, window, 12):
+            if op == "F":
+                stage.forward(base + j, xs[j])
+            elif op == "B":
+                stage.backward(base + j, gs[j])
+            else:
+                stage.step()
+
+    run(0)  # optimizer state and gradient buffers exist before measuring, as mid-run
+    _, peak = allocated_cpu(lambda: run(100))
+    return peak, stage
+
+
+@pytest.mark.parametrize(("window", "dtype"), [(1, torch.float32), (4, torch.float32), (2, torch.bfloat16)], ids=str)
+def test_forward_mode_costs_at_most_its_copy_bound_in_weights(window: int, dtype: torch.dtype):
+    weight_bytes = None
+    for k in (1, 2, 3, 5):  # 1 .. P - s micro-batches in flight
+        cur, _ = stage_peak("current", k, window, dtype)
+        fwd, stage = stage_peak("forward", k, window, dtype)
+        weight_bytes = stage.parameter_bytes()  # in bf16 the bf16 weights: the masters are never copied
+        bound = copies_bound("paci", 1, 6, window, k)
+        assert bound == math.ceil((k - 1) / window)
+        assert stage.versions.peak_copies <= bound
+        assert fwd - cur <= bound * weight_bytes, (k, fwd - cur, bound, weight_bytes)
+        if bound:  # the copies are real memory, not bookkeeping: the record sees them
+            assert fwd - cur >= stage.versions.peak_copies * weight_bytes * 0.9, (k, fwd - cur, weight_bytes)
+    assert weight_bytes and weight_bytes > 100_000 * dtype.itemsize / 4
