@@ -43,6 +43,8 @@ from paci_tune.model import GPTConfig, build_units, load_model
 from paci_tune.model.loss import next_token_loss
 from paci_tune.pipeline.stage import Stage
 from paci_tune.schedule import copies_bound
+from paci_tune.sim import Profile, stage_memory
+from paci_tune.sim.memory import stage_copies
 
 CONSTANT_LR = {"warmup_fraction": 0.0, "min_ratio": 1.0, "scaling": "none"}
 # 8 units (embedding, 6 blocks, head): P = 8 is one unit per stage.
@@ -292,6 +294,23 @@ def stage_peak(bw: str, k: int, window: int, dtype: torch.dtype = torch.float32)
     return peak, stage
 
 
+def predicted_copy_bytes(stage: Stage, window: int, k: int, dtype: torch.dtype) -> int:
+    """The memory model's ``weight_copies`` for the stage (s = 1 of P = 6, ``k`` in flight), from a hand profile
+    holding the stage's real parameter count (``param_bytes`` is 4 bytes per parameter in either dtype)."""
+    n_params = sum(p.numel() for p in stage.params)
+    units = [
+        {
+            "param_bytes": 4 * n_params,
+            "optimizer_s": 0.0,
+            "microbatch": {1: {"forward_s": 1.0, "backward_s": 1.0, "activation_bytes": 0, "saved_bytes": 0}},
+        }
+    ]
+    profile = Profile.from_dict({"seq_len": WIDE.block_size, "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
+                                 "units": units, "p2p": {"latency_s": 0.0, "bandwidth_Bps": math.inf}})  # fmt: skip
+    copies = stage_copies("paci", 1, 6, window, k, backward_weights="forward")
+    return stage_memory(profile, [0], 1, k, last=False, copies=copies).weight_copies
+
+
 @pytest.mark.parametrize(("window", "dtype"), [(1, torch.float32), (4, torch.float32), (2, torch.bfloat16)], ids=str)
 def test_forward_mode_costs_at_most_its_copy_bound_in_weights(window: int, dtype: torch.dtype):
     weight_bytes = None
@@ -305,4 +324,9 @@ def test_forward_mode_costs_at_most_its_copy_bound_in_weights(window: int, dtype
         assert fwd - cur <= bound * weight_bytes, (k, fwd - cur, bound, weight_bytes)
         if bound:  # the copies are real memory, not bookkeeping: the record sees them
             assert fwd - cur >= stage.versions.peak_copies * weight_bytes * 0.9, (k, fwd - cur, weight_bytes)
+        # The prediction agrees: the memory model's copy bytes for this stage, from a profile that knows
+        # only its parameter count, are what forward mode measurably costs over current (within 10%).
+        predicted = predicted_copy_bytes(stage, window, k, dtype)
+        assert predicted == bound * weight_bytes
+        assert fwd - cur <= predicted and (bound == 0 or fwd - cur >= 0.9 * predicted), (k, fwd - cur, predicted)
     assert weight_bytes and weight_bytes > 100_000 * dtype.itemsize / 4
