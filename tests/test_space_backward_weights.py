@@ -262,13 +262,7 @@ def test_a_search_runs_stores_and_recommends_the_value(tmp_path: Path, given: li
 
 
 # --------------------------------------------------------------------------------- best.yaml
-RUN = {
-    "model": {"preset": "tiny", "n_layer": 2, "n_head": 2, "d_model": 32, "block_size": 16},
-    "data": {"source": "synthetic", "vocab_size": 32, "n_train": 20_000, "n_val": 2_000},
-    "training": {"global_batch": 8, "steps": 4, "eval_sequences": 4},
-    "optimizer": {"lr": 6.0e-4},
-    "pipeline": {"schedule": "paci", "stages": 2, "window": 2},
-}
+RUN = make_config(training={"steps": 4}, optimizer={"lr": 6.0e-4}, pipeline={"window": 2})
 DISTS = {"stages": CategoricalDistribution([2]), "microbatch_size": CategoricalDistribution([2, 4])}
 
 
