@@ -266,6 +266,29 @@ def test_current_mode_reads_the_current_weights():
         assert st["weight_copies_made"] == 0 and st["weight_copies_bound"] == 0
 
 
+@pytest.mark.parametrize("bw", ["forward", "current"])
+def test_each_backward_records_the_weight_version_it_read(bw: str):
+    """The per-micro-batch record against the local order's own count of steps before each forward and backward."""
+    k, window, n = 5, 2, 12
+    stage = Stage(1, 6, list(build_units(WIDE, 0, indices=[1, 2]).values()), window=window,
+                  optimizer=OptimizerConfig(lr=1e-3), lr_at=lambda _: 1e-3, device=torch.device("cpu"),
+                  backward_weights=bw)  # fmt: skip
+    gen = torch.Generator().manual_seed(3)
+    steps, at_forward, want = 0, {}, []
+    for op, j in local_order(k, window, n):
+        if op == "F":
+            at_forward[j] = steps
+            stage.forward(j, torch.randn(1, WIDE.block_size, WIDE.d_model, generator=gen))
+        elif op == "B":
+            stage.backward(j, torch.randn(1, WIDE.block_size, WIDE.d_model, generator=gen))
+            want.append((j, at_forward[j], at_forward[j] if bw == "forward" else steps, steps))
+        else:
+            stage.step()
+            steps += 1
+    assert [tuple(r) for r in stage.backward_log] == want
+    assert any(f != b for _, f, _, b in want)  # some backward crossed an update
+
+
 # ------------------------------------------------------------------------------------- memory
 
 WIDE = GPTConfig(n_layer=2, n_head=2, d_model=128, block_size=8, vocab_size=32)

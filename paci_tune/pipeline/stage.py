@@ -15,8 +15,10 @@ fp32 masters written back in place after each step. May import: :mod:`.optim`, :
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -30,6 +32,18 @@ from .versions import BACKWARD_WEIGHTS, WeightVersions
 def compute_dtype(precision: str) -> torch.dtype:
     """The dtype of a stage's parameters and activations: bf16 (fp32 masters in :mod:`.optim`) or fp32."""
     return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+class BackwardRead(NamedTuple):
+    """What one micro-batch's backward at a stage saw: weight versions are optimizer-update counts."""
+
+    mb: int
+    forward_version: int  # the weights its forward used
+    read_version: int  # the weights its backward multiplied by (``forward``: the same; ``current``: now)
+    backward_version: int  # the stage's weights when the backward ran (drift = this - forward_version)
+
+
+BACKWARD_LOG = 4096  # micro-batches a stage remembers in :attr:`Stage.backward_log` (a long run's tail)
 
 
 @dataclass
@@ -142,6 +156,8 @@ class Stage:
         self.versions = WeightVersions(list(zip(self.param_names, self.params, strict=True)))
         self.backwards = 0
         self.drift = DriftStats()
+        # The last micro-batches' reads, one record each; ``drift`` keeps the whole run's histograms.
+        self.backward_log: deque[BackwardRead] = deque(maxlen=BACKWARD_LOG)
         self._inflight: dict[int, _InFlight] = {}
 
     @property
@@ -225,6 +241,8 @@ class Stage:
             self.backwards += 1
             drift = self.updates - rec.updates_at_forward
             self.drift.add(drift, 0 if rec.held else drift)
+            read = rec.updates_at_forward if rec.held else self.updates
+            self.backward_log.append(BackwardRead(mb, rec.updates_at_forward, read, self.updates))
         return None if self.is_first else rec.inputs.grad
 
     def gradients(self) -> list[torch.Tensor]:
