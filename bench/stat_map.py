@@ -168,13 +168,42 @@ def main() -> None:
            "seconds": round(time.time() - t0, 1), "run_seconds": run_seconds(runs, args.jobs),
            "model": base["model"], "lr_schedule": base["lr_schedule"], "flush": flush,
            "cells": list(cells.values()), "stale_limit": stale_limit(list(cells.values())),
-           "runs": runs}  # fmt: skip
+           "semantics": paired_semantics(runs, target), "runs": runs}  # fmt: skip
     (out / "map.json").write_text(json.dumps(doc, indent=1))
     table = markdown(doc, args)
     (out / "map.md").write_text(table)
     draw(doc, args, out / "map.png")
     print(table)
     print(f"target val loss {target:.4f}; {len(runs)} runs in {doc['seconds']:.0f}s; wrote {out}/map.{{json,md,png}}")
+
+
+def paired_semantics(runs: list[dict], target: float) -> list[dict[str, Any]]:
+    """``forward`` against ``current``, run by run: the same P, a, LR and seed, so the same data, init
+    and flush partner. Per depth (and over all depths): how many runs each semantics brought to the
+    target, in how many pairs ``forward`` reached it in fewer steps / more / the same, and the mean
+    difference of the final validation losses (forward - current) with a percentile bootstrap 95%
+    interval over the pairs. Empty unless both semantics ran."""
+    import numpy as np
+
+    by = {(r["P"], r["a"], r["lr"], r["seed"], r["bw"]): r for r in runs if r["schedule"] == "paci"}
+    pairs = [(by[k], by[(*k[:4], "current")]) for k in by if k[4] == "forward" and (*k[:4], "current") in by]
+    rows = []
+    for p in [*sorted({f["P"] for f, _ in pairs}), None]:
+        mine = [(f, c) for f, c in pairs if p is None or f["P"] == p]
+        if not mine or (p is None and len({f["P"] for f, _ in pairs}) < 2):
+            continue
+        diffs = np.array([f["curve"][-1][1] - c["curve"][-1][1] for f, c in mine])
+        idx = np.random.default_rng(0).integers(0, len(diffs), size=(4000, len(diffs)))
+        lo, hi = np.quantile(diffs[idx].mean(axis=1), [0.025, 0.975])
+        steps = [(first_reach(f["curve"], target), first_reach(c["curve"], target)) for f, c in mine]
+        rows.append({"P": p, "pairs": len(mine),
+                     "reached_forward": sum(f is not None for f, _ in steps),
+                     "reached_current": sum(c is not None for _, c in steps),
+                     "forward_sooner": sum(f is not None and (c is None or f < c) for f, c in steps),
+                     "current_sooner": sum(c is not None and (f is None or c < f) for f, c in steps),
+                     "final_diff": float(diffs.mean()), "final_diff_ci": [float(lo), float(hi)],
+                     "forward_lower_final": int((diffs < 0).sum())})  # fmt: skip
+    return rows
 
 
 def stale_limit(cells: list[dict]) -> dict[str, Any]:
@@ -252,6 +281,19 @@ def markdown(doc: dict, args: argparse.Namespace) -> str:
             cols.append(f"{sum(c['reached'] for c in cs)} of {sum(c['runs'] for c in cs)}, "
                         f"final {statistics.fmean(finals):.3f}")  # fmt: skip
         lines.append(f"| PACI {bw} | " + " | ".join(cols) + " |")
+    if doc.get("semantics"):
+        lines.append("\n`forward` against `current`, paired run by run (same P, a, LR and seed): runs that reached "
+                     "the target; pairs where one reached it in fewer steps (or alone); final validation loss, "
+                     "forward - current, mean with its bootstrap 95% interval over the pairs.\n")  # fmt: skip
+        lines.append("| P | pairs | reached (forward / current) | sooner (forward / current) | "
+                     "final loss, forward - current | forward lower |")  # fmt: skip
+        lines.append("|---|---|---|---|---|---|")
+        for row in doc["semantics"]:
+            lo, hi = row["final_diff_ci"]
+            lines.append(f"| {row['P'] or 'all'} | {row['pairs']} | {row['reached_forward']} / "
+                         f"{row['reached_current']} | {row['forward_sooner']} / {row['current_sooner']} | "
+                         f"{row['final_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {row['forward_lower_final']} of "
+                         f"{row['pairs']} |")  # fmt: skip
     lim = doc["stale_limit"]
     lines.append("\n**x**: PACI cannot win there -- it needs more steps than removing the bubble can buy back "
                  "(`pays` = (a + P - 1) / a, flush's step over PACI's on an ideal pipeline). ")  # fmt: skip
