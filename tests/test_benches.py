@@ -54,7 +54,11 @@ def test_paper_scaled_quick(tmp_path: Path) -> None:
     never longer than flush's at the same (P, a, b) and that the best flush reaches its own target."""
     out = _bench("bench/paper_scaled.py", "--quick", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path))
     doc = json.loads((tmp_path / "paper.json").read_text())
-    assert [r["G"] for r in doc["results"]] == [4, 8]
+    # one analysis per PACI semantics and batch, against the same flush runs
+    assert [(r["bw"], r["G"]) for r in doc["results"]] == [(bw, g) for bw in ("forward", "current") for g in (4, 8)]
+    for g in (4, 8):
+        flush = [res["best_flush"] for res in doc["results"] if res["G"] == g]
+        assert flush[0] == flush[1]
     for res in doc["results"]:
         assert {(p["schedule"], p["a"]) for p in res["points"]} == {(s, a) for s in ("paci", "1f1b")
                                                                      for a in (res["G"] // 2, res["G"])}  # fmt: skip
@@ -67,7 +71,22 @@ def test_stat_map_quick(tmp_path) -> None:
     """The bench asserts P=1 PACI == flush (every train loss) and every stage's drift <= its bound."""
     _bench("bench/stat_map.py", "--quick", "--out", str(tmp_path))
     doc = json.loads((tmp_path / "map.json").read_text())
-    cells = {(c["P"], c["a"]): c for c in doc["cells"]}
+    assert {c["bw"] for c in doc["cells"]} == {"forward", "current"}  # both semantics by default
+    for bw in ("forward", "current"):
+        check_map_cells(doc, bw)
+    # forward against current, paired run by run: at P = 1 nothing is stale, so the two are one run
+    rows = {row["P"]: row for row in doc["semantics"]}
+    assert set(rows) == {1, 2, None} and rows[None]["pairs"] == 4
+    assert rows[1]["final_diff"] == 0.0 and rows[1]["reached_forward"] == rows[1]["reached_current"]
+    assert (tmp_path / "map.png").stat().st_size > 5_000 and "| P \\ a |" in (tmp_path / "map.md").read_text()
+    # Every run was trained here and timed; the sum is of those times (a resumed bench times only its new runs).
+    rs = doc["run_seconds"]
+    assert rs["timed"] == rs["of"] == len(doc["runs"]) == 10  # 2 flush + 2 x 4 PACI
+    assert rs["sum"] == pytest.approx(sum(r["wall_s"] for r in doc["runs"]), abs=0.2) and rs["sum"] > 0
+
+
+def check_map_cells(doc: dict, bw: str) -> None:
+    cells = {(c["P"], c["a"]): c for c in doc["cells"] if c["bw"] == bw}
     assert set(cells) == {(1, 1), (1, 2), (2, 1), (2, 2)}
     assert cells[(1, 1)]["mean"] == 1.0 and cells[(1, 2)]["mean"] == 1.0  # no staleness, the same steps
     assert cells[(2, 1)]["bound"] == 1 and cells[(2, 2)]["bound"] == 1
@@ -75,11 +94,6 @@ def test_stat_map_quick(tmp_path) -> None:
     assert [cells[k]["payback"] for k in ((1, 1), (2, 1), (2, 2))] == [1.0, 2.0, 1.5]
     assert not cells[(1, 1)]["cannot_win"] and not cells[(1, 2)]["cannot_win"]
     assert all(c["cannot_win"] == (c["mean"] >= c["payback"]) for k, c in cells.items() if k[0] == 2 and c["ratios"])
-    lim = doc["stale_limit"]  # how the cells that cannot win fall over depth and bound
-    losing = sum(cells[(2, a)]["cannot_win"] for a in (1, 2))
-    assert set(lim["per_depth"]) == {"2"} and lim["per_depth"]["2"] == f"{losing}/2"
-    assert (tmp_path / "map.png").stat().st_size > 5_000 and "| P \\ a |" in (tmp_path / "map.md").read_text()
-    # Every run was trained here and timed; the sum is of those times (a resumed bench times only its new runs).
-    rs = doc["run_seconds"]
-    assert rs["timed"] == rs["of"] == len(doc["runs"]) == 6
-    assert rs["sum"] == pytest.approx(sum(r["wall_s"] for r in doc["runs"]), abs=0.2) and rs["sum"] > 0
+    lim = doc["stale_limit"]  # how the cells that cannot win fall over depth and bound (both semantics)
+    losing = sum(c["cannot_win"] for c in doc["cells"] if c["P"] == 2)
+    assert set(lim["per_depth"]) == {"2"} and lim["per_depth"]["2"] == f"{losing}/4"
