@@ -77,7 +77,12 @@ def main() -> None:
                     help="LRs as multiples of the config's (the first: the target's).")  # fmt: skip
     ap.add_argument("--backward-weights", nargs="+", default=["forward", "current"], choices=["forward", "current"],
                     help="PACI's semantics, each run side by side (pipeline.backward_weights).")  # fmt: skip
-    ap.add_argument("--warmup", type=float, default=None, help="lr_schedule.warmup as a fraction of the steps.")
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="lr_schedule.warmup_fraction: the warm-up as a fraction of the steps.",
+    )
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--n-layer", type=int, default=6, help="blocks (at least max(stages) - 2 units' worth)")
@@ -100,7 +105,7 @@ def main() -> None:
         base["data"] = {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 20_000, "n_val": 4_000}
     base["pipeline"].pop("microbatch_size", None)
     if args.warmup is not None:
-        base["lr_schedule"] = {**base["lr_schedule"], "warmup": args.warmup}
+        base["lr_schedule"] = {**base["lr_schedule"], "warmup_fraction": args.warmup}
     lr0 = float(cfg.optimizer.lr)
     tasks = [
         {"schedule": "1f1b", "P": 1, "a": a, "seed": seed, "lr": lr0 * scale}

@@ -17,6 +17,9 @@ class ConfigError(Exception):
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"{key}: got {value!r}; allowed: {allowed}")
 
+    def __reduce__(self) -> tuple:  # a process pool sends it back whole (Exception's default pickles args only)
+        return (type(self), (self.key, self.value, self.allowed))
+
 
 class Failure(Exception):
     """Something the input did not cause failed -- a file that cannot be written, a disk that is full,
@@ -28,3 +31,6 @@ class Failure(Exception):
     def __init__(self, what: str, reason: str) -> None:
         self.what, self.reason = what, reason
         super().__init__(f"{what}: {reason}")
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.what, self.reason))

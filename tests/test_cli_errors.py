@@ -91,3 +91,22 @@ def test_bad_option_value_is_a_usage_error(tmp_path: Path):
     assert "Traceback" not in proc.stdout + proc.stderr
     assert re.search(r"--steps.*ten", proc.stderr), proc.stderr
     assert not metrics.exists()
+
+
+def test_errors_cross_a_process_boundary_whole() -> None:
+    """A bench's process pool or a trial's child pickles the error: it must arrive with its fields, not as a
+    TypeError from a constructor that Exception's default pickling calls with one argument."""
+    import pickle
+
+    from paci_tune.errors import ConfigError, Failure
+
+    err = pickle.loads(pickle.dumps(ConfigError("lr_schedule.warmup", 0.3, "a key of the section")))
+    assert (type(err), err.key, err.value, err.allowed) == (
+        ConfigError,
+        "lr_schedule.warmup",
+        0.3,
+        "a key of the section",
+    )
+    assert str(err) == "lr_schedule.warmup: got 0.3; allowed: a key of the section"
+    fail = pickle.loads(pickle.dumps(Failure("writing best.yaml", "disk full")))
+    assert (fail.what, fail.reason, str(fail)) == ("writing best.yaml", "disk full", "writing best.yaml: disk full")
