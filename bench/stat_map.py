@@ -18,7 +18,7 @@ ceil((P-1)/a) beside it.
 PACI runs once per ``--backward-weights`` semantics (``forward``: each backward reads the weights its
 forward used; ``current``: the weights of now), side by side against the same flush runs.
 
-    python bench/stat_map.py --out runs/stat-map          # the full map, both semantics (~70 min, 2 cores)
+    python bench/stat_map.py --out runs/stat-map          # the full map, both semantics (~38 min, 2 cores)
     python bench/stat_map.py --quick --out /tmp/map        # seconds: P {1,2} x a {1,2}, one seed (CI)
 """
 
