@@ -34,7 +34,7 @@ from conftest import (
     train_losses,
     write_config,
 )
-from test_bf16 import allocated_cpu
+from memory_probe import allocated_cpu
 from torch import nn
 
 from paci_tune.config import OptimizerConfig

@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +37,7 @@ from conftest import (
     train_losses,
     write_config,
 )
+from memory_probe import allocated_cpu, allocated_cuda
 from test_numerics import CONSTANT_LR, numerics_doc, oracle_lr
 from test_stage import SavedTensors
 from torch import nn
@@ -236,29 +234,6 @@ def test_bf16_checkpoint_restores_the_fp32_masters_exactly(tmp_path: Path):
 
 
 # ------------------------------------------------------------------- memory in flight
-
-
-def allocated_cpu(fn: Callable[[], None]) -> tuple[int, int]:
-    """(net, peak) bytes the CPU allocator handed out while ``fn`` ran, from the profiler's memory events."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
-    mem = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
-    running = list(itertools.accumulate(e["args"]["Bytes"] for e in mem if e["args"].get("Device Type") == 0))
-    return (running[-1], max(0, *running)) if running else (0, 0)
-
-
-def allocated_cuda(fn: Callable[[], None]) -> tuple[int, int]:
-    """(net, peak) bytes allocated on the current CUDA device while ``fn`` ran."""
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.memory_allocated() - before, torch.cuda.max_memory_allocated() - before
 
 
 def pattern(k: int, n: int) -> list[tuple[str, int]]:
