@@ -129,14 +129,21 @@ def test_sigint_to_a_real_training_exits_130_without_a_traceback(tmp_path: Path)
     config.write_text(yaml.safe_dump(make_config(training={"steps": 100_000, "eval_every": 100_000})))
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     with out.open("w") as o, err.open("w") as e:
+        # Ctrl-C as at a terminal: a SIGINT ignored by whatever started pytest (a background job, nohup) must
+        # not be inherited by the run, which would then rightly keep ignoring it.
         proc = subprocess.Popen([sys.executable, "-m", "paci_tune", "train", str(config), "--no-live"],
-                                cwd=tmp_path, env=cli_env(), stdout=o, stderr=e)  # fmt: skip
+                                cwd=tmp_path, env=cli_env(), stdout=o, stderr=e,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         try:
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline and proc.poll() is None and not _reported_a_step(out, err):
                 time.sleep(0.2)  # interrupt it mid-training, once a step has been reported
             proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=60)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # say where it hangs: the CLI dumps its stacks on SIGUSR1
+                proc.send_signal(signal.SIGUSR1)
+                time.sleep(2)
         finally:
             if proc.poll() is None:
                 proc.kill()

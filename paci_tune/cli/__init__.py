@@ -6,6 +6,8 @@ result. May import: every layer of the package, click and rich.
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 from typing import Any
 
@@ -16,6 +18,10 @@ def run() -> None:
     """The ``paci-tune`` entry point. The commands are imported here, not when the package is, so that
     a Ctrl-C while the program is still loading (torch takes seconds) ends like one during the work
     (:mod:`.failures`): one line, exit 130, no traceback."""
+    # A run that stops answering can be asked where it is: ``kill -USR1 PID`` prints every thread's
+    # Python stack on stderr and the run goes on (the standard library's faulthandler, no cost until then).
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         from .app import main as commands
     except KeyboardInterrupt:
