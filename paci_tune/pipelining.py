@@ -44,10 +44,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
+from .config.schema import BACKWARD_WEIGHTS
 from .pipeline.optim import AliasedOptimizer
 from .pipeline.p2p import P2P
 from .pipeline.stage import DriftStats, Stage
-from .pipeline.versions import BACKWARD_WEIGHTS
 from .schedule import Action, Op, stage_actions
 
 __all__ = ["SchedulePACI"]

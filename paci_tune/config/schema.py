@@ -23,6 +23,11 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 
+BackwardWeights = Literal["forward", "current"]
+BACKWARD_WEIGHTS: tuple[str, ...] = typing.get_args(BackwardWeights)
+"""``pipeline.backward_weights``'s values, the one list every layer checks against: what an in-flight
+micro-batch's backward reads under PACI (its forward's weights, or the current ones)."""
+
 
 @dataclass(frozen=True)
 class OptimizerConfig:
@@ -143,7 +148,7 @@ class PipelineConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     # PACI: what an in-flight micro-batch's backward reads -- the weights its forward used (one copy per
     # version still needed, as the reference code's autocast casts did), or the current ones (no copy).
-    backward_weights: Literal["forward", "current"] = "forward"
+    backward_weights: BackwardWeights = "forward"
 
     def __post_init__(self) -> None:
         self.check("pipeline")

@@ -23,10 +23,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..config.schema import OptimizerConfig
+from ..config.schema import BACKWARD_WEIGHTS, OptimizerConfig
 from ..model.loss import next_token_loss
 from .optim import MASTER_DTYPES, AliasedOptimizer
-from .versions import BACKWARD_WEIGHTS, WeightVersions
+from .versions import WeightVersions
 
 
 def compute_dtype(precision: str) -> torch.dtype:

@@ -36,9 +36,6 @@ from dataclasses import dataclass
 
 import torch
 
-BACKWARD_WEIGHTS = ("forward", "current")
-"""The semantics of ``pipeline.backward_weights`` (module docstring)."""
-
 
 @dataclass(frozen=True)
 class _Ref:

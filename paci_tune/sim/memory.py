@@ -31,7 +31,7 @@ stage of one replica, fed micro-batches of ``b`` sequences (the global batch is 
 device's memory is this stage's at ``b`` whatever D is: the all-reduce reduces the gradients
 already counted in place, and the collective's own staging buffers are left to the fixed overhead
 (not measured here). May import:
-:mod:`.profile`, :mod:`paci_tune.schedule` and the standard library.
+:mod:`.profile`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config` (``BACKWARD_WEIGHTS``) and the standard library.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from ..config.schema import BACKWARD_WEIGHTS
 from ..schedule import copies_bound
 from .profile import Profile
 
@@ -52,9 +53,6 @@ OPTIMIZER_STATE_FACTOR = {"adamw": 2, "sgd": 1}
 
 WEIGHT_BYTES = {"fp32": 4, "bf16": 2}
 """Bytes per parameter of the weights a stage computes with, by the profile's ``dtype``."""
-
-BACKWARD_WEIGHTS = ("forward", "current")
-"""``pipeline.backward_weights``: what an in-flight micro-batch's backward reads under PACI."""
 
 
 @dataclass(frozen=True)

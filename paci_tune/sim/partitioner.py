@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config.schema import BACKWARD_WEIGHTS
 from ..errors import ConfigError
 from ..schedule import SCHEDULES, inflight_cap, min_max_partition
-from .memory import BACKWARD_WEIGHTS, DEFAULT_OVERHEAD_BYTES, GIB, stage_copies, stage_memory
+from .memory import DEFAULT_OVERHEAD_BYTES, GIB, stage_copies, stage_memory
 from .profile import Profile
 
 

@@ -47,10 +47,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.schema import BACKWARD_WEIGHTS
 from ..errors import ConfigError
 from ..schedule import SCHEDULES, Action, Op, build, check_partition, drift_bound, stage_units
 from ..schedule.replay import StageTimes, Timeline, drift_per_microbatch, peak_inflight, replay
-from .memory import BACKWARD_WEIGHTS, DEFAULT_OVERHEAD_BYTES, StageMemory, stage_memory
+from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, stage_memory
 from .profile import Profile
 
 

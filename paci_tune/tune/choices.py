@@ -9,16 +9,13 @@ May import: :mod:`paci_tune.config` (the schema), :mod:`paci_tune.errors`.
 from __future__ import annotations
 
 import math
-import typing
 from typing import Any
 
-from ..config.schema import PipelineConfig
+from ..config.schema import BACKWARD_WEIGHTS, PipelineConfig
 from ..errors import ConfigError
 
 MAX_CHOICES = 10_000
 """Values one integer range may expand to: each is a point of a finite grid the search enumerates."""
-BACKWARD_WEIGHTS: tuple[str, ...] = typing.get_args(typing.get_type_hints(PipelineConfig)["backward_weights"])
-"""``pipeline.backward_weights``'s values (``forward``, ``current``)."""
 DEFAULT_BACKWARD_WEIGHTS: str = PipelineConfig.backward_weights
 """The schema's default (``forward``): a point's label names only the other value."""
 
