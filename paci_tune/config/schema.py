@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from .layout import Layout
 
 BackwardWeights = Literal["forward", "current"]
 BACKWARD_WEIGHTS: tuple[str, ...] = typing.get_args(BackwardWeights)
@@ -154,15 +155,14 @@ class PipelineConfig:
         self.check("pipeline")
 
     def check(self, key: str) -> None:
-        _positive(f"{key}.stages", self.stages)
-        _positive(f"{key}.window", self.window)
-        _positive(f"{key}.microbatch_size", self.microbatch_size)
-        _positive(f"{key}.data_parallel", self.data_parallel)
-        if self.inflight is not None:
-            _positive(f"{key}.inflight", self.inflight)
-        if isinstance(self.partition, list):
-            for i, n in enumerate(self.partition):
-                _positive(f"{key}.partition[{i}]", n)
+        self.layout.check()
+
+    @property
+    def layout(self) -> Layout:
+        """This pipeline's :class:`~.layout.Layout` (its cut None while ``partition: auto``)."""
+        sizes = tuple(self.partition) if isinstance(self.partition, list) else None
+        return Layout(self.schedule, self.stages, self.data_parallel, self.window, self.microbatch_size,
+                      self.inflight, sizes)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -177,14 +177,11 @@ class RunConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
     def __post_init__(self) -> None:
-        g, p = self.training.global_batch, self.pipeline
-        if p.data_parallel * p.window * p.microbatch_size != g:
-            d = p.data_parallel
-            raise ConfigError(
-                "pipeline.microbatch_size",
-                p.microbatch_size,
-                f"training.global_batch / (pipeline.data_parallel * pipeline.window) = {g}/({d}*{p.window})",
-            )
+        self.pipeline.layout.check(self.training.global_batch)
+
+    @property
+    def layout(self) -> Layout:
+        return self.pipeline.layout
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -316,11 +313,9 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
 
 
 def resolve_batching(doc: dict[str, Any]) -> dict[str, Any]:
-    """Fill in window or micro-batch size from the other in a parsed document: D * a * b = global batch.
-
-    Each of the D data-parallel replicas takes global_batch / D sequences per step, a micro-batches
-    of b. Only well-typed positive values are resolved; anything else is left for the dataclasses to
-    refuse with the key's own message.
+    """Fill in window or micro-batch size from the other in a parsed document: D * a * b = global batch
+    (:meth:`.layout.Layout.for_batch`). Only well-typed positive values are resolved; anything else is
+    left for the dataclasses to refuse with the key's own message.
     """
     training, pipeline = doc.get("training") or {}, doc.get("pipeline") or {}
     if not isinstance(training, dict) or not isinstance(pipeline, dict):
@@ -334,23 +329,8 @@ def resolve_batching(doc: dict[str, Any]) -> dict[str, Any]:
 
     if not ok(g) or not ok(dp) or not all(v is None or ok(v) for v in (w, b)):
         return doc
-    if g % dp:
-        divisors = [d for d in range(1, g + 1) if g % d == 0]
-        raise ConfigError("pipeline.data_parallel", dp, f"a divisor of training.global_batch={g}: {divisors}")
-    per_replica = g // dp
-    where = f"training.global_batch / pipeline.data_parallel = {g}/{dp} = {per_replica}"
-    if b is not None and w is None:
-        if per_replica % b:
-            raise ConfigError("pipeline.microbatch_size", b, f"a divisor of {where}")
-        w = per_replica // b
-    if w is None:
-        w = 4
-    if per_replica % w:
-        divisors = [d for d in range(1, per_replica + 1) if per_replica % d == 0]
-        raise ConfigError("pipeline.window", w, f"a divisor of {where}: {divisors}")
-    if b is None:
-        b = per_replica // w
-    return {**doc, "pipeline": {**pipeline, "window": w, "microbatch_size": b}}
+    layout = Layout.for_batch(g, schedule="", stages=1, data_parallel=dp, window=w, microbatch_size=b)
+    return {**doc, "pipeline": {**pipeline, "window": layout.window, "microbatch_size": layout.microbatch_size}}
 
 
 def _renamed(doc: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ WORKER_MODULE = "paci_tune.worker"
 
 def n_processes(cfg: RunConfig) -> int:
     """Processes (devices) a distributed run takes: ``pipeline.stages`` x ``pipeline.data_parallel``."""
-    return cfg.pipeline.stages * cfg.pipeline.data_parallel
+    return cfg.layout.devices
 
 
 def _torchrun_args(config_path: Path, n_procs: int, extra: list[str]) -> list[str]:

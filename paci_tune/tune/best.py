@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .. import __version__
 from ..base.files import read_yaml, write_yaml
+from ..config.layout import Layout
 from ..errors import ConfigError
 from . import confirm, transfer
 from .confirm import LEVEL, TRANSFER_ATTR, Confirmed, is_confirmation, is_extra, search_trials
@@ -113,7 +114,7 @@ def params_of(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialPa
     p = t.params
     b = int(p["microbatch_size"])
     d = int(p.get("data_parallel", t.user_attrs.get("data_parallel", 1)))
-    a = fixed_batch // (d * b) if fixed_batch is not None else int(p["window"])
+    a = Layout.window_for(fixed_batch, d, b) if fixed_batch is not None else int(p["window"])
     bw = p.get("backward_weights", t.user_attrs.get("backward_weights")) if schedule == "paci" else None
     return TrialParams(schedule, int(p["stages"]), a, b, float(p.get("lr_scale", 1.0)), d, bw)
 

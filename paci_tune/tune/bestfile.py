@@ -80,7 +80,7 @@ def _check_recommended(rec: dict[str, Any], run: RunConfig) -> None:
     p = run.pipeline
     same = {**{k: getattr(p, k) for k in ("schedule", "stages", "window", "microbatch_size", "data_parallel")},
             "global_batch": run.training.global_batch, "lr": run.optimizer.lr,
-            "devices": p.stages * p.data_parallel}  # fmt: skip
+            "devices": run.layout.devices}  # fmt: skip
     for k, want in same.items():
         v = rec.get(k)
         if k in rec and (type(v) is bool or v != want):

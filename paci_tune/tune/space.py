@@ -25,7 +25,8 @@ feasible values and the grid is finite:
   (:meth:`SearchSpace.why_not`, :mod:`.search`). Without a budget (``devices=None``, the API's
   default) D = 1 for every P. PACI may also skip the points too stale to win (:func:`skip_stale`).
 The file's values are parsed by :mod:`.choices`. May import: optuna, :mod:`paci_tune.base`,
-:mod:`paci_tune.schedule`, :mod:`paci_tune.errors` and the tune layer's :mod:`.choices`.
+:mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the :class:`~paci_tune.config.layout.Layout`),
+:mod:`paci_tune.errors` and the tune layer's :mod:`.choices`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import optuna
 
 from ..base.files import read_mapping
 from ..base.shipped import resolve_path, shipped, shipped_names
+from ..config.layout import Layout
 from ..errors import ConfigError
 from ..schedule import drift_bound
 from .choices import DEFAULT_BACKWARD_WEIGHTS, backward_weights_choices, int_choices, keep, lr_space
@@ -63,23 +65,21 @@ class TrialParams:
     backward_weights: str | None = None  # PACI's pipeline.backward_weights; None: the run's own (flush: always)
 
     @property
+    def layout(self) -> Layout:
+        """The point's pipeline layout (its cut chosen when the trial's run is resolved)."""
+        return Layout(self.schedule, self.stages, self.data_parallel, self.window, self.microbatch_size)
+
+    @property
     def global_batch(self) -> int:
-        return self.data_parallel * self.window * self.microbatch_size
+        return self.layout.global_batch
 
     @property
     def devices(self) -> int:
-        return self.stages * self.data_parallel
+        return self.layout.devices
 
     def overrides(self) -> dict[str, Any]:
         """Dotted run-config overrides (``pipeline.window`` ...) that make a run this point."""
-        out: dict[str, Any] = {
-            "pipeline.schedule": self.schedule,
-            "pipeline.stages": self.stages,
-            "pipeline.data_parallel": self.data_parallel,
-            "pipeline.window": self.window,
-            "pipeline.microbatch_size": self.microbatch_size,
-            "training.global_batch": self.global_batch,
-        }
+        out = self.layout.overrides()
         if self.backward_weights is not None:
             out["pipeline.backward_weights"] = self.backward_weights
         return out
@@ -88,11 +88,9 @@ class TrialParams:
         """``paci P=4 D=2 a=8 b=4 w=current lr x0.5``: D, the backward's weights and the LR scale only where
         they are not the default (D=1, ``forward`` or the run's own, x1)."""
         lr = f" lr x{self.lr_scale:.2g}" if self.lr_scale != 1.0 else ""
-        dp = f" D={self.data_parallel}" if self.data_parallel != 1 else ""
-        a = self.window if self.window else "-"  # 0: no whole window (a point outside the budget)
         bw = self.backward_weights
         w = f" w={bw}" if bw is not None and bw != DEFAULT_BACKWARD_WEIGHTS else ""
-        return f"{self.schedule} P={self.stages}{dp} a={a} b={self.microbatch_size}{w}{lr}"
+        return f"{self.layout.label()}{w}{lr}"
 
 
 @dataclass(frozen=True)
@@ -123,13 +121,12 @@ class SearchSpace:
 
     def data_parallel(self, stages: int) -> int:
         """D of a point with ``stages`` stages: the budget shared out, or 1 without a budget."""
-        return self.devices // stages if self.devices else 1
+        return Layout.data_parallel_for(self.devices, stages)
 
     def window_of(self, stages: int, microbatch_size: int) -> int:
         """a of a fixed-batch point: global_batch / (D * b), or 0 when that is not a whole number."""
         assert self.fixed_batch is not None
-        per = self.fixed_batch // self.data_parallel(stages)
-        return per // microbatch_size if per % microbatch_size == 0 else 0
+        return Layout.window_for(self.fixed_batch, self.data_parallel(stages), microbatch_size)
 
     def why_not(self, params: TrialParams) -> str | None:
         """None for a feasible point; else why it is not one (a pair Optuna may propose, see the module)."""
@@ -325,10 +322,10 @@ def _budget_points(
     points: set[tuple[int, int, int]] = set()
     dropped: list[str] = []
     for p in stages:
-        if devices is not None and devices % p:
+        d = Layout.data_parallel_for(devices, p)
+        if not d:
             dropped.append(f"P={p}: {devices} devices are not a whole number of {p}-stage pipelines")
             continue
-        d = devices // p if devices is not None else 1
         if fixed is None:
             points |= {(p, a, b) for a in windows for b in sizes}
             continue
