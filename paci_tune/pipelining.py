@@ -47,7 +47,7 @@ from torch.distributed.pipelining import PipelineStage
 from .config.schema import BACKWARD_WEIGHTS
 from .pipeline.optim import AliasedOptimizer
 from .pipeline.p2p import P2P
-from .pipeline.stage import DriftStats, Stage
+from .pipeline.stage import Stage
 from .schedule import Action, Op, stage_actions
 
 __all__ = ["SchedulePACI"]
@@ -72,6 +72,18 @@ class _StageUnit(nn.Module):
         if not isinstance(out, torch.Tensor):
             raise RuntimeError(f"stage {self.index} returned {type(out).__name__}; SchedulePACI needs one tensor")
         return out
+
+
+def _of_stage(name: str, doc: str, *, settable: bool = False) -> Any:
+    """A property of :class:`SchedulePACI` that reads (and if ``settable`` writes) its :class:`Stage`'s ``name``."""
+
+    def get(self: SchedulePACI) -> Any:
+        return getattr(self._stage, name)
+
+    def put(self: SchedulePACI, value: Any) -> None:
+        setattr(self._stage, name, value)
+
+    return property(get, put if settable else None, doc=doc)
 
 
 class SchedulePACI:
@@ -208,40 +220,14 @@ class SchedulePACI:
         self._losses: list | None = None
 
     # ------------------------------------------------------------------------------ properties
-    @property
-    def is_first(self) -> bool:
-        return self.index == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.index == self.n_stages - 1
-
-    @property
-    def backward_weights(self) -> str:
-        """``"forward"`` or ``"current"`` (class docstring)."""
-        return self._stage.backward_weights
-
-    @property
-    def loss_fn(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        return self._stage.loss_fn
-
-    @loss_fn.setter
-    def loss_fn(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        self._stage.loss_fn = fn
-
-    @property
-    def updates(self) -> int:
-        """Optimizer steps this stage has taken."""
-        return self._stage.updates
-
-    @updates.setter
-    def updates(self, value: int) -> None:
-        self._stage.updates = value
-
-    @property
-    def drift(self) -> DriftStats:
-        """Updates each micro-batch crossed here between its forward and backward, and what its backward read."""
-        return self._stage.drift
+    is_first = _of_stage("is_first", "True on the pipeline's first stage.")
+    is_last = _of_stage("is_last", "True on the pipeline's last stage.")
+    backward_weights = _of_stage("backward_weights", '``"forward"`` or ``"current"`` (class docstring).')
+    loss_fn = _of_stage("loss_fn", "The last stage's loss, ``loss_fn(output, target)``.", settable=True)
+    updates = _of_stage("updates", "Optimizer steps this stage has taken.", settable=True)
+    drift = _of_stage(
+        "drift", "Updates each micro-batch crossed here between its forward and backward, and what its backward read."
+    )
 
     @property
     def max_drift(self) -> int:
