@@ -25,6 +25,7 @@ It is exact, O(P n^2) cost evaluations. May import: :mod:`.memory`, :mod:`.profi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..config.schema import BACKWARD_WEIGHTS
 from ..errors import ConfigError
@@ -47,14 +48,18 @@ class Partition:
 
 
 class PartitionModel:
-    """Per-stage time and memory of candidate cuts, for one profile, schedule and batching."""
+    """Per-stage time and memory of candidate cuts, for one profile, schedule and batching.
+
+    ``backward_weights``: PACI's ``pipeline.backward_weights`` (``forward`` counts the weight copies,
+    module docstring).
+    """
 
     def __init__(
         self,
         profile: Profile,
         n_stages: int,
         *,
-        schedule: str,
+        schedule: str = "paci",
         window: int,
         microbatch_size: int,
         inflight: int | None = None,
@@ -63,6 +68,9 @@ class PartitionModel:
         data_parallel: int = 1,
         backward_weights: str = "forward",
     ) -> None:
+        n = profile.n_units
+        if isinstance(n_stages, bool) or not isinstance(n_stages, int) or not 1 <= n_stages <= n:
+            raise ConfigError("pipeline.stages", n_stages, f"1..{n} (the model has {n} pipeline units)")
         if schedule not in SCHEDULES:
             raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
         if backward_weights not in BACKWARD_WEIGHTS:
@@ -116,57 +124,35 @@ class PartitionModel:
             start += size
         return Partition(list(sizes), times, mems)
 
+    def fastest(self, memory_bytes: float | None = None) -> Partition:
+        """The fastest contiguous cut into ``n_stages`` that fits ``memory_bytes`` (see :func:`partition`)."""
+        n, n_stages = self.profile.n_units, self.n_stages
+        fits = None if memory_bytes is None else (lambda s, j, i: self.memory(s, j, i) <= memory_bytes)
+        sizes = min_max_partition(n, n_stages, self.time, fits)
+        if sizes is None:
+            assert memory_bytes is not None
+            leanest = min_max_partition(n, n_stages, lambda s, j, i: float(self.memory(s, j, i)))
+            assert leanest is not None
+            plan = self.describe(leanest)
+            worst = max(range(n_stages), key=lambda s: plan.memory_bytes[s])
+            raise ConfigError(
+                "pipeline.stages",
+                n_stages,
+                f"a depth whose stages fit the device: even the leanest cut {leanest} ({self.schedule}, micro-batch "
+                f"{self.microbatch_size}) is predicted {plan.memory_bytes[worst] / GIB:.2f} GiB vs "
+                f"{memory_bytes / GIB:.2f} GiB available on stage {worst}; use more stages, a smaller micro-batch "
+                f"or a schedule with fewer micro-batches in flight",
+            )
+        return self.describe(sizes)
 
-def partition(
-    profile: Profile,
-    n_stages: int,
-    *,
-    schedule: str = "paci",
-    window: int,
-    microbatch_size: int,
-    memory_bytes: float | None = None,
-    inflight: int | None = None,
-    optimizer: str = "adamw",
-    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
-    data_parallel: int = 1,
-    backward_weights: str = "forward",
-) -> Partition:
+
+def partition(profile: Profile, n_stages: int, *, memory_bytes: float | None = None, **shape: Any) -> Partition:
     """The fastest contiguous cut of the profile's units into ``n_stages`` that fits ``memory_bytes``.
 
     ``memory_bytes`` is one device's memory (``None``: unlimited). When no cut fits, raises
     ``ConfigError("pipeline.stages", ...)`` with the prediction of the cut that needs the least
-    memory, so the user sees how far off they are and on which stage. ``backward_weights``: PACI's
-    ``pipeline.backward_weights`` (``forward`` counts the weight copies, module docstring).
+    memory, so the user sees how far off they are and on which stage. ``shape``: the keywords of
+    :class:`PartitionModel` (schedule, window, micro-batch size, in-flight cap, optimizer, overhead,
+    data parallelism, ``backward_weights``).
     """
-    n = profile.n_units
-    if isinstance(n_stages, bool) or not isinstance(n_stages, int) or not 1 <= n_stages <= n:
-        raise ConfigError("pipeline.stages", n_stages, f"1..{n} (the model has {n} pipeline units)")
-    model = PartitionModel(
-        profile,
-        n_stages,
-        schedule=schedule,
-        window=window,
-        microbatch_size=microbatch_size,
-        inflight=inflight,
-        optimizer=optimizer,
-        overhead_bytes=overhead_bytes,
-        data_parallel=data_parallel,
-        backward_weights=backward_weights,
-    )
-    fits = None if memory_bytes is None else (lambda s, j, i: model.memory(s, j, i) <= memory_bytes)
-    sizes = min_max_partition(n, n_stages, model.time, fits)
-    if sizes is None:
-        assert memory_bytes is not None
-        leanest = min_max_partition(n, n_stages, lambda s, j, i: float(model.memory(s, j, i)))
-        assert leanest is not None
-        plan = model.describe(leanest)
-        worst = max(range(n_stages), key=lambda s: plan.memory_bytes[s])
-        raise ConfigError(
-            "pipeline.stages",
-            n_stages,
-            f"a depth whose stages fit the device: even the leanest cut {leanest} ({schedule}, micro-batch "
-            f"{microbatch_size}) is predicted {plan.memory_bytes[worst] / GIB:.2f} GiB vs "
-            f"{memory_bytes / GIB:.2f} GiB available on stage {worst}; use more stages, a smaller micro-batch "
-            f"or a schedule with fewer micro-batches in flight",
-        )
-    return model.describe(sizes)
+    return PartitionModel(profile, n_stages, **shape).fastest(memory_bytes)

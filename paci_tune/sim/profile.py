@@ -75,7 +75,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -156,15 +156,20 @@ class UnitProfile:
 
 
 @dataclass(frozen=True)
-class P2PCost:
-    """Point-to-point transfer between neighbouring stages: ``latency_s + bytes / bandwidth_Bps``."""
+class _LinkCost:
+    """What both links' costs are made of: a latency, a bandwidth (``.inf``: free) and where it was measured."""
 
     latency_s: float
     bandwidth_Bps: float
     backend: str = "unknown"
 
-    def transfer_s(self, nbytes: float) -> float:
-        return self.latency_s + (0.0 if math.isinf(self.bandwidth_Bps) else nbytes / self.bandwidth_Bps)
+    def _bytes_s(self, nbytes: float) -> float:
+        """Seconds ``nbytes`` take at the bandwidth alone."""
+        return 0.0 if math.isinf(self.bandwidth_Bps) else nbytes / self.bandwidth_Bps
+
+    def scaled(self, factor: float) -> Self:
+        """The same link ``factor`` times slower (a copy of this type)."""
+        return replace(self, latency_s=self.latency_s * factor, bandwidth_Bps=self.bandwidth_Bps / factor)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -175,29 +180,25 @@ class P2PCost:
 
 
 @dataclass(frozen=True)
-class AllReduceCost:
+class P2PCost(_LinkCost):
+    """Point-to-point transfer between neighbouring stages: ``latency_s + bytes / bandwidth_Bps``."""
+
+    def transfer_s(self, nbytes: float) -> float:
+        return self.latency_s + self._bytes_s(nbytes)
+
+
+@dataclass(frozen=True)
+class AllReduceCost(_LinkCost):
     """Ring all-reduce among a stage's data-parallel replicas; one ring step: ``latency_s + bytes / bandwidth_Bps``.
 
     Its own type rather than a :class:`P2PCost`: the fields mean one *step* of a collective.
     """
 
-    latency_s: float
-    bandwidth_Bps: float
-    backend: str = "unknown"
-
     def ring_s(self, nbytes: float, ranks: int) -> float:
         """One all-reduce of ``nbytes`` over ``ranks``: ``2 (D-1)/D * bytes / bandwidth + 2 (D-1) * latency``."""
         if ranks <= 1:
             return 0.0
-        volume = 0.0 if math.isinf(self.bandwidth_Bps) else 2 * (ranks - 1) / ranks * nbytes / self.bandwidth_Bps
-        return volume + 2 * (ranks - 1) * self.latency_s
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "latency_s": float(self.latency_s),
-            "bandwidth_Bps": float(self.bandwidth_Bps),
-            "backend": str(self.backend),
-        }
+        return self._bytes_s(2 * (ranks - 1) / ranks * nbytes) + 2 * (ranks - 1) * self.latency_s
 
 
 @dataclass(frozen=True)
@@ -273,11 +274,9 @@ class Profile:
             )
             for u in self.units
         ]
-        p2p = P2PCost(self.p2p.latency_s * pf, self.p2p.bandwidth_Bps / pf, self.p2p.backend)
-        ar = self.allreduce_cost
-        if ar is not None:
-            ar = AllReduceCost(ar.latency_s * pf, ar.bandwidth_Bps / pf, ar.backend)
-        return replace(self, units=units, p2p=p2p, allreduce_cost=ar, device=f"{self.device} (scaled x{factor:g})")
+        ar = None if self.allreduce_cost is None else self.allreduce_cost.scaled(pf)
+        return replace(self, units=units, p2p=self.p2p.scaled(pf), allreduce_cost=ar,
+                       device=f"{self.device} (scaled x{factor:g})")  # fmt: skip
 
     # ------------------------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
