@@ -37,7 +37,6 @@ def _timing_worker(spec_path: str) -> None:
     """One process of a co-run, started as ``python -c``; the protocol is in the module docstring."""
     import torch
 
-    from ..config.schema import OptimizerConfig
     from ..model import load_model
     from .pattern import StagePattern
 
@@ -50,18 +49,7 @@ def _timing_worker(spec_path: str) -> None:
 
     torch.set_num_threads(spec["threads"])
     model = load_model(spec["model"], spec["vocab_size"], spec["seed"])
-    pattern = StagePattern(
-        [model.units[i] for i in range(model.n_units)],
-        vocab_size=spec["vocab_size"],
-        n_classes=spec["n_classes"],
-        seq_len=model.block_size,
-        device=torch.device(spec["device"]),
-        dtype=spec["dtype"],
-        window=spec["window"],
-        inflight=spec["inflight"],
-        optimizer=OptimizerConfig(**{**spec["optimizer"], "betas": tuple(spec["optimizer"]["betas"])}),
-        seed=spec["rank"],
-    )
+    pattern = StagePattern.from_spec(model, spec, device=torch.device(spec["device"]), seed=spec["rank"])
     say("ready")
     if sys.stdin.readline().strip() != "go":
         return

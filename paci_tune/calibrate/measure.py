@@ -106,37 +106,26 @@ def _measure_pattern(
 ) -> list[PatternSamples]:
     """Stage-pattern samples: from ``processes`` children on a CPU, in this process on CUDA."""
     window = cfg.pipeline.window or 4
+    spec = {
+        "model": cfg.model,
+        "vocab_size": vocab,
+        "n_classes": n_classes,
+        "seed": cfg.training.seed,
+        "sizes": list(sizes),
+        "device": str(device),
+        "dtype": dtype,
+        "threads": threads,
+        "window": window,
+        "inflight": inflight,
+        "repeats": repeats,
+        "warmup": warmup,
+        "optimizer": asdict(cfg.optimizer),
+    }
     if device.type == "cpu":
         if log:
             log(f"stage pattern in {processes} process(es) at once, {threads} thread(s) each, {inflight} in flight")
-        spec = {
-            "model": cfg.model,
-            "vocab_size": vocab,
-            "n_classes": n_classes,
-            "seed": cfg.training.seed,
-            "sizes": list(sizes),
-            "device": "cpu",
-            "dtype": dtype,
-            "threads": threads,
-            "window": window,
-            "inflight": inflight,
-            "repeats": repeats,
-            "warmup": warmup,
-            "optimizer": asdict(cfg.optimizer),
-        }
         return co_run_pattern(spec, processes, log=log)
-    pattern = StagePattern(
-        [model.units[i] for i in range(model.n_units)],
-        vocab_size=vocab,
-        n_classes=n_classes,
-        seq_len=model.block_size,
-        device=device,
-        dtype=dtype,
-        window=window,
-        inflight=inflight,
-        optimizer=cfg.optimizer,
-        seed=cfg.training.seed,
-    )
+    pattern = StagePattern.from_spec(model, spec, device=device, seed=cfg.training.seed)
     for b in sizes:
         if log:
             log(f"stage pattern, micro-batch {b}")

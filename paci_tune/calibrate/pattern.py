@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..config.schema import OptimizerConfig
-from ..model import next_token_loss
+from ..model import LoadedModel, next_token_loss
 from ..pipeline.optim import AliasedOptimizer
 from ..sim.profile import UnitCost
 from .units import sync, to_compute, unit_signature
@@ -103,6 +103,27 @@ class StagePattern:
         self._data: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._turn = 0
         self._gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    @classmethod
+    def from_spec(cls, model: LoadedModel, spec: dict[str, Any], *, device: torch.device, seed: int) -> StagePattern:
+        """The pattern over all of ``model``'s units, set up as a measurement's ``spec`` says.
+
+        ``spec`` is what :func:`paci_tune.calibrate.measure` writes (JSON types: a co-run child reads
+        it back from a file); ``seed`` seeds the pattern's data.
+        """
+        opt = spec["optimizer"]
+        return cls(
+            [model.units[i] for i in range(model.n_units)],
+            vocab_size=spec["vocab_size"],
+            n_classes=spec["n_classes"],
+            seq_len=model.block_size,
+            device=device,
+            dtype=spec["dtype"],
+            window=spec["window"],
+            inflight=spec["inflight"],
+            optimizer=OptimizerConfig(**{**opt, "betas": tuple(opt["betas"])}),
+            seed=seed,
+        )
 
     def _batch(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         if b not in self._data:
