@@ -26,30 +26,24 @@ import torch
 import torch.distributed as dist
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from ..schedule import Action, Op, Program, inflight_cap
+from ..schedule import Action, Op
 from .backend import wire_device
 from .evaluation import EvalPlan
 from .mesh import build_mesh, rank_of, reporter_rank
 from .p2p import P2P
 from .replicas import GradientAllReduce, LossAllReduce
-from .runtime import (
-    ActionRunner,
-    BatchLosses,
-    OnBatch,
-    SegmentReport,
-    StageTiming,
-    run_warmup_action,
-    stage_stats,
-    warmup_actions,
-)
+from .runtime import ActionRunner, BatchLosses, OnBatch, RuntimeBase, SegmentReport, StageTiming, run_warmup_action
 from .stage import Stage
 
 LOOKAHEAD = 16
 """Actions of the program read ahead, so their receives are posted early (never past an evaluation)."""
 
 
-class DistributedRuntime:
-    """This rank's stage replica of a pipeline of ``stage.n_stages`` stages x ``replicas`` replicas (:mod:`.mesh`)."""
+class DistributedRuntime(RuntimeBase):
+    """This rank's stage replica of a pipeline of ``stage.n_stages`` stages x ``replicas`` replicas (:mod:`.mesh`).
+
+    A :class:`~.runtime.Runtime`.
+    """
 
     def __init__(
         self,
@@ -61,11 +55,8 @@ class DistributedRuntime:
         inflight: int | None = None,
         replicas: int = 1,
     ) -> None:
-        self.stage, self.units, self.val = stage, units, val
-        self.schedule, self.inflight = schedule, inflight
-        self.rank, self.n_stages, self.s = dist.get_rank(), stage.n_stages, stage.index
-        self.window = stage.window
-        self.device = stage.device
+        super().__init__(stage, units, val, schedule, inflight)
+        self.stage, self.rank, self.s = stage, dist.get_rank(), stage.index
         self.wire = wire_device(dist.get_backend(), stage.device)
         self.mesh = build_mesh(self.n_stages, replicas, "cuda" if self.wire.type == "cuda" else "cpu")
         assert self.mesh.stage == self.s, f"rank {self.rank} holds stage {self.mesh.stage}, not {self.s}"
@@ -73,7 +64,7 @@ class DistributedRuntime:
         self.p2p = P2P(self.mesh.pipe_ranks, stage.device)
         self.runner = ActionRunner(stage, self.p2p, stream, val)
         self.runner.evaluator.scores = self.replica == 0  # the replicas' weights are the same
-        if schedule != "paci" and stage.grad_clip:
+        if self.clips_whole_model:
             self.runner.global_grad_norm = self._global_grad_norm
         self.grads: GradientAllReduce | None = None
         self.losses: LossAllReduce | None = None
@@ -104,8 +95,7 @@ class DistributedRuntime:
         return [self.s]
 
     def warmup(self) -> None:
-        n = inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
-        for act in warmup_actions(self.s, self.n_stages, n):
+        for act in self._warmup_actions(self.s):
             run_warmup_action(self.runner, act)
         self.p2p.wait_all()
 
@@ -124,9 +114,7 @@ class DistributedRuntime:
 
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
         """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), drained at the end."""
-        end = None if n_batches is None else first_batch + n_batches - 1
-        program = Program(self.schedule, self.s, self.n_stages, self.window, first_batch, end,
-                          inflight=self.inflight, eval_at=plan.eval_at)  # fmt: skip
+        program = self._program(self.s, first_batch, n_batches, plan)
         self.runner.begin(program, self._agreed(plan))
         if self.stage.is_last and self.n_replicas == 1:
             self.runner.losses = BatchLosses(self.window, on_batch)
@@ -215,8 +203,7 @@ class DistributedRuntime:
 
     def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
         """Every stage's summary entry (replica 0's: the replicas' drift is the same), the same list on each rank."""
-        mine = stage_stats(self.stage, timing[self.s], makespan, self.units[self.s], self.device, self.schedule,
-                           self.inflight)  # fmt: skip
+        mine = self._stage_entry(self.stage, timing[self.s], makespan)
         if self.grads is not None:  # the all-reduce's exposed part, since the run (or resume) started
             mine["allreduce_wait_s"] = round(self.grads.waited_s, 6)
         out: list[dict | None] = [None] * dist.get_world_size()

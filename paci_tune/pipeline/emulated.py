@@ -29,20 +29,10 @@ from collections.abc import Callable
 import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from ..schedule import Op, Placer, Program, execution_order, inflight_cap, sweep
+from ..schedule import Op, Placer, execution_order, sweep
 from .evaluation import EvalPlan
 from .replicas import ReplicaLosses, average_gradients
-from .runtime import (
-    ActionRunner,
-    BatchLosses,
-    OnBatch,
-    SegmentReport,
-    StageTiming,
-    run_warmup_action,
-    stage_stats,
-    validation_loss,
-    warmup_actions,
-)
+from .runtime import ActionRunner, BatchLosses, OnBatch, RuntimeBase, SegmentReport, StageTiming, run_warmup_action
 from .stage import Stage
 
 
@@ -62,8 +52,11 @@ class Mailbox:
         """Nothing to post ahead in one process."""
 
 
-class EmulatedRuntime:
-    """All stages of the pipeline, and all D replicas of each (``replicas[r][s]``), in this process."""
+class EmulatedRuntime(RuntimeBase):
+    """All stages of the pipeline, and all D replicas of each (``replicas[r][s]``), in this process.
+
+    A :class:`~.runtime.Runtime`.
+    """
 
     is_reporter = True
 
@@ -76,12 +69,8 @@ class EmulatedRuntime:
         schedule: str,
         inflight: int | None = None,
     ) -> None:
-        self.replicas, self.units, self.val = replicas, units, val
-        self.stages = replicas[0]
-        self.schedule, self.inflight = schedule, inflight
-        self.n_stages, self.n_replicas = len(self.stages), len(replicas)
-        self.window = self.stages[0].window
-        self.device = self.stages[0].device
+        super().__init__(replicas[0][0], units, val, schedule, inflight)
+        self.replicas, self.stages, self.n_replicas = replicas, replicas[0], len(replicas)
         self.runners = [
             [ActionRunner(st, box, stream, val) for st in stages]
             for stages, stream, box in zip(replicas, streams, [Mailbox() for _ in replicas], strict=True)
@@ -89,7 +78,7 @@ class EmulatedRuntime:
         for extra in self.runners[1:]:
             for runner in extra:
                 runner.evaluator.scores = False  # replica 0 scores; the weights are the same
-        self.sync_steps = self.window if schedule != "paci" and self.stages[0].grad_clip else None
+        self.sync_steps = self.window if self.clips_whole_model else None
         self._norm: tuple[int, float] = (-1, 0.0)
         self._averaged: list[int] = [-1] * self.n_stages  # per stage: the last batch whose gradients are averaged
         for row in self.runners:
@@ -121,8 +110,7 @@ class EmulatedRuntime:
         return list(range(self.n_stages))
 
     def warmup(self) -> None:
-        n = inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
-        lists = [warmup_actions(s, self.n_stages, n) for s in range(self.n_stages)]
+        lists = [self._warmup_actions(s) for s in range(self.n_stages)]
         for s, act in execution_order(lists):
             for row in self.runners:
                 run_warmup_action(row[s], act)
@@ -147,12 +135,7 @@ class EmulatedRuntime:
 
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
         """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), drained at the end."""
-        end = None if n_batches is None else first_batch + n_batches - 1
-        programs = [
-            Program(self.schedule, s, self.n_stages, self.window, first_batch, end, inflight=self.inflight,
-                    eval_at=plan.eval_at)
-            for s in range(self.n_stages)
-        ]  # fmt: skip
+        programs = [self._program(s, first_batch, n_batches, plan) for s in range(self.n_stages)]
         for row, rplan in zip(self.runners, self._plans(plan), strict=True):
             for runner, program in zip(row, programs, strict=True):
                 runner.begin(program, rplan)  # the replicas share each stage's program: they end together
@@ -180,7 +163,13 @@ class EmulatedRuntime:
         return SegmentReport(programs[0].end - first_batch + 1, wall, placer.makespan, timing, eval_seconds)
 
     def evaluate(self) -> float:
-        return validation_loss(self.stages, self.val)
+        """Mean loss over the validation set, running every stage in this process (a drained pipeline)."""
+        losses = []
+        for x, y in self.val:
+            for st in self.stages[:-1]:
+                x = st.evaluate(x)
+            losses.append(float(self.stages[-1].evaluate(x, y)))
+        return self.val.mean_loss(losses)
 
     def agree(self, flag: bool) -> bool:
         return flag
@@ -204,10 +193,7 @@ class EmulatedRuntime:
 
     def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
         """Per-stage summary entries (replica 0's: every replica has the same drift), given the run's timing."""
-        return [
-            stage_stats(st, timing[s], makespan, self.units[s], self.device, self.schedule, self.inflight)
-            for s, st in enumerate(self.stages)
-        ]
+        return [self._stage_entry(st, timing[s], makespan) for s, st in enumerate(self.stages)]
 
     def close(self) -> None:
         pass

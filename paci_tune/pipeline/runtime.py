@@ -1,11 +1,12 @@
-"""What both runtimes share: executing one stage's actions, timing them, collecting losses.
+"""What both runtimes share: their contract, executing one stage's actions, timing them, collecting losses.
 
 A runtime is the thing that moves activations and gradients between stages. The emulated one
 keeps every stage in this process and hands tensors over through a mailbox; the distributed
-one sends them point to point between processes. Everything else -- what an action does to a
-stage (an evaluation's part is :mod:`.evaluation`'s), how long it took, how a global batch's loss
-is assembled -- lives here, once. May import: torch, :mod:`.stage`, :mod:`.evaluation`,
-:mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
+one sends them point to point between processes. What the training loop may ask of either is
+:class:`Runtime`. Everything else -- what an action does to a stage (an evaluation's part is
+:mod:`.evaluation`'s), how long it took, how a global batch's loss is assembled, what a stage's
+program, warm-up and summary entry are (:class:`RuntimeBase`) -- lives here, once. May import:
+torch, :mod:`.stage`, :mod:`.evaluation`, :mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from ..schedule import Action, Op, Program, copies_bound, drift_bound, stage_actions
+from ..schedule import Action, Op, Program, copies_bound, drift_bound, inflight_cap, stage_actions
 from .evaluation import EvalPlan, StageEvaluator, Transport
 from .stage import Stage
 
@@ -56,6 +58,69 @@ class SegmentReport:
     makespan: float  # seconds the pipeline took (replayed for the emulated runtime)
     stages: list[StageTiming] = field(default_factory=list)
     eval_seconds: float = 0.0
+
+
+class Runtime(Protocol):
+    """What the training loop (:class:`paci_tune.train.loop.Trainer`) may ask of a runtime.
+
+    SPMD: the loop runs on every process of the run, and calls these on every process in the same
+    order; a method that needs the other processes (a collective) returns only once they all called
+    it. The emulated runtime is one process holding every stage; the distributed one, one per rank.
+    """
+
+    @property
+    def is_reporter(self) -> bool:
+        """True on the one process that sees the losses, reports progress and writes the records."""
+        ...
+
+    @property
+    def local_stages(self) -> list[int]:
+        """Indices of the stages whose state this process holds (what it saves and loads)."""
+        ...
+
+    def warmup(self) -> None:
+        """One numerically inert pass at the run's in-flight depth, so timing starts warm; drained after."""
+        ...
+
+    def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
+        """Train global batches ``first_batch`` on, drained at the end; the same report on every process.
+
+        ``n_batches``: how many (``None``: until ``plan`` ends the run). ``on_batch(k, loss)`` is called
+        on the reporting process as each batch's loss is complete; ``plan`` says where evaluations go.
+        """
+        ...
+
+    def evaluate(self) -> float:
+        """The drained pipeline's mean validation loss, the same on every process."""
+        ...
+
+    def agree(self, flag: bool) -> bool:
+        """True on every process if ``flag`` is true on any."""
+        ...
+
+    def share(self, value: object) -> object:
+        """The reporting process's ``value``, on every process."""
+        ...
+
+    def barrier(self) -> None:
+        """Return once every process got here."""
+        ...
+
+    def state_dicts(self) -> dict[int, dict]:
+        """Checkpoint state by stage index: this process's part of one copy of every stage (maybe none)."""
+        ...
+
+    def load_state_dicts(self, states: dict[int, dict]) -> None:
+        """Restore every stage this process holds from ``states`` (keyed as :meth:`state_dicts`)."""
+        ...
+
+    def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
+        """Every stage's summary entry, in stage order, the same list on every process, given the run's timing."""
+        ...
+
+    def close(self) -> None:
+        """The run is over: wait for what is still in flight (nothing may run after)."""
+        ...
 
 
 class BatchLosses:
@@ -221,11 +286,32 @@ def stage_stats(
     }
 
 
-def validation_loss(stages: list[Stage], val: ValidationSet) -> float:
-    """Mean loss over the validation set, running every stage in this process (a drained pipeline)."""
-    losses = []
-    for x, y in val:
-        for st in stages[:-1]:
-            x = st.evaluate(x)
-        losses.append(float(stages[-1].evaluate(x, y)))
-    return val.mean_loss(losses)
+class RuntimeBase:
+    """What both runtimes hold and derive alike, from the first stage and the run's schedule.
+
+    The run's shape (``n_stages``, ``window``, ``device``, ``units`` per stage, ``schedule``,
+    ``inflight``), and what follows from it alone: a stage's program of a segment, its warm-up
+    actions, its summary entry, and whether a step clips on the whole model's gradient norm.
+    """
+
+    def __init__(
+        self, first: Stage, units: list[range], val: ValidationSet, schedule: str, inflight: int | None
+    ) -> None:
+        self.units, self.val, self.schedule, self.inflight = units, val, schedule, inflight
+        self.n_stages, self.window, self.device = first.n_stages, first.window, first.device
+        self.clips_whole_model = schedule != "paci" and bool(first.grad_clip)  # flush schedules step together
+
+    def _program(self, s: int, first_batch: int, n_batches: int | None, plan: EvalPlan) -> Program:
+        """Stage ``s``'s program of the segment from ``first_batch`` (``n_batches``, or until ``plan`` ends it)."""
+        end = None if n_batches is None else first_batch + n_batches - 1
+        return Program(self.schedule, s, self.n_stages, self.window, first_batch, end, inflight=self.inflight,
+                       eval_at=plan.eval_at)  # fmt: skip
+
+    def _warmup_actions(self, s: int) -> list[Action]:
+        """Stage ``s``'s warm-up, at the first stage's in-flight depth (:func:`warmup_actions`)."""
+        n = inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
+        return warmup_actions(s, self.n_stages, n)
+
+    def _stage_entry(self, stage: Stage, timing: StageTiming, makespan: float) -> dict:
+        """``stage``'s entry of the run summary (:func:`stage_stats`)."""
+        return stage_stats(stage, timing, makespan, self.units[stage.index], self.device, self.schedule, self.inflight)
