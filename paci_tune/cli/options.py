@@ -1,4 +1,4 @@
-"""Command-line options shared by ``paci-tune train``, ``apply`` and the pipeline worker entry point.
+"""Command-line options shared by ``paci-tune train``, ``apply``, ``simulate`` and the pipeline worker entry point.
 
 Options override keys of the YAML config; the worker accepts the same ones so that a user's own
 multi-node ``torchrun`` launch and ``paci-tune train`` describe a run the same way. How an override
@@ -21,7 +21,11 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ),
     ("--stages", "pipeline.stages", {"type": int, "help": "Pipeline depth P (stages)."}),
     ("--window", "pipeline.window", {"type": int, "help": "Accumulation window a (micro-batches per global batch)."}),
-    ("--microbatch-size", "pipeline.microbatch_size", {"type": int, "help": "Micro-batch size (global batch / a)."}),
+    (
+        "--microbatch-size",
+        "pipeline.microbatch_size",
+        {"type": int, "help": "Micro-batch size (global batch / (D * a))."},
+    ),
     (
         "--data-parallel",
         "pipeline.data_parallel",
@@ -53,9 +57,21 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
 
 def run_options(f: Callable) -> Callable:
     """Decorate a click command with every config-overriding option."""
-    for flag, _, kw in reversed(_RUN_OPTIONS):
-        f = click.option(flag, default=None, **kw)(f)
-    return f
+    return some_run_options(*(flag for flag, _, _ in _RUN_OPTIONS))(f)
+
+
+def some_run_options(*flags: str) -> Callable[[Callable], Callable]:
+    """Decorate a click command with the config-overriding options ``flags`` only (e.g. ``"--stages"``)."""
+    unknown = set(flags) - {flag for flag, _, _ in _RUN_OPTIONS}
+    assert not unknown, f"not config-overriding options: {sorted(unknown)}"
+
+    def decorate(f: Callable) -> Callable:
+        for flag, _, kw in reversed(_RUN_OPTIONS):
+            if flag in flags:
+                f = click.option(flag, default=None, **kw)(f)
+        return f
+
+    return decorate
 
 
 def overrides_from(kwargs: dict[str, Any]) -> dict[str, Any]:
