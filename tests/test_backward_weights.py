@@ -24,17 +24,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import (
-    check_ok,
-    make_config,
-    read_metrics,
-    run_cli,
-    run_in_process,
-    summary_of,
-    train_losses,
-    write_config,
-)
-from memory_probe import allocated_cpu
+from helpers.cli import check_ok, read_metrics, run_cli, run_in_process, summary_of, train_losses
+from helpers.configs import make_config, write_config
+from helpers.memory_probe import allocated_cpu
+from helpers.oracles import CONSTANT_LR
 from torch import nn
 
 from paci_tune.config import OptimizerConfig
@@ -46,7 +39,6 @@ from paci_tune.schedule import copies_bound
 from paci_tune.sim import Profile, stage_memory
 from paci_tune.sim.memory import stage_copies
 
-CONSTANT_LR = {"warmup_fraction": 0.0, "min_ratio": 1.0, "scaling": "none"}
 # 8 units (embedding, 6 blocks, head): P = 8 is one unit per stage.
 MODEL = {"preset": "tiny", "n_layer": 6, "d_model": 32, "n_head": 2, "block_size": 16}
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_env
+from helpers import REPO
+from helpers.cli import cli_env
 
 pytestmark = pytest.mark.slow
 

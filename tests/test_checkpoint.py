@@ -9,20 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
-    REPO,
-    check_ok,
-    cli_command,
-    cli_env,
-    kill_tree,
-    make_config,
-    read_metrics,
-    run_cli,
-    run_in_process,
-    summary_of,
-    train_losses,
-    write_config,
-)
+from helpers import REPO
+from helpers.cli import check_ok, cli_command, cli_env, read_metrics, run_cli, run_in_process, summary_of, train_losses
+from helpers.configs import make_config, write_config
+from helpers.processes import kill_tree
 
 STEPS, EVERY = 80, 10
 DOC = make_config(

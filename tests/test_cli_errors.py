@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_config, run_cli, write_config
+from helpers.cli import check_error, run_cli
+from helpers.configs import make_config, write_config
 
 
 def _text_data(path: str) -> dict[str, Any]:
@@ -32,18 +33,6 @@ CASES: list[tuple[str, dict[str, Any] | None, list[str], str, str]] = [
     ("resume-without-dir", make_config(), ["--resume"], "training.checkpoint_dir", "None"),
     ("bad-partition", make_config(pipeline={"partition": [1, 1]}), [], "pipeline.partition", "[1, 1]"),
 ]
-
-
-def check_error(proc, metrics: Path, key: str, value: str) -> None:
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, f"exit {proc.returncode}\n{out[-3000:]}"
-    assert "Traceback" not in out, out[-3000:]
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"expected one error line, got:\n{proc.stderr}"
-    line = lines[0]
-    assert line.startswith(f"error: {key}: got "), line
-    assert value in line and "; allowed: " in line, line
-    assert not metrics.exists(), "a failed run left a metrics file behind"
 
 
 @pytest.mark.parametrize(("case", "doc", "args", "key", "value"), CASES, ids=[c[0] for c in CASES])

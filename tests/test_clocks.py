@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import make_config, run_cli, run_in_process, summary_of, write_config
-from test_sim import make_profile, unit
+from helpers.cli import run_cli, run_in_process, summary_of
+from helpers.configs import make_config, write_config
+from helpers.profiles import make_profile, unit
 
 from paci_tune.schedule import Op, build
 from paci_tune.schedule.replay import replay

@@ -24,21 +24,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import (
-    REPO,
-    check_ok,
-    cli_env,
-    free_port,
-    make_config,
-    read_metrics,
-    run_cli,
-    run_in_process,
-    summary_of,
-    train_losses,
-    write_config,
-)
-from test_cli_errors import check_error
-from test_numerics import plain_training
+from helpers import REPO
+from helpers.cli import check_error, check_ok, cli_env, read_metrics, run_cli, run_in_process, summary_of, train_losses
+from helpers.configs import make_config, write_config
+from helpers.oracles import plain_training
+from helpers.processes import free_port
 
 from paci_tune.config import derive_run
 from paci_tune.data import MicroBatchStream

@@ -14,7 +14,8 @@ from typing import Any
 import optuna
 import pytest
 import yaml
-from conftest import REPO, check_ok, cli_env
+from helpers import REPO
+from helpers.cli import check_ok, cli_env
 from optuna.trial import TrialState
 
 from paci_tune.base.processes import cpu_count

@@ -31,8 +31,9 @@ from pathlib import Path
 import click
 import pytest
 import yaml
-from conftest import REPO, cpu_threads
-from test_install import _profile
+from helpers import REPO
+from helpers.cli import cpu_threads
+from helpers.profiles import reference_profile
 
 from paci_tune.cli.app import main as cli_main
 
@@ -114,7 +115,7 @@ def _reduced_example(scratch: Path) -> None:
     doc = dict(example)
     doc["model"] = {**example["model"], "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 64}  # 4 units
     profile = scratch / "profile.yaml"
-    profile.write_text(yaml.safe_dump(_profile(doc["model"]["n_layer"] + 2, doc["model"]["block_size"])))
+    profile.write_text(yaml.safe_dump(reference_profile(doc["model"]["n_layer"] + 2, doc["model"]["block_size"])))
     doc["data"] = {**example["data"], "max_bytes": 1_000_000}
     doc["training"] = {**example["training"], "steps": 6, "eval_every": 3, "eval_sequences": 16}
     doc["budget"] = {"clock": "rst", "seconds": 0.2, "grid": 2, "profile": "profile.yaml"}

@@ -197,7 +197,7 @@ def test_simulate_shows_d_and_the_allreduce_share(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- a training's clock
 def test_a_dp_training_on_the_sim_clock_reads_the_dp_layout(tmp_path: Path) -> None:
     """The trainer's sim clock after 3 batches is the simulated makespan of the P=2, D=2 layout."""
-    from conftest import make_config
+    from helpers.configs import make_config
 
     from paci_tune.config import derive_run
     from paci_tune.train.run import run_training

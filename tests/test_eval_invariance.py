@@ -14,19 +14,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import (
-    check_ok,
-    make_config,
-    read_metrics,
-    run_cli,
-    run_in_process,
-    summary_of,
-    train_losses,
-    write_config,
-)
-from test_sim import make_profile, unit
+from helpers.cli import check_ok, read_metrics, run_cli, run_in_process, summary_of, train_losses
+from helpers.configs import make_config, write_config
+from helpers.oracles import CONSTANT_LR
+from helpers.profiles import make_profile, unit
 
-CONSTANT_LR = {"warmup_fraction": 0.0, "min_ratio": 1.0, "scaling": "none"}
 CADENCES: list[dict[str, Any]] = [{"eval_every": 1}, {"eval_every": 3}, {"eval_every": 50}, {"eval_every_seconds": 0}]
 
 

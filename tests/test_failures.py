@@ -21,20 +21,9 @@ from typing import Any
 import optuna
 import pytest
 import yaml
-from click.testing import CliRunner
-from conftest import BASE_CONFIG, cli_env, make_config
-from test_mutations import BEST, SMALL
-
-from paci_tune.cli import main
-
-
-def _invoke(folder: Path, args: list[str]) -> Any:
-    old = Path.cwd()
-    os.chdir(folder)
-    try:
-        return CliRunner().invoke(main, args, catch_exceptions=True)
-    finally:
-        os.chdir(old)
+from helpers.broken import BEST, SMALL
+from helpers.cli import cli_env, invoke_in
+from helpers.configs import BASE_CONFIG, make_config
 
 
 def _one_error_line(r: Any, code: int, *needles: str) -> str:
@@ -60,7 +49,7 @@ def test_a_write_the_file_system_refuses_is_one_line_and_leaves_no_temp_file(
         raise OSError(err, os.strerror(err))
 
     monkeypatch.setattr(files.os, "replace", refuse)
-    r = _invoke(tmp_path, ["apply", "best.yaml", "--dry-run"])
+    r = invoke_in(tmp_path, ["apply", "best.yaml", "--dry-run"])
     _one_error_line(r, 1, "best.run.yaml", needle)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.yaml"], "a temporary file was left behind"
 
@@ -74,7 +63,7 @@ def _search_folder(tmp_path: Path) -> Path:
 def test_a_storage_that_is_not_a_database(tmp_path: Path) -> None:
     folder = _search_folder(tmp_path)
     (folder / "junk.db").write_bytes(b"this is not sqlite" * 100)
-    r = _invoke(folder, ["search", "c.yaml", "--no-live", "--storage", f"sqlite:///{folder / 'junk.db'}"])
+    r = invoke_in(folder, ["search", "c.yaml", "--no-live", "--storage", f"sqlite:///{folder / 'junk.db'}"])
     _one_error_line(r, 1, "storage", "junk.db")
     assert not (folder / "best.yaml").exists()
 
@@ -85,7 +74,7 @@ def test_a_storage_of_another_schema_version(tmp_path: Path) -> None:
     optuna.create_study(storage=url, study_name="other")
     with sqlite3.connect(folder / "old.db") as c:
         c.execute("UPDATE alembic_version SET version_num = 'v0.9.0.a'")
-    r = _invoke(folder, ["search", "c.yaml", "--no-live", "--storage", url])
+    r = invoke_in(folder, ["search", "c.yaml", "--no-live", "--storage", url])
     _one_error_line(r, 1, "old.db", "schema")
 
 
@@ -98,7 +87,7 @@ def test_ctrl_c_in_a_search_is_130_and_one_line(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setattr(search.Search, "run", interrupted)
     monkeypatch.setattr(setup, "profile_for", lambda *a, **k: None)  # nothing to measure before the loop
-    r = _invoke(_search_folder(tmp_path), ["search", "c.yaml", "--no-live"])
+    r = invoke_in(_search_folder(tmp_path), ["search", "c.yaml", "--no-live"])
     _one_error_line(r, 130, "interrupted", "resume")
 
 
@@ -112,11 +101,11 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_the_traceback(
 
     monkeypatch.setattr(run, "resolve_run", bug)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(BASE_CONFIG))
-    line = _one_error_line(_invoke(tmp_path, ["train", "c.yaml", "--no-live"]), 1, "ValueError", "a bug")
+    line = _one_error_line(invoke_in(tmp_path, ["train", "c.yaml", "--no-live"]), 1, "ValueError", "a bug")
     assert "--debug" in line
-    r = _invoke(tmp_path, ["--debug", "train", "c.yaml", "--no-live"])
+    r = invoke_in(tmp_path, ["--debug", "train", "c.yaml", "--no-live"])
     assert r.exit_code == 1 and "Traceback" in r.stderr and "a bug" in r.stderr
-    r = _invoke(tmp_path, ["--debug", "train", "missing.yaml"])
+    r = invoke_in(tmp_path, ["--debug", "train", "missing.yaml"])
     assert r.exit_code == 2 and "Traceback" in r.stderr
 
 

@@ -20,26 +20,17 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from conftest import (
-    REPO,
-    check_ok,
-    cli_env,
-    make_config,
-    read_metrics,
-    run_cli,
-    run_in_process,
-    summary_of,
-    train_losses,
-    write_config,
-)
-from test_bf16 import (
+from helpers import REPO
+from helpers.bf16 import (
     GAP_TOL,
     bf16_fp32_gap,
     check_memory_does_not_grow_beyond_activations,
     check_saves_weights_by_reference,
     plain_bf16_training,
 )
-from test_numerics import CONSTANT_LR, numerics_doc, plain_training
+from helpers.cli import check_ok, cli_env, read_metrics, run_cli, run_in_process, summary_of, train_losses
+from helpers.configs import make_config, write_config
+from helpers.oracles import CONSTANT_LR, numerics_doc, plain_training
 
 from paci_tune.data import load_source
 from paci_tune.model import load_model

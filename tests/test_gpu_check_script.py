@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, cli_env
+from helpers import REPO
+from helpers.cli import cli_env
 
 from paci_tune.sim.profile import Profile
 

@@ -19,16 +19,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, cpu_threads
+from helpers import REPO
+from helpers.cli import cpu_threads
+from helpers.profiles import reference_profile
 
 pytestmark = pytest.mark.slow
-
-
-def _profile(n_units: int, seq_len: int) -> dict:
-    cost = {"forward_s": 0.002, "backward_s": 0.004, "activation_bytes": 65536, "saved_bytes": 262144}
-    unit = {"param_bytes": 1 << 20, "optimizer_s": 0.001, "microbatch": {8: cost}}
-    return {"seq_len": seq_len, "units": [dict(unit, name=f"u{i}") for i in range(n_units)],
-            "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e10}}  # fmt: skip
 
 
 def _env() -> dict[str, str]:
@@ -72,7 +67,7 @@ def test_wheel_install_finds_the_shipped_spaces_and_example(tmp_path: Path) -> N
 
     cli = str(venv / "bin" / "paci-tune")
     n_units = example["model"].get("n_layer", 4) + 2
-    (outside / "profile.yaml").write_text(yaml.safe_dump(_profile(n_units, 128)))
+    (outside / "profile.yaml").write_text(yaml.safe_dump(reference_profile(n_units, 128)))
     sim = subprocess.run([cli, "simulate", "examples/tiny-gpt.yaml", "--profile", "profile.yaml", "--json"],
                          capture_output=True, text=True, cwd=outside, env=_env(), timeout=120)  # fmt: skip
     assert sim.returncode == 0, sim.stderr[-2000:]

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import machine
+from helpers.pinning import machine
 
 
 @pytest.fixture

@@ -17,8 +17,6 @@ millions of validations, an LR that turns weights to inf).
 
 from __future__ import annotations
 
-import copy
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,11 +24,10 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
-from conftest import BASE_CONFIG, REPO, cli_env
-from mutants import Variant, variants
-
-from paci_tune.cli import main
+from helpers import REPO
+from helpers.broken import BEST, SMALL, Variant, variants
+from helpers.cli import cli_env, invoke_in
+from helpers.configs import BASE_CONFIG
 
 EXAMPLE = yaml.safe_load((REPO / "examples" / "tiny-gpt.yaml").read_text())
 SPACE = yaml.safe_load((REPO / "search_spaces" / "cpu-small.yaml").read_text())
@@ -41,25 +38,7 @@ ALLOWED_HUGE = frozenset({
 })  # fmt: skip
 """Leaves of the example where 10**12 / 1e300 is a legitimate setting (documented in the README)."""
 
-SMALL: dict[str, Any] = {
-    **copy.deepcopy(BASE_CONFIG),
-    "target": {"value": 1.85},
-    "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
-    "hardware": {"devices": 2},
-    "search": {"trials": 2, "seed": 0, "confirm": {"top": 0}},
-}
-"""A quick carrier (synthetic data) for the space, best.yaml and profile variants."""
 
-BEST: dict[str, Any] = {
-    "recommended": {"schedule": "paci", "window": 4, "microbatch_size": 2, "stages": 2, "partition": [2, 2],
-                    "global_batch": 8, "lr": 1.0e-3, "lr_scale": 1.0},
-    "evidence": {"trial": "run.paci#0", "time_to_target": None, "reached_target": False, "best_val_loss": 3.9,
-                 "score": 0.5, "tokens_per_s": 1000.0, "steps": 6},
-    "target": {"metric": "val_loss", "value": 1.85},
-    "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
-    "provenance": {"study_name": "run"},
-    "run": copy.deepcopy(BASE_CONFIG),
-}  # fmt: skip
 BEST_HUGE = frozenset({*(f"run.{k}" for k in ALLOWED_HUGE), "run.optimizer.eps", "evidence.best_val_loss",
                        "evidence.score", "evidence.tokens_per_s", "evidence.steps", "target.value",
                        "budget.seconds"})  # fmt: skip
@@ -104,18 +83,9 @@ def tripwire(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return cache
 
 
-def _invoke(folder: Path, args: list[str]) -> Any:
-    old = Path.cwd()
-    os.chdir(folder)
-    try:
-        return CliRunner().invoke(main, args, catch_exceptions=True)
-    finally:
-        os.chdir(old)
-
-
 def _refused(folder: Path, inputs: set[str], args: list[str], key: str, cache: Path) -> str | None:
     """None when ``args`` was refused as it must be, else what went wrong."""
-    r = _invoke(folder, args)
+    r = invoke_in(folder, args)
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         return f"raised {type(r.exception).__name__}: {r.exception}"
     out = r.stdout + r.stderr
@@ -162,7 +132,7 @@ def _reaches_work(tmp_path: Path, files: dict[str, bytes], args: list[str]) -> N
     folder.mkdir(exist_ok=True)
     for name, data in files.items():
         (folder / name).write_bytes(data)
-    r = _invoke(folder, args)
+    r = invoke_in(folder, args)
     assert r.exit_code == 1 and "WorkStarted" in r.stderr, f"the unbroken input did not pass: {r.stderr[-1500:]}"
 
 

@@ -1,9 +1,9 @@
 """The headline invariant: the flush schedules train exactly like plain gradient accumulation.
 
-The oracle is written here from scratch: one process, the model's units chained in order, the
-same micro-batches, ``cross_entropy / a`` accumulated over a window, ``torch.optim.AdamW`` with
-weight decay on matrices only, and the learning rate computed by this file's own formula. The
-trainer under test runs in this process on the emulated runtime.
+The oracle is written from scratch (``tests/helpers/oracles.py``): one process, the model's units
+chained in order, the same micro-batches, ``cross_entropy / a`` accumulated over a window,
+``torch.optim.AdamW`` with weight decay on matrices only, and the learning rate by its own formula.
+The trainer under test runs in this process on the emulated runtime.
 
 PACI itself (P >= 2) is checked against a second oracle at the end of the file: a closed-form
 simulation of PACI's semantics on a network of linear layers.
@@ -11,85 +11,19 @@ simulation of PACI's semantics on a network of linear layers.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
-from conftest import make_config, merge, run_in_process, summary_of, train_losses
+from helpers.cli import run_in_process, summary_of, train_losses
+from helpers.configs import make_config, merge
+from helpers.oracles import CONSTANT_LR, numerics_doc, plain_training
 from torch import nn
 
-from paci_tune.data import MicroBatchStream, ValidationSet, load_source
+from paci_tune.data import MicroBatchStream, load_source
 from paci_tune.model import load_model
 
-
-def oracle_lr(doc: dict[str, Any], k: int) -> float:
-    """Peak LR scaled to the global batch, linear warm-up then cosine, at progress (k+1)/steps."""
-    opt, sched, t = doc["optimizer"], doc["lr_schedule"], doc["training"]
-    peak = opt["lr"]
-    if sched.get("reference_batch"):
-        ratio = t["global_batch"] / sched["reference_batch"]
-        peak *= {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}[sched["scaling"]]
-    p, w, floor = (k + 1) / t["steps"], sched["warmup_fraction"], sched["min_ratio"]
-    if p < w:
-        return peak * p / w
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (p - w) / (1 - w))))
-
-
-def plain_training(doc: dict[str, Any]) -> tuple[list[float], float, list[float]]:
-    """Single-process gradient accumulation; returns per-batch losses, final val loss and LRs."""
-    t, opt_doc, pipe = doc["training"], doc["optimizer"], doc["pipeline"]
-    a = pipe["window"]
-    b = t["global_batch"] // a
-    source = load_source(doc["data"], None)
-    loaded = load_model(doc["model"], source.vocab_size, t["seed"])
-    net = nn.Sequential(*(loaded.units[i] for i in range(loaded.n_units)))
-    params = list(net.parameters())
-    opt = torch.optim.AdamW(
-        [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": opt_doc["weight_decay"]},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ],
-        lr=opt_doc["lr"],
-        betas=tuple(opt_doc["betas"]),
-        eps=opt_doc["eps"],
-    )
-    stream = MicroBatchStream(source.train, loaded.block_size, b, t["seed"])
-    losses, lrs = [], []
-    for k in range(t["steps"]):
-        total = 0.0
-        for j in range(k * a, k * a + a):
-            x, y = stream.get(j)
-            loss = F.cross_entropy(net(x).flatten(0, -2), y.flatten())
-            (loss / a).backward()
-            total += loss.item()
-        if opt_doc.get("grad_clip"):
-            torch.nn.utils.clip_grad_norm_(params, opt_doc["grad_clip"])  # the norm of the whole model's gradient
-        lr = oracle_lr(doc, k)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(total / a)
-        lrs.append(lr)
-    val = ValidationSet(source.val, loaded.block_size, t["eval_sequences"], 32)  # 32: eval_microbatch_size's default
-    with torch.no_grad():
-        val_loss = val.mean_loss([F.cross_entropy(net(x).flatten(0, -2), y.flatten()).item() for x, y in val])
-    return losses, val_loss, lrs
-
-
-CONSTANT_LR = {"warmup_fraction": 0.0, "min_ratio": 1.0, "scaling": "none"}
 COSINE_LR = {"warmup_fraction": 0.25, "min_ratio": 0.1, "reference_batch": 16, "scaling": "sqrt"}
-
-
-def numerics_doc(schedule: str, stages: int, lr_schedule: dict[str, Any], **pipeline: Any) -> dict[str, Any]:
-    return make_config(
-        training={"steps": 8, "global_batch": 8, "eval_every": 1000, "eval_sequences": 4},
-        optimizer={"lr": 3e-3},
-        lr_schedule=lr_schedule,
-        pipeline={"schedule": schedule, "stages": stages, "window": 4, **pipeline},
-    )
 
 
 def run_and_compare(doc: dict[str, Any]) -> None:

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import make_config, run_in_process, train_losses
+from helpers.cli import run_in_process, train_losses
+from helpers.configs import make_config
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import REPO, check_ok, cli_env
+from helpers import REPO
+from helpers.cli import check_ok, cli_env
+from helpers.pg import ENV, Server, server
+from helpers.searches import run, search_cmd, write_search
 from optuna.trial import TrialState
-from pg import ENV, Server, server
-from test_search import run, search_cmd, write_search
 
 from paci_tune.tune.study import counted
 

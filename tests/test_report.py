@@ -18,7 +18,8 @@ from typing import Any
 
 import optuna
 import pytest
-from conftest import REPO, cli_env
+from helpers import REPO
+from helpers.cli import cli_env
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 

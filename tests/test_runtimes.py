@@ -15,22 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
-    REPO,
-    check_ok,
-    cli_command,
-    cli_env,
-    descendants,
-    free_port,
-    kill_all,
-    make_config,
-    read_metrics,
-    run_cli,
-    summary_of,
-    survivors_after,
-    train_losses,
-    write_config,
-)
+from helpers import REPO
+from helpers.cli import check_ok, cli_command, cli_env, read_metrics, run_cli, summary_of, train_losses
+from helpers.configs import make_config, write_config
+from helpers.processes import descendants, free_port, kill_all, survivors_after
 
 pytestmark = pytest.mark.slow
 

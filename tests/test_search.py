@@ -7,12 +7,10 @@ and the known behaviour of deliberately broken models (crash, hang, NaN).
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,70 +18,14 @@ from typing import Any
 import optuna
 import pytest
 import yaml
-from conftest import REPO, check_ok, cli_env, kill_tree, read_metrics, summary_of
+from helpers import REPO
+from helpers.broken import misbehaving_model
+from helpers.cli import check_ok, cli_env, read_metrics, summary_of
+from helpers.processes import kill_tree
+from helpers.searches import run, search_cmd, search_with_model, studies, write_search
 from optuna.trial import TrialState
 
 from paci_tune.tune.study import counted
-
-SEARCH_DOC: dict[str, Any] = {
-    "model": {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32},
-    "data": {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 50_000, "n_val": 5_000},
-    "training": {"global_batch": 8, "steps": 6, "seed": 0, "eval_every": 1000, "eval_sequences": 4},
-    "optimizer": {"name": "adamw", "lr": 3.0e-3},
-    "lr_schedule": {"warmup_fraction": 0.0, "min_ratio": 0.1, "scaling": "none"},
-    "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "emulated", "device": "cpu"},
-    "target": {"value": 1.85},
-    "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
-    "hardware": {"devices": 4},  # P=2 -> D=2, P=4 -> D=1
-    "search": {"trials": 2, "seed": 0, "stall_seconds": 120, "confirm": {"top": 0}},
-}
-SPACE = {"schedules": ["paci", "1f1b"], "stages": [2, 4], "microbatch_size": [2, 4]}
-
-
-@functools.cache
-def shared_profile() -> str:
-    """SEARCH_DOC's model measured once per test process, at every micro-batch size the tests use.
-
-    A search on the sim clock without ``budget.profile`` measures its own (20-30 s on 2 cores);
-    the searches here would measure the same model a dozen times. The measuring itself is what
-    ``paci-tune search`` runs (:func:`measured_profile`), tested by test_sim_accuracy and the docs check.
-    """
-    from paci_tune.calibrate.cache import measured_profile
-    from paci_tune.config import derive_run
-
-    run = {k: v for k, v in SEARCH_DOC.items() if k not in ("target", "budget", "hardware", "search")}
-    path = Path(tempfile.gettempdir()) / f"paci-test-search-profile-{os.getpid()}.yaml"
-    _, where = measured_profile(derive_run(run), microbatch_sizes=[1, 2, 4, 8], path=path)
-    return str(where)
-
-
-def write_search(tmp: Path, **sections: dict[str, Any]) -> Path:
-    doc = {k: dict(v) if isinstance(v, dict) else v for k, v in SEARCH_DOC.items()}
-    for k, v in sections.items():
-        doc[k] = {**doc.get(k, {}), **v}
-    b = doc["budget"]
-    if b.get("clock") == "sim" and "profile" not in b and all(doc[k] == SEARCH_DOC[k] for k in ("model", "data")):
-        b["profile"] = shared_profile()  # one measurement for every search test (see shared_profile)
-    space = tmp / "space.yaml"
-    if not space.exists():
-        space.write_text(yaml.safe_dump(SPACE))
-    doc["search"].setdefault("space", str(space))
-    path = tmp / "model.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def search_cmd(config: Path, tmp: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "paci_tune.cli", "search", str(config), "--no-live",
-            "--workdir", str(tmp / "work"), "--out", str(tmp / "best.yaml"), *extra]  # fmt: skip
-
-
-def run(cmd: list[str], timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env or cli_env())
-
-
-def studies(storage: str, name: str = "model") -> dict[str, optuna.Study]:
-    return {s: optuna.load_study(study_name=f"{name}.{s}", storage=storage) for s in ("paci", "1f1b")}
 
 
 def _metrics_losses(path: Path) -> list[float]:
@@ -307,61 +249,33 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path) -> None:
     assert (tmp_path / "best.yaml").is_file()
 
 
-BROKEN_MODEL = '''
-"""A model that misbehaves by micro-batch size: 1 crashes, 2 hangs, 4 goes NaN, 8 trains."""
-import time
-import torch
-from torch import nn
-
-class Embed(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(64, 16)
-    def forward(self, x):
-        return self.emb(x)
-
-class Head(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(16, 64)
-        self.calls = 0
-    def forward(self, h):
-        if torch.is_grad_enabled():
-            self.calls += 1
-            b = h.shape[0]
-            if self.calls > 3 and b == 1:
-                raise RuntimeError("boom: a bug in the user's model")
-            if self.calls > 3 and b == 2:
-                time.sleep(3600)
-            if self.calls > 3 and b == 4:
-                return self.lin(h) * float("nan")
-        return self.lin(h)
-
-def build():
-    return [Embed(), Head()]
-'''
+BROKEN_MODEL = misbehaving_model(
+    "A model that misbehaves by micro-batch size: 1 crashes, 2 hangs, 4 goes NaN, 8 trains.",
+    """
+    if torch.is_grad_enabled():
+        self.calls += 1
+        b = h.shape[0]
+        if self.calls > 3 and b == 1:
+            raise RuntimeError("boom: a bug in the user's model")
+        if self.calls > 3 and b == 2:
+            time.sleep(3600)
+        if self.calls > 3 and b == 4:
+            return self.lin(h) * float("nan")
+    """,
+)
 
 
 @pytest.mark.whole_machine  # a wall-clock search of 2 devices: a core each
 def test_crash_hang_and_divergence_are_recorded_and_the_study_goes_on(tmp_path: Path) -> None:
-    (tmp_path / "broken_model.py").write_text(BROKEN_MODEL)
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"schedules": ["paci"], "stages": [2],
-                                                         "microbatch_size": [1, 2, 4, 8]}))  # fmt: skip
-    config = write_search(
+    proc = search_with_model(
         tmp_path,
-        model={"entry": "broken_model:build", "block_size": 32},
+        "broken_model",
+        BROKEN_MODEL,
+        [1, 2, 4, 8],
         budget={"clock": "wall", "seconds": 2.0, "grid": 2},
-        training={"eval_every": 5},
         hardware={"runtime": "emulated", "devices": 2},
         search={"trials": 4, "sampler": "grid", "stall_seconds": 20, "trial_timeout": 120},
     )
-    doc = yaml.safe_load(config.read_text())
-    doc["model"] = {"entry": "broken_model:build", "block_size": 32}
-    doc["target"]["value"] = 0.01  # never reached: the healthy trial runs its budget
-    config.write_text(yaml.safe_dump(doc))
-    env = cli_env()
-    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    proc = run(search_cmd(config, tmp_path), env=env)
     check_ok(proc)
     study = optuna.load_study(study_name="model.paci", storage=f"sqlite:///{tmp_path / 'work' / 'study.db'}")
     by_size = {t.params["microbatch_size"]: t for t in study.trials}

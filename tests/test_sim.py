@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from helpers.profiles import equal_profile, make_profile, unit
 
 from paci_tune.cli import main
 from paci_tune.errors import ConfigError
@@ -21,25 +22,6 @@ from paci_tune.schedule.actions import Op
 from paci_tune.sim import P2PCost, Profile, simulate, stage_memory
 from paci_tune.sim.memory import MIB
 from paci_tune.sim.plot import plot_timelines
-
-FREE = {"latency_s": 0.0, "bandwidth_Bps": math.inf}
-
-
-def unit(f: float, b: float, *, act: int = 1000, saved: int = 5000, params: int = 4000, opt: float = 0.0, mb: int = 1):
-    return {
-        "param_bytes": params,
-        "optimizer_s": opt,
-        "microbatch": {mb: {"forward_s": f, "backward_s": b, "activation_bytes": act, "saved_bytes": saved}},
-    }
-
-
-def make_profile(units: list[dict[str, Any]], p2p: dict[str, float] | None = None, seq_len: int = 16) -> Profile:
-    return Profile.from_dict({"seq_len": seq_len, "units": units, "p2p": p2p or FREE})
-
-
-def equal_profile(n: int, f: float = 1.0, b: float = 2.0) -> Profile:
-    return make_profile([unit(f, b) for _ in range(n)])
-
 
 # ----------------------------------------------------------------------------------- simulator
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import check_ok, descendants, read_metrics, run_cli, summary_of, write_config
+from helpers.cli import check_ok, read_metrics, run_cli, summary_of
+from helpers.configs import write_config
+from helpers.processes import descendants
 
 pytestmark = pytest.mark.slow
 

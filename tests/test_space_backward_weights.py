@@ -19,7 +19,7 @@ import optuna
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import make_config
+from helpers.configs import make_config
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 

@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.memory_probe import SavedTensors
 from torch import nn
 
 from paci_tune.config import OptimizerConfig
@@ -24,28 +25,6 @@ SMALL = GPTConfig(n_layer=2, n_head=2, d_model=16, block_size=8, vocab_size=32)
 def make_stage(index: int, n_stages: int, units: list[nn.Module], window: int = 1, lr_at=None, **opt) -> Stage:
     cfg = OptimizerConfig(**opt)
     return Stage(index, n_stages, units, window=window, optimizer=cfg, lr_at=lr_at or (lambda k: cfg.lr), device=CPU)
-
-
-class SavedTensors:
-    """Records every tensor autograd saves for backward while the context is active."""
-
-    def __init__(self) -> None:
-        self.saved: list[torch.Tensor] = []
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        self.saved.append(t)
-        return t
-
-    def __enter__(self) -> SavedTensors:
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._hooks.__exit__(*exc)
-
-    def storages(self) -> set[int]:
-        return {t.untyped_storage().data_ptr() for t in self.saved}
 
 
 # ----------------------------------------------------------------------------- no second copy

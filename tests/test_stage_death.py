@@ -19,20 +19,13 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
-from conftest import (
-    REPO,
-    alive,
-    cli_command,
-    cli_env,
-    descendants,
-    kill_all,
-    make_config,
-    survivors_after,
-    write_config,
-)
+from helpers import REPO
+from helpers.broken import misbehaving_model
+from helpers.cli import cli_command, cli_env
+from helpers.configs import make_config, write_config
+from helpers.processes import alive, descendants, kill_all, survivors_after
+from helpers.searches import search_with_model
 from optuna.trial import TrialState
-from test_search import run, search_cmd, write_search
 
 pytestmark = pytest.mark.slow
 
@@ -82,63 +75,34 @@ def test_a_killed_rank_ends_train_in_bounded_time_with_one_line(tmp_path: Path) 
     assert log.is_file(), "the message points at the workers' log"
 
 
-DYING_MODEL = '''
-"""Two stages; the last one dies by micro-batch size: 1 is SIGKILLed, 2 raises, 4 trains."""
-import os, signal, time
-from pathlib import Path
-import torch
-from torch import nn
-
-HERE = Path(__file__).parent
-
-class Embed(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(64, 16)
-    def forward(self, x):
-        return self.emb(x)
-
-class Head(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(16, 64)
-        self.calls = 0
-    def forward(self, h):
-        if torch.is_grad_enabled() and os.environ.get("RANK") == "1":
-            self.calls += 1
-            with open(HERE / "pids.txt", "a") as f:
-                f.write(f"{os.getpid()} {os.getppid()}\\n")
-            if self.calls > 3 and h.shape[0] == 1:
-                (HERE / "killed_at").write_text(repr(time.time()))
-                os.kill(os.getpid(), signal.SIGKILL)
-            if self.calls > 3 and h.shape[0] == 2:
-                raise RuntimeError("boom: a bug in the last stage")
-        return self.lin(h)
-
-def build():
-    return [Embed(), Head()]
-'''
+DYING_MODEL = misbehaving_model(
+    "Two stages; the last one dies by micro-batch size: 1 is SIGKILLed, 2 raises, 4 trains.",
+    """
+    if torch.is_grad_enabled() and os.environ.get("RANK") == "1":
+        self.calls += 1
+        with open(HERE / "pids.txt", "a") as f:
+            f.write(f"{os.getpid()} {os.getppid()}\\n")
+        if self.calls > 3 and h.shape[0] == 1:
+            (HERE / "killed_at").write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.calls > 3 and h.shape[0] == 2:
+            raise RuntimeError("boom: a bug in the last stage")
+    """,
+)
 
 
 @pytest.mark.whole_machine  # a wall-clock search of 2 devices: a core each
 def test_a_rank_dying_mid_trial_fails_that_trial_and_the_study_goes_on(tmp_path: Path) -> None:
-    (tmp_path / "dying_model.py").write_text(DYING_MODEL)
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"schedules": ["paci"], "stages": [2],
-                                                         "microbatch_size": [1, 2, 4]}))  # fmt: skip
-    config = write_search(
+    proc = search_with_model(
         tmp_path,
+        "dying_model",
+        DYING_MODEL,
+        [1, 2, 4],
+        timeout=400,
         budget={"clock": "wall", "seconds": 3.0, "grid": 2},
-        training={"eval_every": 5},
         hardware={"runtime": "distributed", "devices": 2},
         search={"trials": 3, "sampler": "grid", "stall_seconds": 60, "trial_timeout": 180},
     )
-    doc = yaml.safe_load(config.read_text())
-    doc["model"] = {"entry": "dying_model:build", "block_size": 32}
-    doc["target"]["value"] = 0.01  # never reached: the healthy trial runs its budget
-    config.write_text(yaml.safe_dump(doc))
-    env = cli_env()
-    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    proc = run(search_cmd(config, tmp_path), env=env, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = optuna.load_study(study_name="model.paci", storage=f"sqlite:///{tmp_path / 'work' / 'study.db'}")
     by_size = {t.params["microbatch_size"]: t for t in study.trials}

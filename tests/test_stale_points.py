@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_search import SEARCH_DOC
+from helpers.searches import SEARCH_DOC
 
 from paci_tune.config.tune import PACI_MAX_DRIFT, load_tune_config
 from paci_tune.errors import ConfigError

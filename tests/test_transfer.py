@@ -19,10 +19,11 @@ from typing import Any
 import optuna
 import pytest
 import yaml
-from conftest import REPO, check_ok, cli_env
+from helpers import REPO
+from helpers.cli import check_ok, cli_env
+from helpers.searches import search_cmd, studies, write_search
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
-from test_search import search_cmd, studies, write_search
 
 from paci_tune.errors import ConfigError
 from paci_tune.sim.profile import P2PCost, Profile, UnitCost, UnitProfile

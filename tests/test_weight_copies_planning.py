@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import make_config, run_in_process, summary_of
+from helpers.cli import run_in_process, summary_of
+from helpers.configs import make_config
 
 from paci_tune.cli import main
 from paci_tune.config import derive_run

@@ -1,7 +1,8 @@
-"""Bytes a piece of code allocates: the CPU allocator's profiler events, or CUDA's counters.
+"""What a piece of code holds in memory: the bytes it allocates (the CPU allocator's profiler events,
+or CUDA's counters), and the tensors autograd saves for backward (saved-tensor hooks).
 
-Shared by the tests that bound a stage's memory (bf16 weights, forward-mode weight copies); a helper
-module, not a test module, so no test imports another.
+Shared by the tests that bound a stage's memory or check that it keeps no weight copy (the stage,
+bf16, forward-mode weight copies, the GPU); a helper module, so no test imports another.
 """
 
 from __future__ import annotations
@@ -13,6 +14,28 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+
+class SavedTensors:
+    """Records every tensor autograd saves for backward while the context is active."""
+
+    def __init__(self) -> None:
+        self.saved: list[torch.Tensor] = []
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.saved.append(t)
+        return t
+
+    def __enter__(self) -> SavedTensors:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+    def storages(self) -> set[int]:
+        return {t.untyped_storage().data_ptr() for t in self.saved}
 
 
 def allocated_cpu(fn: Callable[[], None]) -> tuple[int, int]:

@@ -1,20 +1,28 @@
-"""Broken variants of a YAML document, generated from the document itself (for tests/test_mutations.py).
+"""Broken inputs, for the tests that must refuse them or survive them.
 
-Every scalar leaf becomes negative, non-numeric and absurdly large (numbers), another type and an
-unknown value (strings); every mapping gets an unknown key and is replaced by a list and by a
-string; and the file itself becomes empty, null, a scalar, a list, invalid YAML and binary noise.
-Each variant carries the key its error line must name. ``allowed_huge`` lists the leaves where a
-huge value is a legitimate (if long) setting; ``free_text`` those whose any string is accepted.
+- Broken variants of a YAML document, generated from the document itself (tests/test_mutations.py):
+  every scalar leaf becomes negative, non-numeric and absurdly large (numbers), another type and an
+  unknown value (strings); every mapping gets an unknown key and is replaced by a list and by a
+  string; and the file itself becomes empty, null, a scalar, a list, invalid YAML and binary noise.
+  Each variant carries the key its error line must name. ``allowed_huge`` lists the leaves where a
+  huge value is a legitimate (if long) setting; ``free_text`` those whose any string is accepted.
+- The unbroken carriers of those variants, :data:`SMALL` (a search config) and :data:`BEST` (a
+  best.yaml), which tests/test_failures.py breaks in other ways (the file system, the storage).
+- :func:`misbehaving_model`: the source of a user model that crashes, hangs, goes NaN or dies by
+  micro-batch size (tests/test_search.py, tests/test_stage_death.py).
 """
 
 from __future__ import annotations
 
 import copy
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
+from helpers.configs import BASE_CONFIG
 
 GARBAGE: list[tuple[str, bytes]] = [
     ("empty", b""),
@@ -125,3 +133,62 @@ def variants(
     for tag, text in GARBAGE:
         out.append(Variant(f"{prefix}<file>={tag}", text, root_key))
     return out
+
+
+SMALL: dict[str, Any] = {
+    **copy.deepcopy(BASE_CONFIG),
+    "target": {"value": 1.85},
+    "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
+    "hardware": {"devices": 2},
+    "search": {"trials": 2, "seed": 0, "confirm": {"top": 0}},
+}
+"""A quick carrier (synthetic data) for the space, best.yaml and profile variants."""
+
+BEST: dict[str, Any] = {
+    "recommended": {"schedule": "paci", "window": 4, "microbatch_size": 2, "stages": 2, "partition": [2, 2],
+                    "global_batch": 8, "lr": 1.0e-3, "lr_scale": 1.0},
+    "evidence": {"trial": "run.paci#0", "time_to_target": None, "reached_target": False, "best_val_loss": 3.9,
+                 "score": 0.5, "tokens_per_s": 1000.0, "steps": 6},
+    "target": {"metric": "val_loss", "value": 1.85},
+    "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
+    "provenance": {"study_name": "run"},
+    "run": copy.deepcopy(BASE_CONFIG),
+}  # fmt: skip
+"""A valid best.yaml of BASE_CONFIG's run."""
+
+
+_MODEL = '''
+"""{doc}"""
+import os, signal, time
+from pathlib import Path
+import torch
+from torch import nn
+
+HERE = Path(__file__).parent
+
+class Embed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(64, 16)
+    def forward(self, x):
+        return self.emb(x)
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 64)
+        self.calls = 0
+    def forward(self, h):
+{misbehaviour}
+        return self.lin(h)
+
+def build():
+    return [Embed(), Head()]
+'''
+
+
+def misbehaving_model(doc: str, misbehaviour: str) -> str:
+    """The source of a two-unit model (``build()``: an embedding, a linear head over 64 tokens) whose head
+    runs ``misbehaviour`` (the body of its ``forward(self, h)``, which may use ``os``, ``signal``,
+    ``time``, ``torch`` and ``HERE``, the model's folder) before its output."""
+    return _MODEL.format(doc=doc, misbehaviour=textwrap.indent(textwrap.dedent(misbehaviour).strip("\n"), " " * 8))

@@ -1,0 +1,105 @@
+"""Searches as the tests run them: one small search config (:data:`SEARCH_DOC`) and its space, a
+profile of its model measured once per process, ``paci-tune search`` as a subprocess, and the
+studies it left, read back with Optuna.
+
+Shared by the search, stage-death, transfer, PostgreSQL and stale-point tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from helpers import REPO
+from helpers.cli import cli_env
+from helpers.configs import make_config
+
+SEARCH_DOC: dict[str, Any] = {
+    **make_config(lr_schedule={"min_ratio": 0.1}),
+    "optimizer": {"name": "adamw", "lr": 3.0e-3},
+    "target": {"value": 1.85},
+    "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
+    "hardware": {"devices": 4},  # P=2 -> D=2, P=4 -> D=1
+    "search": {"trials": 2, "seed": 0, "stall_seconds": 120, "confirm": {"top": 0}},
+}
+"""BASE_CONFIG's tiny run (its optimizer at paci-tune's defaults but the LR) searched on the sim clock."""
+
+SPACE = {"schedules": ["paci", "1f1b"], "stages": [2, 4], "microbatch_size": [2, 4]}
+
+
+@functools.cache
+def shared_profile() -> str:
+    """SEARCH_DOC's model measured once per test process, at every micro-batch size the tests use.
+
+    A search on the sim clock without ``budget.profile`` measures its own (20-30 s on 2 cores);
+    the searches here would measure the same model a dozen times. The measuring itself is what
+    ``paci-tune search`` runs (:func:`measured_profile`), tested by test_sim_accuracy and the docs check.
+    """
+    from paci_tune.calibrate.cache import measured_profile
+    from paci_tune.config import derive_run
+
+    run = {k: v for k, v in SEARCH_DOC.items() if k not in ("target", "budget", "hardware", "search")}
+    path = Path(tempfile.gettempdir()) / f"paci-test-search-profile-{os.getpid()}.yaml"
+    _, where = measured_profile(derive_run(run), microbatch_sizes=[1, 2, 4, 8], path=path)
+    return str(where)
+
+
+def write_search(tmp: Path, **sections: dict[str, Any]) -> Path:
+    """SEARCH_DOC with some keys of some sections replaced, as ``tmp/model.yaml`` with its space beside it
+    (:data:`SPACE` unless ``tmp/space.yaml`` exists); on the sim clock it reads :func:`shared_profile`."""
+    doc = {k: dict(v) if isinstance(v, dict) else v for k, v in SEARCH_DOC.items()}
+    for k, v in sections.items():
+        doc[k] = {**doc.get(k, {}), **v}
+    b = doc["budget"]
+    if b.get("clock") == "sim" and "profile" not in b and all(doc[k] == SEARCH_DOC[k] for k in ("model", "data")):
+        b["profile"] = shared_profile()  # one measurement for every search test (see shared_profile)
+    space = tmp / "space.yaml"
+    if not space.exists():
+        space.write_text(yaml.safe_dump(SPACE))
+    doc["search"].setdefault("space", str(space))
+    path = tmp / "model.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def search_cmd(config: Path, tmp: Path, *extra: str) -> list[str]:
+    """The argv of ``paci-tune search CONFIG`` with its work folder and best.yaml in ``tmp``."""
+    return [sys.executable, "-m", "paci_tune.cli", "search", str(config), "--no-live",
+            "--workdir", str(tmp / "work"), "--out", str(tmp / "best.yaml"), *extra]  # fmt: skip
+
+
+def run(cmd: list[str], timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``cmd`` in a subprocess from the repository root; its output captured as text."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env or cli_env())
+
+
+def studies(storage: str, name: str = "model") -> dict[str, optuna.Study]:
+    """The study of each schedule of a search named ``name``, read back from ``storage`` with Optuna."""
+    return {s: optuna.load_study(study_name=f"{name}.{s}", storage=storage) for s in ("paci", "1f1b")}
+
+
+def search_with_model(
+    tmp: Path, name: str, source: str, microbatch_sizes: list[int], *, timeout: float = 300, **sections: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    """``paci-tune search`` of PACI at P = 2 over ``microbatch_sizes``, one trial each, on the user model
+    ``source`` (module ``name`` in ``tmp``, built by its ``build()``), run to its end. The target is
+    never reached, so a healthy trial runs its budget; ``sections`` change SEARCH_DOC as in write_search."""
+    (tmp / f"{name}.py").write_text(source)
+    (tmp / "space.yaml").write_text(yaml.safe_dump({"schedules": ["paci"], "stages": [2],
+                                                    "microbatch_size": microbatch_sizes}))  # fmt: skip
+    config = write_search(tmp, training={"eval_every": 5}, **sections)
+    doc = yaml.safe_load(config.read_text())
+    doc["model"] = {"entry": f"{name}:build", "block_size": 32}
+    doc["target"]["value"] = 0.01
+    config.write_text(yaml.safe_dump(doc))
+    env = cli_env()
+    env["PYTHONPATH"] = f"{tmp}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return run(search_cmd(config, tmp), env=env, timeout=timeout)
