@@ -28,7 +28,7 @@ own stage, built over the ``PipelineStage``'s module with the caller's optimizer
 gradients travel over :class:`paci_tune.pipeline.p2p.P2P`. From torch's ``PipelineStage`` only the
 module, stage index, stage count, device and process group are used: its own send/recv machinery
 assumes chunk ids below ``n_microbatches`` and a flush per ``step()``, which an un-flushed pipeline
-breaks. May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.schedule`, torch.
+breaks. May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`, torch.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ The world size must equal stages x data_parallel (P x D; e.g. ``--stages 4 --dat
 on the two nodes above): stage s of replica r runs on global rank r * P + s
 (:mod:`paci_tune.pipeline.mesh`), and a different world size is refused with that message.
 Replica 0's last stage, rank P - 1, reports progress and writes the metrics file. An entry
-point, like :mod:`paci_tune.cli`: may import the train layer and everything below it, and the
-command-line options of :mod:`paci_tune.cli`.
+point, like :mod:`paci_tune.cli`. May import: the train layer and what it stands on (:mod:`paci_tune.train`,
+:mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`), and
+the command-line options of :mod:`paci_tune.cli`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The profile cache: a config's quick profile is measured once and read back afterwards.
 
-May import: :mod:`.measure`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, torch.
+May import: :mod:`.measure`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`, torch.
 """
 
 from __future__ import annotations

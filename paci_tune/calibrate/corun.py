@@ -7,7 +7,7 @@ stage pattern in several processes at once: each is built, says ``ready``, waits
 running untimed until ``stop`` so that nobody's timed pass runs on a quieter machine. Children are
 :class:`paci_tune.base.processes.Child` processes (their own process group, reporting through an
 events file, killed on every exit path, dying with this process). May import: :mod:`.pattern`,
-:mod:`paci_tune.base`, :mod:`paci_tune.model`, :mod:`paci_tune.config`, torch.
+:mod:`paci_tune.base`, :mod:`paci_tune.model`, torch.
 """
 
 from __future__ import annotations

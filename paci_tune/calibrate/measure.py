@@ -2,7 +2,8 @@
 
 See :mod:`paci_tune.calibrate` for what is measured and why. May import: :mod:`.units`,
 :mod:`.pattern`, :mod:`.corun`, :mod:`.p2p`, :mod:`.allreduce`, :mod:`paci_tune.pipeline` (device and precision),
-:mod:`paci_tune.model`, :mod:`paci_tune.data`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, torch.
+:mod:`paci_tune.model`, :mod:`paci_tune.data`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`,
+:mod:`paci_tune.base`, :mod:`paci_tune.errors`, torch.
 """
 
 from __future__ import annotations

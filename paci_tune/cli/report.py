@@ -1,7 +1,7 @@
 """``paci-tune report``: a search's evidence in the terminal, and as pictures plus one HTML page.
 
 The work is the report layer's (:mod:`paci_tune.report`); this module parses options and renders
-its verdict and tables with rich. May import: every layer, click, rich.
+its verdict and tables with rich. May import: :mod:`paci_tune.report`, click, rich.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Deterministic, download-free data: token sources and index-addressed micro-batches.
 
-May import: numpy, torch, :mod:`paci_tune.errors`.
+May import: numpy, torch, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from paci_tune.data.sources import (

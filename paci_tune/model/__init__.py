@@ -1,6 +1,6 @@
 """Models as flat lists of pipeline units (see :mod:`paci_tune.model.gpt` for why) and their loss.
 
-May import: torch, numpy, :mod:`paci_tune.errors` and the standard library.
+May import: torch, numpy, :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the standard library.
 """
 
 from paci_tune.model.gpt import (

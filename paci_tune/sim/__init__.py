@@ -5,7 +5,7 @@ the runtimes execute, with durations from a measured or hand-written profile, so
 runs cannot disagree about what a schedule is. Torch-free: measuring a profile is the job of
 :mod:`paci_tune.calibrate`, which stands above the runtimes. Plotting (matplotlib) is imported by
 :mod:`.plot` only when a picture is drawn. May import: :mod:`paci_tune.schedule`,
-:mod:`paci_tune.base`, :mod:`paci_tune.errors`, PyYAML and the standard library.
+:mod:`paci_tune.base`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`, PyYAML and the standard library.
 """
 
 from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, stage_copies, stage_memory

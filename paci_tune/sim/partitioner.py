@@ -19,7 +19,7 @@ stages while a slightly slower one fits.
 The search is a dynamic program over (stages used, units covered): stage ``p`` covering units
 ``j..i-1`` is allowed when it fits, and ``best[p][i] = min_j max(best[p-1][j], time(j, i))``.
 It is exact, O(P n^2) cost evaluations. May import: :mod:`.memory`, :mod:`.profile`,
-:mod:`paci_tune.schedule`, :mod:`paci_tune.errors`.
+:mod:`paci_tune.schedule`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
