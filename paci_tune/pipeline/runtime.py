@@ -83,7 +83,7 @@ class Runtime(Protocol):
         ...
 
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
-        """Train global batches ``first_batch`` on, drained at the end; the same report on every process.
+        """Train global batches ``first_batch`` on, drained at the end, and report the segment's timing.
 
         ``n_batches``: how many (``None``: until ``plan`` ends the run). ``on_batch(k, loss)`` is called
         on the reporting process as each batch's loss is complete; ``plan`` says where evaluations go.
