@@ -2,7 +2,9 @@
 
 Heavy imports (torch, matplotlib) happen inside the commands so ``paci-tune --help`` stays fast.
 Progress goes to stderr; with ``--json`` stdout carries one JSON object and nothing else, so the
-output can be piped straight into another program. May import: every layer, click, rich.
+output can be piped straight into another program. May import: click, rich, :mod:`paci_tune.calibrate`,
+:mod:`paci_tune.sim`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.model`, :mod:`paci_tune.data`,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import click
 
 from .common import stderr
+from .options import overrides_from, some_run_options
 from .ui import fmt_bytes
 
 MAX_BATCHES = 100_000
@@ -29,13 +32,18 @@ def _fmt_seconds(s: float) -> str:
     return f"{s * 1e6:.3g} µs"
 
 
-def _overrides(
-    stages: int | None, window: int | None, microbatch_size: int | None, data_parallel: int | None = None
-) -> dict[str, Any]:
-    """Config overrides of the options given (window and micro-batch size derive each other as in ``train``)."""
-    given = {"pipeline.stages": stages, "pipeline.window": window, "pipeline.microbatch_size": microbatch_size,
-             "pipeline.data_parallel": data_parallel}  # fmt: skip
-    return {k: v for k, v in given.items() if v is not None}
+_threads_option = click.option(
+    "--threads", type=int, default=None, help="CPU threads per stage of the calibration (default: cpu_count // stages)."
+)
+
+
+def _check_threads(threads: int | None) -> None:
+    """``--threads`` (of ``calibrate``, or of ``simulate``'s quick calibration) is at most this machine's CPUs."""
+    from ..base.processes import cpu_count
+    from ..errors import ConfigError
+
+    if threads is not None and not 1 <= threads <= cpu_count():
+        raise ConfigError("--threads", threads, f"1..{cpu_count()} (this machine's CPUs: more measures contention)")
 
 
 # ------------------------------------------------------------------------------------ calibrate
@@ -44,14 +52,12 @@ def _overrides(
 def _check_calibrate_options(cfg: Any, sizes: list[int] | None, repeats: int, threads: int | None, out: str) -> None:
     """Everything a calibration would refuse after minutes of measuring, refused before it starts."""
     from ..base.files import check_writable
-    from ..base.processes import cpu_count
     from ..errors import ConfigError
     from ..pipeline.checks import check_model_and_data
 
     if repeats < 1:
         raise ConfigError("--repeats", repeats, "a positive integer")
-    if threads is not None and not 1 <= threads <= cpu_count():
-        raise ConfigError("--threads", threads, f"1..{cpu_count()} (this machine's CPUs: more measures contention)")
+    _check_threads(threads)
     check_model_and_data(cfg, sizes or ())
     check_writable(out, "--out")
 
@@ -65,7 +71,7 @@ def _check_calibrate_options(cfg: Any, sizes: list[int] | None, repeats: int, th
 @click.option(
     "--repeats", type=int, default=5, show_default=True, help="Timed global batches per micro-batch size (medians)."
 )
-@click.option("--threads", type=int, default=None, help="CPU threads per stage (default: cpu_count // stages).")
+@_threads_option
 @click.option("--stages", type=int, default=None, help="Pipeline depth the default thread count assumes.")
 def calibrate(
     config: str,
@@ -90,7 +96,7 @@ def calibrate(
     from ..calibrate import parse_sizes
     from ..config import load_config
 
-    cfg = load_config(config, _overrides(stages, None, None))
+    cfg = load_config(config, overrides_from({"stages": stages}))
     sizes = parse_sizes(microbatch_sizes, "--microbatch-sizes")
     _check_calibrate_options(cfg, sizes, repeats, threads, out)
     profile = run_calibration(
@@ -136,12 +142,7 @@ def calibrate(
     show_default=True,
     help="Schedule(s) to simulate.",
 )
-@click.option("--stages", type=int, default=None, help="Pipeline depth P.")
-@click.option("--window", type=int, default=None, help="Accumulation window a (micro-batches per global batch).")
-@click.option("--microbatch-size", type=int, default=None, help="Micro-batch size (global batch / (D * a)).")
-@click.option(
-    "--data-parallel", type=int, default=None, help="Data-parallel replicas D (P x D devices; global batch = D*a*b)."
-)
+@some_run_options("--stages", "--window", "--microbatch-size", "--data-parallel")  # the pipeline's shape
 @click.option(
     "--profile",
     "profile_path",
@@ -153,20 +154,17 @@ def calibrate(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of a table.")
 @click.option("--batches", type=int, default=8, show_default=True, help="Global batches to simulate (PACI: >= 4P).")
 @click.option("--memory-gib", type=float, default=None, help="Device memory per stage; the cut must fit in it.")
-@click.option("--threads", type=int, default=None, help="CPU threads per stage for the quick calibration.")
+@_threads_option
 def simulate(
     config: str,
     schedule: str,
-    stages: int | None,
-    window: int | None,
-    microbatch_size: int | None,
-    data_parallel: int | None,
     profile_path: str | None,
     timeline: str | None,
     as_json: bool,
     batches: int,
     memory_gib: float | None,
     threads: int | None,
+    **shape: int | None,
 ) -> None:
     """Predict step time, tokens/s, bubble, memory and drift of CONFIG's pipeline per schedule.
 
@@ -178,7 +176,6 @@ def simulate(
     in CONFIG): forward counts the weight copies kept for in-flight backwards, in memory and step time.
     """
     from ..base.files import check_writable
-    from ..base.processes import cpu_count
     from ..config import load_config
     from ..data import load_source
     from ..errors import ConfigError
@@ -197,11 +194,10 @@ def simulate(
         raise ConfigError("--memory-gib", memory_gib, "a positive number of GiB")
     if timeline is not None and not timeline.lower().endswith((".png", ".svg")):
         raise ConfigError("--timeline", timeline, "a file name ending in .png or .svg")
-    if threads is not None and not 1 <= threads <= cpu_count():
-        raise ConfigError("--threads", threads, f"1..{cpu_count()} (this machine's CPUs: more measures contention)")
+    _check_threads(threads)
     if batches > MAX_BATCHES:
         raise ConfigError("--batches", batches, f"at most {MAX_BATCHES} (each is replayed action by action)")
-    cfg = load_config(config, _overrides(stages, window, microbatch_size, data_parallel))
+    cfg = load_config(config, overrides_from(shape))
     check_model_and_data(cfg, built_here=profile_path is None)  # without a profile it is measured here
     if timeline is not None:
         check_writable(timeline, "--timeline")

@@ -36,21 +36,59 @@ CLOCKS = ("wall", "rst", "sim")
 
 
 class Clock(Protocol):
+    """What the trainer reads time from; every difference between clocks is behind these members.
+
+    Readings are seconds of training on the clock's terms, never counting evaluation.
+    """
+
     name: str
+    """The config's ``training.clock``: ``wall``, ``rst`` or ``sim`` (recorded in the summary)."""
 
-    def now(self) -> float: ...
+    measured: bool
+    """True when readings are measured while the run goes and cannot be predicted: a segment then
+    runs without a known length, and stage 0 checks the time budget and ``eval_every_seconds`` at
+    each evaluation point. False when every reading is known before the segment runs."""
 
-    def begin_segment(self, n_batches: int | None) -> None: ...
+    last_busy: list[float]
+    """Per stage: the clock's seconds of training compute in the last segment (empty: the clock has none)."""
 
-    def batch_done(self, index: int) -> float: ...
+    def now(self) -> float:
+        """The reading now: at a segment's start, between segments, or mid-segment on a measured clock."""
+        ...
 
-    def model_done(self, index: int) -> float: ...
+    def begin_segment(self, n_batches: int | None) -> None:
+        """A segment of ``n_batches`` global batches starts (``None``: its length is not known ahead)."""
+        ...
 
-    def end_segment(self, n_batches: int) -> None: ...
+    def batch_done(self, index: int) -> float:
+        """The reading when the segment's ``index``-th global batch (0-based) completes at the last stage."""
+        ...
 
-    def batches_within(self, n_batches: int, budget: float) -> int: ...
+    def model_done(self, index: int) -> float:
+        """The reading when every stage has applied the segment's ``index``-th global batch."""
+        ...
 
-    def exclude(self, seconds: float) -> None: ...
+    def end_segment(self, n_batches: int) -> None:
+        """The segment ran ``n_batches`` (fewer than begun when the run ended on the way)."""
+        ...
+
+    def batches_within(self, n_batches: int | None, budget: float) -> int | None:
+        """How many of the next ``n_batches`` (``None``: unbounded) may run within ``budget`` seconds.
+
+        ``None`` back: the budget is checked on the way, not ahead.
+        """
+        ...
+
+    def model_ends(self, n_batches: int | None) -> Sequence[float] | None:
+        """Per batch of a segment of ``n_batches`` starting now: the reading when its model is complete.
+
+        ``None`` when it cannot be known before the segment runs.
+        """
+        ...
+
+    def exclude(self, seconds: float) -> None:
+        """``seconds`` this process spent evaluating inside a segment: not training time."""
+        ...
 
 
 class WallClock:
@@ -62,9 +100,11 @@ class WallClock:
     """
 
     name = "wall"
+    measured = True
 
     def __init__(self, offset: float = 0.0) -> None:
         self.offset = offset
+        self.last_busy: list[float] = []  # no per-stage figures: the runtime's timing is the wall's
         self._start = time.perf_counter()
         self._excluded = 0.0
 
@@ -86,9 +126,13 @@ class WallClock:
     def end_segment(self, n_batches: int) -> None:
         pass
 
-    def batches_within(self, n_batches: int, budget: float) -> int:
+    def batches_within(self, n_batches: int | None, budget: float) -> int | None:
         """Wall time cannot be known ahead: run the segment, the budget is checked on the way."""
         return n_batches
+
+    def model_ends(self, n_batches: int | None) -> None:
+        """Not known ahead: evaluation points are candidates that stage 0 decides on by its clock."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -107,6 +151,8 @@ class SegmentPlan:
 
 class ProfileClock:
     """``rst`` or ``sim``: readings are what ``profile`` says this pipeline's training actions take."""
+
+    measured = False
 
     def __init__(
         self,
@@ -173,8 +219,17 @@ class ProfileClock:
         self.last_busy = list(done.busy)
         self._current = None
 
-    def batches_within(self, n_batches: int, budget: float) -> int:
-        """The most batches (up to ``n_batches``; 0 if not even one) whose segment ends within ``budget``."""
+    def model_ends(self, n_batches: int | None) -> list[float] | None:
+        """Read off the segment's simulated timeline (``None`` for a segment of unknown length)."""
+        if n_batches is None:
+            return None
+        return [self.reading + end for end in self.plan(n_batches).model_end]
+
+    def batches_within(self, n_batches: int | None, budget: float) -> int:
+        """The most batches (up to ``n_batches``, unbounded if ``None``; 0 if not even one) whose segment
+        ends within ``budget``."""
+        if n_batches is None:
+            n_batches = 2**40
         left = budget - self.reading
         if self.plan(1).makespan > left:
             return 0

@@ -5,7 +5,8 @@ batches -- each ends drained, at an evaluation or checkpoint point -- and the ru
 losses as batches complete. The same loop runs in the single emulated process and on every rank
 of the distributed runtime (SPMD); only the reporting rank writes records. It runs a resolved
 config (:func:`paci_tune.train.run.resolve_run`): a profile clock finds its profile named.
-May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, the train layer's own modules.
+May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`, the train layer's own
+modules.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..pipeline.evaluation import EvalPlan, EvalResult
 from ..pipeline.factory import Setup, build_setup
-from ..pipeline.runtime import StageTiming
+from ..pipeline.runtime import Runtime, StageTiming
 from . import checkpoint
 from .clock import Clock, ProfileClock, WallClock
 from .lr import lr_factor, peak_lr, step_progress
@@ -85,7 +86,7 @@ class Trainer:
         self.clock: Clock = WallClock()
         self._segment_first = 0
         self.setup: Setup = build_setup(cfg, self.lr_at, distributed=distributed)
-        self.runtime: Any = self.setup.runtime
+        self.runtime: Runtime = self.setup.runtime
         self.tokens_per_batch = t.global_batch * self.setup.seq_len
         self.state = LoopState(timing=[dataclasses.asdict(StageTiming()) for _ in range(p.stages)])
         self.ckpt_root = Path(t.checkpoint_dir) if t.checkpoint_dir else None
@@ -144,8 +145,8 @@ class Trainer:
         if t.steps is not None:
             ends.append(t.steps)
         n = min(ends) - b if ends else None
-        if t.seconds is not None and self.clock.name != "wall":
-            n = self.clock.batches_within(n if n is not None else 2**40, t.seconds)
+        if t.seconds is not None:
+            n = self.clock.batches_within(n, t.seconds)
         return n
 
     def _eval_points(self, first: int, n: int | None) -> Callable[[int], bool]:
@@ -157,23 +158,22 @@ class Trainer:
         """
         t = self.cfg.training
         every_s = t.eval_every_seconds
-        if every_s is None or self.clock.name == "wall" or n is None:
+        ends = None if every_s is None else self.clock.model_ends(n)
+        if every_s is None or ends is None:
             return lambda k: (k + 1) % t.eval_every == 0
-        assert isinstance(self.clock, ProfileClock)
-        plan, base = self.clock.plan(n), self.clock.now()
         due = (self.state.last_eval_clock // every_s + 1) * every_s
         points = set()
-        for i, end in enumerate(plan.model_end):
-            if base + end >= due - 1e-12:
+        for i, end in enumerate(ends):
+            if end >= due - 1e-12:
                 points.add(first + i)
-                due = ((base + end) // every_s + 1) * every_s
+                due = (end // every_s + 1) * every_s
         return points.__contains__
 
     def _control(self, k: int, news: bool) -> tuple[bool, bool]:
         """Stage 0 at an evaluation point: (evaluate now, end the run after the batches already started)."""
         t = self.cfg.training
         evaluate, end = True, news
-        if self.clock.name == "wall":
+        if self.clock.measured:  # otherwise the segment's length and its evaluation points were planned
             now = self.clock.now()
             end = end or (t.seconds is not None and now >= t.seconds)
             if t.eval_every_seconds is not None:
@@ -210,10 +210,9 @@ class Trainer:
             start_clock = self.clock.now()
             report = self.runtime.run_segment(first, n, self._on_batch, plan)
             self.clock.end_segment(report.batches)
-            if isinstance(self.clock, ProfileClock):
-                busy = self.clock.last_busy
-                self.state.clock_busy = [a + b for a, b in zip(self.state.clock_busy or [0.0] * len(busy), busy,
-                                                               strict=True)]  # fmt: skip
+            busy = self.clock.last_busy  # none on the wall clock: clock_busy stays empty
+            self.state.clock_busy = [a + b for a, b in zip(self.state.clock_busy or [0.0] * len(busy), busy,
+                                                           strict=True)]  # fmt: skip
             self.state.clock_span += self.clock.now() - start_clock
             self.state.train_wall += report.wall
             self.state.makespan += report.makespan
