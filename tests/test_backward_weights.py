@@ -27,7 +27,7 @@ import torch
 from helpers.cli import check_ok, read_metrics, run_cli, run_in_process, summary_of, train_losses
 from helpers.configs import make_config, write_config
 from helpers.memory_probe import allocated_cpu
-from helpers.oracles import CONSTANT_LR
+from helpers.oracles import CONSTANT_LR, paci_order
 from torch import nn
 
 from paci_tune.config import OptimizerConfig
@@ -61,21 +61,6 @@ def doc_for(p: int, a: int, *, inflight: int | None = None, d: int = 1, bw: str 
         lr_schedule=CONSTANT_LR,
         pipeline=pipeline,
     )
-
-
-def local_order(cap: int, window: int, n: int) -> list[tuple[str, int]]:
-    """One stage's PACI order: forward while fewer than ``cap`` are in flight, else backward; a step every window."""
-    order, f, b = [], 0, 0
-    while b < n:
-        if f < n and f - b < cap:
-            order.append(("F", f))
-            f += 1
-        else:
-            order.append(("B", b))
-            b += 1
-            if b % window == 0:
-                order.append(("S", b // window - 1))
-    return order
 
 
 class OracleStage:
@@ -135,7 +120,7 @@ def oracle_losses(doc: dict, dtype: torch.dtype = torch.float32) -> list[float]:
     streams = [MicroBatchStream(source.train, loaded.block_size, b, t["seed"], replicas=d, replica=r)
                for r in range(d)]  # fmt: skip
     n = steps * a
-    orders = [local_order(min(p_ - s, pipe.get("inflight") or p_), a, n) for s in range(p_)]
+    orders = [paci_order(min(p_ - s, pipe.get("inflight") or p_), a, n) for s in range(p_)]
     acts: dict[tuple[int, int, int], torch.Tensor] = {}
     grads: dict[tuple[int, int, int], torch.Tensor] = {}
     roots: dict[tuple[int, int, int], torch.Tensor] = {}
@@ -267,7 +252,7 @@ def test_each_backward_records_the_weight_version_it_read(bw: str):
                   backward_weights=bw)  # fmt: skip
     gen = torch.Generator().manual_seed(3)
     steps, at_forward, want = 0, {}, []
-    for op, j in local_order(k, window, n):
+    for op, j in paci_order(k, window, n):
         if op == "F":
             at_forward[j] = steps
             stage.forward(j, torch.randn(1, WIDE.block_size, WIDE.d_model, generator=gen))
@@ -296,7 +281,7 @@ def stage_peak(bw: str, k: int, window: int, dtype: torch.dtype = torch.float32)
     gs = [torch.randn(1, WIDE.block_size, WIDE.d_model, generator=gen).to(dtype) for _ in range(12)]
 
     def run(base: int) -> None:
-        for op, j in local_order(k, window, 12):
+        for op, j in paci_order(k, window, 12):
             if op == "F":
                 stage.forward(base + j, xs[j])
             elif op == "B":

@@ -16,6 +16,8 @@ import pytest
 import yaml
 from helpers import REPO
 from helpers.cli import check_ok, cli_env
+from helpers.configs import NARROW_MODEL, merge
+from helpers.searches import SEARCH_DOC
 from optuna.trial import TrialState
 
 from paci_tune.base.processes import cpu_count
@@ -24,18 +26,12 @@ from paci_tune.sim.profile import P2PCost, Profile, UnitCost, UnitProfile
 from paci_tune.tune.space import TrialParams, load_space, restrict
 from paci_tune.tune.study import counted
 
-DOC: dict[str, Any] = {
-    "model": {"preset": "tiny", "n_layer": 2, "d_model": 32, "n_head": 2, "block_size": 16},
-    "data": {"source": "synthetic", "vocab_size": 32, "branching": 4, "n_train": 20_000, "n_val": 2_000},
-    "training": {"global_batch": 8, "steps": 4, "seed": 0, "eval_every": 1000, "eval_sequences": 8},
-    "optimizer": {"name": "adamw", "lr": 3.0e-3},
-    "lr_schedule": {"warmup_fraction": 0.0, "min_ratio": 0.1, "scaling": "none"},
-    "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "emulated", "device": "cpu"},
-    "target": {"value": 2.5},
-    "budget": {"clock": "sim", "seconds": 0.2, "grid": 2},  # a handful of global batches per trial
-    "hardware": {"devices": 4},
-    "search": {"trials": 2, "sampler": "random", "seed": 0, "stall_seconds": 120, "confirm": {"top": 0}},
-}
+DOC: dict[str, Any] = merge(SEARCH_DOC, {
+    "model": NARROW_MODEL, "data": {"vocab_size": 32, "n_train": 20_000, "n_val": 2_000},
+    "training": {"steps": 4, "eval_sequences": 8}, "target": {"value": 2.5},
+    "budget": {"seconds": 0.2, "grid": 2},  # a handful of global batches per trial
+    "search": {"sampler": "random"},
+})  # fmt: skip
 # g = 8 on 4 devices: P=1 D=4 (8/4 = 2 per replica: b=2), P=2 D=2 (b=2, 4), P=4 D=1 (b=2, 4); P=3 never.
 SPACE = {"schedules": ["paci", "1f1b"], "stages": [1, 2, 3, 4], "microbatch_size": [2, 4]}
 

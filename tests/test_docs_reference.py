@@ -46,6 +46,7 @@ from typing import Any, Literal
 import numpy as np
 import pytest
 import yaml
+from helpers.configs import sim_config
 from torch import nn
 
 from paci_tune.cli.options import overrides_from, run_options
@@ -459,13 +460,8 @@ def test_range_keys_are_the_parsers(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- best.yaml
 
-RUN = {
-    "model": {"preset": "tiny", "n_layer": 2, "n_head": 2, "d_model": 32, "block_size": 16},
-    "data": {"source": "synthetic", "vocab_size": 32, "n_train": 20_000, "n_val": 2_000},
-    "training": {"global_batch": 8, "steps": 4, "eval_sequences": 4},
-    "optimizer": {"lr": 6.0e-4},
-    "pipeline": {"schedule": "paci", "stages": 2, "window": 2},
-}
+RUN = sim_config(data={"vocab_size": 32, "n_train": 20_000, "n_val": 2_000}, training={"eval_sequences": 4},
+                 optimizer={"lr": 6.0e-4}, pipeline={"schedule": "paci", "window": 2})  # fmt: skip
 RECOMMENDED_FOR_RUN = {"schedule": "paci", "stages": 2, "data_parallel": 1, "devices": 2, "window": 2,
                        "microbatch_size": 4, "partition": [2, 2], "global_batch": 8, "lr": 6.0e-4,
                        "lr_scale": 1.0, "backward_weights": "forward"}  # fmt: skip

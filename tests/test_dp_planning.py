@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from click.testing import CliRunner
+from helpers.configs import sim_config, write_config
 
 from paci_tune.calibrate.allreduce import fit_allreduce, measure_allreduce
 from paci_tune.cli import main
@@ -167,12 +167,9 @@ def test_one_launch_measures_both_links_as_the_separate_measurements_do() -> Non
 def test_simulate_shows_d_and_the_allreduce_share(tmp_path: Path) -> None:
     from paci_tune.sim.profile import UnitCost, UnitProfile
 
-    cfg = tmp_path / "m.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "model": {"preset": "tiny", "n_layer": 2, "d_model": 32, "n_head": 2, "block_size": 16},
-        "data": {"source": "synthetic", "vocab_size": 32, "n_train": 2000, "n_val": 200},
-        "training": {"global_batch": 16, "steps": 2, "eval_sequences": 8}, "pipeline": {"stages": 2, "device": "cpu"},
-    }))  # fmt: skip
+    doc = sim_config(data={"vocab_size": 32, "n_train": 2000, "n_val": 200},
+                     training={"global_batch": 16, "steps": 2, "eval_sequences": 8})  # fmt: skip
+    cfg = write_config(tmp_path, {**doc, "pipeline": {"stages": 2, "device": "cpu"}}, "m.yaml")  # no window: D sets it
     units = [UnitProfile(f"u{i}", 40_000, 1e-3, {2: UnitCost(1e-3, 2e-3, 1000, 4000)}) for i in range(4)]
     from paci_tune.sim.profile import P2PCost
 

@@ -99,24 +99,24 @@ def test_bf16_1f1b_equals_plain_bf16_on_cuda(stages: int):
     assert summary_of(records)["final_val_loss"] == pytest.approx(want_val, abs=1e-4, rel=0)
 
 
-def test_peak_memory_is_cuda_memory_and_covers_the_training_state():
-    doc = cuda_config(schedule="paci", stages=2, window=4)
+def peak_and_params(**pipeline: Any) -> tuple[int, int]:
+    """The peak memory a PACI P=2 CUDA training reports, and its model's parameter count."""
+    doc = cuda_config(schedule="paci", stages=2, window=4, **pipeline)
     torch.cuda.reset_peak_memory_stats()
     peak = summary_of(run_in_process(doc))["peak_memory_bytes"]
     source = load_source(doc["data"], None)
     model = load_model(doc["model"], source.vocab_size, 0)
-    n_params = sum(p.numel() for u in model.units.values() for p in u.parameters())
+    return peak, sum(p.numel() for u in model.units.values() for p in u.parameters())
+
+
+def test_peak_memory_is_cuda_memory_and_covers_the_training_state():
+    peak, n_params = peak_and_params()
     # fp32 weights, gradients and AdamW's two moments: 16 bytes per parameter at least.
     assert 16 * n_params <= peak < 2**30
 
 
 def test_bf16_peak_memory_covers_weights_masters_grads_and_moments():
-    doc = cuda_config(schedule="paci", stages=2, window=4, precision="bf16")
-    torch.cuda.reset_peak_memory_stats()
-    peak = summary_of(run_in_process(doc))["peak_memory_bytes"]
-    source = load_source(doc["data"], None)
-    model = load_model(doc["model"], source.vocab_size, 0)
-    n_params = sum(p.numel() for u in model.units.values() for p in u.parameters())
+    peak, n_params = peak_and_params(precision="bf16")
     # bf16 weights 2 + fp32 masters 4 + fp32 gradients 4 + AdamW's two fp32 moments 8 bytes per parameter.
     assert 18 * n_params <= peak < 2**30
 

@@ -267,15 +267,7 @@ BROKEN_MODEL = misbehaving_model(
 
 @pytest.mark.whole_machine  # a wall-clock search of 2 devices: a core each
 def test_crash_hang_and_divergence_are_recorded_and_the_study_goes_on(tmp_path: Path) -> None:
-    proc = search_with_model(
-        tmp_path,
-        "broken_model",
-        BROKEN_MODEL,
-        [1, 2, 4, 8],
-        budget={"clock": "wall", "seconds": 2.0, "grid": 2},
-        hardware={"runtime": "emulated", "devices": 2},
-        search={"trials": 4, "sampler": "grid", "stall_seconds": 20, "trial_timeout": 120},
-    )
+    proc = search_with_model(tmp_path, "broken_model", BROKEN_MODEL, [1, 2, 4, 8], "emulated", 2.0, 20, 120)
     check_ok(proc)
     study = optuna.load_study(study_name="model.paci", storage=f"sqlite:///{tmp_path / 'work' / 'study.db'}")
     by_size = {t.params["microbatch_size"]: t for t in study.trials}

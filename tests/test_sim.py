@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from helpers.configs import sim_config, write_config
 from helpers.profiles import equal_profile, make_profile, unit
 
 from paci_tune.cli import main
@@ -283,15 +284,7 @@ def test_timeline_boxes_are_the_action_lists() -> None:
 
 
 def _config(tmp_path: Path) -> Path:
-    cfg = {
-        "model": {"preset": "tiny", "n_layer": 2, "d_model": 32, "n_head": 2, "block_size": 16},
-        "data": {"source": "synthetic", "vocab_size": 64, "n_train": 5000, "n_val": 1000},
-        "training": {"global_batch": 8, "steps": 4},
-        "pipeline": {"stages": 2, "window": 4, "device": "cpu"},
-    }
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_config(tmp_path, sim_config())
 
 
 def _hand_profile(tmp_path: Path, n_units: int = 4, seq_len: int = 16) -> Path:

@@ -93,16 +93,7 @@ DYING_MODEL = misbehaving_model(
 
 @pytest.mark.whole_machine  # a wall-clock search of 2 devices: a core each
 def test_a_rank_dying_mid_trial_fails_that_trial_and_the_study_goes_on(tmp_path: Path) -> None:
-    proc = search_with_model(
-        tmp_path,
-        "dying_model",
-        DYING_MODEL,
-        [1, 2, 4],
-        timeout=400,
-        budget={"clock": "wall", "seconds": 3.0, "grid": 2},
-        hardware={"runtime": "distributed", "devices": 2},
-        search={"trials": 3, "sampler": "grid", "stall_seconds": 60, "trial_timeout": 180},
-    )
+    proc = search_with_model(tmp_path, "dying_model", DYING_MODEL, [1, 2, 4], "distributed", 3.0, 60, 180, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = optuna.load_study(study_name="model.paci", storage=f"sqlite:///{tmp_path / 'work' / 'study.db'}")
     by_size = {t.params["microbatch_size"]: t for t in study.trials}

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from helpers.cli import run_in_process, summary_of
-from helpers.configs import make_config
+from helpers.configs import make_config, sim_config, write_config
 
 from paci_tune.cli import main
 from paci_tune.config import derive_run
@@ -304,14 +304,8 @@ def test_simulate_command_follows_the_configs_backward_weights(tmp_path: Path) -
     prof.save(tmp_path / "p.yaml")
     out = {}
     for bw in ("forward", "current"):
-        cfg = {
-            "model": {"preset": "tiny", "n_layer": 2, "d_model": 32, "n_head": 2, "block_size": 16},
-            "data": {"source": "synthetic", "vocab_size": 64, "n_train": 5000, "n_val": 1000},
-            "training": {"global_batch": 4, "steps": 4},
-            "pipeline": {"stages": 4, "window": 4, "device": "cpu", "backward_weights": bw},
-        }
-        path = tmp_path / f"{bw}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
+        cfg = sim_config(training={"global_batch": 4}, pipeline={"stages": 4, "backward_weights": bw})
+        path = write_config(tmp_path, cfg, f"{bw}.yaml")
         res = CliRunner().invoke(main, ["simulate", str(path), "--profile", str(tmp_path / "p.yaml"), "--json"])
         assert res.exit_code == 0, res.output
         out[bw] = json.loads(res.stdout)

@@ -17,7 +17,7 @@ from torch import nn
 from helpers.cli import run_in_process, summary_of, train_losses
 from helpers.configs import make_config
 from helpers.memory_probe import SavedTensors, allocated_cpu, allocated_cuda
-from helpers.oracles import oracle_lr
+from helpers.oracles import oracle_lr, paci_order
 from paci_tune.config import OptimizerConfig
 from paci_tune.data import MicroBatchStream, ValidationSet, load_source
 from paci_tune.model import GPTConfig, build_units, load_model
@@ -85,21 +85,6 @@ def check_saves_weights_by_reference(device: torch.device) -> None:
             assert torch.equal(p.detach(), m.to(BF16)), "the bf16 weight is not its master rounded"
 
 
-def pattern(k: int, n: int) -> list[tuple[str, int]]:
-    """One stage's PACI order for ``n`` micro-batches with at most ``k`` in flight and a step every 4 backwards."""
-    order, f, b = [], 0, 0
-    while b < n:
-        if f < n and f - b < k:
-            order.append(("F", f))
-            f += 1
-        else:
-            order.append(("B", b))
-            b += 1
-            if b % 4 == 0:
-                order.append(("S", 0))
-    return order
-
-
 def inflight_memory(k: int, device: torch.device, dtype: torch.dtype, autocast: bool = False) -> dict[str, int]:
     """A middle stage (s = 1 of P = 5, so P - s = 4) run with at most ``k`` micro-batches in flight.
 
@@ -125,7 +110,7 @@ def inflight_memory(k: int, device: torch.device, dtype: torch.dtype, autocast: 
             else:
                 stage.step()
 
-    ops = pattern(k, 8)
+    ops = paci_order(k, 4, 8)  # a step every 4 backwards
     run(ops, 0)
     meter = allocated_cuda if device.type == "cuda" else allocated_cpu
     held, peak_a = meter(lambda: run(ops[:k], 100))

@@ -26,6 +26,14 @@ BASE_CONFIG: dict[str, Any] = {
 NARROW_MODEL: dict[str, Any] = {"preset": "tiny", "n_layer": 2, "d_model": 32, "n_head": 2, "block_size": 16}
 """A narrower tiny GPT (4 units) for the tests that simulate or plan rather than train for numbers."""
 
+SIM_CONFIG: dict[str, Any] = {
+    "model": NARROW_MODEL,
+    "data": {"source": "synthetic", "vocab_size": 64, "n_train": 5000, "n_val": 1000},
+    "training": {"global_batch": 8, "steps": 4},
+    "pipeline": {"stages": 2, "window": 4, "device": "cpu"},
+}
+"""A config for the simulate command and the docs' readers: the narrow model, the rest at paci-tune's defaults."""
+
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     """Deep-merge ``override`` into a copy of ``base`` (section by section)."""
@@ -43,12 +51,9 @@ def make_config(**sections: dict[str, Any]) -> dict[str, Any]:
     return merge(BASE_CONFIG, sections)
 
 
-def sections_of(doc: dict[str, Any], *names: str, **replaced: dict[str, Any]) -> dict[str, Any]:
-    """Only the sections ``names`` of ``doc`` (copies), then whole sections ``replaced``: a config that
-    leaves everything else at paci-tune's defaults."""
-    out = {name: copy.deepcopy(doc[name]) for name in names}
-    out.update(copy.deepcopy(replaced))
-    return out
+def sim_config(**sections: dict[str, Any]) -> dict[str, Any]:
+    """SIM_CONFIG with some keys of some sections replaced (or sections added)."""
+    return merge(SIM_CONFIG, sections)
 
 
 def write_config(directory: Path, doc: dict[str, Any], name: str = "run.yaml") -> Path:

@@ -1,5 +1,5 @@
-"""Oracles written from scratch for the numerics tests: plain gradient accumulation in one process, and
-the learning rate by this file's own formula.
+"""Oracles written from scratch for the numerics tests: plain gradient accumulation in one process, the
+learning rate by this file's own formula, and one stage's PACI order of forwards, backwards and steps.
 
 Shared by the numerics, bf16, data-parallel and GPU tests (the same oracle checks the trainer on the
 CPU and on CUDA); none of it is the code under test.
@@ -84,3 +84,18 @@ def numerics_doc(schedule: str, stages: int, lr_schedule: dict[str, Any], **pipe
         lr_schedule=lr_schedule,
         pipeline={"schedule": schedule, "stages": stages, "window": 4, **pipeline},
     )
+
+
+def paci_order(cap: int, window: int, n: int) -> list[tuple[str, int]]:
+    """One stage's PACI order: forward while fewer than ``cap`` are in flight, else backward; a step every window."""
+    order, f, b = [], 0, 0
+    while b < n:
+        if f < n and f - b < cap:
+            order.append(("F", f))
+            f += 1
+        else:
+            order.append(("B", b))
+            b += 1
+            if b % window == 0:
+                order.append(("S", b // window - 1))
+    return order

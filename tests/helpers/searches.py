@@ -87,15 +87,30 @@ def studies(storage: str, name: str = "model") -> dict[str, optuna.Study]:
 
 
 def search_with_model(
-    tmp: Path, name: str, source: str, microbatch_sizes: list[int], *, timeout: float = 300, **sections: dict[str, Any]
+    tmp: Path,
+    name: str,
+    source: str,
+    sizes: list[int],
+    runtime: str,
+    seconds: float,
+    stall_s: float,
+    trial_s: float,
+    timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
-    """``paci-tune search`` of PACI at P = 2 over ``microbatch_sizes``, one trial each, on the user model
-    ``source`` (module ``name`` in ``tmp``, built by its ``build()``), run to its end. The target is
-    never reached, so a healthy trial runs its budget; ``sections`` change SEARCH_DOC as in write_search."""
+    """``paci-tune search`` on 2 devices of ``runtime`` for ``seconds`` of wall clock per trial: PACI at
+    P = 2, one trial per micro-batch size of ``sizes`` (a grid), on the user model ``source`` (module
+    ``name`` in ``tmp``, built by its ``build()``), run to its end. The target is never reached, so a
+    healthy trial runs its budget; ``stall_s`` and ``trial_s`` are the search's stall and trial timeouts,
+    ``timeout`` the whole search's."""
     (tmp / f"{name}.py").write_text(source)
-    (tmp / "space.yaml").write_text(yaml.safe_dump({"schedules": ["paci"], "stages": [2],
-                                                    "microbatch_size": microbatch_sizes}))  # fmt: skip
-    config = write_search(tmp, training={"eval_every": 5}, **sections)
+    (tmp / "space.yaml").write_text(yaml.safe_dump({"schedules": ["paci"], "stages": [2], "microbatch_size": sizes}))
+    config = write_search(
+        tmp,
+        budget={"clock": "wall", "seconds": seconds, "grid": 2},
+        training={"eval_every": 5},
+        hardware={"runtime": runtime, "devices": 2},
+        search={"trials": len(sizes), "sampler": "grid", "stall_seconds": stall_s, "trial_timeout": trial_s},
+    )
     doc = yaml.safe_load(config.read_text())
     doc["model"] = {"entry": f"{name}:build", "block_size": 32}
     doc["target"]["value"] = 0.01
