@@ -53,13 +53,14 @@ from paci_tune.base.files import read_yaml
 from paci_tune.config import derive_doc
 from paci_tune.config.tune import TuneConfig, load_tune_config
 from paci_tune.errors import ConfigError
-from paci_tune.tune.best import build_best, params_of
 from paci_tune.tune.objective import Progress, grid_step
+from paci_tune.tune.record import SUMMARY_KEYS, StudyRecord, TrialRecord
 from paci_tune.tune.runner import OnEval, OnRecord, SubprocessRunner, TrialJob, TrialResult
-from paci_tune.tune.search import EVIDENCE_KEYS, Search
+from paci_tune.tune.search import Search
 from paci_tune.tune.setup import bind_space, enqueue_start_points, fingerprint, profile_for
 from paci_tune.tune.space import SearchSpace, TrialParams
 from paci_tune.tune.study import open_storage, open_studies
+from paci_tune.verdict.best import build_best, params_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "bench/tuner_vs_grid/model.yaml"
@@ -133,19 +134,19 @@ def tune_config(doc: dict[str, Any], **search: Any) -> TuneConfig:
 
 
 def grid_point(t: FrozenTrial, schedule: str, space: SearchSpace) -> Point:
-    a = t.user_attrs
+    r = TrialRecord.read(t)
     failed = t.state == TrialState.FAIL
     return Point(
         params=params_of(t, schedule, space.fixed_batch),
         state="failed" if failed else "complete",
         score=math.inf if failed or t.value is None else float(t.value),
-        curve=tuple((float(c), float(v)) for c, v in a.get("curve") or []),
-        clock_used=float(a.get("clock_used") or 0.0),
-        wall_seconds=float(a.get("wall_seconds") or 0.0),
-        time_to_target=a.get("time_to_target"),
-        best_val_loss=a.get("best_val_loss"),
-        fail_reason=a.get("fail_reason"),
-        evidence={k: a.get(k) for k in EVIDENCE_KEYS},
+        curve=tuple((float(c), float(v)) for c, v in r.curve or []),
+        clock_used=float(r.figure("clock_used") or 0.0),
+        wall_seconds=float(r.wall_seconds or 0.0),
+        time_to_target=r.time_to_target,
+        best_val_loss=r.best_val_loss,
+        fail_reason=r.fail_reason,
+        evidence={k: r.figure(k) for k in SUMMARY_KEYS},
     )
 
 
@@ -181,10 +182,10 @@ def run_grid(config: str, doc: dict[str, Any], workdir: Path, name: str, threads
     points: dict[TrialParams, Point] = {}
     for schedule in space.schedules:
         study = optuna.load_study(study_name=f"{name}.{schedule}", storage=storage)
-        if study.user_attrs.get("fingerprint") != stamp:
+        if StudyRecord.read(study).fingerprint != stamp:
             raise SystemExit(f"study {study.study_name} in {workdir} is of another search: give another --workdir")
         for t in study.get_trials(deepcopy=False):
-            if t.state in (TrialState.COMPLETE, TrialState.FAIL) and "repeat_of" not in t.user_attrs:
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL) and not TrialRecord.read(t).is_repeat:
                 p = grid_point(t, schedule, space)
                 if p.params not in points or p.state == "complete":
                     points[p.params] = p

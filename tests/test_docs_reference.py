@@ -59,7 +59,7 @@ from paci_tune.model import gpt, loader
 from paci_tune.sim import profile as prof
 from paci_tune.tune import bestfile
 from paci_tune.tune.apply import apply_run
-from paci_tune.tune.best import RECOMMENDED
+from paci_tune.tune.bestfile import RECOMMENDED
 from paci_tune.tune.space import load_space
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
@@ -495,13 +495,13 @@ def test_best_yaml_keys_are_the_readers() -> None:
 
 def test_recommended_keys_apply_compares_with_run(tmp_path: Path) -> None:
     assert tuple(RECOMMENDED_FOR_RUN) == RECOMMENDED, "the test's recommendation needs the new key"
-    bestfile.load_best(_best_file(tmp_path))
+    bestfile.read_best(_best_file(tmp_path))
     for key, row in _rows(BEST, "recommended").items():
         changed = _best_file(tmp_path, recommended={key: _other(RECOMMENDED_FOR_RUN[key])})
         if row["apply"].startswith("must equal"):
-            assert _refused(bestfile.load_best, changed).key == f"best.yaml.recommended.{key}"
+            assert _refused(bestfile.read_best, changed).key == f"best.yaml.recommended.{key}"
         else:
-            bestfile.load_best(changed)  # not compared with the run
+            bestfile.read_best(changed)  # not compared with the run
 
 
 def test_evidence_keys_apply_checks_and_reads(tmp_path: Path) -> None:
@@ -509,10 +509,10 @@ def test_evidence_keys_apply_checks_and_reads(tmp_path: Path) -> None:
     for key, row in rows.items():
         bad = _best_file(tmp_path, evidence={key: {"not": "a figure"}})
         if row["apply"].startswith("checked"):
-            assert _refused(bestfile.load_best, bad).key == f"best.yaml.evidence.{key}"
+            assert _refused(bestfile.read_best, bad).key == f"best.yaml.evidence.{key}"
         else:
             assert row["apply"] == "not read", f"evidence.{key}"
-            bestfile.load_best(bad)
+            bestfile.read_best(bad)
     assert {k for k, r in rows.items() if "read" in r["apply"] and r["apply"] != "not read"} == {"steps"}
     for steps in (7, 9):
         assert apply_run(_best_file(tmp_path, evidence={"steps": steps}), {}).training.checkpoint_every == steps

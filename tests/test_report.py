@@ -25,8 +25,10 @@ from optuna.trial import TrialState, create_trial
 
 from paci_tune.schedule import drift_bound
 from paci_tune.sim.profile import Profile
-from paci_tune.tune.best import build_best, write_best
-from paci_tune.tune.confirm import CONFIRM_ATTR, PLAN_ATTR
+from paci_tune.tune.bestfile import write_best
+from paci_tune.tune.record import CONFIRM as CONFIRM_ATTR
+from paci_tune.tune.record import CONFIRM_PLAN as PLAN_ATTR
+from paci_tune.verdict.best import build_best
 
 DISTS = {"stages": CategoricalDistribution([2, 4]), "microbatch_size": CategoricalDistribution([2, 4, 8])}
 BATCH, TARGET, BUDGET = 16, 2.0, 10.0
@@ -109,7 +111,7 @@ def test_the_evidence_is_the_storage_and_best_yaml(searched: Path) -> None:
         assert w is not None and (w.number, w.point.stages, w.point.microbatch_size, w.point.window) == (0, 2, 4, 4)
         assert [c.seed for c in ev.confirmations(s, 0)] == SEEDS
         assert ev.reasons(s) == {"pruned at step 2": 1, "failed: crash": 1}
-    assert ev.best["verdict"] == "paci" and ev.target == TARGET and ev.budget == BUDGET
+    assert ev.best.verdict == "paci" and ev.target == TARGET and ev.budget == BUDGET
 
 
 def test_each_picture_has_its_content(searched: Path) -> None:

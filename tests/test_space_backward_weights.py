@@ -27,14 +27,14 @@ from paci_tune.config import derive_doc, derive_run
 from paci_tune.config.tune import load_tune_config
 from paci_tune.errors import ConfigError
 from paci_tune.tune.apply import apply_run
-from paci_tune.tune.best import build_best, params_of, write_best
-from paci_tune.tune.bestfile import load_best
+from paci_tune.tune.bestfile import read_best, write_best
 from paci_tune.tune.objective import Progress
 from paci_tune.tune.runner import TrialJob, TrialResult
 from paci_tune.tune.search import Search
 from paci_tune.tune.setup import enqueue_start_points
 from paci_tune.tune.space import SearchSpace, TrialParams, load_space
 from paci_tune.tune.study import enqueue_grid, open_studies
+from paci_tune.verdict.best import build_best, params_of
 
 BOTH = {"forward", "current"}
 KEY = "space.backward_weights"
@@ -305,12 +305,12 @@ def test_best_yaml_round_trip_keeps_the_recommended_value(tmp_path: Path, as_att
     # PACI at b=4 with the current weights is the fastest (2.0 s), ahead of its forward twin and of flush.
     paci = [_trial(3.0, 4, "forward", as_attr=as_attr), _trial(2.0, 4, "current", as_attr=as_attr)]
     path = _best_file(tmp_path, _studies(paci, [_trial(4.0, 2)]))
-    doc, run = load_best(path)
-    assert doc["recommended"]["schedule"] == "paci" and doc["recommended"]["backward_weights"] == "current"
-    assert doc["run"]["pipeline"]["backward_weights"] == "current"
-    assert run.pipeline.backward_weights == "current"
+    best = read_best(path)
+    assert best.recommended.schedule == "paci" and best.recommended.backward_weights == "current"
+    assert best.run["pipeline"]["backward_weights"] == "current"
+    assert best.run_config is not None and best.run_config.pipeline.backward_weights == "current"
     assert apply_run(path, {}).pipeline.backward_weights == "current"
-    assert doc["baseline"]["backward_weights"] is None  # flush: no effect, nothing stated
+    assert best.baseline is not None and best.baseline["backward_weights"] is None  # flush: no effect, nothing stated
 
     written = yaml.safe_load(path.read_text())
     for wrong in ("forward", "stale", 1):  # recommended contradicting run, or not a value at all
@@ -318,16 +318,17 @@ def test_best_yaml_round_trip_keeps_the_recommended_value(tmp_path: Path, as_att
         edited["recommended"]["backward_weights"] = wrong
         path.write_text(yaml.safe_dump(edited))
         with pytest.raises(ConfigError) as e:
-            load_best(path)
+            read_best(path)
         assert e.value.key == "best.yaml.recommended.backward_weights" and e.value.value == wrong
 
 
 def test_a_flush_recommendation_states_null(tmp_path: Path) -> None:
     path = _best_file(tmp_path, _studies([_trial(3.0, 4, "current")], [_trial(2.0, 2)]))
-    doc, run = load_best(path)
-    assert doc["recommended"]["schedule"] == "1f1b" and doc["recommended"]["backward_weights"] is None
-    assert "backward_weights" not in doc["run"]["pipeline"]  # the point sets nothing: the run's own (no effect)
-    assert run.pipeline.schedule == "1f1b" and run.pipeline.backward_weights == "forward"
+    best = read_best(path)
+    assert best.recommended.schedule == "1f1b" and best.recommended.backward_weights is None
+    assert "backward_weights" not in best.run["pipeline"]  # the point sets nothing: the run's own (no effect)
+    run = best.run_config
+    assert run is not None and run.pipeline.schedule == "1f1b" and run.pipeline.backward_weights == "forward"
 
 
 @pytest.mark.parametrize("written", [None, "current"])
@@ -336,8 +337,9 @@ def test_a_space_without_the_key_recommends_the_runs_own_value(tmp_path: Path, w
     if written:
         run["pipeline"]["backward_weights"] = written
     path = _best_file(tmp_path, _studies([_trial(2.0, 4)], [_trial(4.0, 2)]), run)  # a trial without the key
-    doc, cfg = load_best(path)
-    assert doc["recommended"]["backward_weights"] == (written or "forward") == cfg.pipeline.backward_weights
+    best = read_best(path)
+    assert best.run_config is not None
+    assert best.recommended.backward_weights == (written or "forward") == best.run_config.pipeline.backward_weights
 
 
 def test_an_old_best_yaml_without_the_key_loads_and_trains_its_run_as_written(tmp_path: Path) -> None:
@@ -346,9 +348,10 @@ def test_an_old_best_yaml_without_the_key_loads_and_trains_its_run_as_written(tm
     del old["recommended"]["backward_weights"], old["baseline"]["backward_weights"]
     del old["run"]["pipeline"]["backward_weights"]
     path.write_text(yaml.safe_dump(old))
-    doc, run = load_best(path)
-    assert "backward_weights" not in doc["recommended"]
-    assert run.pipeline.backward_weights == "forward"  # the schema's default: nothing in the file says otherwise
+    best = read_best(path)
+    assert "backward_weights" not in best.recommended.keys and best.recommended.backward_weights is None
+    # the schema's default: nothing in the file says otherwise
+    assert best.run_config is not None and best.run_config.pipeline.backward_weights == "forward"
     assert apply_run(path, {"pipeline.backward_weights": "current"}).pipeline.backward_weights == "current"
 
 

@@ -27,12 +27,15 @@ from optuna.trial import TrialState, create_trial
 
 from paci_tune.errors import ConfigError
 from paci_tune.sim.profile import P2PCost, Profile, UnitCost, UnitProfile
-from paci_tune.tune import confirm, transfer
-from paci_tune.tune.best import best_trial, build_best, params_of, trial_counts
-from paci_tune.tune.confirm import CONFIRM_ATTR, TRANSFER_ATTR
+from paci_tune.tune import extra
 from paci_tune.tune.objective import Progress, grid_step
+from paci_tune.tune.record import CONFIRM as CONFIRM_ATTR
+from paci_tune.tune.record import TRANSFER as TRANSFER_ATTR
+from paci_tune.tune.record import TRANSFER_PLAN
 from paci_tune.tune.runner import TrialJob, TrialResult
 from paci_tune.tune.study import counted, reap_dead
+from paci_tune.verdict import transfer
+from paci_tune.verdict.best import best_trial, build_best, params_of, trial_counts
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 DISTS = {"stages": CategoricalDistribution([2, 4]), "microbatch_size": CategoricalDistribution([1, 2, 4, 8])}
@@ -100,18 +103,18 @@ def test_the_plan_takes_the_best_distinct_search_points_and_queues_each_once(mon
     # b=4 twice (the repeat with the better score is not a new point), b=8 pruned, a confirmation at 0.01.
     paci = _searched("paci", [(4, 3.0), (2, 2.0), (4, 2.5), (1, 5.0), (8, None)])
     flush = _searched("1f1b", [(1, 1.0), (2, 4.0)])
-    assert transfer.plan(paci, 2) == [1, 2]  # b=2 (2.0), b=4's best draw (2.5); not b=4 again, not b=1
-    assert transfer.plan(flush, 5) == [0, 1]  # only two distinct finished points
-    assert paci.user_attrs[transfer.PLAN_ATTR] == [1, 2]
+    assert extra.transfer_plan(paci, 2) == [1, 2]  # b=2 (2.0), b=4's best draw (2.5); not b=4 again, not b=1
+    assert extra.transfer_plan(flush, 5) == [0, 1]  # only two distinct finished points
+    assert paci.user_attrs[TRANSFER_PLAN] == [1, 2]
     _add(paci, 1, 0.5)  # a later, better search trial: the plan is kept once set (all workers agree on it)
-    assert transfer.plan(paci, 2) == [1, 2]
+    assert extra.transfer_plan(paci, 2) == [1, 2]
 
-    assert transfer.enqueue(paci, [1, 2], 4.0) == 2
-    assert transfer.enqueue(paci, [1, 2], 4.0) == 0  # called again (a resumed search): nothing new
+    assert extra.enqueue_transfers(paci, [1, 2], 4.0) == 2
+    assert extra.enqueue_transfers(paci, [1, 2], 4.0) == 0  # called again (a resumed search): nothing new
     waiting = paci.get_trials(states=(TrialState.WAITING,))
     assert [(t.user_attrs[TRANSFER_ATTR], t.system_attrs["fixed_params"]["microbatch_size"]) for t in waiting] == [
         ({"of": 1, "factor": 4.0}, 2), ({"of": 2, "factor": 4.0}, 4)]  # fmt: skip
-    assert transfer.queued(paci) and not confirm.waiting(paci)
+    assert extra.transfer_queued(paci) and not extra.waiting(paci)
 
     # One of them runs and its worker dies: it is failed, queued again as a transfer trial, not twice.
     trial = paci.ask()
@@ -120,25 +123,25 @@ def test_the_plan_takes_the_best_distinct_search_points_and_queues_each_once(mon
     paci._storage.set_trial_user_attr(trial._trial_id, "worker", {"host": "here", "pid": 2**22 + 7})
     monkeypatch.setattr("paci_tune.tune.study.HOST", "here")  # a worker of this host whose pid is gone
     assert reap_dead(paci, retries=1) == [trial.number]
-    assert transfer.enqueue(paci, [1, 2], 4.0) == 0
+    assert extra.enqueue_transfers(paci, [1, 2], 4.0) == 0
     retry = [t for t in paci.get_trials(states=(TrialState.WAITING,)) if t.user_attrs.get("retry_of") == trial.number]
     assert len(retry) == 1 and retry[0].user_attrs[TRANSFER_ATTR] == {"of": 1, "factor": 4.0}
     # Another factor on a resumed search is another check: its own runs.
-    assert transfer.enqueue(paci, [1, 2], 2.0) == 2
+    assert extra.enqueue_transfers(paci, [1, 2], 2.0) == 2
 
 
 def test_transfer_trials_are_no_search_trials() -> None:
     """Not counted, not ranked, not planned from, not recommended -- though they score best of all."""
     studies_ = {"paci": _searched("paci", [(4, 3.0), (2, 2.0)]), "1f1b": _searched("1f1b", [(4, 4.0), (2, 5.0)])}
     for study in studies_.values():
-        transfer.plan(study, 2)
+        extra.transfer_plan(study, 2)
         _add(study, 1, 0.001, **{TRANSFER_ATTR: {"of": 0, "factor": 4.0}, "wall_seconds": 7.0})  # b=1: no search point
         _add(study, 4, 0.002, **{TRANSFER_ATTR: {"of": 0, "factor": 4.0}, "wall_seconds": 7.0})
     paci = studies_["paci"]
     assert counted(paci.get_trials(), quota=3) == 2
     assert best_trial(paci).number == 1
-    assert confirm.best_distinct(paci, 5) == [1, 0]
-    assert [t.number for t in confirm.search_trials(paci)] == [0, 1]
+    assert extra.best_distinct(paci, 5) == [1, 0]
+    assert [t.number for t in extra.search_trials(paci)] == [0, 1]
     counts = trial_counts(paci)
     assert counts["complete"] == 2 and counts["confirmation"] == 1 and counts["transfer"] == 2
     best = build_best(
@@ -155,14 +158,14 @@ def test_the_best_yaml_section_and_the_summary_line() -> None:
     study = optuna.create_study(study_name="t.paci", direction="minimize")
     for b, v in [(1, 1.0), (2, 2.0), (4, 3.0)]:
         _add(study, b, v)
-    assert transfer.plan(study, 3) == [0, 1, 2]
+    assert extra.transfer_plan(study, 3) == [0, 1, 2]
     _add(study, 1, 10.0, **{TRANSFER_ATTR: {"of": 0, "factor": 2.0}})
     _add(study, 2, None, TrialState.FAIL, fail_reason="crash: boom", **{TRANSFER_ATTR: {"of": 1, "factor": 2.0}})
     _add(study, 4, 20.0, **{TRANSFER_ATTR: {"of": 2, "factor": 2.0}})
     _add(study, 4, 1.0, **{TRANSFER_ATTR: {"of": 2, "factor": 3.0}})  # another factor's run: not this check's
     flush = optuna.create_study(study_name="t.1f1b", direction="minimize")
     _add(flush, 2, 4.0)
-    transfer.plan(flush, 3)
+    extra.transfer_plan(flush, 3)
     _add(flush, 2, 9.0, **{TRANSFER_ATTR: {"of": 0, "factor": 2.0}})
 
     doc = transfer.section({"paci": study, "1f1b": flush}, 2.0, 10.0, lambda t, s: params_of(t, s, 8))
@@ -242,7 +245,7 @@ def test_the_loop_trains_each_long_run_once_after_the_quota(tmp_path: Path) -> N
         assert j.budget == tr["seconds"] == 2.5 and j.grid == 10 and j.timeout_factor == 2.5
         assert tr["eval_every_seconds"] == 0.25 and tr["seed"] == 0  # the validation spacing and seed kept
     for schedule, study in s.studies.items():
-        search_done = sorted(confirm.search_trials(study, (TrialState.COMPLETE,)), key=lambda t: (t.value, t.number))
+        search_done = sorted(extra.search_trials(study, (TrialState.COMPLETE,)), key=lambda t: (t.value, t.number))
         long = [t for t in study.trials if TRANSFER_ATTR in t.user_attrs]
         assert [t.user_attrs[TRANSFER_ATTR]["of"] for t in long] == [t.number for t in search_done[:2]]
         for t in long:
@@ -353,10 +356,10 @@ def test_a_killed_search_resumes_its_transfer_check(tmp_path: Path) -> None:
     study = optuna.create_study(direction="minimize")
     for b, v in [(1, 1.0), (2, 2.0)]:
         _add(study, b, v)
-    transfer.enqueue(study, transfer.plan(study, 2), 2.0)
+    extra.enqueue_transfers(study, extra.transfer_plan(study, 2), 2.0)
     first = study.ask()  # a worker took the first one and finished it ...
     study.tell(first, 5.0)
     # ... and was killed: one long run is left, and planning again queues nothing more.
-    assert transfer.enqueue(study, transfer.plan(study, 2), 2.0) == 0
+    assert extra.enqueue_transfers(study, extra.transfer_plan(study, 2), 2.0) == 0
     left = study.get_trials(states=(TrialState.WAITING,))
     assert [t.user_attrs[TRANSFER_ATTR]["of"] for t in left] == [1]

@@ -16,10 +16,11 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from paci_tune.errors import ConfigError
-from paci_tune.tune.best import build_best, write_best
+from paci_tune.tune.bestfile import write_best
 from paci_tune.tune.objective import Progress, grid_step, score
 from paci_tune.tune.space import TrialParams, load_space
 from paci_tune.tune.study import counted
+from paci_tune.verdict.best import build_best
 
 
 def _space(tmp_path: Path, doc: dict, **kw: int | None) -> object:
@@ -195,7 +196,8 @@ def test_trial_params_overrides_keep_the_batch_identity() -> None:
 # ----------------------------------------------------------------------------- confirmation
 def _confirmed_study(schedule: str, points: dict[int, dict[int, float]]) -> optuna.Study:
     """Search trials (micro-batch size -> its search score) plus confirmation trials per seed."""
-    from paci_tune.tune.confirm import CONFIRM_ATTR, plan
+    from paci_tune.tune.extra import confirm_plan as plan
+    from paci_tune.tune.record import CONFIRM as CONFIRM_ATTR
 
     study = optuna.create_study(study_name=f"t.{schedule}", direction="minimize")
     dists = {"stages": CategoricalDistribution([2, 4]), "microbatch_size": CategoricalDistribution([4, 8, 16])}
@@ -247,7 +249,7 @@ def test_an_interval_that_contains_one_is_a_tie() -> None:
 
 def test_the_bootstrap_interval_against_its_definition() -> None:
     """Oracle: the ratio of means, and an interval that shrinks to the point when every seed agrees."""
-    from paci_tune.tune.confirm import Confirmed, paired_speedup
+    from paci_tune.verdict.confirm import Confirmed, paired_speedup
 
     p = TrialParams("paci", 2, 4, 8)
     same = paired_speedup(Confirmed(0, p, {1: 4.0, 2: 4.0, 3: 4.0}), Confirmed(1, p, {1: 2.0, 2: 2.0, 3: 2.0}))

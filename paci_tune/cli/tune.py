@@ -1,7 +1,8 @@
 """``paci-tune search`` and ``paci-tune apply``: the tuner's command line.
 
-The work is the tune layer's (:mod:`paci_tune.tune.session`, :mod:`paci_tune.tune.apply`); this
-module parses options and shows progress and the result. May import: every layer, click, rich.
+The work is the tune and verdict layers' (:mod:`paci_tune.tune.session`, :mod:`paci_tune.verdict.recommend`,
+:mod:`paci_tune.tune.apply`); this module parses options and shows progress and the result. May import:
+every layer, click, rich.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
     """
     import optuna
 
-    from ..tune.session import open_search, recommend
+    from ..tune.session import open_search
+    from ..verdict.recommend import recommend
     from .search_view import SearchView
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the view reports trials; Optuna's INFO lines repeat it
@@ -81,7 +83,8 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
 
 
 def _existing_rows(studies: dict[str, Any], fixed_batch: int | None) -> list[dict[str, Any]]:
-    from ..tune.best import params_of
+    from ..tune.record import TrialRecord
+    from ..verdict.best import params_of
 
     rows = []
     for schedule, study in studies.items():
@@ -89,11 +92,10 @@ def _existing_rows(studies: dict[str, Any], fixed_batch: int | None) -> list[dic
             if not t.state.is_finished() or not t.params:
                 continue
             state = t.state.name.lower().replace("fail", "failed")
-            note = t.user_attrs.get("fail_reason") or (
-                f"pruned at step {t.user_attrs.get('pruned_step')}" if state == "pruned" else "from the storage"
-            )
+            r = TrialRecord.read(t)
+            note = r.fail_reason or (f"pruned at step {r.pruned_step}" if state == "pruned" else "from the storage")
             rows.append({"schedule": schedule, "number": t.number, "point": params_of(t, schedule, fixed_batch).label(),
-                         "state": state, "ttt": t.user_attrs.get("time_to_target"), "note": note,
+                         "state": state, "ttt": r.time_to_target, "note": note,
                          "value": t.value})  # fmt: skip
     return rows
 
@@ -130,7 +132,7 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
         iv = f" (95% interval {interval[0]:g}-{interval[1]:g})" if interval else ""
         stderr(f"verdict: {best['verdict']} -- PACI's best over flush's best {best['paci_speedup_vs_flush']:g}x{iv}; "
                f"speedup_vs_flush {best['speedup_vs_flush']:g}x")  # fmt: skip
-    from ..tune.transfer import summary_line
+    from ..verdict.transfer import summary_line
 
     if (line := summary_line(best.get("transfer_check"))) is not None:
         stderr(line)

@@ -120,7 +120,7 @@ class ConfirmConfig:
 class TransferConfig:
     """After the search, train the ``top`` best distinct points of each schedule once more at ``factor``
     times the trial budget, and write how well the short trials' ranking predicts the long runs'
-    (Spearman's rank correlation, :mod:`paci_tune.tune.transfer`). ``top: 0`` (the default): off.
+    (Spearman's rank correlation, :mod:`paci_tune.verdict.transfer`). ``top: 0`` (the default): off.
     """
 
     top: int = 0

@@ -3,8 +3,9 @@
 :func:`make_report` reads a search's evidence (:mod:`.gather`: best.yaml and its Optuna studies),
 draws the search (:mod:`.figures`) and the recommendation (:mod:`.verdict`), and writes PNGs
 plus a self-contained ``index.html`` (:mod:`.page`); the words are :mod:`.summary`'s. The
-terminal rendering is the command line's (:mod:`paci_tune.cli.report`). May import: the tune
-layer and everything below it, matplotlib, optuna.
+terminal rendering is the command line's (:mod:`paci_tune.cli.report`). May import: the verdict
+layer and what it reads (:mod:`paci_tune.verdict`, :mod:`paci_tune.tune`, :mod:`paci_tune.sim`,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`), matplotlib, optuna.
 """
 
 from __future__ import annotations

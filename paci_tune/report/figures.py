@@ -4,7 +4,7 @@ Each ``draw_*`` builds a matplotlib figure from the :class:`~.gather.Evidence` a
 (tests read the figure's axes and series; :func:`save` writes it as a PNG, atomically). A picture
 that has nothing to show (importances of a study with one finished trial) is ``None`` with the
 reason, never an empty frame. The recommendation's own pictures are in :mod:`.verdict`. May
-import: matplotlib, optuna, :mod:`.gather`, :mod:`paci_tune.tune`, :mod:`paci_tune.base`.
+import: matplotlib, optuna, :mod:`.gather`, :mod:`paci_tune.verdict`, :mod:`paci_tune.tune`, :mod:`paci_tune.base`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..base.files import atomic_write
-from ..tune.plot import draw_search
+from ..verdict.plot import draw_search
 from .gather import Evidence, TrialRow
 
 if TYPE_CHECKING:
@@ -140,13 +140,13 @@ def draw_microbatch(ev: Evidence) -> Figure:
 def importances(ev: Evidence) -> dict[str, dict[str, float] | str]:
     """Optuna's own parameter importances per schedule (fANOVA) over its search trials, or why there are none.
 
-    Confirmation and transfer-check runs are left out (:func:`paci_tune.tune.confirm.is_extra`): a
+    Confirmation and transfer-check runs are left out (:func:`paci_tune.tune.record.is_extra`): a
     long run's score is on another budget's scale. Optuna reads a whole study, so the search trials
     are copied into an in-memory one.
     """
     import optuna
 
-    from ..tune.confirm import is_extra
+    from ..tune.record import is_extra
 
     out: dict[str, dict[str, float] | str] = {}
     for s, study in ev.studies.items():

@@ -4,7 +4,8 @@ A search leaves two things: the recommendation (``best.yaml``, with the verdict,
 and the provenance naming its storage and study) and the Optuna studies ``NAME.paci`` /
 ``NAME.1f1b`` holding every trial. The report reads both and nothing else, so it can be made on
 any machine that reaches the storage, long after the search, and it shows the same numbers the
-recommendation was made from. May import: optuna, :mod:`paci_tune.tune`, :mod:`paci_tune.base`.
+recommendation was made from. May import: optuna, :mod:`paci_tune.verdict`, :mod:`paci_tune.tune`,
+:mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ..errors import ConfigError
-from ..tune.best import params_of, read_best, trial_counts
-from ..tune.confirm import CONFIRM_ATTR, TRANSFER_ATTR, is_confirmation
+from ..tune.bestfile import BestFile, read_best
+from ..tune.record import StudyRecord, TrialRecord
 from ..tune.space import TrialParams
 from ..tune.study import open_storage
+from ..verdict.best import params_of, trial_counts
 
 SCHEDULES = ("paci", "1f1b")
 
@@ -45,7 +47,7 @@ class TrialRow:
 
     @property
     def is_search(self) -> bool:
-        """A search trial: not a confirmation or transfer-check run (:func:`paci_tune.tune.confirm.is_extra`)."""
+        """A search trial: not a confirmation or transfer-check run (:func:`paci_tune.tune.record.is_extra`)."""
         return self.confirmation_of is None and self.transfer_of is None
 
     @property
@@ -61,7 +63,7 @@ class Evidence:
     storage: str
     studies: dict[str, optuna.Study]
     rows: dict[str, list[TrialRow]]
-    best: dict[str, Any] | None
+    best: BestFile | None
     target: float | None
     budget: float | None
     clock: str
@@ -70,11 +72,11 @@ class Evidence:
         """The schedule's chosen search trial: best.yaml's (confirmed) pick, else its best single draw."""
         wanted = None
         if self.best is not None:
-            if self.best["recommended"]["schedule"] == schedule:
-                wanted = _trial_number(self.best["evidence"].get("trial"))
-            elif schedule == "1f1b" and self.best.get("baseline"):
-                wanted = _trial_number(self.best["baseline"].get("trial"))
-            elif (rows := (self.best.get("confirmation") or {}).get(schedule)) and rows:
+            if self.best.recommended.schedule == schedule:
+                wanted = _trial_number(self.best.evidence.trial if self.best.evidence else None)
+            elif schedule == "1f1b" and self.best.baseline:
+                wanted = _trial_number(self.best.baseline.get("trial"))
+            elif (rows := (self.best.confirmation or {}).get(schedule)) and rows:
                 wanted = min(rows, key=lambda r: r["mean"])["trial"]
         search = [r for r in self.rows.get(schedule, []) if r.is_search]
         if wanted is not None:
@@ -106,8 +108,8 @@ def gather(best_path: str | Path | None, storage: str | None, study_name: str | 
     them (the search ran elsewhere, its database moved). Without best.yaml the report shows the
     studies as they stand, and says there is no recommendation yet.
     """
-    best = read_best(best_path) if best_path is not None else None
-    prov = (best or {}).get("provenance") or {}
+    best = read_best(best_path, trainable=False) if best_path is not None else None
+    prov = (best.provenance if best is not None else None) or {}
     storage = storage or prov.get("storage")
     name = study_name or prov.get("study_name")
     if not storage or not name:
@@ -122,7 +124,7 @@ def gather(best_path: str | Path | None, storage: str | None, study_name: str | 
         known = sorted({n.rsplit(".", 1)[0] for n in names})
         raise ConfigError("--study-name", name, f"a search stored in {storage}: {', '.join(known) or 'none'}")
     # The studies' fingerprint (tune.setup.fingerprint) holds the search's own target, budget and space.
-    fp = next((st.user_attrs["fingerprint"] for st in studies.values() if "fingerprint" in st.user_attrs), {})
+    fp = next((f for st in studies.values() if (f := StudyRecord.read(st).fingerprint) is not None), {})
     batch = (fp.get("space") or {}).get("global_batch")
     fixed = int(batch) if isinstance(batch, int) else None
     rows = {s: [_row(t, s, fixed) for t in st.get_trials(deepcopy=False)] for s, st in studies.items()}
@@ -131,24 +133,21 @@ def gather(best_path: str | Path | None, storage: str | None, study_name: str | 
 
 
 def _row(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialRow:
-    a = t.user_attrs
+    r = TrialRecord.read(t)
     state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
              TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}[t.state]  # fmt: skip
     point = params_of(t, schedule, fixed_batch) if "stages" in t.params and "microbatch_size" in t.params else None
-    reason = a.get("fail_reason")
-    if a.get("infeasible"):  # a sampler's proposal outside the device budget, answered without training
+    reason = r.fail_reason
+    if r.infeasible:  # a sampler's proposal outside the device budget, answered without training
         state, reason = "infeasible", "outside the device budget (unrun)"
     elif state == "pruned":
-        where = a.get("pruned_clock")
-        reason = f"pruned at step {a.get('pruned_step')}" + (f" ({where:.3g}s)" if isinstance(where, float) else "")
-    conf = a.get(CONFIRM_ATTR) if is_confirmation(t) else None
-    long = a.get(TRANSFER_ATTR)
+        where = r.pruned_clock
+        reason = f"pruned at step {r.pruned_step}" + (f" ({where:.3g}s)" if isinstance(where, float) else "")
     return TrialRow(
         schedule=schedule, number=t.number, state=state, point=point, score=t.value,
-        time_to_target=a.get("time_to_target"), best_val_loss=a.get("best_val_loss"),
-        curve=[(float(c), float(v)) for c, v in a.get("curve") or []], reason=reason,
-        confirmation_of=None if conf is None else int(conf["of"]), seed=None if conf is None else int(conf["seed"]),
-        attrs=dict(a), transfer_of=None if long is None else int(long["of"]),
+        time_to_target=r.time_to_target, best_val_loss=r.best_val_loss,
+        curve=[(float(c), float(v)) for c, v in r.curve or []], reason=reason,
+        confirmation_of=r.confirm_of, seed=r.seed, attrs=dict(r.attrs), transfer_of=r.transfer_of,
     )  # fmt: skip
 
 

@@ -30,13 +30,13 @@ def verdict_sentence(ev: Evidence) -> str:
     if best is None:
         return (f"No recommendation yet: study {ev.name} has no best.yaml (run `paci-tune search` to finish it); "
                 "the tables show its trials as they stand.")  # fmt: skip
-    r = best["recommended"]
-    d = r.get("data_parallel", 1)
-    where = f" x D={d} on {r.get('devices', r['stages'] * d)} devices" if d != 1 else ""
-    bw = r.get("backward_weights")
+    r = best.recommended
+    d = 1 if r.data_parallel is None else r.data_parallel
+    where = f" x D={d} on {r.devices if r.devices is not None else r.stages * d} devices" if d != 1 else ""
+    bw = r.backward_weights
     w = f" w={bw}" if bw not in (None, "forward") else ""  # as a trial's label: only the non-default value
-    point = f"{r['schedule']} P={r['stages']}{where} a={r['window']} b={r['microbatch_size']}{w} lr={r['lr']:.3g}"
-    sp, iv, verdict = best.get("paci_speedup_vs_flush"), best.get("paci_speedup_interval"), best.get("verdict")
+    point = f"{r.schedule} P={r.stages}{where} a={r.window} b={r.microbatch_size}{w} lr={r.lr:.3g}"
+    sp, iv, verdict = best.paci_speedup_vs_flush, best.paci_speedup_interval, best.verdict
     if sp is None:
         return f"Recommended {point}; no flush baseline finished, so there is no comparison."
     if iv:
@@ -94,7 +94,7 @@ def counts(ev: Evidence) -> Table:
 
 
 def compute(ev: Evidence) -> Table:
-    prov = (ev.best or {}).get("provenance") or {}
+    prov = (ev.best.provenance if ev.best else None) or {}
     used = prov.get("compute") or {}
     rows = [[k.removesuffix("_s").replace("_", " "), _g(v, " s")] for k, v in used.items()]
     rows.append(["storage", ev.storage])

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 def profile_path(ev: Evidence) -> Path | None:
     """The cost profile the search's trials were timed with, when it still exists."""
-    run = (ev.best or {}).get("run") or {}
+    run = (ev.best.run if ev.best else None) or {}
     path = (run.get("training") or {}).get("profile")
     return Path(path) if path and Path(path).is_file() else None
 
@@ -124,7 +124,7 @@ def draw_drift(ev: Evidence) -> Figure | None:
 
 def seed_ratios(ev: Evidence) -> dict[int, float]:
     """Flush's score over PACI's, per paired confirmation seed of the two chosen points."""
-    conf = (ev.best or {}).get("confirmation") or {}
+    conf = (ev.best.confirmation if ev.best else None) or {}
     picks = {}
     for s in ("paci", "1f1b"):
         rows = conf.get(s) or []
@@ -138,10 +138,9 @@ def seed_ratios(ev: Evidence) -> dict[int, float]:
 
 def draw_speedup(ev: Evidence) -> Figure | None:
     """The speedup with its interval; None when best.yaml has no PACI-vs-flush figure."""
-    best = ev.best or {}
-    point = best.get("paci_speedup_vs_flush")
-    if point is None:
+    if ev.best is None or (point := ev.best.paci_speedup_vs_flush) is None:
         return None
+    best = ev.best
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 2.6))
     ratios = seed_ratios(ev)
@@ -150,7 +149,7 @@ def draw_speedup(ev: Evidence) -> Figure | None:
         for i, (seed, r) in enumerate(ratios.items()):  # staggered: equal ratios must stay legible
             ax.annotate(f"seed {seed}", (r, 0.15), textcoords="offset points", xytext=(0, 6 + 9 * (i % 3)),
                         ha="center", fontsize=7)  # fmt: skip
-    interval = best.get("paci_speedup_interval")
+    interval = best.paci_speedup_interval
     if interval:
         label = f"ratio of means, 95% interval [{interval[0]:.3g}, {interval[1]:.3g}]"
         ax.errorbar([point], [0], xerr=[[point - interval[0]], [interval[1] - point]], fmt="o", color="black",
@@ -161,7 +160,7 @@ def draw_speedup(ev: Evidence) -> Figure | None:
     ax.set_yticks([])
     ax.set_ylim(-0.5, 0.6)
     ax.set_xlabel("PACI speedup over flush (flush's score / PACI's; > 1: PACI faster)")
-    ax.set_title(f"verdict: {best.get('verdict')}")
+    ax.set_title(f"verdict: {best.verdict}")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig, derive_run
-from .bestfile import load_best
+from .bestfile import read_best
 
 
 def apply_run(best: str | Path, overrides: dict[str, Any], *, until: str = "target") -> RunConfig:
@@ -20,8 +20,8 @@ def apply_run(best: str | Path, overrides: dict[str, Any], *, until: str = "targ
 
     ``until="budget"`` trains through the whole budget instead of stopping at the target.
     """
-    doc, _ = load_best(best)  # the whole file checked first: a bad value never reaches a run
-    run_doc = doc["run"]
+    best_file = read_best(best)  # the whole file checked first: a bad value never reaches a run
+    run_doc = best_file.run
     best_path = Path(best).resolve()
     over = dict(overrides)
     if until == "budget":
@@ -31,7 +31,7 @@ def apply_run(best: str | Path, overrides: dict[str, Any], *, until: str = "targ
         # A checkpoint drains the pipeline, which changes PACI's numbers after it. On the trial's own
         # budget, checkpoints go every trial-length, so the steps the trial ran are trained exactly as
         # it trained them; on another budget (the LR schedule changes anyway), about four over the run.
-        trial_steps = (doc.get("evidence") or {}).get("steps") or 100
+        trial_steps = best_file.trial_steps or 100
         steps = over.get("training.steps")
         over["training.checkpoint_every"] = int(trial_steps) if steps is None else max(1, int(steps) // 4)
     if over.get("training.steps") is not None:

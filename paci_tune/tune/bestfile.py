@@ -1,4 +1,8 @@
-"""Reading ``best.yaml`` for ``paci-tune apply``: the whole file checked before anything runs.
+"""``best.yaml``'s schema: typed sections, the one reader and the writer.
+
+A search's verdict (:mod:`paci_tune.verdict.best`) builds the document; :func:`write_best` writes it
+through :class:`BestFile`, and :func:`read_best` -- the only reader, for ``paci-tune apply`` and for
+``paci-tune report`` -- checks the whole file before anything runs and returns a :class:`BestFile`.
 
 ``apply`` trains ``run`` and reads ``evidence.steps`` (where its first checkpoint goes), so those
 are validated as strictly as a run config; ``recommended``, ``evidence``, ``target`` and ``budget``
@@ -10,24 +14,39 @@ the run's ``pipeline`` section is accepted in ``recommended`` too, so the file g
 ``recommended.backward_weights`` is null (flush) or PACI's value, the run's ``pipeline.backward_weights``;
 a file from before the key has none and trains the run as written. May import: :mod:`paci_tune.pipeline`
 (its checks), :mod:`paci_tune.model`, :mod:`paci_tune.config`, :mod:`paci_tune.base`,
-:mod:`paci_tune.errors` and the tune layer's :mod:`.best` and :mod:`.choices`.
+:mod:`paci_tune.errors` and the tune layer's :mod:`.choices`.
+
+A report reads the file with ``trainable=False``: every section is checked the same way except
+``run``, which it only shows (it is not derived, so a report needs neither the model nor the data).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..base.files import read_mapping
+from ..base.files import read_mapping, write_yaml
 from ..config import PipelineConfig, RunConfig, derive_run
 from ..config.schema import from_dict
 from ..config.tune import BudgetConfig, TargetConfig
 from ..errors import ConfigError
 from ..model.loader import MAX_UNITS
 from ..pipeline.checks import check_model_and_data
-from .best import EVIDENCE, RECOMMENDED
 from .choices import BACKWARD_WEIGHTS
+
+EVIDENCE = (
+    "clock_tokens_per_s", "clock_step_time_s", "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift",
+    "measured_peak_memory_bytes", "memory_measured_per", "predicted_peak_memory_bytes", "clock_used", "partition",
+)  # fmt: skip
+"""A trial's figures ``best.yaml`` shows; the ``clock_`` ones are on the objective's clock."""
+
+RECOMMENDED = ("schedule", "stages", "data_parallel", "devices", "window", "microbatch_size", "partition",
+               "global_batch", "lr", "lr_scale", "backward_weights")  # fmt: skip
+"""The keys of ``best.yaml``'s ``recommended`` (``apply`` checks them against the run it trains)."""
+
+HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}`.\n"
 
 EVIDENCE_KEYS = ("trial", "time_to_target", "reached_target", "best_val_loss", "score", *EVIDENCE, "steps")
 INFORMATIVE: dict[str, tuple[type, ...]] = {
@@ -46,8 +65,137 @@ TOP = ("recommended", "evidence", "target", "budget", "run", *INFORMATIVE)
 WHAT = "a file written by `paci-tune search`: recommended, evidence, ..., run"
 
 
-def load_best(path: str | Path) -> tuple[dict[str, Any], RunConfig]:
-    """The document and its validated ``run``; a ConfigError naming ``best.yaml``'s key otherwise."""
+# ------------------------------------------------------------------------------------ the schema
+@dataclass(frozen=True)
+class Recommended:
+    """``recommended``: the point ``apply`` trains (``extra``: other ``pipeline`` keys a file may carry)."""
+
+    schedule: str | None = None
+    stages: int | None = None
+    data_parallel: int | None = None
+    devices: int | None = None
+    window: int | None = None
+    microbatch_size: int | None = None
+    partition: list[int] | None = None
+    global_batch: int | None = None
+    lr: float | None = None
+    lr_scale: float | None = None
+    backward_weights: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] = RECOMMENDED  # the keys present, in the file's order
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Recommended:
+        return cls(**{k: doc[k] for k in RECOMMENDED if k in doc},
+                   extra={k: v for k, v in doc.items() if k not in RECOMMENDED}, keys=tuple(doc))  # fmt: skip
+
+    def to_doc(self) -> dict[str, Any]:
+        return {k: getattr(self, k) if k in RECOMMENDED else self.extra[k] for k in self.keys}
+
+
+@dataclass(frozen=True)
+class BestEvidence:
+    """``evidence``: the recommended point's search trial (``figures``: its :data:`EVIDENCE`)."""
+
+    trial: str | None = None
+    time_to_target: float | None = None
+    reached_target: bool | None = None
+    best_val_loss: float | None = None
+    score: float | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    steps: int | None = None
+    keys: tuple[str, ...] = EVIDENCE_KEYS
+
+    _OWN = ("trial", "time_to_target", "reached_target", "best_val_loss", "score", "steps")
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> BestEvidence:
+        return cls(**{k: doc[k] for k in cls._OWN if k in doc},
+                   figures={k: v for k, v in doc.items() if k not in cls._OWN}, keys=tuple(doc))  # fmt: skip
+
+    def to_doc(self) -> dict[str, Any]:
+        return {k: getattr(self, k) if k in self._OWN else self.figures[k] for k in self.keys}
+
+
+@dataclass(frozen=True)
+class BestFile:
+    """``best.yaml``, typed: what :func:`read_best` returns and what :func:`write_best` writes.
+
+    ``run`` is the run document as written; ``run_config`` the run derived and checked from it (read
+    for ``apply``; None when read for a report or built for writing). The informative sections keep
+    their plain mappings. ``keys``: the top-level keys present, in order (a section the search did not
+    write stays absent, one it wrote as null stays null).
+    """
+
+    recommended: Recommended
+    run: dict[str, Any]
+    evidence: BestEvidence | None = None
+    confirmation: dict[str, Any] | None = None
+    transfer_check: dict[str, Any] | None = None
+    baseline: dict[str, Any] | None = None
+    speedup_vs_flush: float | None = None
+    paci_speedup_vs_flush: float | None = None
+    paci_speedup_interval: list[float] | None = None
+    verdict: str | None = None
+    paci_won: bool | None = None
+    speedup_note: str | None = None
+    target: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
+    provenance: dict[str, Any] | None = None
+    keys: tuple[str, ...] = ("recommended", "evidence", "run")
+    run_config: RunConfig | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any], run_config: RunConfig | None = None) -> BestFile:
+        """The typed file of a document (its shape as :func:`read_best` checks it; nothing checked here)."""
+        ev = doc.get("evidence")
+        return cls(
+            recommended=Recommended.from_doc(doc["recommended"]), run=doc["run"],
+            evidence=BestEvidence.from_doc(ev) if isinstance(ev, dict) else None,
+            **{k: doc.get(k) for k in TOP if k not in ("recommended", "evidence", "run")},
+            keys=tuple(doc), run_config=run_config,
+        )  # fmt: skip
+
+    def to_doc(self) -> dict[str, Any]:
+        """The document, in its key order (YAML-safe: tuples as lists, numpy/torch scalars as numbers)."""
+        out: dict[str, Any] = {}
+        for k in self.keys:
+            v = getattr(self, k)
+            out[k] = v.to_doc() if isinstance(v, (Recommended, BestEvidence)) else v
+        return _plain(out)
+
+    @property
+    def trial_steps(self) -> int | None:
+        """The recommended trial's steps (where ``apply``'s first checkpoint goes)."""
+        return self.evidence.steps if self.evidence is not None else None
+
+
+# ------------------------------------------------------------------------------------ writing
+def write_best(path: str | Path, best: BestFile | dict[str, Any]) -> None:
+    """Write ``best.yaml`` from :class:`BestFile` (a document is typed first), atomically: a reader sees
+    the old file or the whole new one."""
+    typed = best if isinstance(best, BestFile) else BestFile.from_doc(best)
+    write_yaml(path, typed.to_doc(), header=HEADER.format(name=Path(path).name))
+
+
+def _plain(x: Any) -> Any:
+    """YAML-safe copy: tuples to lists, numpy/torch scalars to Python numbers."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):
+        return x.item()
+    return x
+
+
+# ------------------------------------------------------------------------------------ reading
+def read_best(path: str | Path, *, trainable: bool = True) -> BestFile:
+    """The typed file; a ConfigError naming ``best.yaml``'s key, the value and what is allowed otherwise.
+
+    ``trainable`` (``apply``): ``run`` is derived and checked as a run config, with its model and data,
+    and ``recommended`` compared with it. Without (a report): ``run`` need only be a mapping.
+    """
     doc = read_mapping(path, "best.yaml", WHAT)
     for k, v in doc.items():
         if k not in TOP:
@@ -59,43 +207,50 @@ def load_best(path: str | Path) -> tuple[dict[str, Any], RunConfig]:
         v = doc.get(k)
         if v is not None and (not isinstance(v, kinds) or (bool not in kinds and isinstance(v, bool))):
             raise ConfigError(f"best.yaml.{k}", v, f"null or {' or '.join(t.__name__ for t in kinds)}")
-    try:
-        run = derive_run(doc["run"])
-        check_model_and_data(run)  # the run as apply would train it: its model and data, before the rest
-    except ConfigError as e:
-        raise ConfigError(f"best.yaml.run.{e.key}", e.value, e.allowed) from None
+    run: RunConfig | None = None
+    if trainable:
+        try:
+            run = derive_run(doc["run"])
+            check_model_and_data(run)  # the run as apply would train it: its model and data, before the rest
+        except ConfigError as e:
+            raise ConfigError(f"best.yaml.run.{e.key}", e.value, e.allowed) from None
     _check_recommended(doc["recommended"], run)
     _check_evidence(doc.get("evidence"))
     for key, cls in (("target", TargetConfig), ("budget", BudgetConfig)):
         if doc.get(key) is not None:
             from_dict(cls, doc[key], f"best.yaml.{key}").check(f"best.yaml.{key}", require=False)
-    return doc, run
+    return BestFile.from_doc(doc, run)
 
 
-def _check_recommended(rec: dict[str, Any], run: RunConfig) -> None:
+def _check_recommended(rec: dict[str, Any], run: RunConfig | None) -> None:
+    """``recommended``'s keys and values; compared with ``run`` when there is one (``apply``)."""
     allowed = (*RECOMMENDED, *(f.name for f in dataclasses.fields(PipelineConfig) if f.name not in RECOMMENDED))
     for k, v in rec.items():
         if k not in allowed:
             raise ConfigError(f"best.yaml.recommended.{k}", v, "a key of " + ", ".join(allowed))
-    p = run.pipeline
-    same = {**{k: getattr(p, k) for k in ("schedule", "stages", "window", "microbatch_size", "data_parallel")},
-            "global_batch": run.training.global_batch, "lr": run.optimizer.lr,
-            "devices": run.layout.devices}  # fmt: skip
-    for k, want in same.items():
-        v = rec.get(k)
-        if k in rec and (type(v) is bool or v != want):
-            raise ConfigError(f"best.yaml.recommended.{k}", v, f"{want!r}, what the run apply trains says")
+    p = run.pipeline if run is not None else None
+    if run is not None:
+        same = {**{k: getattr(p, k) for k in ("schedule", "stages", "window", "microbatch_size", "data_parallel")},
+                "global_batch": run.training.global_batch, "lr": run.optimizer.lr,
+                "devices": run.layout.devices}  # fmt: skip
+        for k, want in same.items():
+            v = rec.get(k)
+            if k in rec and (type(v) is bool or v != want):
+                raise ConfigError(f"best.yaml.recommended.{k}", v, f"{want!r}, what the run apply trains says")
     part = rec.get("partition")
-    if part is not None and (not isinstance(part, list) or len(part) != p.stages
+    stages = p.stages if p is not None else None
+    if part is not None and (not isinstance(part, list) or (stages is not None and len(part) != stages)
                              or any(type(n) is not int or not 1 <= n <= MAX_UNITS for n in part)):  # fmt: skip
-        raise ConfigError("best.yaml.recommended.partition", part, f"null or {p.stages} positive unit counts")
+        raise ConfigError("best.yaml.recommended.partition", part, f"null or {stages or 'P'} positive unit counts")
     scale = rec.get("lr_scale")
     if scale is not None and not _number(scale, 1e3):
         raise ConfigError("best.yaml.recommended.lr_scale", scale, "a positive number up to 1000")
     bw = rec.get("backward_weights")  # absent in files written before the key: nothing to compare
-    if bw is not None and (not isinstance(bw, str) or bw not in BACKWARD_WEIGHTS or bw != p.backward_weights):
-        raise ConfigError("best.yaml.recommended.backward_weights", bw, f"null or {p.backward_weights!r}, what the "
-                          f"run apply trains says (one of {', '.join(BACKWARD_WEIGHTS)})")  # fmt: skip
+    if bw is not None and (not isinstance(bw, str) or bw not in BACKWARD_WEIGHTS
+                           or (p is not None and bw != p.backward_weights)):  # fmt: skip
+        want = f"{p.backward_weights!r}, what the run apply trains says (one of" if p is not None else "one of ("
+        raise ConfigError("best.yaml.recommended.backward_weights", bw,
+                          f"null or {want} {', '.join(BACKWARD_WEIGHTS)})")  # fmt: skip
 
 
 NUMBERS = ("time_to_target", "best_val_loss", "score", "clock_tokens_per_s", "clock_step_time_s",

@@ -8,9 +8,9 @@ and every confirmation seed, and at a transfer check's longer budget -- and vali
 trial does: the schema, the data it must draw from, the device and backend, and a given profile
 against the model. A grid too large to walk is checked at its corners. The output paths are
 checked too, so nothing is measured or trained for a result that cannot be written. May import:
-:mod:`paci_tune.pipeline`, :mod:`paci_tune.data`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`,
+:mod:`paci_tune.pipeline`, :mod:`paci_tune.data`, :mod:`paci_tune.model`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`,
 :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's :mod:`.space`, :mod:`.search`,
-:mod:`.confirm`.
+:mod:`.extra`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..base.files import check_writable
 from ..config import RunConfig, derive_run
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
-from .confirm import confirm_seeds
+from .extra import confirm_seeds
 from .search import Search
 from .space import SearchSpace, TrialParams
 

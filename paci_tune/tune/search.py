@@ -8,7 +8,7 @@ A point already run (samplers propose repeats in small discrete spaces) is not t
 a finished one's result is copied, a deterministic failure (out of memory, divergence) repeated,
 and a pruned one's curve is replayed against the pruner, which trains it only if it now survives
 past the point where it was stopped. May import: optuna, :mod:`paci_tune.pipeline` (predicted memory),
-:mod:`paci_tune.sim`, :mod:`paci_tune.config` and the tune layer's own modules.
+:mod:`paci_tune.sim`, :mod:`paci_tune.config`, :mod:`paci_tune.base` and the tune layer's own modules.
 """
 
 from __future__ import annotations
@@ -27,20 +27,16 @@ from optuna.trial import FrozenTrial, TrialState
 from ..base.processes import threads_per_process
 from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
-from . import confirm, transfer
-from .confirm import CONFIRM_ATTR, TRANSFER_ATTR, confirm_seeds, is_extra
+from . import extra, record
+from .extra import confirm_seeds
 from .objective import Progress
+from .record import Outcome, PointAttrs, TrialRecord
 from .runner import TrialJob, TrialResult, TrialRunner
 from .setup import trial_runtime
 from .space import SearchSpace, TrialParams
 from .study import HOST, Heartbeat, claim, counted, reap_dead, running_elsewhere
 
 DETERMINISTIC_FAILURES = ("oom", "diverged", "rejected")
-EVIDENCE_KEYS = (
-    "clock_tokens_per_s", "clock_step_time_s", "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift",
-    "peak_memory_bytes", "memory_measured_per", "partition", "steps",
-)  # fmt: skip
-"""Summary figures kept on each trial; the ``clock_`` ones are on the objective's clock."""
 
 
 @dataclass
@@ -80,7 +76,7 @@ class Search:
 
     def run(self) -> None:
         """Run trials until every schedule's study holds its quota of finished trials, then confirm, then
-        run the transfer check (:mod:`.transfer`: it decides nothing, so the confirmation comes first)."""
+        run the transfer check (:mod:`.extra`: it decides nothing, so the confirmation comes first)."""
         while True:
             for study in self.studies.values():
                 reap_dead(study, self.tune.search.retries, self.tune.search.heartbeat_grace)
@@ -106,8 +102,8 @@ class Search:
             return None
         seeds = confirm_seeds(self.tune.run.training.seed, c.seeds)
         for study in self.studies.values():
-            confirm.enqueue(study, confirm.plan(study, c.top), seeds)
-        return next((s for s, study in self.studies.items() if confirm.waiting(study)), None)
+            extra.enqueue_confirmations(study, extra.confirm_plan(study, c.top), seeds)
+        return next((s for s, study in self.studies.items() if extra.waiting(study)), None)
 
     def _next_transfer(self) -> str | None:
         """Once every quota is met and no confirmation waits: plan and queue the transfer check's long runs."""
@@ -115,8 +111,8 @@ class Search:
         if not tc.enabled:
             return None
         for study in self.studies.values():
-            transfer.enqueue(study, transfer.plan(study, tc.top), tc.factor)
-        return next((s for s, study in self.studies.items() if transfer.queued(study)), None)
+            extra.enqueue_transfers(study, extra.transfer_plan(study, tc.top), tc.factor)
+        return next((s for s, study in self.studies.items() if extra.transfer_queued(study)), None)
 
     # ------------------------------------------------------------------------- one trial
     def run_trial(self, schedule: str) -> None:
@@ -124,14 +120,11 @@ class Search:
         trial = study.ask()
         claim(trial)
         params = self.space.suggest(trial, schedule)
-        seed = (trial.user_attrs.get(CONFIRM_ATTR) or {}).get("seed")
-        factor = float((trial.user_attrs.get(TRANSFER_ATTR) or {}).get("factor", 1.0))
+        rec = TrialRecord.read(trial)
+        seed, factor = rec.seed, rec.factor if rec.factor is not None else 1.0
         tag = f" seed {seed}" if seed is not None else (f" x{factor:g} budget" if factor != 1.0 else "")
-        trial.set_user_attr("label", params.label() + tag)
-        trial.set_user_attr("data_parallel", params.data_parallel)
-        trial.set_user_attr("devices", params.devices)
-        if params.backward_weights is not None:  # PACI with the space's backward_weights (a fixed one is no param)
-            trial.set_user_attr("backward_weights", params.backward_weights)
+        # backward_weights: PACI with the space's backward_weights (a fixed one is no param); else not written
+        PointAttrs(params.label() + tag, params.data_parallel, params.devices, params.backward_weights).write(trial)
         note = f"confirmation, seed {seed}" if seed is not None else (
             f"transfer check, {factor:g}x the budget" if factor != 1.0 else None)  # fmt: skip
         self.on_event(SearchEvent("start", schedule, trial.number, params, reason=note))
@@ -139,7 +132,7 @@ class Search:
             self._refuse(study, trial, params, why)
             return
         with Heartbeat(study, trial._trial_id):
-            if is_extra(trial) or not self._reuse(study, trial, params):  # an extra run is trained, always
+            if rec.is_extra or not self._reuse(study, trial, params):  # an extra run is trained, always
                 self._run_fresh(study, trial, params, seed, factor)
         self.ran.append(trial.number)
 
@@ -150,8 +143,7 @@ class Search:
         same infeasible pair (17 of 24 flush proposals in the example); a pruned trial without values
         ranks below every finished one, so the sampler learns to avoid the pair.
         """
-        trial.set_user_attr("infeasible", True)
-        trial.set_user_attr("fail_reason", f"rejected: {why}")
+        record.mark_refused(trial, why)
         study.tell(trial, state=TrialState.PRUNED)
         self.on_event(SearchEvent("end", params.schedule, trial.number, params, None, None, None, "rejected",
                                   f"rejected: {why}", None))  # fmt: skip
@@ -160,7 +152,7 @@ class Search:
     def _run_fresh(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None,
                    factor: float = 1.0) -> None:  # fmt: skip
         b = self.tune.budget
-        budget, grid = transfer.long_budget(float(b.seconds or 0.0), b.grid, factor)
+        budget, grid = extra.long_budget(float(b.seconds or 0.0), b.grid, factor)
         job = TrialJob(
             params=params,
             run_doc=self.trial_doc(params, seed, factor),
@@ -178,7 +170,7 @@ class Search:
         def on_eval(step: int, progress: Progress) -> bool:
             self.on_event(SearchEvent("eval", schedule, trial.number, params, step, progress))
             if factor != 1.0:
-                return False  # a transfer check's long run: not reported, never pruned (.transfer)
+                return False  # a transfer check's long run: not reported, never pruned (.extra)
             if step in reported:
                 return False
             reported.add(step)
@@ -215,7 +207,7 @@ class Search:
         pids = {os.getpid()}
         for study in self.studies.values():
             for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                w = t.user_attrs.get("worker")
+                w = TrialRecord.read(t).worker
                 if isinstance(w, dict) and w.get("host") == HOST:
                     pids.add(int(w.get("pid", -1)))
         if len(pids) == 1:
@@ -224,33 +216,26 @@ class Search:
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, result: TrialResult) -> None:
         p = result.progress
-        attrs: dict[str, Any] = {
-            "time_to_target": p.reached_at,
-            "best_val_loss": p.best_val,
-            "clock_used": p.clock,
-            "wall_seconds": round(result.wall_seconds, 3),
-            "curve": [[round(c, 6), v] for c, v in result.evals],
-        }
+        clock_used, measured = p.clock, None
         if result.summary:
-            attrs.update({k: result.summary.get(k) for k in EVIDENCE_KEYS})
+            measured = dict(result.summary)
             stages = result.summary.get("stages", [])
-            attrs["measured_peak_memory_bytes"] = [st.get("peak_memory_bytes") for st in stages]
-            attrs["stage_drift"] = [{"max": st.get("max_drift"), "mean": st.get("mean_drift"),
-                                     "bound": st.get("drift_bound")} for st in stages]  # fmt: skip
-            attrs["clock_used"] = float(result.summary.get("clock", p.clock))
-            attrs["predicted_peak_memory_bytes"] = self._predicted_memory(params, result.summary.get("partition"))
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
+            measured["measured_peak_memory_bytes"] = [st.get("peak_memory_bytes") for st in stages]
+            measured["stage_drift"] = [{"max": st.get("max_drift"), "mean": st.get("mean_drift"),
+                                        "bound": st.get("drift_bound")} for st in stages]  # fmt: skip
+            clock_used = float(result.summary.get("clock", p.clock))
+            measured["predicted_peak_memory_bytes"] = self._predicted_memory(params, result.summary.get("partition"))
+        Outcome(p.reached_at, p.best_val, clock_used, round(result.wall_seconds, 3),
+                [[round(c, 6), v] for c, v in result.evals], measured).write(trial)  # fmt: skip
         value: float | None = None
         if result.status == "complete":
             value = p.value
             study.tell(trial, value)
         elif result.status == "pruned":
-            trial.set_user_attr("pruned_step", result.pruned_step)
-            trial.set_user_attr("pruned_clock", p.clock)
+            record.mark_pruned(trial, result.pruned_step, p.clock)
             study.tell(trial, state=TrialState.PRUNED)
         else:
-            trial.set_user_attr("fail_reason", result.reason)
+            record.mark_failed(trial, result.reason)
             study.tell(trial, state=TrialState.FAIL)
         self.on_event(
             SearchEvent("end", params.schedule, trial.number, params, result.pruned_step, p, None,
@@ -279,10 +264,7 @@ class Search:
         if earlier is None:
             return False
         if earlier.state == TrialState.COMPLETE:
-            trial.set_user_attr("repeat_of", earlier.number)
-            for k, v in earlier.user_attrs.items():
-                if k not in ("worker", "heartbeat", "label", "retry_of", "attempt", "repeat_of"):
-                    trial.set_user_attr(k, v)
+            record.copy_result(earlier, trial)
             for step, v in sorted(earlier.intermediate_values.items()):
                 trial.report(v, step)
             study.tell(trial, earlier.value)
@@ -290,29 +272,25 @@ class Search:
                                       "complete", f"same point as trial {earlier.number}", earlier.value))  # fmt: skip
             return True
         if earlier.state == TrialState.FAIL:
-            reason = str(earlier.user_attrs.get("fail_reason", ""))
+            reason = str(TrialRecord.read(earlier).fail_reason or "")
             if not reason.startswith(DETERMINISTIC_FAILURES):
                 return False
-            trial.set_user_attr("repeat_of", earlier.number)
-            trial.set_user_attr("fail_reason", f"{reason} (same point as trial {earlier.number})")
+            repeated = f"{reason} (same point as trial {earlier.number})"
+            record.copy_failure(earlier, trial, repeated)
             study.tell(trial, state=TrialState.FAIL)
             self.on_event(SearchEvent("end", params.schedule, trial.number, params, None, None, None,
-                                      "failed", trial.user_attrs.get("fail_reason"), None))  # fmt: skip
+                                      "failed", repeated, None))  # fmt: skip
             return True
         # Pruned before: replay its curve; train it again only if the pruner now lets it through.
         for step, v in sorted(earlier.intermediate_values.items()):
             trial.report(v, step)
             if trial.should_prune():
-                trial.set_user_attr("repeat_of", earlier.number)
-                trial.set_user_attr("pruned_step", step)
-                trial.set_user_attr("pruned_clock", earlier.user_attrs.get("pruned_clock"))
-                trial.set_user_attr("best_val_loss", earlier.user_attrs.get("best_val_loss"))
-                trial.set_user_attr("curve", earlier.user_attrs.get("curve"))
+                record.copy_pruned(earlier, trial, step)
                 study.tell(trial, state=TrialState.PRUNED)
                 self.on_event(SearchEvent("end", params.schedule, trial.number, params, step, None, None,
                                           "pruned", f"same point as trial {earlier.number}", None))  # fmt: skip
                 return True
-        trial.set_user_attr("rerun_of", earlier.number)  # survives where it was pruned: train it again
+        record.mark_rerun(trial, earlier.number)  # survives where it was pruned: train it again
         return False
 
     # ------------------------------------------------------------------------- configs
@@ -320,7 +298,7 @@ class Search:
         """The complete run document of one trial: the base run, the point, the budget (and a seed).
 
         ``factor``: a transfer check's long run, on ``factor`` x the budget with the same validation
-        spacing (:mod:`.transfer`); the LR schedule decays over ``training.seconds``, the longer budget.
+        spacing (:func:`.extra.long_budget`); the LR schedule decays over ``training.seconds``, the longer budget.
         """
         t, b, hw = self.tune, self.tune.budget, self.tune.hardware
         over: dict[str, Any] = dict(params.overrides())
@@ -349,7 +327,7 @@ class Search:
 def _same_point(study: optuna.Study, trial: optuna.Trial) -> FrozenTrial | None:
     """The most recent finished trial of ``study`` with exactly ``trial``'s parameters."""
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    same = [t for t in confirm.search_trials(study, done) if t.params == trial.params]
+    same = [t for t in extra.search_trials(study, done) if t.params == trial.params]
     if not same:
         return None
     complete = [t for t in same if t.state == TrialState.COMPLETE]

@@ -1,7 +1,7 @@
-"""One search from a search file: open it (space, storage, studies, profile, start points), run it,
-and turn its studies into ``best.yaml``.
+"""One search from a search file: open it (space, storage, studies, profile, start points) and run it.
 
-``paci-tune search`` is this module plus a live view. May import: optuna, :mod:`paci_tune.config`,
+Its studies become ``best.yaml`` in the verdict layer (:func:`paci_tune.verdict.recommend.recommend`);
+``paci-tune search`` is the two plus a live view. May import: optuna, :mod:`paci_tune.config`,
 :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's own modules.
 """
 
@@ -19,8 +19,6 @@ from ..base.shipped import resolve_path
 from ..config import derive_doc
 from ..config.tune import TuneConfig, load_tune_config
 from ..errors import ConfigError, Failure
-from .best import build_best, write_best
-from .confirm import confirm_seeds
 from .preflight import check_outputs, check_trials
 from .runner import SubprocessRunner
 from .search import Search, SearchEvent
@@ -98,35 +96,3 @@ def _storage_reason(e: Exception) -> str:
     if "table schema" in text:
         return f"it was written by another Optuna schema version ({text[:200]})"
     return f"{type(e).__name__}: {text[:240]}"
-
-
-def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, Any]:
-    """Build ``best.yaml`` from the studies, draw every trial's curve beside it, write it atomically."""
-    from .plot import plot_search
-
-    tune, b = session.tune, session.tune.budget
-    # apply reads the budget back: an rst clock needs its reference profile, wherever apply runs from
-    budget = {"clock": b.clock, "seconds": b.seconds, "grid": b.grid,
-              **({"profile": str(Path(b.profile).resolve())} if b.profile else {})}  # fmt: skip
-    best = build_best(
-        session.studies,
-        run_doc_for=search.trial_doc,
-        base_lr=float(tune.run.optimizer.lr),
-        fixed_batch=session.space.fixed_batch,
-        target={"metric": tune.target.metric, "value": tune.target.value},
-        budget=budget,
-        provenance={"study_name": session.name, "storage": session.storage_url, "clock": b.clock,
-                    "profile": session.profile, "space": session.space.describe(), "sampler": tune.search.sampler,
-                    "pruner": tune.search.pruner, "seed": tune.search.seed,
-                    "config": str(session.config.resolve())},
-        confirm_seeds=confirm_seeds(tune.run.training.seed, tune.search.confirm.seeds)
-        if tune.search.confirm.enabled else None,
-        transfer_factor=tune.search.transfer_check.factor if tune.search.transfer_check.enabled else None,
-    )  # fmt: skip
-    rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
-    picture = plot_search(session.studies, target=float(tune.target.value or 0), budget=float(b.seconds or 0),
-                          clock=b.clock, best=(best["recommended"]["schedule"], rec_number),
-                          path=session.workdir / "trials.png")  # fmt: skip
-    best["provenance"]["plot"] = str(picture)
-    write_best(out, best)
-    return best

@@ -11,7 +11,7 @@ refreshes every few seconds. A trial whose worker is gone (same host, pid dead) 
 heartbeat is stale (another host) is failed as ``interrupted`` and enqueued again with the same
 parameters, up to ``search.retries`` times. This works the same on SQLite, a journal file and a
 database server (Optuna's own heartbeat covers only RDB storages). May import: optuna,
-:mod:`paci_tune.config`, :mod:`paci_tune.errors`, :mod:`.space`.
+:mod:`paci_tune.config`, :mod:`paci_tune.errors`, :mod:`.space`, :mod:`.record`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..config.tune import SearchConfig
 from ..errors import ConfigError, Failure
-from .confirm import EXTRA_ATTRS, is_extra
+from .record import Claim, Retry, StudyRecord, TrialRecord, fail_interrupted
 from .space import SearchSpace
 
 HEARTBEAT_S = 5.0
@@ -138,10 +138,9 @@ def open_studies(
             study_name=f"{name}.{schedule}", storage=storage, direction="minimize", load_if_exists=True,
             sampler=make_sampler(search, space, i), pruner=make_pruner(search, grid),
         )  # fmt: skip
-        stored = study.user_attrs.get("fingerprint")
+        stored = StudyRecord.read(study).fingerprint
         if stored is None:
-            study.set_user_attr("fingerprint", fingerprint)
-            study.set_user_attr("schedule", schedule)
+            StudyRecord.write_fingerprint(study, fingerprint, schedule)
         elif stored != fingerprint:
             diff = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != fingerprint.get(k))
             raise ConfigError(
@@ -173,19 +172,20 @@ def counted(trials: list[FrozenTrial], quota: int) -> int:
     """Trials that use up the quota: running or finished ones.
 
     Not counted: queued ones (not started yet), failures that were enqueued again (their retry
-    counts), confirmation and transfer-check runs (:func:`.confirm.is_extra`), and repeats of a
+    counts), confirmation and transfer-check runs (:attr:`.record.TrialRecord.is_extra`), and repeats of a
     point already run (answered from the earlier trial, no compute spent) -- samplers propose repeats
     often in small discrete spaces, and counting them would leave most of the quota unexplored.
     Repeats beyond twice the quota do count, so a search of an exhausted space still ends. So do
     proposals outside the device budget's feasible points (``infeasible``: answered unrun, no
     compute spent), beyond twice the quota.
     """
-    retried = {t.user_attrs.get("retry_of") for t in trials}
+    records = [(t, TrialRecord.read(t)) for t in trials]
+    retried = {r.retry_of for _, r in records}
     fresh = repeats = 0
-    for t in trials:
-        if t.state == TrialState.WAITING or (t.state == TrialState.FAIL and t.number in retried) or is_extra(t):
+    for t, r in records:
+        if t.state == TrialState.WAITING or (t.state == TrialState.FAIL and t.number in retried) or r.is_extra:
             continue
-        if "repeat_of" in t.user_attrs or t.user_attrs.get("infeasible"):
+        if r.is_repeat or r.infeasible:
             repeats += 1
         else:
             fresh += 1
@@ -198,8 +198,7 @@ def running_elsewhere(trials: list[FrozenTrial]) -> int:
 
 def claim(trial: optuna.Trial) -> None:
     """Mark a trial as this worker's, so others can tell when it died with it."""
-    trial.set_user_attr("worker", {"host": HOST, "pid": os.getpid()})
-    trial.set_user_attr("heartbeat", time.time())
+    Claim(HOST, os.getpid(), time.time()).write(trial)
 
 
 class Heartbeat:
@@ -221,14 +220,14 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                self.study._storage.set_trial_user_attr(self.trial_id, "heartbeat", time.time())
+                Claim.beat(self.study._storage, self.trial_id)
             except Exception:
                 return
 
 
 def _is_dead(t: FrozenTrial, now: float, grace: float) -> bool:
-    worker = t.user_attrs.get("worker")
-    beat = t.user_attrs.get("heartbeat")
+    rec = TrialRecord.read(t)
+    worker, beat = rec.worker, rec.heartbeat
     if not isinstance(worker, dict):
         # Claimed trials always have a worker; an unclaimed RUNNING one died between ask and claim.
         return t.datetime_start is not None and now - t.datetime_start.timestamp() > grace
@@ -253,14 +252,14 @@ def reap_dead(study: optuna.Study, retries: int, grace: float = GRACE_S) -> list
         if not _is_dead(t, now, grace):
             continue
         try:
-            storage.set_trial_user_attr(t._trial_id, "fail_reason", "interrupted: its worker died")
+            fail_interrupted(storage, t._trial_id, "interrupted: its worker died")
             if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
                 continue
         except optuna.exceptions.UpdateFinishedTrialError:
             continue  # another worker reaped it first
         failed.append(t.number)
-        attempt = int(t.user_attrs.get("attempt", 0)) + 1
+        rec = TrialRecord.read(t)
+        attempt = rec.attempt + 1
         if attempt <= retries and t.params:
-            keep = {k: t.user_attrs[k] for k in EXTRA_ATTRS if k in t.user_attrs}  # an extra run stays one
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, "attempt": attempt, **keep})
+            Retry(t.number, attempt, rec.extra_attrs()).enqueue(study, t.params)  # an extra run stays one
     return failed

@@ -5,21 +5,22 @@ target. The recommendation is the best score over both schedules; the baseline i
 1F1B-flush trial; ``speedup_vs_flush`` is the baseline's score over the recommendation's (1.0
 when flush itself wins), and ``paci_speedup_vs_flush`` is what the best PACI trial achieved
 against it, below 1 when PACI lost. Scores are times to target, or the not-reached penalty
-(:mod:`.objective`), so a speedup against a baseline that never reached the target is a lower
+(:mod:`paci_tune.tune.objective`), so a speedup against a baseline that never reached the target is a lower
 bound, and the file says so.
 
 The file also carries ``run``: the complete run configuration of the recommended trial, which
 ``paci-tune apply`` trains -- with ``pipeline.data_parallel``, so it runs on the P x D devices the
 trial was timed on (``recommended`` states P, D, a, b and the devices, and for PACI the
-``backward_weights`` the run has: the point's, else the run's own; null for flush). May import:
-optuna, torch (its version), :mod:`paci_tune.base`, :mod:`.space`, :mod:`.confirm`, :mod:`.transfer`.
+``backward_weights`` the run has: the point's, else the run's own; null for flush). The document
+is written through ``best.yaml``'s schema (:mod:`paci_tune.tune.bestfile`). May import: optuna, torch (its
+version), :mod:`paci_tune.config`, :mod:`paci_tune.errors`, :mod:`paci_tune.tune` and the verdict layer's
+:mod:`.confirm`, :mod:`.transfer`.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import platform
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -27,38 +28,28 @@ import torch
 from optuna.trial import FrozenTrial, TrialState
 
 from .. import __version__
-from ..base.files import read_yaml, write_yaml
 from ..config.layout import Layout
 from ..errors import ConfigError
+from ..tune.bestfile import EVIDENCE, RECOMMENDED
+from ..tune.extra import search_trials
+from ..tune.record import TrialRecord
+from ..tune.space import DEFAULT_BACKWARD_WEIGHTS, TrialParams
 from . import confirm, transfer
-from .confirm import LEVEL, TRANSFER_ATTR, Confirmed, is_confirmation, is_extra, search_trials
-from .space import DEFAULT_BACKWARD_WEIGHTS, TrialParams
-
-EVIDENCE = (
-    "clock_tokens_per_s", "clock_step_time_s", "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift",
-    "measured_peak_memory_bytes", "memory_measured_per", "predicted_peak_memory_bytes", "clock_used", "partition",
-)  # fmt: skip
-"""A trial's figures ``best.yaml`` shows; the ``clock_`` ones are on the objective's clock (module docstring)."""
-
-RECOMMENDED = ("schedule", "stages", "data_parallel", "devices", "window", "microbatch_size", "partition",
-               "global_batch", "lr", "lr_scale", "backward_weights")  # fmt: skip
-"""The keys of ``best.yaml``'s ``recommended`` (``apply`` checks them against the run it trains)."""
-
-HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}`.\n"
+from .confirm import LEVEL, Confirmed
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
-    trials = study.get_trials(deepcopy=False)
-    search = [t for t in trials if not is_extra(t)]
-    infeasible = sum(bool(t.user_attrs.get("infeasible")) for t in search)  # outside the device budget, unrun
-    long = sum(TRANSFER_ATTR in t.user_attrs and t.state.is_finished() for t in trials)  # the transfer check's
+    trials = [(t, TrialRecord.read(t)) for t in study.get_trials(deepcopy=False)]
+    search = [(t, r) for t, r in trials if not r.is_extra]
+    infeasible = sum(r.infeasible for _, r in search)  # outside the device budget, unrun
+    long = sum(r.is_transfer and t.state.is_finished() for t, r in trials)  # the transfer check's
     return {
-        "complete": sum(t.state == TrialState.COMPLETE for t in search),
-        "pruned": sum(t.state == TrialState.PRUNED and not t.user_attrs.get("infeasible") for t in search),
+        "complete": sum(t.state == TrialState.COMPLETE for t, _ in search),
+        "pruned": sum(t.state == TrialState.PRUNED and not r.infeasible for t, r in search),
         **({"infeasible": infeasible} if infeasible else {}),
-        "failed": sum(t.state == TrialState.FAIL for t in search),
-        "repeats_reused": sum("repeat_of" in t.user_attrs and t.state != TrialState.FAIL for t in search),
-        "confirmation": sum(is_confirmation(t) and t.state.is_finished() for t in trials),
+        "failed": sum(t.state == TrialState.FAIL for t, _ in search),
+        "repeats_reused": sum(r.is_repeat and t.state != TrialState.FAIL for t, r in search),
+        "confirmation": sum(r.is_confirmation and t.state.is_finished() for t, r in trials),
         **({"transfer": long} if long else {}),
     }
 
@@ -68,11 +59,10 @@ def compute_used(studies: dict[str, optuna.Study]) -> dict[str, float]:
     check's; repeats answered from the storage cost 0."""
     out = {"search_s": 0.0, "confirmation_s": 0.0}
     for study in studies.values():
-        for t in study.get_trials(deepcopy=False):
-            if "repeat_of" not in t.user_attrs:
-                key = "confirmation_s" if is_confirmation(t) else "transfer_s" if TRANSFER_ATTR in t.user_attrs else (
-                    "search_s")  # fmt: skip
-                out[key] = out.get(key, 0.0) + float(t.user_attrs.get("wall_seconds") or 0)
+        for r in map(TrialRecord.read, study.get_trials(deepcopy=False)):
+            if not r.is_repeat:
+                key = "confirmation_s" if r.is_confirmation else "transfer_s" if r.is_transfer else "search_s"
+                out[key] = out.get(key, 0.0) + float(r.wall_seconds or 0)
     return {k: round(v, 1) for k, v in out.items()}
 
 
@@ -83,7 +73,7 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
 
 
 def describe_trial(t: FrozenTrial, schedule: str, params: TrialParams, lr: float) -> dict[str, Any]:
-    a = t.user_attrs
+    r = TrialRecord.read(t)
     return {
         "schedule": schedule,
         "window": params.window,
@@ -91,15 +81,15 @@ def describe_trial(t: FrozenTrial, schedule: str, params: TrialParams, lr: float
         "stages": params.stages,
         "data_parallel": params.data_parallel,
         "devices": params.devices,
-        "partition": a.get("partition"),
+        "partition": r.figure("partition"),
         "global_batch": params.global_batch,
         "lr": lr,
         "lr_scale": params.lr_scale,
         "backward_weights": params.backward_weights,
         "trial": t.number,
-        "time_to_target": a.get("time_to_target"),
-        "reached_target": a.get("time_to_target") is not None,
-        "best_val_loss": a.get("best_val_loss"),
+        "time_to_target": r.time_to_target,
+        "reached_target": r.time_to_target is not None,
+        "best_val_loss": r.best_val_loss,
         "score": t.value,
     }
 
@@ -111,11 +101,11 @@ def params_of(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialPa
     space fixes it; None (the run's own value) for a space without the key -- and for trials stored
     before the key existed, whose runs used the current weights (the only mode then).
     """
-    p = t.params
+    p, r = t.params, TrialRecord.read(t)
     b = int(p["microbatch_size"])
-    d = int(p.get("data_parallel", t.user_attrs.get("data_parallel", 1)))
+    d = int(p.get("data_parallel", 1 if r.data_parallel is None else r.data_parallel))
     a = Layout.window_for(fixed_batch, d, b) if fixed_batch is not None else int(p["window"])
-    bw = p.get("backward_weights", t.user_attrs.get("backward_weights")) if schedule == "paci" else None
+    bw = p.get("backward_weights", r.backward_weights) if schedule == "paci" else None
     return TrialParams(schedule, int(p["stages"]), a, b, float(p.get("lr_scale", 1.0)), d, bw)
 
 
@@ -164,18 +154,18 @@ def build_best(
         )  # fmt: skip
     rec_schedule = min(bests, key=lambda s: (bests[s][2], s != "paci"))
     rec_t, rec_p, _ = bests[rec_schedule]
-    a = rec_t.user_attrs
+    a = TrialRecord.read(rec_t)
     described = describe_trial(rec_t, rec_schedule, rec_p, base_lr * rec_p.lr_scale)
     doc: dict[str, Any] = {
         "recommended": {k: described[k] for k in RECOMMENDED},
         "evidence": {
             "trial": f"{studies[rec_schedule].study_name}#{rec_t.number}",
-            "time_to_target": a.get("time_to_target"),
-            "reached_target": a.get("time_to_target") is not None,
-            "best_val_loss": a.get("best_val_loss"),
+            "time_to_target": a.time_to_target,
+            "reached_target": a.time_to_target is not None,
+            "best_val_loss": a.best_val_loss,
             "score": rec_t.value,
-            **{k: a.get(k) for k in EVIDENCE},
-            "steps": a.get("steps"),
+            **{k: a.figure(k) for k in EVIDENCE},
+            "steps": a.figure("steps"),
         },
     }
     if confirm_seeds:
@@ -249,33 +239,10 @@ def _comparison(
             continue
         c = confirmed.get(schedule)
         missed = (sum(v is None for v in c.time_to_target.values()), len(c.time_to_target)) if c else (
-            int(bests[schedule][0].user_attrs.get("time_to_target") is None), 1)  # fmt: skip
+            int(TrialRecord.read(bests[schedule][0]).time_to_target is None), 1)  # fmt: skip
         if missed[0]:
             notes.append(f"{who} missed the target on {missed[0]} of {missed[1]} runs: a miss scores the "
                          "not-reached penalty (budget x (1 + excess loss / target)), so a speedup against it is "
                          "a bound, not a measured ratio of times")  # fmt: skip
     out["speedup_note"] = "; ".join(notes) if notes else None
     return out
-
-
-def write_best(path: Path, doc: dict[str, Any]) -> None:
-    """Write ``best.yaml`` atomically: a reader sees the old file or the whole new one."""
-    write_yaml(path, _plain(doc), header=HEADER.format(name=path.name))
-
-
-def read_best(path: str | Path) -> dict[str, Any]:
-    doc = read_yaml(path, "best.yaml")
-    if not isinstance(doc, dict) or not isinstance(doc.get("run"), dict) or "recommended" not in doc:
-        raise ConfigError("best.yaml", str(path), "a file written by `paci-tune search` (with recommended and run)")
-    return doc
-
-
-def _plain(x: Any) -> Any:
-    """YAML-safe copy: tuples to lists, numpy/torch scalars to Python numbers."""
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if hasattr(x, "item") and callable(x.item):
-        return x.item()
-    return x

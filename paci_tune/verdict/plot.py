@@ -4,7 +4,7 @@ One panel per schedule, the target as a line, finished trials solid, pruned ones
 ending where they were stopped, the recommendation drawn thick (a transfer check's long runs, on
 another budget, are not drawn). It shows at a glance what a
 table of numbers hides: how early the pruner cut, and how close the runners-up came. May import:
-matplotlib, optuna, :mod:`paci_tune.base`, the tune layer's :mod:`.confirm`.
+matplotlib, optuna, :mod:`paci_tune.base`, :mod:`paci_tune.tune` (the trial record).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ..base.files import atomic_write
-from .confirm import TRANSFER_ATTR
+from ..tune.record import TrialRecord
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -51,14 +51,15 @@ def draw_search(
     fig, axes = plt.subplots(1, len(studies), figsize=(6 * len(studies), 4.2), sharey=True, squeeze=False)
     for ax, (schedule, study) in zip(axes[0], studies.items(), strict=True):
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            curve: Any = t.user_attrs.get("curve")
-            if not curve or "repeat_of" in t.user_attrs or TRANSFER_ATTR in t.user_attrs:
+            r = TrialRecord.read(t)
+            curve: Any = r.curve
+            if not curve or r.is_repeat or r.is_transfer:
                 continue
             xs, ys = [c for c, _ in curve], [v for _, v in curve]
             chosen = best == (schedule, t.number) or (schedule, t.number) in thick
             style = "-" if t.state == TrialState.COMPLETE else "--"
             ax.plot(xs, ys, style, lw=3 if chosen else 1, alpha=1 if chosen else 0.6,
-                    label=f"#{t.number} {t.user_attrs.get('label', '')}" if chosen else None)  # fmt: skip
+                    label=f"#{t.number} {r.label or ''}" if chosen else None)  # fmt: skip
             if t.state == TrialState.PRUNED:
                 ax.plot(xs[-1:], ys[-1:], "x", color="grey")
         ax.axhline(target, color="black", lw=0.8, ls=":")

@@ -3,7 +3,7 @@
 A search ranks points by trials of ``budget.seconds``; that is only worth something if the
 ranking holds at the budget the winner is trained for afterwards. With ``search.transfer_check:
 {top: k, factor: f}`` the ``k`` best distinct finished search points of each schedule (the
-confirmation's notion of "best" and "distinct point": :func:`.confirm.best_distinct`) are trained
+confirmation's notion of "best" and "distinct point": :func:`paci_tune.tune.extra.best_distinct`) are trained
 once more at ``f`` x the trial budget on the same clock, on the search trial's own seed
 (``training.seed``), with the LR schedule decaying over the longer budget (No Train No Gain: the
 run's ``training.seconds`` is the longer budget and the schedule follows progress through it).
@@ -26,14 +26,15 @@ time to target, or ``f * B * (1 + excess / target)`` when it misses.
 parameters and a ``transfer: {of, factor}`` attribute: resumable (a killed search queues only what
 is missing; an interrupted one is retried as a transfer trial), never pruned, never answered from an
 earlier trial of the same point, not counted against ``search.trials``, and left out of the search's
-ranking, the confirmation plan and the recommendation (:func:`.confirm.is_extra`). Their validations
+ranking, the confirmation plan and the recommendation (:mod:`paci_tune.tune.extra` plans and queues
+them; this module reads them back). Their validations
 are not reported to Optuna: values on another budget's scale would mislead a pruner comparing search
 trials at the same step (the curve is in the trial's ``curve`` attribute). A run that fails scores
 inf at the long budget (it ranks last), as a failed confirmation seed does. One thing is not hidden:
 Optuna's samplers read every finished trial of a study, so a search resumed with a larger
 ``search.trials`` after its check samples with the long runs in view (as with confirmation runs).
 May import: optuna,
-numpy and the tune layer's :mod:`.confirm` and :mod:`.space`.
+numpy, :mod:`paci_tune.tune` (the point, the trial record, the plan).
 """
 
 from __future__ import annotations
@@ -46,42 +47,9 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .confirm import TRANSFER_ATTR, kept_plan, retried_numbers, waiting
-from .space import TrialParams
-
-PLAN_ATTR = "transfer_plan"  # on a study: the search trials whose points are trained longer, in rank order
-
-
-def plan(study: optuna.Study, top: int) -> list[int]:
-    """The search trials whose points are trained longer: the ``top`` best distinct finished ones (kept once set)."""
-    return kept_plan(study, top, PLAN_ATTR)
-
-
-def enqueue(study: optuna.Study, numbers: list[int], factor: float) -> int:
-    """Queue a long run of each planned point not queued, running or done yet at ``factor``; how many now."""
-    trials = study.get_trials(deepcopy=False)
-    retried = retried_numbers(trials)
-    have = {(int(t.user_attrs[TRANSFER_ATTR]["of"]), float(t.user_attrs[TRANSFER_ATTR]["factor"])) for t in trials
-            if TRANSFER_ATTR in t.user_attrs and t.number not in retried}  # fmt: skip
-    by_number = {t.number: t for t in trials}
-    queued = 0
-    for n in numbers:
-        if (n, float(factor)) not in have:
-            study.enqueue_trial(dict(by_number[n].params), user_attrs={TRANSFER_ATTR: {"of": n, "factor": factor}})
-            queued += 1
-    return queued
-
-
-def queued(study: optuna.Study) -> bool:
-    """A transfer trial waits in ``study``."""
-    return waiting(study, TRANSFER_ATTR)
-
-
-def long_budget(seconds: float, grid: int, factor: float) -> tuple[float, int]:
-    """(budget, grid) of a long run: ``factor`` x the seconds, the same validation spacing (module docstring)."""
-    if factor == 1.0:
-        return seconds, grid
-    return seconds * factor, max(grid, math.ceil(grid * factor - 1e-9))
+from ..tune.extra import retried_numbers
+from ..tune.record import StudyRecord, TrialRecord
+from ..tune.space import TrialParams
 
 
 # --------------------------------------------------------------------------------- Spearman
@@ -120,28 +88,28 @@ def points(study: optuna.Study, factor: float, label_of: Callable[[FrozenTrial],
     """The planned points whose long run finished, in plan order: the short and the long score of each."""
     trials = study.get_trials(deepcopy=False)
     by_number, retried = {t.number: t for t in trials}, retried_numbers(trials)
-    long: dict[int, FrozenTrial] = {}
+    long: dict[int, tuple[FrozenTrial, TrialRecord]] = {}
     for t in trials:
-        tr = t.user_attrs.get(TRANSFER_ATTR)
-        if tr is None or float(tr["factor"]) != float(factor) or t.number in retried:
+        r = TrialRecord.read(t)
+        if r.transfer_of is None or r.factor != float(factor) or t.number in retried:
             continue
         if t.state not in (TrialState.COMPLETE, TrialState.FAIL):
             continue
-        n = int(tr["of"])
-        if n in long and (long[n].state == TrialState.COMPLETE or t.state == TrialState.FAIL):
+        n = r.transfer_of
+        if n in long and (long[n][0].state == TrialState.COMPLETE or t.state == TrialState.FAIL):
             continue  # a duplicate (two workers queued the same run): a finished run wins, then the first
-        long[n] = t
+        long[n] = (t, r)
     out = []
-    for n in [int(x) for x in study.user_attrs.get(PLAN_ATTR, [])]:
+    for n in StudyRecord.read(study).transfer_plan or []:
         if n not in long or n not in by_number or by_number[n].value is None:
             continue
-        t = long[n]
+        t, r = long[n]
         ok = t.state == TrialState.COMPLETE and t.value is not None
         row = {"trial": n, "point": label_of(by_number[n]).label(), "short": float(by_number[n].value),
                "long": float(t.value) if ok else math.inf, "long_trial": t.number,
-               "long_time_to_target": t.user_attrs.get("time_to_target")}  # fmt: skip
+               "long_time_to_target": r.time_to_target}  # fmt: skip
         if not ok:
-            row["long_failed"] = t.user_attrs.get("fail_reason") or "failed"
+            row["long_failed"] = r.fail_reason or "failed"
         out.append(row)
     return out
 

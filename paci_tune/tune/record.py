@@ -1,0 +1,298 @@
+"""What a search stores on Optuna's trials and studies: the one module that reads or writes user attributes.
+
+Every key is spelled here once. Writers are small values written whole (:class:`Claim`,
+:class:`PointAttrs`, :class:`Outcome`, the endings :func:`mark_pruned` / :func:`mark_failed` /
+:func:`mark_refused`, the queued runs' :class:`Extra` and :class:`Retry`); the reader is
+:meth:`TrialRecord.read`, every attribute of a finished or running trial at once (None where absent),
+and :meth:`StudyRecord.read` for a study's. The stored format is unchanged from the bare-key code
+it replaced, so old studies load. May import: optuna.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+# ------------------------------------------------------------------------------------ keys
+CONFIRM = "confirm"  # on a confirmation trial: {"of": the search trial's number, "seed": training.seed}
+TRANSFER = "transfer"  # on a transfer-check trial: {"of": the search trial, "factor": f}
+RETRY_OF, ATTEMPT = "retry_of", "attempt"  # a failed trial queued again: its number; how many times so far
+REPEAT_OF = "repeat_of"  # answered from an earlier trial of the same point (its number)
+RERUN_OF = "rerun_of"  # a pruned point trained again because it now survives the pruner
+WORKER, HEARTBEAT = "worker", "heartbeat"  # {"host", "pid"} of the worker running it; its last sign of life
+LABEL, DATA_PARALLEL, DEVICES, BACKWARD_WEIGHTS = "label", "data_parallel", "devices", "backward_weights"
+TIME_TO_TARGET, BEST_VAL_LOSS, CLOCK_USED = "time_to_target", "best_val_loss", "clock_used"
+WALL_SECONDS, CURVE = "wall_seconds", "curve"
+PRUNED_STEP, PRUNED_CLOCK = "pruned_step", "pruned_clock"
+FAIL_REASON, INFEASIBLE = "fail_reason", "infeasible"
+SUMMARY_KEYS = (
+    "clock_tokens_per_s", "clock_step_time_s", "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift",
+    "peak_memory_bytes", "memory_measured_per", "partition", "steps",
+)  # fmt: skip
+"""Summary figures kept on each trial from its run's summary; the ``clock_`` ones are on the objective's clock."""
+MEASURED_KEYS = ("measured_peak_memory_bytes", "stage_drift", "predicted_peak_memory_bytes")
+"""Per-stage figures kept beside them (measured and predicted peak memory, drift)."""
+EXTRA_KEYS = (CONFIRM, TRANSFER)
+"""The attributes that make a trial an extra run of a point the search already ran, not a search trial."""
+NOT_COPIED = (WORKER, HEARTBEAT, LABEL, RETRY_OF, ATTEMPT, REPEAT_OF)
+"""What a repeat does not copy from the earlier trial that answers it."""
+
+FINGERPRINT, SCHEDULE = "fingerprint", "schedule"  # on a study: what the search was run with; its schedule
+CONFIRM_PLAN = "confirm_plan"  # on a study: the numbers of the search trials being confirmed, in rank order
+TRANSFER_PLAN = "transfer_plan"  # on a study: the search trials whose points are trained longer, in rank order
+
+AnyTrial = optuna.Trial | FrozenTrial
+
+
+# ------------------------------------------------------------------------------------ writers
+@dataclass(frozen=True)
+class Extra:
+    """A queued extra run of a search trial's point: a confirmation (``seed``) or a transfer check (``factor``)."""
+
+    of: int
+    seed: int | None = None
+    factor: float | None = None
+
+    @property
+    def key(self) -> str:
+        return CONFIRM if self.seed is not None else TRANSFER
+
+    def attrs(self) -> dict[str, Any]:
+        value = {"of": self.of, "seed": self.seed} if self.seed is not None else {"of": self.of, "factor": self.factor}
+        return {self.key: value}
+
+    def enqueue(self, study: optuna.Study, params: dict[str, Any]) -> None:
+        study.enqueue_trial(params, user_attrs=self.attrs())
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A failed trial queued again with its parameters (an extra run stays one: ``kept``, the raw attributes)."""
+
+    of: int
+    attempt: int
+    kept: dict[str, Any] = field(default_factory=dict)
+
+    def enqueue(self, study: optuna.Study, params: dict[str, Any]) -> None:
+        study.enqueue_trial(params, user_attrs={RETRY_OF: self.of, ATTEMPT: self.attempt, **self.kept})
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The worker running a trial, and when it last said so."""
+
+    host: str
+    pid: int
+    heartbeat: float
+
+    def write(self, trial: optuna.Trial) -> None:
+        trial.set_user_attr(WORKER, {"host": self.host, "pid": self.pid})
+        trial.set_user_attr(HEARTBEAT, self.heartbeat)
+
+    @staticmethod
+    def beat(storage: optuna.storages.BaseStorage, trial_id: int, now: float | None = None) -> None:
+        """Refresh a running trial's heartbeat through the storage (from the worker's heartbeat thread)."""
+        storage.set_trial_user_attr(trial_id, HEARTBEAT, time.time() if now is None else now)
+
+
+def fail_interrupted(storage: optuna.storages.BaseStorage, trial_id: int, reason: str) -> None:
+    """Record why a running trial whose worker died is being failed (before its state is set)."""
+    storage.set_trial_user_attr(trial_id, FAIL_REASON, reason)
+
+
+@dataclass(frozen=True)
+class PointAttrs:
+    """What a trial's parameters do not say: its label, D, its devices and (PACI, fixed by the space) its weights."""
+
+    label: str
+    data_parallel: int
+    devices: int
+    backward_weights: str | None = None  # written only when set
+
+    def write(self, trial: optuna.Trial) -> None:
+        trial.set_user_attr(LABEL, self.label)
+        trial.set_user_attr(DATA_PARALLEL, self.data_parallel)
+        trial.set_user_attr(DEVICES, self.devices)
+        if self.backward_weights is not None:
+            trial.set_user_attr(BACKWARD_WEIGHTS, self.backward_weights)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a trained trial measured (every field written, None included); ``measured``: the run summary's
+    figures (:data:`SUMMARY_KEYS`, :data:`MEASURED_KEYS`), None when the run left no summary."""
+
+    time_to_target: float | None
+    best_val_loss: float | None
+    clock_used: float
+    wall_seconds: float
+    curve: list[list[float]]
+    measured: dict[str, Any] | None = None
+
+    def write(self, trial: optuna.Trial) -> None:
+        attrs: dict[str, Any] = {
+            TIME_TO_TARGET: self.time_to_target, BEST_VAL_LOSS: self.best_val_loss, CLOCK_USED: self.clock_used,
+            WALL_SECONDS: self.wall_seconds, CURVE: self.curve,
+        }  # fmt: skip
+        if self.measured is not None:
+            attrs.update({k: self.measured.get(k) for k in (*SUMMARY_KEYS, *MEASURED_KEYS)})
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+
+
+def mark_pruned(trial: optuna.Trial, step: int | None, clock: Any) -> None:
+    trial.set_user_attr(PRUNED_STEP, step)
+    trial.set_user_attr(PRUNED_CLOCK, clock)
+
+
+def mark_failed(trial: optuna.Trial, reason: str | None) -> None:
+    trial.set_user_attr(FAIL_REASON, reason)
+
+
+def mark_refused(trial: optuna.Trial, why: str) -> None:
+    """A proposal outside the device budget, answered unrun."""
+    trial.set_user_attr(INFEASIBLE, True)
+    trial.set_user_attr(FAIL_REASON, f"rejected: {why}")
+
+
+def mark_rerun(trial: optuna.Trial, of: int) -> None:
+    trial.set_user_attr(RERUN_OF, of)
+
+
+def copy_result(earlier: FrozenTrial, trial: optuna.Trial) -> None:
+    """A repeat of a finished point: everything the earlier trial measured, and which trial it was."""
+    trial.set_user_attr(REPEAT_OF, earlier.number)
+    for k, v in earlier.user_attrs.items():
+        if k not in NOT_COPIED:
+            trial.set_user_attr(k, v)
+
+
+def copy_failure(earlier: FrozenTrial, trial: optuna.Trial, reason: str) -> None:
+    trial.set_user_attr(REPEAT_OF, earlier.number)
+    trial.set_user_attr(FAIL_REASON, reason)
+
+
+def copy_pruned(earlier: FrozenTrial, trial: optuna.Trial, step: int) -> None:
+    """A repeat of a pruned point that the pruner stops again at ``step``."""
+    a = earlier.user_attrs
+    trial.set_user_attr(REPEAT_OF, earlier.number)
+    trial.set_user_attr(PRUNED_STEP, step)
+    trial.set_user_attr(PRUNED_CLOCK, a.get(PRUNED_CLOCK))
+    trial.set_user_attr(BEST_VAL_LOSS, a.get(BEST_VAL_LOSS))
+    trial.set_user_attr(CURVE, a.get(CURVE))
+
+
+# ------------------------------------------------------------------------------------ readers
+@dataclass(frozen=True)
+class TrialRecord:
+    """Every user attribute of one trial, typed (None where the trial does not have it)."""
+
+    confirm_of: int | None
+    seed: int | None
+    transfer_of: int | None
+    factor: float | None
+    retry_of: int | None
+    attempt: int
+    repeat_of: int | None
+    worker: dict[str, Any] | None
+    heartbeat: float | None
+    label: str | None
+    data_parallel: int | None
+    backward_weights: str | None
+    time_to_target: float | None
+    best_val_loss: float | None
+    wall_seconds: float | None
+    curve: list[Any] | None
+    pruned_step: int | None
+    pruned_clock: float | None
+    fail_reason: str | None
+    infeasible: bool
+    attrs: dict[str, Any] = field(repr=False)  # the raw attributes (the report's per-trial figures)
+
+    @classmethod
+    def read(cls, t: AnyTrial) -> TrialRecord:
+        a = t.user_attrs
+        c, tr = a.get(CONFIRM), a.get(TRANSFER)
+        return cls(
+            confirm_of=None if c is None else int(c["of"]), seed=None if c is None else int(c["seed"]),
+            transfer_of=None if tr is None else int(tr["of"]),
+            factor=None if tr is None else float(tr.get("factor", 1.0)),
+            retry_of=None if a.get(RETRY_OF) is None else int(a[RETRY_OF]), attempt=int(a.get(ATTEMPT, 0)),
+            repeat_of=a.get(REPEAT_OF), worker=a.get(WORKER), heartbeat=a.get(HEARTBEAT), label=a.get(LABEL),
+            data_parallel=a.get(DATA_PARALLEL), backward_weights=a.get(BACKWARD_WEIGHTS),
+            time_to_target=a.get(TIME_TO_TARGET), best_val_loss=a.get(BEST_VAL_LOSS), wall_seconds=a.get(WALL_SECONDS),
+            curve=a.get(CURVE), pruned_step=a.get(PRUNED_STEP), pruned_clock=a.get(PRUNED_CLOCK),
+            fail_reason=a.get(FAIL_REASON), infeasible=bool(a.get(INFEASIBLE)), attrs=a,
+        )  # fmt: skip
+
+    @property
+    def is_confirmation(self) -> bool:
+        return self.confirm_of is not None
+
+    @property
+    def is_transfer(self) -> bool:
+        return self.transfer_of is not None
+
+    @property
+    def is_extra(self) -> bool:
+        """Not a search trial: a confirmation or a transfer-check run of a point the search already ran."""
+        return self.is_confirmation or self.is_transfer
+
+    @property
+    def is_repeat(self) -> bool:
+        return self.repeat_of is not None
+
+    def figure(self, key: str) -> Any:
+        """One of the run's figures (:data:`SUMMARY_KEYS`, :data:`MEASURED_KEYS`, ``clock_used``); None if absent."""
+        return self.attrs.get(key)
+
+    def extra_attrs(self) -> dict[str, Any]:
+        """The attributes that make it an extra run, as stored (a retry keeps them)."""
+        return {k: self.attrs[k] for k in EXTRA_KEYS if k in self.attrs}
+
+
+def is_extra(t: AnyTrial) -> bool:
+    """Not a search trial (:attr:`TrialRecord.is_extra`), without reading the rest."""
+    return any(k in t.user_attrs for k in EXTRA_KEYS)
+
+
+def is_confirmation(t: AnyTrial) -> bool:
+    return CONFIRM in t.user_attrs
+
+
+def is_transfer(t: AnyTrial) -> bool:
+    return TRANSFER in t.user_attrs
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """A study's own attributes: the search's fingerprint, its schedule and the extra runs' plans."""
+
+    fingerprint: dict[str, Any] | None
+    schedule: str | None
+    confirm_plan: list[int] | None
+    transfer_plan: list[int] | None
+
+    @classmethod
+    def read(cls, study: optuna.Study) -> StudyRecord:
+        a = study.user_attrs
+        plans = [None if a.get(k) is None else [int(n) for n in a[k]] for k in (CONFIRM_PLAN, TRANSFER_PLAN)]
+        return cls(a.get(FINGERPRINT), a.get(SCHEDULE), *plans)
+
+    @staticmethod
+    def write_fingerprint(study: optuna.Study, fingerprint: dict[str, Any], schedule: str) -> None:
+        study.set_user_attr(FINGERPRINT, fingerprint)
+        study.set_user_attr(SCHEDULE, schedule)
+
+    @staticmethod
+    def write_plan(study: optuna.Study, key: str, numbers: list[int]) -> None:
+        """Store a plan (``key``: :data:`CONFIRM_PLAN` or :data:`TRANSFER_PLAN`)."""
+        assert key in (CONFIRM_PLAN, TRANSFER_PLAN), key
+        study.set_user_attr(key, numbers)
+
+    def plan(self, key: str) -> list[int] | None:
+        return self.confirm_plan if key == CONFIRM_PLAN else self.transfer_plan

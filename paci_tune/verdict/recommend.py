@@ -1,0 +1,48 @@
+"""``paci-tune search``'s last step: the studies of a finished search turned into ``best.yaml`` and its picture.
+
+May import: :mod:`paci_tune.tune` (the session, the file's writer) and the verdict layer's :mod:`.best`,
+:mod:`.plot`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..tune.bestfile import write_best
+from ..tune.extra import confirm_seeds
+from ..tune.search import Search
+from ..tune.session import SearchSession
+from .best import build_best
+
+
+def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, Any]:
+    """Build ``best.yaml`` from the studies, draw every trial's curve beside it, write it atomically."""
+    from .plot import plot_search  # matplotlib: only when a search ends
+
+    tune, b = session.tune, session.tune.budget
+    # apply reads the budget back: an rst clock needs its reference profile, wherever apply runs from
+    budget = {"clock": b.clock, "seconds": b.seconds, "grid": b.grid,
+              **({"profile": str(Path(b.profile).resolve())} if b.profile else {})}  # fmt: skip
+    best = build_best(
+        session.studies,
+        run_doc_for=search.trial_doc,
+        base_lr=float(tune.run.optimizer.lr),
+        fixed_batch=session.space.fixed_batch,
+        target={"metric": tune.target.metric, "value": tune.target.value},
+        budget=budget,
+        provenance={"study_name": session.name, "storage": session.storage_url, "clock": b.clock,
+                    "profile": session.profile, "space": session.space.describe(), "sampler": tune.search.sampler,
+                    "pruner": tune.search.pruner, "seed": tune.search.seed,
+                    "config": str(session.config.resolve())},
+        confirm_seeds=confirm_seeds(tune.run.training.seed, tune.search.confirm.seeds)
+        if tune.search.confirm.enabled else None,
+        transfer_factor=tune.search.transfer_check.factor if tune.search.transfer_check.enabled else None,
+    )  # fmt: skip
+    rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
+    picture = plot_search(session.studies, target=float(tune.target.value or 0), budget=float(b.seconds or 0),
+                          clock=b.clock, best=(best["recommended"]["schedule"], rec_number),
+                          path=session.workdir / "trials.png")  # fmt: skip
+    best["provenance"]["plot"] = str(picture)
+    write_best(out, best)
+    return best
