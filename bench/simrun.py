@@ -23,7 +23,7 @@ from paci_tune.config import derive_run
 from paci_tune.pipeline.planning import plan_partition
 from paci_tune.sim.profile import Profile
 from paci_tune.sim.simulator import simulate
-from paci_tune.train.run import run_training
+from paci_tune.train.run import resolve_run, run_training
 
 
 def run_pool(tasks: list[dict[str, Any]], fn: Callable[[dict[str, Any]], dict[str, Any]], *, log: Path, jobs: int,
@@ -116,8 +116,8 @@ def train_sim(base: dict[str, Any], profile: str, schedule: str, p: int, d: int,
             evals.append((float(rec["clock"]), float(rec["val_loss"])))
 
     t0 = time.time()
-    summary = run_training(cfg, on_record=on_record) or {}
-    sim = simulate(schedule, p, a, b, sizes, prof, 8, data_parallel=d, backward_weights=cfg.pipeline.backward_weights)
+    summary = run_training(resolve_run(cfg), on_record=on_record) or {}
+    sim = simulate(cfg.layout.with_partition(sizes), prof, 8, backward_weights=cfg.pipeline.backward_weights)
     return {"schedule": schedule, "stages": p, "data_parallel": d, "window": a, "microbatch_size": b,
             "partition": sizes, "curve": evals, "best_val_loss": min((v for _, v in evals), default=None),
             "steps": summary.get("steps"), "step_time_s": sim.steady_step_time_s,

@@ -38,7 +38,7 @@ from simrun import first_reach, run_pool
 
 from paci_tune.config import derive_run, load_config
 from paci_tune.schedule import drift_bound
-from paci_tune.train import run_training
+from paci_tune.train import resolve_run, run_training
 
 
 def train(base: dict[str, Any], steps: int, eval_every: int, task: dict[str, Any]) -> dict:
@@ -60,7 +60,7 @@ def train(base: dict[str, Any], steps: int, eval_every: int, task: dict[str, Any
         elif rec.get("event") == "train":
             losses.append(float(rec["loss"]))
 
-    summary = run_training(cfg, on_record=on_record) or {}
+    summary = run_training(resolve_run(cfg), on_record=on_record) or {}
     drift = [(st["max_drift"], drift_bound(st["stage"], p, a)) for st in summary.get("stages", [])]
     read_ahead = [st.get("max_read_ahead", 0) for st in summary.get("stages", [])]
     return {**task, "curve": curve, "losses": losses, "drift": drift, "read_ahead": read_ahead}

@@ -18,6 +18,7 @@ from helpers.configs import sim_config, write_config
 
 from paci_tune.calibrate.allreduce import fit_allreduce, measure_allreduce
 from paci_tune.cli import main
+from paci_tune.config.layout import Layout
 from paci_tune.errors import ConfigError
 from paci_tune.schedule.actions import Op
 from paci_tune.sim import Profile, simulate
@@ -50,20 +51,20 @@ def test_simulated_allreduce_is_the_ring_formula(d: int) -> None:
     lat, bw = 3e-4, 2e6
     prof = _profile([_unit(1, 2, params=4000, opt=0.1), _unit(1, 2, params=12000, opt=0.2)],
                     {"latency_s": lat, "bandwidth_Bps": bw})  # fmt: skip
-    r = simulate("1f1b", 2, 2, 1, [1, 1], prof, n_batches=2, data_parallel=d)
-    for st, nbytes, opt in zip(r.stages, (4000, 12000), (0.1, 0.2), strict=True):
+    r = simulate(Layout("1f1b", 2, d, 2, 1, None, (1, 1)), prof, n_batches=2)
+    for st, nbytes, opt in zip(r.per_stage, (4000, 12000), (0.1, 0.2), strict=True):
         assert st.allreduce_s == pytest.approx(ring(nbytes, d, lat, bw), rel=1e-12)
         steps = [end - start for act, start, end in r.timeline.stages[st.stage].intervals if act.op is Op.STEP]
         assert steps == pytest.approx([opt + ring(nbytes, d, lat, bw)] * 2, rel=1e-12)
-    assert r.global_batch == d * 2 * 1 and r.devices == 2 * d
+    assert r.layout.global_batch == d * 2 * 1 and r.layout.devices == 2 * d
     assert (r.allreduce_fraction == 0.0) is (d == 1)
 
 
 def test_d1_is_exactly_the_plain_simulation() -> None:
     prof = _profile([_unit(1, 2, opt=0.1) for _ in range(4)], {"latency_s": 1e-3, "bandwidth_Bps": 1e6})
     for schedule in ("paci", "1f1b", "gpipe"):
-        plain = simulate(schedule, 2, 4, 1, [2, 2], prof, n_batches=4)
-        one = simulate(schedule, 2, 4, 1, [2, 2], prof, n_batches=4, data_parallel=1)
+        plain = simulate(Layout(schedule, 2, 1, 4, 1, None, (2, 2)), prof, n_batches=4)
+        one = simulate(Layout(schedule, 2, 1, 4, 1, None, (2, 2)), prof, n_batches=4)
         assert one.to_dict() == plain.to_dict()
         assert one.timeline.makespan == plain.timeline.makespan
 
@@ -76,7 +77,7 @@ def test_hand_worked_dp_pp_timeline() -> None:
     Stage 0: F0 [0,1], F1 [1,2], B0 [4,6] (after stage 1's B0), B1 [7,9], step [9,10.5].
     """
     prof = _profile([_unit(1, 2), _unit(1, 2)], {"latency_s": 0.25, "bandwidth_Bps": 4000})
-    r = simulate("1f1b", 2, 2, 1, [1, 1], prof, n_batches=1, extend=False, data_parallel=2)
+    r = simulate(Layout("1f1b", 2, 2, 2, 1, None, (1, 1)), prof, n_batches=1, extend=False)
     got = [[(a.op.name, a.mb, s, e) for a, s, e in st.intervals] for st in r.timeline.stages]
     assert got[0] == [("FORWARD", 0, 0, 1), ("FORWARD", 1, 1, 2), ("BACKWARD", 0, 4, 6), ("BACKWARD", 1, 7, 9),
                       ("STEP", 0, 9, 10.5)]  # fmt: skip
@@ -85,8 +86,7 @@ def test_hand_worked_dp_pp_timeline() -> None:
     assert r.makespan_s == 10.5
     assert r.allreduce_fraction == pytest.approx((1.5 + 1.5) / (2 * 10.5))
     # The sim clock reads the same layout: batch 0 closes when the last stage steps, the model when stage 0 does.
-    clock = ProfileClock("sim", prof, schedule="1f1b", stages=2, window=2, microbatch_size=1, partition=[1, 1],
-                         data_parallel=2)  # fmt: skip
+    clock = ProfileClock("sim", prof, Layout("1f1b", 2, 2, window=2, microbatch_size=1, partition=(1, 1)))
     plan = clock.plan(1)
     assert (plan.batch_end, plan.model_end, plan.makespan) == ((8.5,), (10.5,), 10.5)
 
@@ -94,8 +94,8 @@ def test_hand_worked_dp_pp_timeline() -> None:
 def test_paci_steady_step_grows_by_the_allreduce_of_the_bottleneck() -> None:
     """Equal stages, one step per global batch per stage: the steady period is a*(F+B) + opt + all-reduce."""
     prof = _profile([_unit(1, 2) for _ in range(2)], {"latency_s": 0.05, "bandwidth_Bps": 8000})
-    base = simulate("paci", 2, 4, 1, [1, 1], prof, n_batches=16)
-    dp = simulate("paci", 2, 4, 1, [1, 1], prof, n_batches=16, data_parallel=4)
+    base = simulate(Layout("paci", 2, 1, 4, 1, None, (1, 1)), prof, n_batches=16)
+    dp = simulate(Layout("paci", 2, 4, 4, 1, None, (1, 1)), prof, n_batches=16)
     assert base.steady_step_time_s == pytest.approx(4 * 3)
     assert dp.steady_step_time_s == pytest.approx(4 * 3 + ring(4000, 4, 0.05, 8000))
 
@@ -104,11 +104,11 @@ def test_partitioner_weighs_the_allreduce_and_memory_is_per_device() -> None:
     """A heavy-parameter unit: with D=8 its all-reduce dominates and the cut moves; memory is D-free."""
     units = [_unit(1, 1, params=4), _unit(1, 1, params=4), _unit(1, 1, params=4), _unit(1.2, 1, params=40_000)]
     prof = _profile(units, {"latency_s": 0.0, "bandwidth_Bps": 10_000})
-    assert partition(prof, 2, window=1, microbatch_size=1).sizes == [2, 2]
-    assert partition(prof, 2, window=1, microbatch_size=1, data_parallel=8).sizes == [3, 1]
-    one = simulate("paci", 2, 2, 1, [2, 2], prof, data_parallel=1)
-    eight = simulate("paci", 2, 2, 1, [2, 2], prof, data_parallel=8)
-    assert [s.peak_memory_bytes for s in one.stages] == [s.peak_memory_bytes for s in eight.stages]
+    assert partition(prof, Layout("paci", 2, window=1, microbatch_size=1)).sizes == [2, 2]
+    assert partition(prof, Layout("paci", 2, data_parallel=8, window=1, microbatch_size=1)).sizes == [3, 1]
+    one = simulate(Layout("paci", 2, 1, 2, 1, None, (2, 2)), prof)
+    eight = simulate(Layout("paci", 2, 8, 2, 1, None, (2, 2)), prof)
+    assert [s.peak_memory_bytes for s in one.per_stage] == [s.peak_memory_bytes for s in eight.per_stage]
 
 
 # ---------------------------------------------------------------------------------- the profile
@@ -146,12 +146,14 @@ def test_fit_recovers_a_ring_step_from_all_reduce_times() -> None:
         assert got_lat == pytest.approx(lat, rel=1e-6) and got_bw == pytest.approx(bw, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_measured_gloo_allreduce_is_positive_and_grows_with_size() -> None:
     cost = measure_allreduce(2, sizes=[16_384, 2**21], repeats=2)
     assert cost.latency_s >= 0 and 0 < cost.bandwidth_Bps < math.inf
     assert cost.ring_s(2**21, 2) > cost.ring_s(16_384, 2) > 0
 
 
+@pytest.mark.slow
 def test_one_launch_measures_both_links_as_the_separate_measurements_do() -> None:
     from paci_tune.calibrate import measure_links
 
@@ -197,7 +199,7 @@ def test_a_dp_training_on_the_sim_clock_reads_the_dp_layout(tmp_path: Path) -> N
     from helpers.configs import make_config
 
     from paci_tune.config import derive_run
-    from paci_tune.train.run import run_training
+    from paci_tune.train.run import resolve_run, run_training
 
     units = [_unit(1e-3, 2e-3, params=40_000, opt=1e-4) for _ in range(4)]
     for u in units:
@@ -208,7 +210,6 @@ def test_a_dp_training_on_the_sim_clock_reads_the_dp_layout(tmp_path: Path) -> N
     doc = make_config(training={"global_batch": 8, "steps": 3, "clock": "sim", "profile": str(tmp_path / "p.yaml")},
                       pipeline={"stages": 2, "data_parallel": 2, "window": 2, "partition": [2, 2]})  # fmt: skip
     doc["pipeline"].pop("microbatch_size", None)
-    summary = run_training(derive_run(doc)) or {}
-    dp = ProfileClock("sim", prof, schedule="paci", stages=2, window=2, microbatch_size=2, partition=[2, 2],
-                      data_parallel=2).plan(3).makespan  # fmt: skip
+    summary = run_training(resolve_run(derive_run(doc))) or {}
+    dp = ProfileClock("sim", prof, Layout("paci", 2, 2, window=2, microbatch_size=2, partition=(2, 2))).plan(3).makespan
     assert summary["clock"] == pytest.approx(dp)

@@ -81,12 +81,13 @@ def test_an_evaluation_scores_the_model_after_update_k_at_every_stage(tmp_path: 
 def test_two_runs_differing_only_in_micro_batch_size_score_the_same_tokens() -> None:
     from paci_tune.config import derive_run
     from paci_tune.pipeline.factory import build_setup
+    from paci_tune.train.run import resolve_run
 
     vals = []
     for b in (1, 2, 4):
         cfg = derive_run(make_config(pipeline={"microbatch_size": b, "window": None, "stages": 2}))
         assert cfg.pipeline.microbatch_size == b
-        vals.append(build_setup(cfg, lambda k: 1e-3).runtime.val)
+        vals.append(build_setup(resolve_run(cfg), lambda k: 1e-3).runtime.val)
     windows = [torch.cat([torch.cat([x, y[:, -1:]], 1) for x, y in v]) for v in vals]
     assert all(torch.equal(w, windows[0]) for w in windows[1:])
     assert len(windows[0]) == make_config()["training"]["eval_sequences"]

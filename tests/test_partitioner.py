@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from paci_tune.config.layout import Layout
 from paci_tune.errors import ConfigError
 from paci_tune.schedule import min_max_partition
 from paci_tune.sim import Profile, partition
@@ -116,14 +117,14 @@ def test_partition_is_optimal_against_brute_force(seed: int) -> None:
             rng.uniform(OVERHEAD, lean - 1),
         ):
             expected = brute_force(prof, n_stages, schedule, window, limit, bw)
-            kwargs = {"schedule": schedule, "window": window, "microbatch_size": 2, "overhead_bytes": OVERHEAD,
-                      "backward_weights": bw}  # fmt: skip
+            layout = Layout(schedule, n_stages, window=window, microbatch_size=2)
+            kwargs = {"overhead_bytes": OVERHEAD, "backward_weights": bw}
             if expected is None:
                 with pytest.raises(ConfigError) as e:
-                    partition(prof, n_stages, memory_bytes=limit, **kwargs)
+                    partition(prof, layout, memory_bytes=limit, **kwargs)
                 assert e.value.key == "pipeline.stages" and "GiB available on stage" in e.value.allowed
                 continue
-            got = partition(prof, n_stages, memory_bytes=limit, **kwargs)
+            got = partition(prof, layout, memory_bytes=limit, **kwargs)
             assert sum(got.sizes) == n and len(got.sizes) == n_stages and min(got.sizes) >= 1
             assert got.bottleneck_s == pytest.approx(expected, rel=1e-9)
             start = 0
@@ -149,13 +150,13 @@ def test_memory_limit_forces_a_slower_cut() -> None:
     prof = Profile.from_dict(
         {"seq_len": 4, "units": [u(1000), u(1000), u(1), u(1)], "p2p": {"latency_s": 0, "bandwidth_Bps": 1e9}}
     )
-    kw = {"schedule": "paci", "window": 4, "microbatch_size": 1, "overhead_bytes": 0}
-    assert partition(prof, 2, **kw).sizes == [2, 2]
-    assert partition(prof, 2, memory_bytes=4020, **kw).sizes == [2, 2]
-    tight = partition(prof, 2, memory_bytes=4019, **kw)
+    lay = Layout("paci", 2, window=4, microbatch_size=1)
+    assert partition(prof, lay, overhead_bytes=0).sizes == [2, 2]
+    assert partition(prof, lay, memory_bytes=4020, overhead_bytes=0).sizes == [2, 2]
+    tight = partition(prof, lay, memory_bytes=4019, overhead_bytes=0)
     assert tight.sizes == [1, 3] and tight.bottleneck_s == 6.0
     with pytest.raises(ConfigError) as e:
-        partition(prof, 2, memory_bytes=1000, **kw)
+        partition(prof, lay, memory_bytes=1000, overhead_bytes=0)
     assert "stage 0" in e.value.allowed
 
 
@@ -169,5 +170,5 @@ def test_min_max_partition_generic_and_bad_depth() -> None:
         min_max_partition(2, 3, lambda s, j, i: 1.0)
     prof = random_profile(random.Random(0), 3)
     with pytest.raises(ConfigError) as e:
-        partition(prof, 4, window=2, microbatch_size=2)
+        partition(prof, Layout("paci", 4, window=2, microbatch_size=2))
     assert e.value.key == "pipeline.stages"

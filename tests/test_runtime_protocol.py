@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from paci_tune.config.layout import Layout
 from paci_tune.pipeline.distributed import DistributedRuntime
 from paci_tune.pipeline.emulated import EmulatedRuntime
 from paci_tune.pipeline.runtime import Runtime
@@ -64,7 +65,7 @@ def test_each_clock_keeps_the_clock_contract() -> None:
     _check(Clock, WallClock, WallClock())
     unit = UnitProfile("u", 4, 0.001, {1: UnitCost(0.001, 0.002, 8, 8)})
     prof = Profile([unit, unit], P2PCost(0.0, float("inf")), seq_len=8)
-    clock = ProfileClock("sim", prof, schedule="paci", stages=2, window=2, microbatch_size=1, partition=[1, 1])
+    clock = ProfileClock("sim", prof, Layout("paci", 2, window=2, microbatch_size=1, partition=(1, 1)))
     _check(Clock, ProfileClock, clock)
 
 

@@ -18,6 +18,7 @@ from helpers.configs import sim_config, write_config
 from helpers.profiles import equal_profile, make_profile, unit
 
 from paci_tune.cli import main
+from paci_tune.config.layout import Layout
 from paci_tune.errors import ConfigError
 from paci_tune.schedule.actions import Op
 from paci_tune.sim import P2PCost, Profile, simulate, stage_memory
@@ -32,11 +33,11 @@ from paci_tune.sim.plot import plot_timelines
 @pytest.mark.parametrize("m", [1, 2, 3, 8])
 def test_flush_bubble_is_analytic_with_equal_stages(schedule: str, n_stages: int, m: int) -> None:
     prof = equal_profile(n_stages)
-    r = simulate(schedule, n_stages, m, 1, [1] * n_stages, prof, n_batches=3)
+    r = simulate(Layout(schedule, n_stages, 1, m, 1, None, tuple([1] * n_stages)), prof, n_batches=3)
     expected = (n_stages - 1) / (m + n_stages - 1)
     assert r.bubble_fraction == pytest.approx(expected, abs=1e-12)
     assert r.steady_bubble_fraction == pytest.approx(expected, abs=1e-12)
-    for st in r.stages:  # equal stages: every stage waits the same share
+    for st in r.per_stage:  # equal stages: every stage waits the same share
         assert st.bubble_fraction == pytest.approx(expected, abs=1e-12)
     # (m + P - 1) slots of F+B per global batch
     assert r.step_time_s == pytest.approx((m + n_stages - 1) * 3.0)
@@ -48,7 +49,7 @@ def test_flush_bubble_is_analytic_with_equal_stages(schedule: str, n_stages: int
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
 def test_paci_steady_state_has_no_bubble(n_stages: int, m: int) -> None:
     prof = equal_profile(n_stages)
-    r = simulate("paci", n_stages, m, 1, [1] * n_stages, prof, n_batches=2)
+    r = simulate(Layout("paci", n_stages, 1, m, 1, None, tuple([1] * n_stages)), prof, n_batches=2)
     assert r.n_batches == 4 * n_stages  # long enough run for a steady state
     assert r.steady_bubble_fraction == pytest.approx(0.0, abs=1e-12)
     assert r.steady_step_time_s == pytest.approx(m * 3.0)
@@ -56,7 +57,7 @@ def test_paci_steady_state_has_no_bubble(n_stages: int, m: int) -> None:
     n = r.n_batches
     assert r.bubble_fraction == pytest.approx((n_stages - 1) / (n * m + n_stages - 1))
     # PACI's drift bound ceil((P-s-1)/a) is reached and never exceeded
-    for st in r.stages:
+    for st in r.per_stage:
         assert st.max_drift == math.ceil((n_stages - st.stage - 1) / m) == st.drift_bound
         assert st.peak_inflight == n_stages - st.stage
         assert sum(st.drift_histogram.values()) == n * m
@@ -65,8 +66,8 @@ def test_paci_steady_state_has_no_bubble(n_stages: int, m: int) -> None:
 def test_paci_vs_1f1b_throughput_ratio() -> None:
     p, m = 4, 8
     prof = equal_profile(p)
-    paci = simulate("paci", p, m, 1, [1] * p, prof, n_batches=64)
-    flush = simulate("1f1b", p, m, 1, [1] * p, prof, n_batches=4)
+    paci = simulate(Layout("paci", p, 1, m, 1, None, tuple([1] * p)), prof, n_batches=64)
+    flush = simulate(Layout("1f1b", p, 1, m, 1, None, tuple([1] * p)), prof, n_batches=4)
     assert paci.steady_tokens_per_s / flush.tokens_per_s == pytest.approx((m + p - 1) / m)
     assert flush.tokens_per_s == pytest.approx(m * 16 / ((m + p - 1) * 3.0))
 
@@ -91,34 +92,34 @@ def test_unequal_costs_match_a_hand_worked_timeline() -> None:
         ],
         p2p={"latency_s": 0.05, "bandwidth_Bps": 1000.0},
     )
-    r = simulate("1f1b", 2, 2, 1, [2, 1], prof, n_batches=1)
+    r = simulate(Layout("1f1b", 2, 1, 2, 1, None, (2, 1)), prof, n_batches=1)
     got = [[(repr(a), round(t0, 9), round(t1, 9)) for a, t0, t1 in st.intervals] for st in r.timeline.stages]
     assert got == [
         [("F0", 0, 1), ("F1", 1, 2), ("B0", 6.5, 8.5), ("B1", 11.5, 13.5), ("S0", 13.5, 14)],
         [("F0", 1.25, 3.25), ("B0", 3.25, 6.25), ("F1", 6.25, 8.25), ("B1", 8.25, 11.25), ("S0", 11.25, 11.75)],
     ]
     assert r.makespan_s == pytest.approx(14.0)
-    assert [st.busy_s for st in r.stages] == pytest.approx([6.5, 10.5])
-    assert [st.idle_s for st in r.stages] == pytest.approx([7.5, 3.5])
-    assert [st.bubble_fraction for st in r.stages] == pytest.approx([1 - 6.5 / 14, 0.25])
+    assert [st.busy_s for st in r.per_stage] == pytest.approx([6.5, 10.5])
+    assert [st.idle_s for st in r.per_stage] == pytest.approx([7.5, 3.5])
+    assert [st.bubble_fraction for st in r.per_stage] == pytest.approx([1 - 6.5 / 14, 0.25])
     assert r.tokens_per_s == pytest.approx(2 * 16 / 14.0)
 
 
 def test_simulate_rejects_bad_input() -> None:
     prof = equal_profile(3)
     with pytest.raises(ConfigError) as e:
-        simulate("1f1b", 2, 2, 1, [1, 1], prof)
+        simulate(Layout("1f1b", 2, 1, 2, 1, None, (1, 1)), prof)
     assert e.value.key == "pipeline.partition"
     with pytest.raises(ConfigError) as e:
-        simulate("zigzag", 3, 2, 1, [1, 1, 1], prof)
+        simulate(Layout("zigzag", 3, 1, 2, 1, None, (1, 1, 1)), prof)
     assert e.value.key == "pipeline.schedule"
     with pytest.raises(ConfigError) as e:
-        simulate("paci", 4, 2, 1, [1, 1, 1, 1], prof)
+        simulate(Layout("paci", 4, 1, 2, 1, None, (1, 1, 1, 1)), prof)
     assert e.value.key == "pipeline.stages"
 
 
 def test_result_to_dict_is_json() -> None:
-    r = simulate("paci", 2, 2, 1, [1, 1], equal_profile(2))
+    r = simulate(Layout("paci", 2, 1, 2, 1, None, (1, 1)), equal_profile(2))
     d = json.loads(json.dumps(r.to_dict(), allow_nan=False))
     for key in ("tokens_per_s", "bubble_fraction", "step_time_s", "steady_step_time_s", "stages"):
         assert key in d
@@ -148,12 +149,13 @@ def test_memory_prediction_matches_hand_computation() -> None:
     mem = stage_memory(prof, [0, 1], 1, 2, last=False, overhead_bytes=overhead)
     assert (mem.params, mem.grads, mem.optimizer_state, mem.activations) == (5000, 5000, 10000, 25200)
     assert mem.total == expected0
-    r = simulate("1f1b", 2, 4, 1, [2, 1], prof, overhead_bytes=overhead)
-    assert [st.peak_inflight for st in r.stages] == [2, 1]
-    assert [st.peak_memory_bytes for st in r.stages] == [expected0, expected1]
-    g = simulate("gpipe", 2, 4, 1, [2, 1], prof, overhead_bytes=overhead)  # GPipe: the whole window in flight
-    assert [st.peak_inflight for st in g.stages] == [4, 4]
-    assert g.stages[0].peak_memory_bytes == 20000 + 4 * 12600 + overhead
+    r = simulate(Layout("1f1b", 2, 1, 4, 1, None, (2, 1)), prof, overhead_bytes=overhead)
+    assert [st.peak_inflight for st in r.per_stage] == [2, 1]
+    assert [st.peak_memory_bytes for st in r.per_stage] == [expected0, expected1]
+    # GPipe: the whole window in flight
+    g = simulate(Layout("gpipe", 2, 1, 4, 1, None, (2, 1)), prof, overhead_bytes=overhead)
+    assert [st.peak_inflight for st in g.per_stage] == [4, 4]
+    assert g.per_stage[0].peak_memory_bytes == 20000 + 4 * 12600 + overhead
     sgd = stage_memory(prof, [2], 1, 1, last=True, optimizer="sgd", overhead_bytes=0)
     assert sgd.total == 2000 * 3 + 3000
 
@@ -252,8 +254,8 @@ def test_scale_makes_a_faster_copy() -> None:
     assert c.saved_bytes == prof.at(1)[0].saved_bytes
     slow_net = prof.scale(1.0, p2p_factor=10)
     assert slow_net.p2p.latency_s == pytest.approx(1e-2) and slow_net.at(1)[0].forward_s == 1.0
-    r_fast = simulate("1f1b", 1, 2, 1, [1], fast)
-    r = simulate("1f1b", 1, 2, 1, [1], prof)
+    r_fast = simulate(Layout("1f1b", 1, 1, 2, 1, None, (1,)), fast)
+    r = simulate(Layout("1f1b", 1, 1, 2, 1, None, (1,)), prof)
     assert r_fast.step_time_s == pytest.approx(r.step_time_s / 2)
     with pytest.raises(ConfigError):
         prof.scale(0)
@@ -265,7 +267,8 @@ def test_scale_makes_a_faster_copy() -> None:
 @pytest.mark.parametrize("suffix", ["png", "svg"])
 def test_timeline_written(tmp_path: Path, suffix: str) -> None:
     prof = make_profile([unit(1, 2), unit(1, 2), unit(1, 2)], p2p={"latency_s": 0.1, "bandwidth_Bps": 1e6})
-    results = [simulate(s, 3, 4, 1, [1, 1, 1], prof, 2, extend=False) for s in ("1f1b", "gpipe", "paci")]
+    schedules = ("1f1b", "gpipe", "paci")
+    results = [simulate(Layout(s, 3, 1, 4, 1, None, (1, 1, 1)), prof, 2, extend=False) for s in schedules]
     path = plot_timelines(results, tmp_path / f"t.{suffix}")
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG") if suffix == "png" else b"<svg" in data[:2000]
@@ -275,7 +278,7 @@ def test_timeline_written(tmp_path: Path, suffix: str) -> None:
 
 
 def test_timeline_boxes_are_the_action_lists() -> None:
-    r = simulate("paci", 2, 2, 1, [1, 1], equal_profile(2), 2, extend=False)
+    r = simulate(Layout("paci", 2, 1, 2, 1, None, (1, 1)), equal_profile(2), 2, extend=False)
     ops = [[a.op for a, _, _ in st.intervals] for st in r.timeline.stages]
     assert ops[0].count(Op.FORWARD) == ops[0].count(Op.BACKWARD) == 4 and ops[0].count(Op.STEP) == 2
 
@@ -355,6 +358,7 @@ def test_saved_bytes_exclude_parameters() -> None:
     assert cost.activation_bytes == 3 * 4 * 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("precision", "act_size"), [("fp32", 4), ("bf16", 2)])
 def test_calibrate_smoke_one_layer(tmp_path: Path, precision: str, act_size: int) -> None:
     from paci_tune.calibrate import calibrate
@@ -379,6 +383,7 @@ def test_calibrate_smoke_one_layer(tmp_path: Path, precision: str, act_size: int
     assert Profile.load(path) == prof
 
 
+@pytest.mark.slow
 def test_p2p_measurement_and_fit() -> None:
     from paci_tune.calibrate import fit_p2p, measure_p2p
 

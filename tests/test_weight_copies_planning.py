@@ -9,6 +9,7 @@ time as ``copy_s`` added to the steps that copy; and, for which steps copy, a re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -22,6 +23,7 @@ from helpers.configs import make_config, sim_config, write_config
 
 from paci_tune.cli import main
 from paci_tune.config import derive_run
+from paci_tune.config.layout import Layout
 from paci_tune.errors import ConfigError
 from paci_tune.model import load_model
 from paci_tune.pipeline.planning import plan_partition, predicted_memory
@@ -115,46 +117,49 @@ def test_a_limit_that_fits_current_but_not_forward_changes_or_refuses_the_cut() 
     # Four equal-time units; the last has no parameters. P=2, a=4: stage 0 keeps ceil(1/4) = 1 copy.
     # fp32 AdamW: weights + grads + 2 moments = 4 x param_bytes = 16 bytes per parameter, + 4 per copy.
     prof = profile([unit(), unit(), unit(), unit(params=0)])
-    kw = {"schedule": "paci", "window": 4, "microbatch_size": 1, "overhead_bytes": 0}
+    kw = {"overhead_bytes": 0}
+    lay = Layout("paci", 2, window=4, microbatch_size=1)
     act = 2 * (300 + 300 + 100)  # stage 0 of the cut [2, 2]: 2 in flight x (saved + its output)
     cur_s0 = 16 * 2 * N_PARAMS + act
     fwd_s0 = cur_s0 + 4 * 2 * N_PARAMS
-    assert partition(prof, 2, backward_weights="current", **kw).memory_bytes[0] == cur_s0
-    assert partition(prof, 2, backward_weights="forward", **kw).memory_bytes[0] == fwd_s0
+    assert partition(prof, lay, backward_weights="current", **kw).memory_bytes[0] == cur_s0
+    assert partition(prof, lay, backward_weights="forward", **kw).memory_bytes[0] == fwd_s0
     limit = cur_s0  # fits current's [2, 2]; forward's [2, 2] is over by one copy
-    assert partition(prof, 2, memory_bytes=limit, backward_weights="current", **kw).sizes == [2, 2]
-    moved = partition(prof, 2, memory_bytes=limit, backward_weights="forward", **kw)
+    assert partition(prof, lay, memory_bytes=limit, backward_weights="current", **kw).sizes == [2, 2]
+    moved = partition(prof, lay, memory_bytes=limit, backward_weights="forward", **kw)
     assert moved.sizes == [1, 3]
     assert moved.memory_bytes == [16 * N_PARAMS + 4 * N_PARAMS + 2 * (300 + 100), 16 * 2 * N_PARAMS + 3 * 300]
     # the default follows the config's default: forward
-    assert partition(prof, 2, memory_bytes=limit, **kw).sizes == [1, 3]
+    assert partition(prof, lay, memory_bytes=limit, **kw).sizes == [1, 3]
     # flush schedules keep no copy: the same limit fits the same cut in either mode
-    flush = {**kw, "schedule": "1f1b"}
+    flush = dataclasses.replace(lay, schedule="1f1b")
     assert (
-        partition(prof, 2, memory_bytes=limit, backward_weights="forward", **flush).sizes
-        == partition(prof, 2, memory_bytes=limit, backward_weights="current", **flush).sizes
+        partition(prof, flush, memory_bytes=limit, backward_weights="forward", **kw).sizes
+        == partition(prof, flush, memory_bytes=limit, backward_weights="current", **kw).sizes
     )
     # Two units, P=2: the only cut is [1, 1]; a limit of stage 0's current-mode need fits current and
     # refuses forward (stage 0's one copy does not fit), naming the stage.
     pair = profile([unit(), unit()])
     limit = 16 * N_PARAMS + 2 * (300 + 100)
-    assert partition(pair, 2, memory_bytes=limit, backward_weights="current", **kw).sizes == [1, 1]
+    assert partition(pair, lay, memory_bytes=limit, backward_weights="current", **kw).sizes == [1, 1]
     with pytest.raises(ConfigError) as e:
-        partition(pair, 2, memory_bytes=limit, backward_weights="forward", **kw)
+        partition(pair, lay, memory_bytes=limit, backward_weights="forward", **kw)
     assert e.value.key == "pipeline.stages" and "on stage 0" in e.value.allowed
     with pytest.raises(ConfigError) as e:
-        partition(prof, 2, backward_weights="sometimes", **kw)
+        partition(prof, lay, backward_weights="sometimes", **kw)
     assert e.value.key == "pipeline.backward_weights"
 
 
 def test_partitioner_amortises_the_copy_time_over_the_window() -> None:
     prof = profile([unit(f=1.0, b=2.0, opt=0.4, copy=0.8) for _ in range(4)])
-    kw = {"schedule": "paci", "window": 4, "microbatch_size": 1, "overhead_bytes": 0}
-    fwd = partition(prof, 2, backward_weights="forward", **kw)
-    cur = partition(prof, 2, backward_weights="current", **kw)
+    kw = {"overhead_bytes": 0}
+    lay = Layout("paci", 2, window=4, microbatch_size=1)
+    fwd = partition(prof, lay, backward_weights="forward", **kw)
+    cur = partition(prof, lay, backward_weights="current", **kw)
     assert cur.stage_time_s == pytest.approx([2 * (3.0 + 0.4 / 4)] * 2)
     assert fwd.stage_time_s == pytest.approx([2 * (3.0 + 0.4 / 4 + 0.8 / 4), 2 * (3.0 + 0.4 / 4)])  # not the last
-    assert partition(prof, 2, **{**kw, "schedule": "1f1b"}).stage_time_s == pytest.approx(cur.stage_time_s)
+    flush = dataclasses.replace(lay, schedule="1f1b")
+    assert partition(prof, flush, **kw).stage_time_s == pytest.approx(cur.stage_time_s)
 
 
 def test_plan_partition_follows_the_config() -> None:
@@ -176,10 +181,10 @@ def test_simulator_memory_column_counts_the_copies() -> None:
     prof = profile([unit(params=N_PARAMS * (i + 1)) for i in range(4)], "bf16")
     for p, a, sizes in ((4, 1, [1, 1, 1, 1]), (4, 2, [1, 1, 1, 1]), (2, 4, [2, 2]), (2, 1, [3, 1])):
         for schedule in ("paci", "1f1b", "gpipe"):
-            fwd = simulate(schedule, p, a, 1, sizes, prof, backward_weights="forward")
-            cur = simulate(schedule, p, a, 1, sizes, prof, backward_weights="current")
+            fwd = simulate(Layout(schedule, p, 1, a, 1, None, tuple(sizes)), prof, backward_weights="forward")
+            cur = simulate(Layout(schedule, p, 1, a, 1, None, tuple(sizes)), prof, backward_weights="current")
             start = 0
-            for s, (sf, sc) in enumerate(zip(fwd.stages, cur.stages, strict=True)):
+            for s, (sf, sc) in enumerate(zip(fwd.per_stage, cur.per_stage, strict=True)):
                 params = sum(N_PARAMS * (i + 1) for i in range(start, start + sizes[s]))
                 start += sizes[s]
                 extra = hand_copies(schedule, s, p, a) * params * 2
@@ -188,52 +193,51 @@ def test_simulator_memory_column_counts_the_copies() -> None:
                 assert sf.weight_copies_peak == hand_copies(schedule, s, p, a) and sc.weight_copies_peak == 0
             assert fwd.peak_memory_bytes >= cur.peak_memory_bytes  # the worst stage (here often the last: no copy)
             assert json.loads(json.dumps(fwd.to_dict()))["backward_weights"] == "forward"
-    default = simulate("paci", 2, 1, 1, [2, 2], prof)  # the config's default: forward
-    assert default.to_dict() == simulate("paci", 2, 1, 1, [2, 2], prof, backward_weights="forward").to_dict()
+    default = simulate(Layout("paci", 2, 1, 1, 1, None, (2, 2)), prof)  # the config's default: forward
+    forward = simulate(Layout("paci", 2, 1, 1, 1, None, (2, 2)), prof, backward_weights="forward")
+    assert default.to_dict() == forward.to_dict()
     with pytest.raises(ConfigError):
-        simulate("paci", 2, 1, 1, [2, 2], prof, backward_weights="stale")
+        simulate(Layout("paci", 2, 1, 1, 1, None, (2, 2)), prof, backward_weights="stale")
 
 
 def test_simulator_charges_copy_s_at_the_steps_that_copy() -> None:
     # P=2, a=4, one unit per stage: stage 0 copies at every step but the drained run's last one.
     f, b, opt, cp, n = 1.0, 2.0, 0.5, 0.75, 6
     prof = profile([unit(f=f, b=b, opt=opt, copy=cp), unit(f=f, b=b, opt=opt, copy=cp)])
-    fwd = simulate("paci", 2, 4, 1, [1, 1], prof, n, extend=False, backward_weights="forward")
-    cur = simulate("paci", 2, 4, 1, [1, 1], prof, n, extend=False, backward_weights="current")
-    assert [st.weight_copies_made for st in fwd.stages] == [n - 1, 0]
-    assert [st.weight_copies_made for st in cur.stages] == [0, 0]
-    assert fwd.stages[0].busy_s - cur.stages[0].busy_s == pytest.approx((n - 1) * cp)
-    assert fwd.stages[1].busy_s == pytest.approx(cur.stages[1].busy_s)
-    assert cur.stages[0].busy_s == pytest.approx(n * (4 * (f + b) + opt))
+    fwd = simulate(Layout("paci", 2, 1, 4, 1, None, (1, 1)), prof, n, extend=False, backward_weights="forward")
+    cur = simulate(Layout("paci", 2, 1, 4, 1, None, (1, 1)), prof, n, extend=False, backward_weights="current")
+    assert [st.weight_copies_made for st in fwd.per_stage] == [n - 1, 0]
+    assert [st.weight_copies_made for st in cur.per_stage] == [0, 0]
+    assert fwd.per_stage[0].busy_s - cur.per_stage[0].busy_s == pytest.approx((n - 1) * cp)
+    assert fwd.per_stage[1].busy_s == pytest.approx(cur.per_stage[1].busy_s)
+    assert cur.per_stage[0].busy_s == pytest.approx(n * (4 * (f + b) + opt))
     step_durations = [end - start for act, start, end in fwd.timeline.stages[0].intervals if act.op is Op.STEP]
     assert step_durations == pytest.approx([opt + cp] * (n - 1) + [opt])
     # In steady state stage 0 is the bottleneck and never idles: a window of F+B, a step and a copy.
-    long = simulate("paci", 2, 4, 1, [1, 1], prof, 16, backward_weights="forward")
+    long = simulate(Layout("paci", 2, 1, 4, 1, None, (1, 1)), prof, 16, backward_weights="forward")
     assert long.steady_step_time_s == pytest.approx(4 * (f + b) + opt + cp)
-    assert simulate("paci", 2, 4, 1, [1, 1], prof, 16, backward_weights="current").steady_step_time_s == (
-        pytest.approx(4 * (f + b) + opt)
-    )
+    current = simulate(Layout("paci", 2, 1, 4, 1, None, (1, 1)), prof, 16, backward_weights="current")
+    assert current.steady_step_time_s == pytest.approx(4 * (f + b) + opt)
     # a profile without copy_s: the copies' memory, no time
     old = profile([unit(f=f, b=b, opt=opt), unit(f=f, b=b, opt=opt)])
-    a_ = simulate("paci", 2, 4, 1, [1, 1], old, n, extend=False, backward_weights="forward")
-    c_ = simulate("paci", 2, 4, 1, [1, 1], old, n, extend=False, backward_weights="current")
-    assert a_.makespan_s == c_.makespan_s and a_.stages[0].weight_copies_made == n - 1
-    assert a_.stages[0].peak_memory_bytes - c_.stages[0].peak_memory_bytes == 4 * N_PARAMS
+    a_ = simulate(Layout("paci", 2, 1, 4, 1, None, (1, 1)), old, n, extend=False, backward_weights="forward")
+    c_ = simulate(Layout("paci", 2, 1, 4, 1, None, (1, 1)), old, n, extend=False, backward_weights="current")
+    assert a_.makespan_s == c_.makespan_s and a_.per_stage[0].weight_copies_made == n - 1
+    assert a_.per_stage[0].peak_memory_bytes - c_.per_stage[0].peak_memory_bytes == 4 * N_PARAMS
 
 
 def test_sim_clock_pays_the_copies() -> None:
     cp = 0.75
     prof = profile([unit(opt=0.5, copy=cp), unit(opt=0.5, copy=cp)])
-    kw = {"schedule": "paci", "stages": 2, "window": 4, "microbatch_size": 1, "partition": [1, 1]}
-    fwd = ProfileClock("sim", prof, backward_weights="forward", **kw)
-    cur = ProfileClock("sim", prof, backward_weights="current", **kw)
+    lay = Layout("paci", 2, window=4, microbatch_size=1, partition=(1, 1))
+    fwd = ProfileClock("sim", prof, lay, backward_weights="forward")
+    cur = ProfileClock("sim", prof, lay, backward_weights="current")
     # stage 0 leads; its copies at steps 0..n-2 delay every later batch by that much
     for n in (1, 3, 6):
         assert fwd.plan(n).makespan - cur.plan(n).makespan == pytest.approx((n - 1) * cp)
-    flush = {**kw, "schedule": "1f1b"}
-    assert ProfileClock("sim", prof, **flush).plan(4) == ProfileClock(
-        "sim", prof, backward_weights="current", **flush
-    ).plan(4)
+    flush = dataclasses.replace(lay, schedule="1f1b")
+    flush_current = ProfileClock("sim", prof, flush, backward_weights="current")
+    assert ProfileClock("sim", prof, flush).plan(4) == flush_current.plan(4)
 
 
 @pytest.mark.parametrize(("p", "a", "steps"), [(2, 4, 5), (3, 1, 6), (3, 2, 5)])
@@ -249,10 +253,11 @@ def test_copies_the_simulator_counts_are_the_ones_a_run_makes(p: int, a: int, st
     model = load_model(doc["model"], doc["data"]["vocab_size"], 0)
     prof = profile([unit(params=sum(q.numel() for q in model.units[i].parameters())) for i in range(model.n_units)])
     sizes = [6 // p] * p
-    sim = simulate("paci", p, a, 8 // a, sizes, prof, steps, extend=False, backward_weights="forward")
+    layout = Layout("paci", p, 1, a, 8 // a, None, tuple(sizes))
+    sim = simulate(layout, prof, steps, extend=False, backward_weights="forward")
     made = [st["weight_copies_made"] for st in run]
-    assert made == [st.weight_copies_made for st in sim.stages]
-    assert [st["weight_copies_peak"] for st in run] == [st.weight_copies_peak for st in sim.stages]
+    assert made == [st.weight_copies_made for st in sim.per_stage]
+    assert [st["weight_copies_peak"] for st in run] == [st.weight_copies_peak for st in sim.per_stage]
     assert all(st["updates"] == steps for st in run)
     assert made[-1] == 0 and all(m > 0 for m in made[:-1])
     fwd = predicted_memory(derive_run(doc), prof, sizes)

@@ -86,7 +86,8 @@ whole model with its micro-batches in flight does not fit on a GPU), :mod:`.p2p`
 :mod:`.measure` (a whole config) and :mod:`.cache` (measure once, read back). The package stands
 above :mod:`paci_tune.pipeline`, whose stage step it reuses. May import:
 :mod:`paci_tune.pipeline`, :mod:`paci_tune.sim`, :mod:`paci_tune.model`, :mod:`paci_tune.data`,
-:mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`, torch.
+:mod:`paci_tune.schedule` (:mod:`.predict`), :mod:`paci_tune.config`, :mod:`paci_tune.base`,
+:mod:`paci_tune.errors`, torch.
 """
 
 from .allreduce import fit_allreduce, measure_allreduce

@@ -4,7 +4,8 @@ Bad input anywhere below ends the command with one line and exit code 2, any oth
 one line and exit code 1, Ctrl-C with 130 (:mod:`.failures`, the one handler; ``--debug`` shows
 the traceback). Heavy imports (torch,
 optuna, matplotlib) happen inside the commands so ``paci-tune --help`` stays fast. May import:
-every layer of the package (this is the top floor), click and rich.
+:mod:`paci_tune.config` and :mod:`paci_tune.train` (the run of ``train``), the other commands'
+modules, click and rich.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import click
 
 from .. import __version__
-from .common import train_with_view
+from .common import stderr, train_with_view
 from .failures import debug_requested, guarded
 from .options import overrides_from, run_options
 from .report import report
@@ -45,8 +46,10 @@ def main(debug: bool) -> None:
 def train(config: str, metrics: str | None, resume: bool, live: bool, **options: Any) -> None:
     """Train the model of CONFIG with a pipeline schedule (paci, 1f1b or gpipe)."""
     from ..config import load_config
+    from ..train.run import prepare_run
 
-    train_with_view(load_config(config, overrides_from(options)), metrics=metrics, resume=resume, live=live)
+    run = prepare_run(load_config(config, overrides_from(options)), metrics=metrics, log=stderr)
+    train_with_view(run, metrics=metrics, resume=resume, live=live)
 
 
 for _command in (search, apply, calibrate, simulate, report):

@@ -3,8 +3,8 @@
 Heavy imports (torch, matplotlib) happen inside the commands so ``paci-tune --help`` stays fast.
 Progress goes to stderr; with ``--json`` stdout carries one JSON object and nothing else, so the
 output can be piped straight into another program. May import: click, rich, :mod:`paci_tune.calibrate`,
-:mod:`paci_tune.sim`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.model`, :mod:`paci_tune.data`,
-:mod:`paci_tune.schedule`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
+:mod:`paci_tune.sim`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`,
+:mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -176,17 +176,11 @@ def simulate(
     in CONFIG): forward counts the weight copies kept for in-flight backwards, in memory and step time.
     """
     from ..base.files import check_writable
+    from ..calibrate.predict import predict_schedules
     from ..config import load_config
-    from ..data import load_source
     from ..errors import ConfigError
-    from ..model import load_model
-    from ..pipeline.checks import check_model_and_data
-    from ..pipeline.factory import unit_costs
-    from ..pipeline.planning import check_profile, plan_partition
-    from ..schedule import SCHEDULES, check_depth
+    from ..schedule import SCHEDULES
     from ..sim.memory import GIB
-    from ..sim.profile import Profile
-    from ..sim.simulator import simulate as run_simulation
 
     if batches < 1:
         raise ConfigError("--batches", batches, "a positive integer")
@@ -198,104 +192,24 @@ def simulate(
     if batches > MAX_BATCHES:
         raise ConfigError("--batches", batches, f"at most {MAX_BATCHES} (each is replayed action by action)")
     cfg = load_config(config, overrides_from(shape))
-    check_model_and_data(cfg, built_here=profile_path is None)  # without a profile it is measured here
     if timeline is not None:
         check_writable(timeline, "--timeline")
-    p = cfg.pipeline
-    source = load_source(cfg.data, cfg.model.get("vocab_size"))
-    meta = load_model(cfg.model, source.vocab_size, cfg.training.seed, indices=[])
-
-    cached = False
-    if profile_path is not None:
-        profile = Profile.load(profile_path, "--profile")
-        where = profile_path
-    else:
-        from ..calibrate.cache import measured_profile
-
-        profile, cache_path = measured_profile(cfg, threads=threads, log=lambda m: stderr(f"calibrating: {m}"))
-        where, cached = str(cache_path), True
-    check_profile(profile, meta.n_units, meta.block_size, "--profile", where)
-    check_depth(p.stages, profile.n_units)
-    names = list(SCHEDULES) if schedule == "all" else [schedule]
     memory_bytes = None if memory_gib is None else memory_gib * GIB
-    costs = unit_costs(meta)
-    results, errors, sizes_of = {}, {}, {}
-    for name in names:
-        try:
-            sizes = plan_partition(cfg, costs, profile, schedule=name, memory_bytes=memory_bytes)
-        except ConfigError as e:
-            if len(names) == 1 or e.key != "pipeline.stages":
-                raise
-            errors[name] = e.allowed
-            continue
-        sizes_of[name] = sizes
-        results[name] = run_simulation(
-            name,
-            p.stages,
-            p.window,
-            p.microbatch_size,
-            sizes,
-            profile,
-            batches,
-            inflight=p.inflight,
-            optimizer=cfg.optimizer.name,
-            data_parallel=p.data_parallel,
-            backward_weights=p.backward_weights,
-        )
-    if not results:
-        raise ConfigError("pipeline.stages", p.stages, "; ".join(f"{n}: {msg}" for n, msg in errors.items()))
-
+    prediction = predict_schedules(
+        cfg,
+        schedules=list(SCHEDULES) if schedule == "all" else [schedule],
+        profile_path=profile_path,
+        batches=batches,
+        memory_bytes=memory_bytes,
+        threads=threads,
+        log=lambda m: stderr(f"calibrating: {m}"),
+    )
     drawn = None
     if timeline is not None:
-        from ..sim.plot import plot_timelines
-
-        short = [
-            run_simulation(
-                n,
-                p.stages,
-                p.window,
-                p.microbatch_size,
-                sizes_of[n],
-                profile,
-                2,
-                inflight=p.inflight,
-                extend=False,
-                data_parallel=p.data_parallel,
-                backward_weights=p.backward_weights,
-            )
-            for n in ("1f1b", "gpipe", "paci")
-            if n in results
-        ]
-        drawn = str(plot_timelines(short, timeline))
+        drawn = prediction.draw_timelines(timeline)
         stderr(f"timeline written to {drawn}")
-
-    doc: dict[str, Any] = {
-        "config": config,
-        "n_stages": p.stages,
-        "data_parallel": p.data_parallel,
-        "devices": p.layout.devices,
-        "window": p.window,
-        "microbatch_size": p.microbatch_size,
-        "global_batch": p.layout.global_batch,
-        "backward_weights": p.backward_weights,
-        "seq_len": profile.seq_len,
-        "memory_limit_bytes": memory_bytes,
-        "profile": {
-            "path": where,
-            "cached": cached,
-            "device": profile.device,
-            "dtype": profile.dtype,
-            "threads": profile.threads,
-            "p2p_latency_s": profile.p2p.latency_s,
-            "allreduce_latency_s": profile.allreduce.latency_s,
-            "allreduce_bandwidth_Bps": bw if math.isfinite(bw := profile.allreduce.bandwidth_Bps) else None,
-        },
-        "schedules": {name: r.to_dict() for name, r in results.items()},
-        "not_fitting": errors,
-        "timeline": drawn,
-    }
-    if "paci" in results and "1f1b" in results:
-        doc["paci_vs_1f1b_throughput"] = results["paci"].tokens_per_s / results["1f1b"].tokens_per_s
+    doc = prediction.to_doc(config, drawn)
+    results, errors = prediction.results, prediction.not_fitting
     if as_json:
         click.echo(json.dumps(doc, allow_nan=False, default=_json_default))
         return
@@ -320,18 +234,18 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
     for col in cols:
         table.add_column(col, justify="right")
     for name, r in results.items():
-        mems = "/".join(f"{st.peak_memory_bytes / 2**20:.0f}" for st in r.stages)
+        mems = "/".join(f"{st.peak_memory_bytes / 2**20:.0f}" for st in r.per_stage)
         over = memory_bytes is not None and r.peak_memory_bytes > memory_bytes
         table.add_row(
             name,
-            ",".join(map(str, r.partition)),
+            ",".join(map(str, r.layout.partition or ())),
             _fmt_seconds(r.step_time_s),
             f"{r.tokens_per_s:,.0f}",
             f"{r.bubble_fraction:.1%}",
             f"{r.steady_bubble_fraction:.1%}",
             f"{r.allreduce_fraction:.1%}",
             f"[red]{mems}[/red]" if over else mems,
-            f"{r.max_drift} (bound {max(st.drift_bound for st in r.stages)})" if name == "paci" else str(r.max_drift),
+            f"{r.max_drift} (bound {max(s.drift_bound for s in r.per_stage)})" if name == "paci" else str(r.max_drift),
         )
     for name, msg in errors.items():
         table.add_row(name, "-", "-", "-", "-", "-", "-", "[red]does not fit[/red]", "-")

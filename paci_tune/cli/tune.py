@@ -2,7 +2,7 @@
 
 The work is the tune and verdict layers' (:mod:`paci_tune.tune.session`, :mod:`paci_tune.verdict.recommend`,
 :mod:`paci_tune.tune.apply`); this module parses options and shows progress and the result. May import:
-every layer, click, rich.
+:mod:`paci_tune.tune`, :mod:`paci_tune.verdict`, click, rich.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from typing import Any
 
 import click
 
-from ..errors import ConfigError
-from .common import check_outputs, stderr, train_with_view
+from .common import stderr, train_with_view
 from .options import overrides_from, run_options
 
 
@@ -166,42 +165,22 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
     distributed --clock wall for the real pipeline). Checkpoints go to BEST's folder unless
     --checkpoint-dir says otherwise, so an interrupted run continues with --resume.
     """
-    from ..base.files import check_writable
-    from ..train.launch import n_processes, torchrun_command, write_resolved
-    from ..train.run import resolve_run
-    from ..tune.apply import apply_run, run_file_for
+    from ..tune.apply import prepare_apply
 
-    cfg = apply_run(best, overrides_from(options), until=until)
-    check_writable(run_file_for(best), "best.yaml (apply writes its run beside it)")
-    check_outputs(cfg, metrics)
-    if not dry_run:
-        from ..train import checkpoint
-
-        if not resume and cfg.training.checkpoint_dir and checkpoint.latest(Path(cfg.training.checkpoint_dir)):
-            raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {cfg.training.checkpoint_dir} "
-                                                 "already holds checkpoints of a run")  # fmt: skip
-    cfg = resolve_run(cfg, log=stderr)
-    run_path = write_resolved(cfg, run_file_for(best))
+    prepared = prepare_apply(best, overrides_from(options), until=until, metrics=metrics, resume=resume,
+                             dry_run=dry_run, log=stderr)  # fmt: skip
     if dry_run:
-        click.echo(f"# {run_path}")
-        click.echo(run_path.read_text(), nl=False)
-        cmd = ["paci-tune", "train", str(run_path)] + (["--resume"] if resume else [])
-        if metrics:
-            cmd += ["--metrics", metrics]
+        click.echo(f"# {prepared.run_path}")
+        click.echo(prepared.run_path.read_text(), nl=False)
+        train, *workers = prepared.launch_commands(resume=resume, metrics=metrics)
         click.echo("# launch:")
-        click.echo(shlex.join(cmd))
-        if cfg.pipeline.runtime == "distributed":
+        click.echo(shlex.join(train))
+        for cmd in workers:
             click.echo("# which starts the pipeline workers as (torchrun, one process per stage x replica):")
-            click.echo(shlex.join(torchrun_command(run_path, n_processes(cfg))))
+            click.echo(shlex.join(cmd))
         return
-    from ..train import checkpoint
-
-    if not resume and cfg.training.checkpoint_dir and checkpoint.latest(Path(cfg.training.checkpoint_dir)):
-        raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {cfg.training.checkpoint_dir} "
-                                             "already holds checkpoints of a run")  # fmt: skip
-    stderr(f"training {cfg.pipeline.schedule} P={cfg.pipeline.stages} D={cfg.pipeline.data_parallel} "
-           f"a={cfg.pipeline.window} b={cfg.pipeline.microbatch_size} from {best} (config {run_path})")  # fmt: skip
-    train_with_view(cfg, metrics=metrics, resume=resume, live=live)
+    stderr(prepared.describe())
+    train_with_view(prepared.run, metrics=metrics, resume=resume, live=live)
 
 
 __all__ = ["apply", "search"]

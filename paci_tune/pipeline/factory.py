@@ -6,26 +6,27 @@ GPT's units are seeded per unit, so they come out identical to the emulated runt
 data-parallel replicas each rank builds the stage its place in the mesh (:mod:`.mesh`) names, and
 the emulated runtime copies every stage D times; replica r reads its own micro-batches. May import:
 the pipeline layer's modules, :mod:`paci_tune.model`, :mod:`paci_tune.data`, :mod:`paci_tune.sim`,
-:mod:`paci_tune.schedule`, :mod:`paci_tune.config`, torch.
+:mod:`paci_tune.schedule`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`, torch.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from ..config.layout import Layout
 from ..config.schema import RunConfig
-from ..data import MicroBatchStream, TokenSource, ValidationSet, load_source
-from ..data.limits import check_fits_data
+from ..data import MicroBatchStream, TokenSource, ValidationSet
 from ..errors import ConfigError
 from ..model import LoadedModel, load_model
-from ..schedule import check_depth, stage_units
+from ..schedule import stage_units
 from ..sim.profile import Profile
-from .checks import check_trainable_here
+from .checks import check_model_and_data
 from .emulated import EmulatedRuntime
 from .mesh import check_world
 from .planning import choose_partition, load_profile
@@ -72,42 +73,51 @@ def unit_costs(model: LoadedModel) -> list[float]:
     return [float(sum(p.numel() for p in u.parameters())) + 1.0 for _, u in sorted(model.units.items())]
 
 
-def load_pieces(
-    cfg: RunConfig,
-    stage_indices: list[int] | None,
-    device: torch.device | None = None,
-    distributed: bool = False,
-) -> tuple[TokenSource, LoadedModel, list[int], Profile | None]:
-    """Data source, the units of the requested stages (all when None), the stage sizes, the profile.
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A run as it will execute, resolved once per process (:func:`paci_tune.train.run.resolve_run`).
+
+    ``config`` has its profile named and its stage cut pinned, so every rank of a distributed run,
+    and a later resume, runs the same cut; ``source``, ``model`` and ``profile`` are what resolving
+    loaded, so nothing downstream loads them again. ``model`` holds the units' metadata (count,
+    names, sequence length, FLOPs); its units are built only for a user entry model, and
+    :func:`build_setup` builds fresh ones for the stages of its process.
+    """
+
+    config: RunConfig
+    source: TokenSource
+    model: LoadedModel
+    profile: Profile | None
+
+    @property
+    def layout(self) -> Layout:
+        """The run's layout, its cut pinned."""
+        return self.config.layout
+
+
+def resolve_pieces(cfg: RunConfig, *, distributed: bool) -> ResolvedRun:
+    """Data source, the model's metadata, the profile and the stage cut of ``cfg``, loaded once.
 
     Every check that can refuse a run (data, model, depth, partition, memory) happens here, so
-    the distributed launcher can run it once before starting any worker.
+    the distributed launcher can run it once before starting any worker. The cut (``partition:
+    auto``) is chosen here and pinned in the returned run's config.
     """
-    source = load_source(cfg.data, cfg.model.get("vocab_size"))
-    seed = cfg.training.seed
-    meta = load_model(cfg.model, source.vocab_size, seed, indices=[])
-    built_all = meta.units and len(meta.units) == meta.n_units  # user entry models always build everything
-    check_trainable_here(meta)  # every stage is built on this machine (either runtime)
-    check_depth(cfg.pipeline.stages, meta.n_units)
-    check_fits_data(source, meta.block_size, cfg.training.global_batch, cfg.pipeline.microbatch_size,
-                    cfg.training.eval_sequences)  # fmt: skip
+    source, meta = check_model_and_data(cfg)  # every stage is built on this machine (either runtime)
     profile = load_profile(cfg, meta.n_units, meta.block_size)
-    device = device or resolve_device(cfg.pipeline.device)
-    sizes = choose_partition(cfg, unit_costs(meta), profile, device, distributed)
-    if built_all:
-        return source, meta, sizes, profile
-    ranges = stage_units(sizes)
-    wanted = range(meta.n_units) if stage_indices is None else [i for s in stage_indices for i in ranges[s]]
-    return source, load_model(cfg.model, source.vocab_size, seed, indices=list(wanted)), sizes, profile
+    sizes = choose_partition(cfg, unit_costs(meta), profile, resolve_device(cfg.pipeline.device), distributed)
+    if cfg.pipeline.partition != sizes:
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, partition=sizes))
+    return ResolvedRun(cfg, source, meta, profile)
 
 
 def build_setup(
-    cfg: RunConfig,
+    run: ResolvedRun,
     lr_at: Callable[[int], float],
     *,
     distributed: bool = False,
 ) -> Setup:
-    """Build the runtime named by ``cfg.pipeline.runtime`` for this process."""
+    """Build the runtime named by the run's ``pipeline.runtime`` for this process: fresh units for its stages."""
+    cfg = run.config
     p, t = cfg.pipeline, cfg.training
     if distributed:
         import torch.distributed as dist
@@ -124,7 +134,9 @@ def build_setup(
         mine = list(range(p.stages))
         replicas = list(range(p.data_parallel))
     precision = resolve_precision(p.precision, device)
-    source, model, sizes, profile = load_pieces(cfg, mine, device, distributed)
+    source, sizes, profile = run.source, list(run.layout.partition or ()), run.profile
+    ranges = stage_units(sizes)
+    model = load_model(cfg.model, source.vocab_size, t.seed, indices=[i for s in mine for i in ranges[s]])
     ranges = stage_units(sizes)
     streams = [
         MicroBatchStream(source.train, model.block_size, p.microbatch_size, t.seed, replicas=p.data_parallel,

@@ -17,6 +17,7 @@ every stage. May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 
@@ -96,17 +97,9 @@ def plan_partition(
         return check_partition(p.partition, p.stages, len(unit_costs))
     if profile is None:
         return resolve_partition("auto", unit_costs, p.stages)
+    layout = dataclasses.replace(p.layout, schedule=schedule or p.schedule)
     return profile_partition(
-        profile,
-        p.stages,
-        schedule=schedule or p.schedule,
-        window=p.window,
-        microbatch_size=p.microbatch_size,
-        memory_bytes=memory_bytes,
-        inflight=p.inflight,
-        optimizer=cfg.optimizer.name,
-        data_parallel=p.data_parallel,
-        backward_weights=p.backward_weights,
+        profile, layout, memory_bytes=memory_bytes, optimizer=cfg.optimizer.name, backward_weights=p.backward_weights
     ).sizes
 
 

@@ -53,15 +53,10 @@ def simulated(ev: Evidence, row: TrialRow, n_batches: int = 2) -> SimResult | No
         return None
     profile = _load(str(path))
     return simulate(
-        p.schedule,
-        p.stages,
-        p.window,
-        p.microbatch_size,
-        sizes,
+        p.layout.with_partition(sizes),
         profile,
         n_batches,
         extend=False,
-        data_parallel=p.data_parallel,
         backward_weights=p.backward_weights or "forward",  # trials record it; older ones ran the default
     )
 
@@ -75,7 +70,8 @@ def draw_timelines(ev: Evidence, path: Path) -> tuple[Path | None, str]:
         why = "no cost profile (a wall-clock search)" if profile_path(ev) is None else "no finished trial"
         return None, why
     title = "Simulated timelines of the chosen points: " + " vs ".join(
-        f"{r.schedule} P={r.n_stages} x D={r.data_parallel} a={r.window} b={r.microbatch_size}" for r in results
+        f"{r.layout.schedule} P={r.layout.stages} x D={r.layout.data_parallel} a={r.layout.window} "
+        f"b={r.layout.microbatch_size}" for r in results
     )
     return plot_timelines(results, path, title=title), ""
 
@@ -93,7 +89,7 @@ def drift_rows(ev: Evidence) -> list[dict[str, Any]]:
         rows.append({
             "stage": s,
             "measured": measured[s]["max"] if s < len(measured) else None,
-            "simulated": sim.stages[s].max_drift if sim is not None else None,
+            "simulated": sim.per_stage[s].max_drift if sim is not None else None,
             "bound": drift_bound(s, p.stages, p.window),
         })  # fmt: skip
     return rows

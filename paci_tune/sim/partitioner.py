@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..config.layout import Layout
 from ..config.schema import BACKWARD_WEIGHTS
 from ..errors import ConfigError
 from ..schedule import SCHEDULES, inflight_cap, min_max_partition
@@ -57,18 +58,14 @@ class PartitionModel:
     def __init__(
         self,
         profile: Profile,
-        n_stages: int,
+        layout: Layout,
         *,
-        schedule: str = "paci",
-        window: int,
-        microbatch_size: int,
-        inflight: int | None = None,
         optimizer: str = "adamw",
         overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
-        data_parallel: int = 1,
         backward_weights: str = "forward",
     ) -> None:
-        n = profile.n_units
+        n, n_stages, schedule, window = profile.n_units, layout.stages, layout.schedule, layout.window
+        microbatch_size, inflight, data_parallel = layout.microbatch_size, layout.inflight, layout.data_parallel
         if isinstance(n_stages, bool) or not isinstance(n_stages, int) or not 1 <= n_stages <= n:
             raise ConfigError("pipeline.stages", n_stages, f"1..{n} (the model has {n} pipeline units)")
         if schedule not in SCHEDULES:
@@ -146,13 +143,13 @@ class PartitionModel:
         return self.describe(sizes)
 
 
-def partition(profile: Profile, n_stages: int, *, memory_bytes: float | None = None, **shape: Any) -> Partition:
-    """The fastest contiguous cut of the profile's units into ``n_stages`` that fits ``memory_bytes``.
+def partition(profile: Profile, layout: Layout, *, memory_bytes: float | None = None, **costs: Any) -> Partition:
+    """The fastest contiguous cut of the profile's units into ``layout.stages`` that fits ``memory_bytes``.
 
     ``memory_bytes`` is one device's memory (``None``: unlimited). When no cut fits, raises
     ``ConfigError("pipeline.stages", ...)`` with the prediction of the cut that needs the least
-    memory, so the user sees how far off they are and on which stage. ``shape``: the keywords of
-    :class:`PartitionModel` (schedule, window, micro-batch size, in-flight cap, optimizer, overhead,
-    data parallelism, ``backward_weights``).
+    memory, so the user sees how far off they are and on which stage. The layout's cut is ignored
+    (this chooses it); ``costs``: the keywords of :class:`PartitionModel` (optimizer, overhead,
+    ``backward_weights``).
     """
-    return PartitionModel(profile, n_stages, **shape).fastest(memory_bytes)
+    return PartitionModel(profile, layout, **costs).fastest(memory_bytes)

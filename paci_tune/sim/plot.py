@@ -6,7 +6,7 @@ a dark and a light shade so a reader can see where PACI lets batches overlap; id
 hatched grey left between boxes. Panels share the time axis, so the schedule that finishes first
 is visibly shorter. The format follows the file suffix (``.png`` or ``.svg``); the file is written
 atomically. May import: matplotlib (when drawing), :mod:`.simulator`, :mod:`paci_tune.schedule`,
-:mod:`paci_tune.base`.
+:mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ def plot_timelines(results: Sequence[SimResult], path: str | Path, *, title: str
 
     span = max(r.timeline.makespan for r in results)
     scale, unit = _time_unit(span)
-    max_stages = max(r.n_stages for r in results)
+    max_stages = max(r.layout.stages for r in results)
     width = 15.0
-    heights = [0.55 * r.n_stages + 0.7 for r in results]
+    heights = [0.55 * r.layout.stages + 0.7 for r in results]
     fig, axes = plt.subplots(
         len(results),
         1,
@@ -78,7 +78,7 @@ def plot_timelines(results: Sequence[SimResult], path: str | Path, *, title: str
                 [(0, tl.makespan * scale)], (s - 0.4, 0.8), facecolors="white", edgecolor=IDLE, hatch="////", lw=0
             )
             for act, start, end in st.intervals:
-                batch = act.mb if act.op is Op.STEP else act.mb // res.window
+                batch = act.mb if act.op is Op.STEP else act.mb // res.layout.window
                 colour = COLOURS[act.op][batch % 2]
                 x0, w = start * scale, (end - start) * scale
                 ax.broken_barh([(x0, w)], (s - 0.4, 0.8), facecolors=colour, edgecolor="white", lw=0.4)
@@ -94,14 +94,14 @@ def plot_timelines(results: Sequence[SimResult], path: str | Path, *, title: str
                         color="white" if batch % 2 == 0 or act.op is Op.STEP else "black",
                     )
         ax.set_ylim(max_stages - 0.5, -0.5)
-        ax.set_yticks(range(res.n_stages), [f"stage {s}" for s in range(res.n_stages)])
+        ax.set_yticks(range(res.layout.stages), [f"stage {s}" for s in range(res.layout.stages)])
         ax.tick_params(axis="y", length=0)
         for side in ("top", "right", "left"):
             ax.spines[side].set_visible(False)
         ax.set_title(
-            f"{res.schedule}: {res.step_time_s * scale:.3g} {unit} per global batch, "
+            f"{res.layout.schedule}: {res.step_time_s * scale:.3g} {unit} per global batch, "
             f"bubble {res.bubble_fraction:.0%}, makespan {tl.makespan * scale:.3g} {unit} "
-            f"({res.n_batches} global batches of {res.window} micro-batches)",
+            f"({res.n_batches} global batches of {res.layout.window} micro-batches)",
             loc="left",
             fontsize=10,
         )
@@ -113,8 +113,8 @@ def plot_timelines(results: Sequence[SimResult], path: str | Path, *, title: str
     first = results[0]
     fig.suptitle(
         title
-        or f"Simulated pipeline timelines · P={first.n_stages} · a={first.window} · "
-        f"micro-batch {first.microbatch_size}",
+        or f"Simulated pipeline timelines · P={first.layout.stages} · a={first.layout.window} · "
+        f"micro-batch {first.layout.microbatch_size}",
         x=0.07,
         ha="left",
         fontsize=11,

@@ -37,7 +37,8 @@ are not modelled (the simulated lists have no evaluations).
 PACI never drains inside a segment, so a short simulation would be dominated by its fill and
 drain; it is simulated over at least ``4 * P`` global batches, and the steady-state step time
 (measured between optimizer steps in the middle of the run) is reported next to the average. May
-import: :mod:`.memory`, :mod:`.profile`, :mod:`paci_tune.schedule`, :mod:`paci_tune.errors`.
+import: :mod:`.memory`, :mod:`.profile`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the layout
+and the backward-weights values), :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.layout import Layout
 from ..config.schema import BACKWARD_WEIGHTS
 from ..errors import ConfigError
 from ..schedule import SCHEDULES, Action, Op, build, check_partition, drift_bound, stage_units
@@ -106,31 +108,17 @@ class StageResult:
 class SimResult:
     """Predicted performance of one schedule; ``to_dict()`` is what ``simulate --json`` prints."""
 
-    schedule: str
-    n_stages: int
-    window: int
-    microbatch_size: int
+    layout: Layout  # its cut set
     seq_len: int
-    partition: list[int]
     n_batches: int
     makespan_s: float
     step_time_s: float
     steady_step_time_s: float
     bubble_fraction: float
     steady_bubble_fraction: float
-    stages: list[StageResult]
+    per_stage: list[StageResult]
     timeline: Timeline = field(repr=False)
-    data_parallel: int = 1
     backward_weights: str = "forward"
-
-    @property
-    def global_batch(self) -> int:
-        """Sequences per optimizer step over all D replicas: D * a * b."""
-        return self.data_parallel * self.window * self.microbatch_size
-
-    @property
-    def devices(self) -> int:
-        return self.n_stages * self.data_parallel
 
     @property
     def allreduce_fraction(self) -> float:
@@ -138,44 +126,44 @@ class SimResult:
         span = self.timeline.makespan
         if span <= 0:
             return 0.0
-        return sum(st.allreduce_s * self.n_batches for st in self.stages) / (span * len(self.stages))
+        return sum(st.allreduce_s * self.n_batches for st in self.per_stage) / (span * len(self.per_stage))
 
     @property
     def tokens_per_s(self) -> float:
         """Tokens per second over the whole simulated run (fill and drain included)."""
-        return self.global_batch * self.seq_len / self.step_time_s if self.step_time_s > 0 else float("inf")
+        return self.layout.global_batch * self.seq_len / self.step_time_s if self.step_time_s > 0 else float("inf")
 
     @property
     def steady_tokens_per_s(self) -> float:
-        return self.global_batch * self.seq_len / self.steady_step_time_s if self.steady_step_time_s > 0 else 0.0
+        return self.layout.global_batch * self.seq_len / self.steady_step_time_s if self.steady_step_time_s > 0 else 0.0
 
     @property
     def analytic_bubble_fraction(self) -> float:
         """Textbook bubble with equal stages and free transfers: (P-1)/(m+P-1) when flushing, 0 for PACI."""
-        if self.schedule == "paci":
-            return 0.0
-        return (self.n_stages - 1) / (self.window + self.n_stages - 1)
+        p, m = self.layout.stages, self.layout.window
+        return 0.0 if self.layout.schedule == "paci" else (p - 1) / (m + p - 1)
 
     @property
     def max_drift(self) -> int:
-        return max(st.max_drift for st in self.stages)
+        return max(st.max_drift for st in self.per_stage)
 
     @property
     def peak_memory_bytes(self) -> int:
-        return max(st.peak_memory_bytes for st in self.stages)
+        return max(st.peak_memory_bytes for st in self.per_stage)
 
     def to_dict(self) -> dict[str, Any]:
+        lay = self.layout
         return {
-            "schedule": self.schedule,
-            "n_stages": self.n_stages,
-            "data_parallel": self.data_parallel,
+            "schedule": lay.schedule,
+            "n_stages": lay.stages,  # the JSON's name for P since its first version (``stages`` is the per-stage list)
+            "data_parallel": lay.data_parallel,
             "backward_weights": self.backward_weights,
-            "devices": self.devices,
-            "window": self.window,
-            "microbatch_size": self.microbatch_size,
-            "global_batch": self.global_batch,
+            "devices": lay.devices,
+            "window": lay.window,
+            "microbatch_size": lay.microbatch_size,
+            "global_batch": lay.global_batch,
             "seq_len": self.seq_len,
-            "partition": list(self.partition),
+            "partition": list(lay.partition or ()),
             "n_batches": self.n_batches,
             "tokens_per_s": self.tokens_per_s,
             "steady_tokens_per_s": self.steady_tokens_per_s,
@@ -188,7 +176,7 @@ class SimResult:
             "max_drift": self.max_drift,
             "peak_memory_bytes": self.peak_memory_bytes,
             "allreduce_fraction": self.allreduce_fraction,
-            "stages": [st.to_dict() for st in self.stages],
+            "stages": [st.to_dict() for st in self.per_stage],
         }
 
 
@@ -229,45 +217,39 @@ def simulated_batches(schedule: str, n_stages: int, n_batches: int) -> int:
 
 
 def simulate(
-    schedule: str,
-    stages: int,
-    window: int,
-    microbatch_size: int,
-    partition_sizes: Sequence[int],
+    layout: Layout,
     profile: Profile,
     n_batches: int = 4,
     *,
-    inflight: int | None = None,
     optimizer: str = "adamw",
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     extend: bool = True,
     sync_steps: bool = False,
-    data_parallel: int = 1,
     backward_weights: str = "forward",
 ) -> SimResult:
-    """Predict one schedule's step time, throughput, bubble, memory and drift (module docstring).
+    """Predict one layout's step time, throughput, bubble, memory and drift (module docstring).
 
-    ``extend=False`` simulates exactly ``n_batches`` even for PACI (for pictures of a short run).
-    ``sync_steps``: every stage's step waits for all stages' backwards of its batch, as the runtimes
-    do for a flush schedule that clips the whole model's gradient norm. ``data_parallel``: D
-    replicas, each step adding the stage's gradient all-reduce (module docstring). ``backward_weights``:
-    PACI's ``pipeline.backward_weights``; ``forward`` adds the weight copies' time and memory (module
+    The layout names its cut (``layout.partition``). ``extend=False`` simulates exactly
+    ``n_batches`` even for PACI (for pictures of a short run). ``sync_steps``: every stage's step
+    waits for all stages' backwards of its batch, as the runtimes do for a flush schedule that clips
+    the whole model's gradient norm. ``layout.data_parallel``: D replicas, each step adding the
+    stage's gradient all-reduce (module docstring). ``backward_weights``: PACI's
+    ``pipeline.backward_weights``; ``forward`` adds the weight copies' time and memory (module
     docstring), ``current`` (and every flush schedule) none.
     """
     if backward_weights not in BACKWARD_WEIGHTS:
         raise ConfigError("pipeline.backward_weights", backward_weights, "one of: " + ", ".join(BACKWARD_WEIGHTS))
+    schedule, stages, window = layout.schedule, layout.stages, layout.window
+    microbatch_size, data_parallel, inflight = layout.microbatch_size, layout.data_parallel, layout.inflight
     if schedule not in SCHEDULES:
         raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
-    for key, value in (
-        ("pipeline.stages", stages),
-        ("pipeline.window", window),
-        ("pipeline.microbatch_size", microbatch_size),
-        ("pipeline.data_parallel", data_parallel),
-        ("batches", n_batches),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(key, value, "a positive integer")
-    sizes = check_partition(partition_sizes, stages, profile.n_units)
+    layout.check()
+    if isinstance(n_batches, bool) or not isinstance(n_batches, int) or n_batches < 1:
+        raise ConfigError("batches", n_batches, "a positive integer")
+    if layout.partition is None:
+        raise ConfigError("pipeline.partition", None, "the stage cut to simulate (units per stage)")
+    sizes = check_partition(list(layout.partition), stages, profile.n_units)
+    layout = layout.with_partition(sizes)
     ranges = stage_units(sizes)
     n = simulated_batches(schedule, stages, n_batches) if extend else n_batches
     lists = build(schedule, stages, window, 0, n, inflight)
@@ -331,21 +313,16 @@ def simulate(
             )
         )
     return SimResult(
-        schedule=schedule,
-        n_stages=stages,
-        window=window,
-        microbatch_size=microbatch_size,
+        layout=layout,
         seq_len=profile.seq_len,
-        partition=sizes,
         n_batches=n,
         makespan_s=span,
         step_time_s=span / n,
         steady_step_time_s=steady_step,
         bubble_fraction=timeline.bubble_fraction,
         steady_bubble_fraction=sum(x.steady_bubble_fraction for x in out) / len(out),
-        stages=out,
+        per_stage=out,
         timeline=timeline,
-        data_parallel=data_parallel,
         backward_weights=backward_weights,
     )
 

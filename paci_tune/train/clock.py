@@ -18,7 +18,7 @@ PACI with ``pipeline.backward_weights: forward`` also pays, at each step that ke
 for in-flight backwards, the profile's ``copy_s`` of the stage's weights (0 for a profile without
 it); ``current`` and the flush schedules pay nothing.
 Evaluation is not training time: it does not advance them, and the wall clock leaves it out.
-May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`.
+May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..config.layout import Layout
 from ..schedule import Op
 from ..sim.profile import Profile
 from ..sim.simulator import simulate
@@ -158,21 +159,15 @@ class ProfileClock:
         self,
         name: str,
         profile: Profile,
+        layout: Layout,
         *,
-        schedule: str,
-        stages: int,
-        window: int,
-        microbatch_size: int,
-        partition: Sequence[int],
-        inflight: int | None = None,
         sync_steps: bool = False,
         offset: float = 0.0,
-        data_parallel: int = 1,
         backward_weights: str = "forward",
     ) -> None:
-        self.name, self.profile = name, profile
-        self._shape = (schedule, stages, window, microbatch_size, list(partition), inflight, sync_steps)
-        self.data_parallel, self.backward_weights = data_parallel, backward_weights
+        """``layout``: the run's, its cut set; ``sync_steps``: a flush that clips the whole model's norm."""
+        self.name, self.profile, self.layout = name, profile, layout
+        self.sync_steps, self.backward_weights = sync_steps, backward_weights
         self.reading = offset
         self._plans: dict[int, SegmentPlan] = {}
         self._current: SegmentPlan | None = None
@@ -187,9 +182,7 @@ class ProfileClock:
     def plan(self, n_batches: int) -> SegmentPlan:
         """Simulate a drained segment of ``n_batches`` global batches (cached by length)."""
         if n_batches not in self._plans:
-            schedule, stages, window, b, sizes, inflight, sync = self._shape
-            res = simulate(schedule, stages, window, b, sizes, self.profile, n_batches, inflight=inflight, extend=False,
-                           sync_steps=sync, data_parallel=self.data_parallel,
+            res = simulate(self.layout, self.profile, n_batches, extend=False, sync_steps=self.sync_steps,
                            backward_weights=self.backward_weights)  # fmt: skip
             steps = [[end for act, _, end in st.intervals if act.op is Op.STEP] for st in res.timeline.stages]
             model = tuple(max(per[i] for per in steps) for i in range(n_batches))

@@ -3,8 +3,9 @@
 It knows nothing of how the pipeline runs. It asks the runtime to run *segments* of global
 batches -- each ends drained, at an evaluation or checkpoint point -- and the runtime reports
 losses as batches complete. The same loop runs in the single emulated process and on every rank
-of the distributed runtime (SPMD); only the reporting rank writes records. It runs a resolved
-config (:func:`paci_tune.train.run.resolve_run`): a profile clock finds its profile named.
+of the distributed runtime (SPMD); only the reporting rank writes records. It takes only a resolved
+run (:func:`paci_tune.train.run.resolve_run`): a profile clock finds its profile named, and nothing
+here loads the data, the model's metadata or the profile again.
 May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`, the train layer's own
 modules.
 """
@@ -19,7 +20,7 @@ from typing import Any
 from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..pipeline.evaluation import EvalPlan, EvalResult
-from ..pipeline.factory import Setup, build_setup
+from ..pipeline.factory import ResolvedRun, Setup, build_setup
 from ..pipeline.runtime import Runtime, StageTiming
 from . import checkpoint
 from .clock import Clock, ProfileClock, WallClock
@@ -75,9 +76,10 @@ class LoopState:
 
 
 class Trainer:
-    """Runs one training run described by a :class:`RunConfig` on this process's runtime."""
+    """Runs one resolved training run (:class:`~paci_tune.pipeline.factory.ResolvedRun`) on this process's runtime."""
 
-    def __init__(self, cfg: RunConfig, sink: RecordSink, *, distributed: bool = False) -> None:
+    def __init__(self, run: ResolvedRun, sink: RecordSink, *, distributed: bool = False) -> None:
+        cfg = run.config
         self.cfg, self.sink = cfg, sink
         t, p = cfg.training, cfg.pipeline
         self.peak = peak_lr(cfg.optimizer, cfg.lr_schedule, t.global_batch)
@@ -85,7 +87,7 @@ class Trainer:
             raise ConfigError("training.profile", None, f"a cost profile for the {t.clock} clock (see resolve_run)")
         self.clock: Clock = WallClock()
         self._segment_first = 0
-        self.setup: Setup = build_setup(cfg, self.lr_at, distributed=distributed)
+        self.setup: Setup = build_setup(run, self.lr_at, distributed=distributed)
         self.runtime: Runtime = self.setup.runtime
         self.tokens_per_batch = t.global_batch * self.setup.seq_len
         self.state = LoopState(timing=[dataclasses.asdict(StageTiming()) for _ in range(p.stages)])
@@ -100,14 +102,8 @@ class Trainer:
         return ProfileClock(
             t.clock,
             self.setup.profile,
-            schedule=p.schedule,
-            stages=p.stages,
-            window=p.window,
-            microbatch_size=p.microbatch_size,
-            partition=self.setup.partition,
-            inflight=p.inflight,
+            self.cfg.layout.with_partition(self.setup.partition),
             sync_steps=p.schedule != "paci" and bool(self.cfg.optimizer.grad_clip),
-            data_parallel=p.data_parallel,
             backward_weights=p.backward_weights,
             offset=offset,
         )

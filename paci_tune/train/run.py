@@ -3,7 +3,8 @@
 Every way of training -- ``paci-tune train``, ``paci-tune apply``, a search's trial process --
 goes through :func:`resolve_run` and :func:`run_training`, so each runs exactly the same thing for
 the same config. May import: the train layer's own modules, :mod:`paci_tune.calibrate` (a sim
-clock's profile), :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci_tune.base`.
+clock's profile), :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci_tune.base`,
+:mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..calibrate.cache import measured_profile
 from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..pipeline.backend import choose_backend, shares_gpus, visible_gpus
-from ..pipeline.factory import load_pieces
+from ..pipeline.factory import ResolvedRun, resolve_pieces
 from .failure import first_failure
 
 Log = Callable[[str], None]
@@ -47,21 +48,37 @@ class WorkersFailed(Exception):
         return f"error: pipeline workers exited with code {self.returncode}; their log is {self.log_path}:\n{self.tail}"
 
 
-def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> RunConfig:
-    """The run as it will execute: its profile known and its partition pinned. Idempotent.
+def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
+    """The run as it will execute: its profile known, its partition pinned, its pieces loaded.
 
-    The sim clock without a profile gets this machine's, measured once and cached; the stage cut
-    (``partition: auto``) is computed here, with every check that can refuse the run (data, model,
-    depth, partition, memory), so distributed workers and a later resume all run the same cut.
+    Called once per process: by the command that trains, by each distributed worker (on the config
+    the launcher resolved) and by a trial's process. The sim clock without a profile gets this
+    machine's, measured once and cached; the stage cut (``partition: auto``) is computed here, with
+    every check that can refuse the run (data, model, depth, partition, memory), so distributed
+    workers and a later resume all run the same cut.
     """
     t = cfg.training
     if t.clock == "sim" and not t.profile:
         _, path = measured_profile(cfg, log=log)
         cfg = dataclasses.replace(cfg, training=dataclasses.replace(t, profile=str(path)))
-    _, _, sizes, _ = load_pieces(cfg, [], distributed=cfg.pipeline.runtime == "distributed")
-    if cfg.pipeline.partition != sizes:
-        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, partition=sizes))
-    return cfg
+    return resolve_pieces(cfg, distributed=cfg.pipeline.runtime == "distributed")
+
+
+def check_outputs(cfg: RunConfig, metrics: str | None) -> None:
+    """The files a run writes can be written: refused now, not after the first minutes of training."""
+    from ..base.files import check_writable
+
+    if metrics is not None:
+        check_writable(metrics, "--metrics")
+    t = cfg.training
+    if t.checkpoint_every and t.checkpoint_dir:
+        check_writable(t.checkpoint_dir, "training.checkpoint_dir", folder=True)
+
+
+def prepare_run(cfg: RunConfig, *, metrics: str | None = None, log: Log | None = None) -> ResolvedRun:
+    """What a command does before it trains: its outputs checked writable, then the run resolved."""
+    check_outputs(cfg, metrics)
+    return resolve_run(cfg, log=log)
 
 
 def _check_launch(cfg: RunConfig, resume: bool, log: Log | None) -> None:
@@ -80,14 +97,14 @@ def _check_launch(cfg: RunConfig, resume: bool, log: Log | None) -> None:
 
 
 def run_training(
-    cfg: RunConfig,
+    run: ResolvedRun,
     *,
     on_record: Callable[[Record], None] | None = None,
     metrics: str | None = None,
     resume: bool = False,
     log: Log | None = None,
 ) -> dict[str, Any] | None:
-    """Train ``cfg`` on its runtime; every record goes to ``on_record``; the summary record is returned.
+    """Train the resolved ``run`` on its runtime; every record goes to ``on_record``; the summary record is returned.
 
     Raises :class:`~paci_tune.errors.ConfigError` for a run that cannot start and
     :class:`WorkersFailed` when distributed workers fail.
@@ -95,9 +112,9 @@ def run_training(
     from .loop import Trainer
     from .metrics import RecordSink
 
-    cfg = resolve_run(cfg, log=log)
+    cfg = run.config
     if cfg.pipeline.runtime == "emulated":
-        return Trainer(cfg, RecordSink(metrics, None, on_record)).run(resume=resume)
+        return Trainer(run, RecordSink(metrics, None, on_record)).run(resume=resume)
 
     from .launch import run_distributed
 

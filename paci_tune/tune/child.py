@@ -5,7 +5,7 @@ every record to EVENTS as it happens (the search tails it) and writing METRICS a
 with the search that started it (SIGKILL included), so a killed search leaves no trial training.
 Exit codes and the log's last line tell the runner why a trial failed (:func:`.runner.crash_reason`):
 2 with an ``error:`` line for a configuration this machine refuses, a traceback otherwise. May
-import: :mod:`paci_tune.train`, :mod:`paci_tune.config`, :mod:`paci_tune.base`.
+import: :mod:`paci_tune.train`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..base.files import read_yaml
 from ..base.processes import Record, die_with_parent
 from ..config import derive_run
 from ..errors import ConfigError
-from ..train.run import WorkersFailed, run_training
+from ..train.run import WorkersFailed, resolve_run, run_training
 
 
 def _log_line(rec: Record) -> str | None:
@@ -40,8 +40,9 @@ def main(config: str, events_path: str, metrics: str) -> int:
                 print(line, flush=True)
 
         try:
-            run_training(derive_run(read_yaml(config, "trial")), on_record=on_record, metrics=metrics,
-                         log=lambda m: print(m, flush=True))  # fmt: skip
+            log = lambda m: print(m, flush=True)  # noqa: E731
+            run = resolve_run(derive_run(read_yaml(config, "trial")), log=log)
+            run_training(run, on_record=on_record, metrics=metrics, log=log)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             return 2

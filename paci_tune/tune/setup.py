@@ -1,8 +1,9 @@
 """Binding a search file to this machine: its space, its sim-clock profile, its start points.
 
 Shared by ``paci-tune search`` (:mod:`.session`) and the benchmark that replays searches against a
-full grid. May import: :mod:`paci_tune.calibrate`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`,
-:mod:`paci_tune.base` and the tune layer's :mod:`.space` and :mod:`.study`.
+full grid. May import: :mod:`paci_tune.calibrate`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.sim`,
+:mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's
+:mod:`.space` and :mod:`.study`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
 
     On the wall clock the budget's devices must exist here: each trial runs P x D processes.
     """
-    from ..pipeline.factory import load_pieces
+    from ..pipeline.factory import resolve_pieces
     from .space import load_space, skip_stale
 
     devices = tune.hardware.devices
@@ -40,7 +41,7 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
                           "simulates a larger budget)")  # fmt: skip
     one_stage = derive_run(tune.run_doc, {"pipeline.stages": 1, "pipeline.data_parallel": 1,
                                           "pipeline.partition": "auto"})  # fmt: skip
-    _, meta, _, _ = load_pieces(one_stage, [], distributed=True)
+    meta = resolve_pieces(one_stage, distributed=True).model
     space = load_space(tune.search.space, global_batch=tune.run.training.global_batch, n_units=meta.n_units,
                        max_stages=None, devices=devices)  # fmt: skip
     return skip_stale(space, tune.search.paci_max_drift)
