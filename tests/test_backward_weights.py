@@ -311,6 +311,7 @@ def predicted_copy_bytes(stage: Stage, window: int, k: int, dtype: torch.dtype) 
     return stage_memory(profile, [0], 1, k, last=False, copies=copies).weight_copies
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("window", "dtype"), [(1, torch.float32), (4, torch.float32), (2, torch.bfloat16)], ids=str)
 def test_forward_mode_costs_at_most_its_copy_bound_in_weights(window: int, dtype: torch.dtype):
     weight_bytes = None

@@ -73,6 +73,7 @@ def assert_same_run(got: list[dict[str, Any]], want: list[dict[str, Any]], tol: 
     assert [st["updates"] for st in s["stages"]] == [STEPS, STEPS]
 
 
+@pytest.mark.slow
 def test_kill_and_resume_matches_uninterrupted_run(tmp_path: Path, reference):
     config, ckpt = write_config(tmp_path, DOC), tmp_path / "ckpt"
     batch = run_and_kill_after_first_checkpoint(config, ckpt, tmp_path / "killed.jsonl")

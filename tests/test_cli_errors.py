@@ -35,6 +35,7 @@ CASES: list[tuple[str, dict[str, Any] | None, list[str], str, str]] = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("case", "doc", "args", "key", "value"), CASES, ids=[c[0] for c in CASES])
 def test_bad_input_emulated(tmp_path: Path, case: str, doc, args: list[str], key: str, value: str):
     config = tmp_path / "missing.yaml" if doc is None else write_config(tmp_path, doc)
@@ -43,6 +44,7 @@ def test_bad_input_emulated(tmp_path: Path, case: str, doc, args: list[str], key
     check_error(proc, metrics, key, value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "args", "key", "value"),
     [
@@ -56,6 +58,7 @@ def test_bad_input_distributed_is_caught_before_launch(tmp_path: Path, case: str
     check_error(proc, metrics, key, value)
 
 
+@pytest.mark.slow
 def test_nccl_on_cpu_is_caught_before_launch(tmp_path: Path):
     metrics = tmp_path / "metrics.jsonl"
     config = write_config(tmp_path, make_config(pipeline={"backend": "nccl"}))
@@ -63,6 +66,7 @@ def test_nccl_on_cpu_is_caught_before_launch(tmp_path: Path):
     check_error(proc, metrics, "pipeline.backend", "nccl")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["emulated", pytest.param("distributed", marks=pytest.mark.slow)])
 def test_cuda_requested_without_cuda(tmp_path: Path, runtime: str):
     if torch.cuda.is_available():
@@ -73,6 +77,7 @@ def test_cuda_requested_without_cuda(tmp_path: Path, runtime: str):
     check_error(proc, metrics, "pipeline.device", "cuda")
 
 
+@pytest.mark.slow
 def test_bad_option_value_is_a_usage_error(tmp_path: Path):
     metrics = tmp_path / "metrics.jsonl"
     proc = run_cli(write_config(tmp_path, make_config()), "--steps", "ten", "--metrics", metrics)

@@ -71,6 +71,7 @@ def test_rst_time_budget_is_deterministic_and_respected(tmp_path: Path) -> None:
     assert lrs == [r["lr"] for r in b if r["event"] == "train"]  # LR decays over the rst budget
 
 
+@pytest.mark.slow
 def test_rst_needs_a_profile(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, make_config(training={"clock": "rst"}))
     proc = run_cli(cfg)
@@ -78,6 +79,7 @@ def test_rst_needs_a_profile(tmp_path: Path) -> None:
     assert "training.profile" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_profile_of_another_model_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "other.yaml"
     make_profile([unit(FWD, BWD, mb=MB) for _ in range(N_UNITS + 3)], seq_len=32).save(path)
@@ -86,6 +88,7 @@ def test_profile_of_another_model_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "training.profile" in proc.stderr
 
 
+@pytest.mark.slow
 def test_run_that_cannot_fit_is_refused_with_the_numbers(tmp_path: Path) -> None:
     """Each in-flight micro-batch pins 1 TiB by this profile: refused before training starts."""
     huge = hand_profile(tmp_path, saved=2**40)

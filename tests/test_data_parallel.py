@@ -95,6 +95,7 @@ def test_resume_with_two_replicas_is_exact(tmp_path: Path):
     assert summary_of(resumed)["stages"][0]["drift_histogram"] == summary_of(full)["stages"][0]["drift_histogram"]
 
 
+@pytest.mark.slow
 def test_a_data_parallel_that_does_not_divide_the_batch_is_refused(tmp_path: Path):
     metrics = tmp_path / "m.jsonl"
     proc = run_cli(write_config(tmp_path, dp_doc("paci", 2)), "--data-parallel", "3", "--metrics", metrics)
@@ -102,6 +103,7 @@ def test_a_data_parallel_that_does_not_divide_the_batch_is_refused(tmp_path: Pat
     assert "a divisor of training.global_batch=8" in proc.stderr
 
 
+@pytest.mark.slow
 def test_world_size_must_be_stages_times_replicas(tmp_path: Path):
     check_world(4, 2, 2)
     with pytest.raises(ConfigError, match=r"2 x 2 = 4 must equal the number of launched processes.*\(3\)"):

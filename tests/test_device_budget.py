@@ -136,6 +136,7 @@ def test_bad_budget_names_hardware_devices(tmp_path: Path, case: str) -> None:
     assert not (tmp_path / "work" / "study.db").exists() or case == "wall-too-many"
 
 
+@pytest.mark.slow
 def test_a_budget_leaving_no_point_is_one_line_and_exit_2(tmp_path: Path) -> None:
     # No depth of [1, 2, 3, 4] but 1 divides 5 devices, and 8 sequences do not split over 5 replicas.
     proc = _search(_write(tmp_path, hardware={"devices": 5}), tmp_path)
@@ -146,6 +147,7 @@ def test_a_budget_leaving_no_point_is_one_line_and_exit_2(tmp_path: Path) -> Non
 
 
 # ------------------------------------------------------------------------------ a real search
+@pytest.mark.slow
 def test_search_on_four_devices_runs_only_p_times_d_four(tmp_path: Path) -> None:
     proc = _search(_write(tmp_path), tmp_path)
     check_ok(proc)

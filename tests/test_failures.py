@@ -78,6 +78,7 @@ def test_a_storage_of_another_schema_version(tmp_path: Path) -> None:
     _one_error_line(r, 1, "old.db", "schema")
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_search_is_130_and_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import paci_tune.tune.search as search
     import paci_tune.tune.setup as setup
@@ -113,6 +114,7 @@ def _reported_a_step(*files: Path) -> bool:
     return any("step" in f.read_text() for f in files)
 
 
+@pytest.mark.slow
 def test_sigint_to_a_real_training_exits_130_without_a_traceback(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(make_config(training={"steps": 100_000, "eval_every": 100_000})))

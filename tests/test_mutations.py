@@ -285,6 +285,7 @@ SUBPROCESS_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("case", "command", "change", "key"), SUBPROCESS_CASES, ids=[c[0] for c in SUBPROCESS_CASES])
 def test_refusals_end_to_end(tmp_path: Path, case: str, command: str, change: dict | None, key: str) -> None:
     config = tmp_path / "c.yaml"

@@ -154,6 +154,7 @@ def test_each_picture_has_its_content(searched: Path) -> None:
     assert verdict.seed_ratios(ev) == pytest.approx({1: 6.0 / 4.0, 2: 6.3 / 4.2, 3: 5.7 / 3.8})
 
 
+@pytest.mark.slow
 def test_report_command_writes_a_page_that_holds_everything(searched: Path, tmp_path: Path) -> None:
     out = tmp_path / "rep"
     proc = subprocess.run([sys.executable, "-m", "paci_tune.cli", "report", str(searched), "--out", str(out)],
@@ -192,6 +193,7 @@ def _browser() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_browser() is None, reason="no headless browser (chromium) on this machine")
 def test_a_real_browser_loads_every_image_and_the_verdict(searched: Path, tmp_path: Path) -> None:
     """Chromium, headless, opens the page from disk; a copy of it with one inline script appended

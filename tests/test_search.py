@@ -27,6 +27,8 @@ from optuna.trial import TrialState
 
 from paci_tune.tune.study import counted
 
+pytestmark = pytest.mark.slow  # every test here starts processes: searches, trials, workers
+
 
 def _metrics_losses(path: Path) -> list[float]:
     return [r["loss"] for r in sorted(read_metrics(path), key=lambda r: r.get("step", 0)) if r["event"] == "train"]

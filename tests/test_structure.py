@@ -212,6 +212,7 @@ def test_only_the_trial_record_touches_optuna_user_attributes() -> None:
     assert "set_user_attr" in home.read_text() and "user_attrs" in home.read_text()
 
 
+@pytest.mark.slow
 def test_torch_free_layers_import_without_torch() -> None:
     """The schedule layer, the simulator, the config and the ground floor never load torch."""
     mods = ", ".join(f"paci_tune.{m}" for m in TORCH_FREE)
@@ -224,6 +225,7 @@ def test_torch_free_layers_import_without_torch() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_public_api() -> None:
     """The package root exports its public API lazily, and ``python -m paci_tune`` is the CLI."""
     import paci_tune

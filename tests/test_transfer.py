@@ -211,6 +211,7 @@ class ScoreRunner:
         return TrialResult("complete", progress, None, None, {"steps": k}, 0.1, evals)
 
 
+@pytest.mark.slow
 def test_the_loop_trains_each_long_run_once_after_the_quota(tmp_path: Path) -> None:
     from paci_tune.base.files import read_yaml
     from paci_tune.config.tune import load_tune_config
