@@ -185,7 +185,7 @@ class SchedulePACI:
         if optimizer.state:
             raise ValueError("optimizer must be fresh (no state yet): its parameters are rebound to aliases")
         self.module = stage.submod
-        self.index, self.n_stages, self.device = stage.stage_index, stage.num_stages, stage.device
+        self.index, self.stages, self.device = stage.stage_index, stage.num_stages, stage.device
         own = {id(p) for p in self.module.parameters()}
         if any(id(p) not in own for group in optimizer.param_groups for p in group["params"]):
             raise ValueError("optimizer holds parameters that are not the stage module's")
@@ -197,7 +197,7 @@ class SchedulePACI:
         # fp32 so the Stage casts nothing: a bf16 module is the caller's conversion (class docstring).
         self._stage = Stage(
             self.index,
-            self.n_stages,
+            self.stages,
             [self._unit],
             window=self.window,
             optimizer=AliasedOptimizer.rebind(optimizer),
@@ -207,7 +207,7 @@ class SchedulePACI:
             backward_weights=backward_weights,
             loss_fn=loss_fn,
         )
-        ranks = [i if stage.group is None else dist.get_global_rank(stage.group, i) for i in range(self.n_stages)]
+        ranks = [i if stage.group is None else dist.get_global_rank(stage.group, i) for i in range(self.stages)]
         self._p2p = P2P(ranks, self.device)
         self._seg_first = 0  # first global batch of the current segment (a segment ends at drain())
         self._submitted = 0  # global batches submitted in this segment
@@ -255,7 +255,7 @@ class SchedulePACI:
         per_step = self.n_microbatches // self.window
         self._submitted += per_step
         if self.flush:
-            acts = stage_actions("1f1b", self.index, self.n_stages, self.window, self._seg_first, per_step)
+            acts = stage_actions("1f1b", self.index, self.stages, self.window, self._seg_first, per_step)
             self._announce(acts)
             for act in acts:
                 self._run(act)
@@ -264,7 +264,7 @@ class SchedulePACI:
             self._p2p.wait_all()
             return
         limit = (self._seg_first + self._submitted) * self.window  # first micro-batch not submitted
-        self._ensure_horizon(self._submitted + math.ceil(self.n_stages / self.window) + 1)
+        self._ensure_horizon(self._submitted + math.ceil(self.stages / self.window) + 1)
         start = self._pos
         while True:
             act = self._actions[self._pos]
@@ -280,7 +280,7 @@ class SchedulePACI:
         if self._drained:
             return
         if not self.flush and self._submitted:
-            final = stage_actions("paci", self.index, self.n_stages, self.window, self._seg_first, self._submitted)
+            final = stage_actions("paci", self.index, self.stages, self.window, self._seg_first, self._submitted)
             rest = final[self._pos :]
             self._announce(rest)
             for act in rest:
@@ -339,7 +339,7 @@ class SchedulePACI:
         if self._horizon >= n_batches:
             return
         self._horizon = max(n_batches, 2 * self._horizon)
-        self._actions = stage_actions("paci", self.index, self.n_stages, self.window, self._seg_first, self._horizon)
+        self._actions = stage_actions("paci", self.index, self.stages, self.window, self._seg_first, self._horizon)
 
     def _announce(self, acts: list[Action]) -> None:
         """Tell the transport which messages these actions will receive, so it can post them early."""

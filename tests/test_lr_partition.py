@@ -64,10 +64,10 @@ def test_peak_lr_scaling():
 # --------------------------------------------------------------------------------- partition
 
 
-def brute_force(costs: list[float], n_stages: int) -> float:
+def brute_force(costs: list[float], stages: int) -> float:
     """Smallest possible largest-stage cost over every contiguous split."""
     n, best = len(costs), math.inf
-    for cuts in itertools.combinations(range(1, n), n_stages - 1):
+    for cuts in itertools.combinations(range(1, n), stages - 1):
         bounds = [0, *cuts, n]
         best = min(best, max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds)))
     return best

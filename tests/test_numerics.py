@@ -120,9 +120,9 @@ def linear_units(vocab: int = SIM_VOCAB, width: int = SIM_WIDTH, depth: int = 2)
     ]
 
 
-def paci_local_order(stage: int, n_stages: int, window: int, mbs: list[int]) -> list[tuple[str, int]]:
+def paci_local_order(stage: int, stages: int, window: int, mbs: list[int]) -> list[tuple[str, int]]:
     order, held, nxt_f, nxt_b, backs = [], 0, 0, 0, 0
-    cap = n_stages - stage
+    cap = stages - stage
     while nxt_b < len(mbs):
         if nxt_f < len(mbs) and held < cap:
             order.append(("F", mbs[nxt_f]))
@@ -143,13 +143,13 @@ def simulate_paci(doc: dict[str, Any], sizes: list[int]) -> list[float]:
     """
     t, opt_doc, pipe = doc["training"], doc["optimizer"], doc["pipeline"]
     at_forward = pipe.get("backward_weights", "forward") == "forward"
-    n_stages, a, steps = pipe["stages"], pipe["window"], t["steps"]
+    stages, a, steps = pipe["stages"], pipe["window"], t["steps"]
     b = t["global_batch"] // a
     source = load_source(doc["data"], None)
     loaded = load_model(doc["model"], source.vocab_size, t["seed"])
     weights = [loaded.units[i].weight.detach().double().clone() for i in range(loaded.n_units)]
-    bounds = [sum(sizes[:s]) for s in range(n_stages + 1)]
-    stage_units = [list(range(bounds[s], bounds[s + 1])) for s in range(n_stages)]
+    bounds = [sum(sizes[:s]) for s in range(stages + 1)]
+    stage_units = [list(range(bounds[s], bounds[s + 1])) for s in range(stages)]
     grads = [torch.zeros_like(w) for w in weights]
     opts = [
         torch.optim.AdamW(
@@ -163,15 +163,15 @@ def simulate_paci(doc: dict[str, Any], sizes: list[int]) -> list[float]:
     ]
     stream = MicroBatchStream(source.train, loaded.block_size, b, t["seed"])
     mbs = list(range(steps * a))
-    orders = [paci_local_order(s, n_stages, a, mbs) for s in range(n_stages)]
+    orders = [paci_local_order(s, stages, a, mbs) for s in range(stages)]
     acts: dict[tuple[int, int], torch.Tensor] = {}  # (stage, mb) -> input activation from stage - 1
     back: dict[tuple[int, int], torch.Tensor] = {}  # (stage, mb) -> gradient from stage + 1
     saved: dict[tuple[int, int], list[torch.Tensor]] = {}  # (stage, mb) -> each unit's input; + softmax grad
     losses: dict[int, float] = {}
-    pos = [0] * n_stages
-    while any(pos[s] < len(orders[s]) for s in range(n_stages)):
+    pos = [0] * stages
+    while any(pos[s] < len(orders[s]) for s in range(stages)):
         progressed = False
-        for s in range(n_stages):
+        for s in range(stages):
             while pos[s] < len(orders[s]):
                 op, m = orders[s][pos[s]]
                 if op == "F":
@@ -183,7 +183,7 @@ def simulate_paci(doc: dict[str, Any], sizes: list[int]) -> list[float]:
                     for i in stage_units[s]:
                         ins.append((h, weights[i].clone() if at_forward else weights[i]))
                         h = weights[0][h] if i == 0 else h @ weights[i].T
-                    if s == n_stages - 1:
+                    if s == stages - 1:
                         logits = h.reshape(-1, SIM_VOCAB)
                         logp = torch.log_softmax(logits, dim=-1)
                         target = y.flatten()
@@ -195,10 +195,10 @@ def simulate_paci(doc: dict[str, Any], sizes: list[int]) -> list[float]:
                         acts[(s + 1, m)] = h
                     saved[(s, m)] = ins
                 elif op == "B":
-                    if s < n_stages - 1 and (s, m) not in back:
+                    if s < stages - 1 and (s, m) not in back:
                         break
                     ins = saved.pop((s, m))
-                    g = ins.pop() if s == n_stages - 1 else back.pop((s, m))
+                    g = ins.pop() if s == stages - 1 else back.pop((s, m))
                     for i, (h_in, w) in zip(reversed(stage_units[s]), reversed(ins), strict=True):
                         if i == 0:
                             grads[0].index_put_((h_in.flatten(),), g.reshape(-1, SIM_WIDTH), accumulate=True)

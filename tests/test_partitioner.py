@@ -47,9 +47,9 @@ def compositions(n: int, parts: int) -> list[list[int]]:
     return out
 
 
-def hand_copies(s: int, n_stages: int, schedule: str, window: int, bw: str) -> int:
+def hand_copies(s: int, stages: int, schedule: str, window: int, bw: str) -> int:
     """PACI in ``forward`` mode keeps ceil((P - s - 1) / a) copies of the weights at stage s; nothing else does."""
-    return -(-(n_stages - s - 1) // window) if schedule == "paci" and bw == "forward" else 0
+    return -(-(stages - s - 1) // window) if schedule == "paci" and bw == "forward" else 0
 
 
 def hand_time(prof: Profile, first: int, stop: int, window: int, copies: int = 0) -> float:
@@ -61,29 +61,29 @@ def hand_time(prof: Profile, first: int, stop: int, window: int, copies: int = 0
 
 
 def hand_memory(
-    prof: Profile, s: int, first: int, stop: int, n_stages: int, schedule: str, window: int, bw: str = "current"
+    prof: Profile, s: int, first: int, stop: int, stages: int, schedule: str, window: int, bw: str = "current"
 ) -> int:
     """Weights + grads + AdamW (2x) + in-flight x (saved + stage output unless last) + overhead, + the
     forward-mode weight copies (fp32 profile: 4 bytes per parameter each)."""
     us = prof.units[first:stop]
     params = sum(u.param_bytes for u in us)
     per_mb = sum(u.costs[2].saved_bytes for u in us)
-    if s < n_stages - 1:
+    if s < stages - 1:
         per_mb += us[-1].costs[2].activation_bytes
-    inflight = {"gpipe": window, "1f1b": min(n_stages - s, window), "paci": n_stages - s}[schedule]
-    return (4 + hand_copies(s, n_stages, schedule, window, bw)) * params + inflight * per_mb + OVERHEAD
+    inflight = {"gpipe": window, "1f1b": min(stages - s, window), "paci": stages - s}[schedule]
+    return (4 + hand_copies(s, stages, schedule, window, bw)) * params + inflight * per_mb + OVERHEAD
 
 
 def brute_force(
-    prof: Profile, n_stages: int, schedule: str, window: int, limit: float | None, bw: str = "current"
+    prof: Profile, stages: int, schedule: str, window: int, limit: float | None, bw: str = "current"
 ) -> float | None:
     best = None
-    for sizes in compositions(prof.n_units, n_stages):
+    for sizes in compositions(prof.n_units, stages):
         start, worst, fits = 0, 0.0, True
         for s, size in enumerate(sizes):
-            copies = hand_copies(s, n_stages, schedule, window, bw)
+            copies = hand_copies(s, stages, schedule, window, bw)
             worst = max(worst, hand_time(prof, start, start + size, window, copies))
-            mem = hand_memory(prof, s, start, start + size, n_stages, schedule, window, bw)
+            mem = hand_memory(prof, s, start, start + size, stages, schedule, window, bw)
             if limit is not None and mem > limit:
                 fits = False
             start += size
@@ -98,17 +98,17 @@ def test_partition_is_optimal_against_brute_force(seed: int) -> None:
     checked_binding = 0
     for _ in range(60):
         n = rng.randint(1, 9)
-        n_stages = rng.randint(1, min(4, n))
+        stages = rng.randint(1, min(4, n))
         schedule = rng.choice(["paci", "1f1b", "gpipe"])
         window = rng.randint(1, 6)
         bw = rng.choice(["forward", "current"])
         prof = random_profile(rng, n)
-        mem = functools.partial(hand_memory, prof, n_stages=n_stages, schedule=schedule, window=window, bw=bw)
+        mem = functools.partial(hand_memory, prof, stages=stages, schedule=schedule, window=window, bw=bw)
 
         # No limit; limits between the leanest cut's peak and the whole model on one stage (feasible, often
         # binding: the fastest cut does not fit); and one below the leanest cut's peak (nothing fits).
-        lean = min(max(mem(s, sum(c[:s]), sum(c[: s + 1])) for s in range(n_stages)) for c in compositions(n, n_stages))
-        top = max(mem(s, 0, n) for s in range(n_stages))
+        lean = min(max(mem(s, sum(c[:s]), sum(c[: s + 1])) for s in range(stages)) for c in compositions(n, stages))
+        top = max(mem(s, 0, n) for s in range(stages))
         for limit in (
             None,
             rng.uniform(lean, top),
@@ -116,8 +116,8 @@ def test_partition_is_optimal_against_brute_force(seed: int) -> None:
             lean,
             rng.uniform(OVERHEAD, lean - 1),
         ):
-            expected = brute_force(prof, n_stages, schedule, window, limit, bw)
-            layout = Layout(schedule, n_stages, window=window, microbatch_size=2)
+            expected = brute_force(prof, stages, schedule, window, limit, bw)
+            layout = Layout(schedule, stages, window=window, microbatch_size=2)
             kwargs = {"overhead_bytes": OVERHEAD, "backward_weights": bw}
             if expected is None:
                 with pytest.raises(ConfigError) as e:
@@ -125,17 +125,17 @@ def test_partition_is_optimal_against_brute_force(seed: int) -> None:
                 assert e.value.key == "pipeline.stages" and "GiB available on stage" in e.value.allowed
                 continue
             got = partition(prof, layout, memory_bytes=limit, **kwargs)
-            assert sum(got.sizes) == n and len(got.sizes) == n_stages and min(got.sizes) >= 1
+            assert sum(got.sizes) == n and len(got.sizes) == stages and min(got.sizes) >= 1
             assert got.bottleneck_s == pytest.approx(expected, rel=1e-9)
             start = 0
             for s, size in enumerate(got.sizes):  # the reported figures are the hand ones
-                copies = hand_copies(s, n_stages, schedule, window, bw)
+                copies = hand_copies(s, stages, schedule, window, bw)
                 assert got.stage_time_s[s] == pytest.approx(hand_time(prof, start, start + size, window, copies))
                 need = mem(s, start, start + size)
                 assert got.memory_bytes[s] == need
                 assert limit is None or need <= limit
                 start += size
-            checked_binding += expected > brute_force(prof, n_stages, schedule, window, None, bw) + 1e-12
+            checked_binding += expected > brute_force(prof, stages, schedule, window, None, bw) + 1e-12
     assert checked_binding >= 5
 
 

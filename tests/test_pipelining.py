@@ -49,7 +49,7 @@ def _launch(out: Path, nproc: int, *args: str) -> list[dict]:
 
 
 def _paci_tune_losses(
-    n_stages: int,
+    stages: int,
     window: int,
     microbatches: int,
     steps: int,
@@ -64,14 +64,14 @@ def _paci_tune_losses(
     example; ``test_runtimes`` shows the distributed runtime (``paci-tune train --runtime
     distributed``) gives the same numbers.
     """
-    bounds = [round(i * 4 / n_stages) for i in range(n_stages + 1)]  # the example's split of the 4 units
+    bounds = [round(i * 4 / stages) for i in range(stages + 1)]  # the example's split of the 4 units
     doc = make_config(
         model=SPEC,
         data={"source": "synthetic", "vocab_size": 256, "n_train": 200_000, "n_val": 1_000},
         training={"global_batch": window * mb_size, "steps": steps * microbatches // window, "eval_sequences": 2},
         pipeline={
             "schedule": "paci",
-            "stages": n_stages,
+            "stages": stages,
             "window": window,
             "partition": [b - a for a, b in itertools.pairwise(bounds)],
             "runtime": "emulated",
@@ -88,21 +88,21 @@ def _window_means(mb_losses: list[float], window: int) -> list[float]:
     return [sum(mb_losses[i : i + window]) / window for i in range(0, len(mb_losses), window)]
 
 
-@pytest.mark.parametrize("n_stages", [2, 3])
-def test_flush_mode_matches_torch_schedule_1f1b(tmp_path: Path, n_stages: int) -> None:
+@pytest.mark.parametrize("stages", [2, 3])
+def test_flush_mode_matches_torch_schedule_1f1b(tmp_path: Path, stages: int) -> None:
     """SchedulePACI(flush=True) == torch's Schedule1F1B + optimizer.step() per step (both example modes run)."""
-    ref = _launch(tmp_path / "1f1b", n_stages, "--schedule", "1f1b", "--steps", "4")
-    got = _launch(tmp_path / "flush", n_stages, "--schedule", "paci", "--flush", "--steps", "4")
+    ref = _launch(tmp_path / "1f1b", stages, "--schedule", "1f1b", "--steps", "4")
+    got = _launch(tmp_path / "flush", stages, "--schedule", "paci", "--flush", "--steps", "4")
     assert len(ref[-1]["losses"]) == 4
     assert got[-1]["losses"] == pytest.approx(ref[-1]["losses"], abs=1e-5)
     assert all(rec["max_drift"] == 0 and rec["ptrs_unchanged"] for rec in got)
 
 
 @pytest.mark.parametrize(
-    ("n_stages", "window", "microbatches", "backward_weights"), [(2, 2, 4, "current"), (3, 1, 3, "forward")]
+    ("stages", "window", "microbatches", "backward_weights"), [(2, 2, 4, "current"), (3, 1, 3, "forward")]
 )
 def test_async_matches_paci_tune_and_drift_bound(
-    tmp_path: Path, n_stages: int, window: int, microbatches: int, backward_weights: str
+    tmp_path: Path, stages: int, window: int, microbatches: int, backward_weights: str
 ) -> None:
     """Async losses equal paci-tune's own PACI with the same ``backward_weights`` (and not with the
     other: late backwards happen here); drift reaches exactly ceil((P-s-1)/a); parameters never move.
@@ -111,20 +111,20 @@ def test_async_matches_paci_tune_and_drift_bound(
     exactly :func:`copies_bound` weight copies at the peak."""
     steps = 4
     args = ["--schedule", "paci", "--steps", str(steps), "--window", str(window), "--microbatches", str(microbatches)]
-    ranks = _launch(tmp_path, n_stages, *args, "--backward-weights", backward_weights)
+    ranks = _launch(tmp_path, stages, *args, "--backward-weights", backward_weights)
     got = _window_means(ranks[-1]["mb_losses"], window)
     other = "current" if backward_weights == "forward" else "forward"
-    expected = _paci_tune_losses(n_stages, window, microbatches, steps, backward_weights=backward_weights)
+    expected = _paci_tune_losses(stages, window, microbatches, steps, backward_weights=backward_weights)
     assert len(got) == steps * microbatches // window
     assert got == pytest.approx(expected, abs=1e-5)
     assert got != pytest.approx(
-        _paci_tune_losses(n_stages, window, microbatches, steps, backward_weights=other), abs=1e-5
+        _paci_tune_losses(stages, window, microbatches, steps, backward_weights=other), abs=1e-5
     )
     for s, rec in enumerate(ranks):
-        assert rec["max_drift"] == math.ceil((n_stages - s - 1) / window) == schedules.drift_bound(s, n_stages, window)
+        assert rec["max_drift"] == math.ceil((stages - s - 1) / window) == schedules.drift_bound(s, stages, window)
         assert rec["updates"] == steps * microbatches // window
         assert rec["ptrs_unchanged"]
-        copies = schedules.copies_bound("paci", s, n_stages, window) if backward_weights == "forward" else 0
+        copies = schedules.copies_bound("paci", s, stages, window) if backward_weights == "forward" else 0
         assert rec["weight_copies_peak"] == copies
 
 

@@ -90,16 +90,16 @@ def assert_drift_and_summary(records: list[dict[str, Any]], doc: dict[str, Any],
     assert summary["max_drift"] == math.ceil((p - 1) / a)
 
 
-@pytest.mark.parametrize("n_stages", [2, 3])
-def test_distributed_equals_emulated(tmp_path: Path, emulated, n_stages: int):
-    doc = RUNS[n_stages]
+@pytest.mark.parametrize("stages", [2, 3])
+def test_distributed_equals_emulated(tmp_path: Path, emulated, stages: int):
+    doc = RUNS[stages]
     metrics = tmp_path / "m.jsonl"
     proc = run_cli(write_config(tmp_path, doc), "--runtime", "distributed", "--metrics", metrics)
     check_ok(proc)
     got = read_metrics(metrics)
-    assert_same_numbers(got, emulated[n_stages])
+    assert_same_numbers(got, emulated[stages])
     assert_drift_and_summary(got, doc, "distributed")
-    assert_drift_and_summary(emulated[n_stages], doc, "emulated")
+    assert_drift_and_summary(emulated[stages], doc, "emulated")
 
 
 def test_two_node_torchrun_launch_equals_emulated(tmp_path: Path, emulated):

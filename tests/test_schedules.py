@@ -59,14 +59,14 @@ def max_inflight(actions: list[Action]) -> int:
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize(("n_stages", "window"), GRID)
-def test_every_stage_runs_each_microbatch_once_and_steps_once_per_batch(schedule: str, n_stages: int, window: int):
+@pytest.mark.parametrize(("stages", "window"), GRID)
+def test_every_stage_runs_each_microbatch_once_and_steps_once_per_batch(schedule: str, stages: int, window: int):
     first, n_batches = 2, 3
-    lists = build(schedule, n_stages, window, first, n_batches)
-    assert len(lists) == n_stages
+    lists = build(schedule, stages, window, first, n_batches)
+    assert len(lists) == stages
     mbs = list(range(first * window, (first + n_batches) * window))
     for s, actions in enumerate(lists):
-        assert actions == stage_actions(schedule, s, n_stages, window, first, n_batches)
+        assert actions == stage_actions(schedule, s, stages, window, first, n_batches)
         pos = positions(actions)
         assert [a.mb for a in actions if a.op is F] == mbs
         # backwards in micro-batch order: that is what lets the k-th step close global batch k
@@ -82,16 +82,16 @@ def test_every_stage_runs_each_microbatch_once_and_steps_once_per_batch(schedule
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize(("n_stages", "window"), GRID)
-def test_execution_order_is_a_valid_interleaving(schedule: str, n_stages: int, window: int):
-    lists = build(schedule, n_stages, window, 0, 3)
+@pytest.mark.parametrize(("stages", "window"), GRID)
+def test_execution_order_is_a_valid_interleaving(schedule: str, stages: int, window: int):
+    lists = build(schedule, stages, window, 0, 3)
     order = execution_order(lists)  # raises on deadlock
     assert Counter(order) == Counter((s, a) for s, acts in enumerate(lists) for a in acts)
     for s, actions in enumerate(lists):
         assert [a for t, a in order if t == s] == actions, "stage order not preserved"
     seen = set()
     for s, act in order:
-        dep = dependency(act, s, n_stages)
+        dep = dependency(act, s, stages)
         assert dep is None or dep in seen, f"{act} at stage {s} runs before {dep}"
         seen.add((s, act))
 
@@ -116,38 +116,38 @@ def test_deadlocked_lists_are_reported():
 # ------------------------------------------------------------------------------------- in flight
 
 
-@pytest.mark.parametrize(("n_stages", "window"), GRID)
-def test_inflight_never_exceeds_p_minus_s(n_stages: int, window: int):
-    n_batches = n_stages + 2
+@pytest.mark.parametrize(("stages", "window"), GRID)
+def test_inflight_never_exceeds_p_minus_s(stages: int, window: int):
+    n_batches = stages + 2
     total = window * n_batches
-    for s in range(n_stages):
-        paci = max_inflight(stage_actions("paci", s, n_stages, window, 0, n_batches))
+    for s in range(stages):
+        paci = max_inflight(stage_actions("paci", s, stages, window, 0, n_batches))
         # PACI keeps exactly P - s in flight: what the last stage needs to never wait
-        assert paci == min(n_stages - s, total)
-        f1b = max_inflight(stage_actions("1f1b", s, n_stages, window, 0, n_batches))
-        assert f1b <= n_stages - s and f1b == min(n_stages - s, window)
-        assert max_inflight(stage_actions("gpipe", s, n_stages, window, 0, n_batches)) == window
-        assert inflight_cap("paci", s, n_stages, window) == n_stages - s
+        assert paci == min(stages - s, total)
+        f1b = max_inflight(stage_actions("1f1b", s, stages, window, 0, n_batches))
+        assert f1b <= stages - s and f1b == min(stages - s, window)
+        assert max_inflight(stage_actions("gpipe", s, stages, window, 0, n_batches)) == window
+        assert inflight_cap("paci", s, stages, window) == stages - s
 
 
 @pytest.mark.parametrize("schedule", ["paci", "1f1b"])
 @pytest.mark.parametrize("cap", [1, 2])
 def test_inflight_option_caps_it_further(schedule: str, cap: int):
-    n_stages, window = 4, 4
-    lists = build(schedule, n_stages, window, 0, 3, inflight=cap)
+    stages, window = 4, 4
+    lists = build(schedule, stages, window, 0, 3, inflight=cap)
     execution_order(lists)
     for s, actions in enumerate(lists):
-        assert max_inflight(actions) == min(cap, n_stages - s)
+        assert max_inflight(actions) == min(cap, stages - s)
 
 
 # ---------------------------------------------------------------------------- flush / no flush
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-@pytest.mark.parametrize(("n_stages", "window"), [(2, 2), (3, 4), (4, 4), (4, 2), (5, 3)])
-def test_flush_schedules_drain_between_batches(schedule: str, n_stages: int, window: int):
+@pytest.mark.parametrize(("stages", "window"), [(2, 2), (3, 4), (4, 4), (4, 2), (5, 3)])
+def test_flush_schedules_drain_between_batches(schedule: str, stages: int, window: int):
     n_batches = 3
-    lists = build(schedule, n_stages, window, 0, n_batches)
+    lists = build(schedule, stages, window, 0, n_batches)
     for actions in lists:
         pos = positions(actions)
         for k in range(n_batches - 1):
@@ -161,10 +161,10 @@ def test_flush_schedules_drain_between_batches(schedule: str, n_stages: int, win
         assert first_f >= last_b
 
 
-@pytest.mark.parametrize(("n_stages", "window"), [(2, 1), (2, 4), (3, 2), (4, 4), (5, 3)])
-def test_paci_never_flushes(n_stages: int, window: int):
+@pytest.mark.parametrize(("stages", "window"), [(2, 1), (2, 4), (3, 2), (4, 4), (5, 3)])
+def test_paci_never_flushes(stages: int, window: int):
     n_batches = 4
-    lists = build("paci", n_stages, window, 0, n_batches)
+    lists = build("paci", stages, window, 0, n_batches)
     tl = replay(lists, unit_costs)
     first = {a: (t0, t1) for a, t0, t1 in tl.stages[0].intervals}
     last = {a: (t0, t1) for a, t0, t1 in tl.stages[-1].intervals}
@@ -181,23 +181,23 @@ def test_paci_never_flushes(n_stages: int, window: int):
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-@pytest.mark.parametrize("n_stages", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("stages", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
 @pytest.mark.parametrize("n_batches", [1, 3])
-def test_flush_bubble_is_textbook(schedule: str, n_stages: int, m: int, n_batches: int):
-    tl = replay(build(schedule, n_stages, m, 0, n_batches), unit_costs)
-    assert tl.makespan == pytest.approx(n_batches * (m + n_stages - 1) * 3.0, abs=1e-12)
-    assert tl.bubble_fraction == pytest.approx((n_stages - 1) / (m + n_stages - 1), abs=1e-12)
-    for s in range(n_stages):
+def test_flush_bubble_is_textbook(schedule: str, stages: int, m: int, n_batches: int):
+    tl = replay(build(schedule, stages, m, 0, n_batches), unit_costs)
+    assert tl.makespan == pytest.approx(n_batches * (m + stages - 1) * 3.0, abs=1e-12)
+    assert tl.bubble_fraction == pytest.approx((stages - 1) / (m + stages - 1), abs=1e-12)
+    for s in range(stages):
         assert tl.stages[s].busy == pytest.approx(n_batches * m * 3.0)
 
 
-@pytest.mark.parametrize(("n_stages", "window"), [(2, 4), (4, 1), (4, 4), (5, 3)])
-def test_paci_bubble_is_fill_and_drain_only(n_stages: int, window: int):
+@pytest.mark.parametrize(("stages", "window"), [(2, 4), (4, 1), (4, 4), (5, 3)])
+def test_paci_bubble_is_fill_and_drain_only(stages: int, window: int):
     n_mb = 400 - 400 % window
-    tl = replay(build("paci", n_stages, window, 0, n_mb // window), unit_costs)
+    tl = replay(build("paci", stages, window, 0, n_mb // window), unit_costs)
     # one fill and one drain for the whole run: the pipeline of N micro-batches, (N+P-1)(F+B)
-    expected_span = (n_mb + n_stages - 1) * 3.0
+    expected_span = (n_mb + stages - 1) * 3.0
     assert tl.makespan == pytest.approx(expected_span, abs=1e-9)
     assert tl.bubble_fraction == pytest.approx(1.0 - n_mb * 3.0 / expected_span, abs=1e-12)
     assert tl.bubble_fraction < 0.02
@@ -250,22 +250,22 @@ def steps_crossed(actions: list[Action]) -> dict[int, int]:
     return {a.mb: sum(pos[Action(F, a.mb)] < i < pos[Action(B, a.mb)] for i in steps) for a in actions if a.op is F}
 
 
-@pytest.mark.parametrize("n_stages", [2, 3, 4, 5])
+@pytest.mark.parametrize("stages", [2, 3, 4, 5])
 @pytest.mark.parametrize("window", [1, 2, 3, 4])
-def test_paci_drift_reaches_its_bound(n_stages: int, window: int):
-    n_batches = n_stages + 3
-    for s, actions in enumerate(build("paci", n_stages, window, 1, n_batches)):
+def test_paci_drift_reaches_its_bound(stages: int, window: int):
+    n_batches = stages + 3
+    for s, actions in enumerate(build("paci", stages, window, 1, n_batches)):
         drift = drift_per_microbatch(actions)
         assert drift == steps_crossed(actions)
-        bound = math.ceil((n_stages - s - 1) / window)
-        assert drift_bound(s, n_stages, window) == bound
+        bound = math.ceil((stages - s - 1) / window)
+        assert drift_bound(s, stages, window) == bound
         assert max(drift.values()) == bound, f"stage {s}: {Counter(drift.values())}"
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-@pytest.mark.parametrize(("n_stages", "window"), GRID)
-def test_flush_schedules_have_no_drift(schedule: str, n_stages: int, window: int):
-    for actions in build(schedule, n_stages, window, 0, 3):
+@pytest.mark.parametrize(("stages", "window"), GRID)
+def test_flush_schedules_have_no_drift(schedule: str, stages: int, window: int):
+    for actions in build(schedule, stages, window, 0, 3):
         assert set(drift_per_microbatch(actions).values()) == {0}
 
 
@@ -275,9 +275,9 @@ def test_flush_schedules_have_no_drift(schedule: str, n_stages: int, window: int
 class _RecordingStage:
     """Stands in for a PipelineStage: records compute calls; has no neighbours, so no comms."""
 
-    def __init__(self, n_stages: int, index: int) -> None:
-        self.num_stages, self.stage_index = n_stages, index
-        self.is_first, self.is_last = index == 0, index == n_stages - 1
+    def __init__(self, stages: int, index: int) -> None:
+        self.num_stages, self.stage_index = stages, index
+        self.is_first, self.is_last = index == 0, index == stages - 1
         self.log: list[str] = []
 
     def __getattr__(self, name: str):
@@ -298,13 +298,13 @@ class _RecordingStage:
         pass
 
 
-def torch_order(cls_name: str, n_stages: int, n_mb: int, stage: int) -> list[str]:
+def torch_order(cls_name: str, stages: int, n_mb: int, stage: int) -> list[str]:
     """The compute order torch's schedule class executes at ``stage``, recorded without a process group.
 
     Relies on torch internals (``_step_microbatches``); skips rather than fails if they change.
     """
     sched_mod = pytest.importorskip("torch.distributed.pipelining.schedules")
-    rec = _RecordingStage(n_stages, stage)
+    rec = _RecordingStage(stages, stage)
     try:
         sched = getattr(sched_mod, cls_name)(rec, n_mb)
         sched._initialize_stage = lambda *args, **kwargs: None
@@ -316,10 +316,10 @@ def torch_order(cls_name: str, n_stages: int, n_mb: int, stage: int) -> list[str
 
 
 @pytest.mark.parametrize(("torch_cls", "schedule"), [("Schedule1F1B", "1f1b"), ("ScheduleGPipe", "gpipe")])
-@pytest.mark.parametrize("n_stages", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("stages", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("extra", [0, 1, 3])
-def test_order_matches_torch_pipelining(torch_cls: str, schedule: str, n_stages: int, extra: int):
-    n_mb = n_stages + extra  # Schedule1F1B needs at least one micro-batch per stage
-    for s in range(n_stages):
-        ours = [repr(a) for a in stage_actions(schedule, s, n_stages, n_mb, 0, 1) if a.op is not S]
-        assert ours == torch_order(torch_cls, n_stages, n_mb, s), f"stage {s}"
+def test_order_matches_torch_pipelining(torch_cls: str, schedule: str, stages: int, extra: int):
+    n_mb = stages + extra  # Schedule1F1B needs at least one micro-batch per stage
+    for s in range(stages):
+        ours = [repr(a) for a in stage_actions(schedule, s, stages, n_mb, 0, 1) if a.op is not S]
+        assert ours == torch_order(torch_cls, stages, n_mb, s), f"stage {s}"

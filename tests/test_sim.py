@@ -29,37 +29,37 @@ from paci_tune.sim.plot import plot_timelines
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-@pytest.mark.parametrize("n_stages", [2, 3, 4, 6])
+@pytest.mark.parametrize("stages", [2, 3, 4, 6])
 @pytest.mark.parametrize("m", [1, 2, 3, 8])
-def test_flush_bubble_is_analytic_with_equal_stages(schedule: str, n_stages: int, m: int) -> None:
-    prof = equal_profile(n_stages)
-    r = simulate(Layout(schedule, n_stages, 1, m, 1, None, tuple([1] * n_stages)), prof, n_batches=3)
-    expected = (n_stages - 1) / (m + n_stages - 1)
+def test_flush_bubble_is_analytic_with_equal_stages(schedule: str, stages: int, m: int) -> None:
+    prof = equal_profile(stages)
+    r = simulate(Layout(schedule, stages, 1, m, 1, None, tuple([1] * stages)), prof, n_batches=3)
+    expected = (stages - 1) / (m + stages - 1)
     assert r.bubble_fraction == pytest.approx(expected, abs=1e-12)
     assert r.steady_bubble_fraction == pytest.approx(expected, abs=1e-12)
     for st in r.per_stage:  # equal stages: every stage waits the same share
         assert st.bubble_fraction == pytest.approx(expected, abs=1e-12)
     # (m + P - 1) slots of F+B per global batch
-    assert r.step_time_s == pytest.approx((m + n_stages - 1) * 3.0)
+    assert r.step_time_s == pytest.approx((m + stages - 1) * 3.0)
     assert r.analytic_bubble_fraction == pytest.approx(expected)
     assert r.max_drift == 0
 
 
-@pytest.mark.parametrize("n_stages", [2, 3, 4, 5])
+@pytest.mark.parametrize("stages", [2, 3, 4, 5])
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
-def test_paci_steady_state_has_no_bubble(n_stages: int, m: int) -> None:
-    prof = equal_profile(n_stages)
-    r = simulate(Layout("paci", n_stages, 1, m, 1, None, tuple([1] * n_stages)), prof, n_batches=2)
-    assert r.n_batches == 4 * n_stages  # long enough run for a steady state
+def test_paci_steady_state_has_no_bubble(stages: int, m: int) -> None:
+    prof = equal_profile(stages)
+    r = simulate(Layout("paci", stages, 1, m, 1, None, tuple([1] * stages)), prof, n_batches=2)
+    assert r.n_batches == 4 * stages  # long enough run for a steady state
     assert r.steady_bubble_fraction == pytest.approx(0.0, abs=1e-12)
     assert r.steady_step_time_s == pytest.approx(m * 3.0)
     # over the whole run only the one fill and drain are idle: (P-1) slots out of n*m + P - 1
     n = r.n_batches
-    assert r.bubble_fraction == pytest.approx((n_stages - 1) / (n * m + n_stages - 1))
+    assert r.bubble_fraction == pytest.approx((stages - 1) / (n * m + stages - 1))
     # PACI's drift bound ceil((P-s-1)/a) is reached and never exceeded
     for st in r.per_stage:
-        assert st.max_drift == math.ceil((n_stages - st.stage - 1) / m) == st.drift_bound
-        assert st.peak_inflight == n_stages - st.stage
+        assert st.max_drift == math.ceil((stages - st.stage - 1) / m) == st.drift_bound
+        assert st.peak_inflight == stages - st.stage
         assert sum(st.drift_histogram.values()) == n * m
 
 

@@ -22,9 +22,9 @@ CPU = torch.device("cpu")
 SMALL = GPTConfig(n_layer=2, n_head=2, d_model=16, block_size=8, vocab_size=32)
 
 
-def make_stage(index: int, n_stages: int, units: list[nn.Module], window: int = 1, lr_at=None, **opt) -> Stage:
+def make_stage(index: int, stages: int, units: list[nn.Module], window: int = 1, lr_at=None, **opt) -> Stage:
     cfg = OptimizerConfig(**opt)
-    return Stage(index, n_stages, units, window=window, optimizer=cfg, lr_at=lr_at or (lambda k: cfg.lr), device=CPU)
+    return Stage(index, stages, units, window=window, optimizer=cfg, lr_at=lr_at or (lambda k: cfg.lr), device=CPU)
 
 
 # ----------------------------------------------------------------------------- no second copy

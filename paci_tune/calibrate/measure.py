@@ -41,12 +41,12 @@ measured with bf16 parameters and fp32 masters (no autocast), and ``param_bytes`
 /3: each unit's ``copy_s`` (a clone of its weights, what ``backward_weights: forward`` pays at a step)."""
 
 
-def default_threads(n_stages: int) -> int:
+def default_threads(stages: int) -> int:
     """Threads one pipeline stage gets when every stage shares this machine's CPUs."""
-    return threads_per_process(n_stages)
+    return threads_per_process(stages)
 
 
-def default_processes(n_stages: int, threads: int, device: torch.device) -> int:
+def default_processes(stages: int, threads: int, device: torch.device) -> int:
     """Stage processes that compute at once on this machine: what a CPU calibration co-runs.
 
     A pipeline of P stages with ``threads`` each keeps ``min(P, cpu_count // threads)`` cores busy
@@ -55,12 +55,12 @@ def default_processes(n_stages: int, threads: int, device: torch.device) -> int:
     """
     if device.type == "cuda":
         return 1
-    return max(1, min(max(n_stages, 1), cpu_count() // max(threads, 1)))
+    return max(1, min(max(stages, 1), cpu_count() // max(threads, 1)))
 
 
-def default_inflight(n_stages: int) -> int:
+def default_inflight(stages: int) -> int:
     """Micro-batches in flight in the stage pattern: 2 for a pipeline (the first stage's 1F1B), 1 alone."""
-    return 2 if n_stages >= 2 else 1
+    return 2 if stages >= 2 else 1
 
 
 def device_name(device: torch.device) -> str:

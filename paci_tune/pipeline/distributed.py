@@ -40,7 +40,7 @@ LOOKAHEAD = 16
 
 
 class DistributedRuntime(RuntimeBase):
-    """This rank's stage replica of a pipeline of ``stage.n_stages`` stages x ``replicas`` replicas (:mod:`.mesh`).
+    """This rank's stage replica of a pipeline of ``stage.stages`` stages x ``replicas`` replicas (:mod:`.mesh`).
 
     A :class:`~.runtime.Runtime`.
     """
@@ -58,7 +58,7 @@ class DistributedRuntime(RuntimeBase):
         super().__init__(stage, units, val, schedule, inflight)
         self.stage, self.rank, self.s = stage, dist.get_rank(), stage.index
         self.wire = wire_device(dist.get_backend(), stage.device)
-        self.mesh = build_mesh(self.n_stages, replicas, "cuda" if self.wire.type == "cuda" else "cpu")
+        self.mesh = build_mesh(self.stages, replicas, "cuda" if self.wire.type == "cuda" else "cpu")
         assert self.mesh.stage == self.s, f"rank {self.rank} holds stage {self.mesh.stage}, not {self.s}"
         self.replica, self.n_replicas = self.mesh.replica, replicas
         self.p2p = P2P(self.mesh.pipe_ranks, stage.device)
@@ -88,7 +88,7 @@ class DistributedRuntime(RuntimeBase):
     @property
     def is_reporter(self) -> bool:
         """Replica 0's last stage sees the losses, so it reports progress and writes the metrics."""
-        return self.rank == reporter_rank(self.n_stages)
+        return self.rank == reporter_rank(self.stages)
 
     @property
     def local_stages(self) -> list[int]:
@@ -107,7 +107,7 @@ class DistributedRuntime(RuntimeBase):
         def control(k: int, news: bool) -> tuple[bool, bool]:
             decision = plan.control(k, news) if self.replica == 0 else (False, False)
             t = torch.tensor([int(v) for v in decision], dtype=torch.int64, device=self.wire)
-            dist.broadcast(t, src=rank_of(0, 0, self.n_stages), group=self.mesh.dp_group)
+            dist.broadcast(t, src=rank_of(0, 0, self.stages), group=self.mesh.dp_group)
             return bool(t[0]), bool(t[1])
 
         return dataclasses.replace(plan, control=control)
@@ -147,7 +147,7 @@ class DistributedRuntime(RuntimeBase):
         dist.all_gather_object(gathered, mine)
         everyone = [t for t in gathered if t is not None]
         makespan = max(t.span for t in everyone)  # the slowest replica sets the pace of the global batch
-        timings = [everyone[rank_of(0, s, self.n_stages)] for s in range(self.n_stages)]  # replica 0's stages
+        timings = [everyone[rank_of(0, s, self.stages)] for s in range(self.stages)]  # replica 0's stages
         for t in timings:
             t.idle = makespan - t.busy
         assert program.end is not None
@@ -160,7 +160,7 @@ class DistributedRuntime(RuntimeBase):
             self.p2p.expect(s - 1, [("act", act.mb)])
         elif act.op is Op.EVAL and s > 0:
             self.p2p.expect(s - 1, [("ctl", act.mb)])
-        elif act.op is Op.BACKWARD and s < self.n_stages - 1:
+        elif act.op is Op.BACKWARD and s < self.stages - 1:
             self.p2p.expect(s + 1, [("grad", act.mb)])
 
     @torch.no_grad()
@@ -182,7 +182,7 @@ class DistributedRuntime(RuntimeBase):
     def share(self, value: object) -> object:
         """The reporting rank's ``value``, on every rank."""
         box = [value]
-        dist.broadcast_object_list(box, src=reporter_rank(self.n_stages))
+        dist.broadcast_object_list(box, src=reporter_rank(self.stages))
         return box[0]
 
     def agree(self, flag: bool) -> bool:
@@ -208,7 +208,7 @@ class DistributedRuntime(RuntimeBase):
             mine["allreduce_wait_s"] = round(self.grads.waited_s, 6)
         out: list[dict | None] = [None] * dist.get_world_size()
         dist.all_gather_object(out, mine)
-        return [o for o in out[: self.n_stages] if o is not None]
+        return [o for o in out[: self.stages] if o is not None]
 
     def close(self) -> None:
         self.p2p.wait_all()

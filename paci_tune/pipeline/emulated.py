@@ -70,17 +70,18 @@ class EmulatedRuntime(RuntimeBase):
         inflight: int | None = None,
     ) -> None:
         super().__init__(replicas[0][0], units, val, schedule, inflight)
-        self.replicas, self.stages, self.n_replicas = replicas, replicas[0], len(replicas)
+        # first_replica: replica 0's stages, the ones a checkpoint saves and the summary describes
+        self.replicas, self.first_replica, self.n_replicas = replicas, replicas[0], len(replicas)
         self.runners = [
-            [ActionRunner(st, box, stream, val) for st in stages]
-            for stages, stream, box in zip(replicas, streams, [Mailbox() for _ in replicas], strict=True)
+            [ActionRunner(st, box, stream, val) for st in replica]
+            for replica, stream, box in zip(replicas, streams, [Mailbox() for _ in replicas], strict=True)
         ]
         for extra in self.runners[1:]:
             for runner in extra:
                 runner.evaluator.scores = False  # replica 0 scores; the weights are the same
         self.sync_steps = self.window if self.clips_whole_model else None
         self._norm: tuple[int, float] = (-1, 0.0)
-        self._averaged: list[int] = [-1] * self.n_stages  # per stage: the last batch whose gradients are averaged
+        self._averaged: list[int] = [-1] * self.stages  # per stage: the last batch whose gradients are averaged
         for row in self.runners:
             for r in row:
                 if self.sync_steps:
@@ -100,17 +101,17 @@ class EmulatedRuntime(RuntimeBase):
         """The whole model's gradient norm of ``batch``: computed at the first stage to step, then kept."""
         if self._norm[0] != batch:
             if self.n_replicas > 1:  # every stage's replicas averaged first (a flush schedule steps together)
-                for s in range(self.n_stages):
+                for s in range(self.stages):
                     self._average_stage(s)(batch)
-            self._norm = (batch, sum(st.grad_sq_norm() for st in self.stages) ** 0.5)
+            self._norm = (batch, sum(st.grad_sq_norm() for st in self.first_replica) ** 0.5)
         return self._norm[1]
 
     @property
     def local_stages(self) -> list[int]:
-        return list(range(self.n_stages))
+        return list(range(self.stages))
 
     def warmup(self) -> None:
-        lists = [self._warmup_actions(s) for s in range(self.n_stages)]
+        lists = [self._warmup_actions(s) for s in range(self.stages)]
         for s, act in execution_order(lists):
             for row in self.runners:
                 run_warmup_action(row[s], act)
@@ -135,7 +136,7 @@ class EmulatedRuntime(RuntimeBase):
 
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
         """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), drained at the end."""
-        programs = [self._program(s, first_batch, n_batches, plan) for s in range(self.n_stages)]
+        programs = [self._program(s, first_batch, n_batches, plan) for s in range(self.stages)]
         for row, rplan in zip(self.runners, self._plans(plan), strict=True):
             for runner, program in zip(row, programs, strict=True):
                 runner.begin(program, rplan)  # the replicas share each stage's program: they end together
@@ -145,9 +146,9 @@ class EmulatedRuntime(RuntimeBase):
             combined = ReplicaLosses(self.n_replicas, on_batch)
             for r, row in enumerate(self.runners):
                 row[-1].losses = BatchLosses(self.window, combined.for_replica(r))
-        seg = [[StageTiming() for _ in self.stages] for _ in self.runners]
-        timing = [StageTiming() for _ in self.stages]  # per stage: the slowest replica's time of each action
-        placer = Placer(self.n_stages, sync_steps=self.sync_steps)
+        seg = [[StageTiming() for _ in self.first_replica] for _ in self.runners]
+        timing = [StageTiming() for _ in self.first_replica]  # per stage: the slowest replica's time of each action
+        placer = Placer(self.stages, sync_steps=self.sync_steps)
         t0 = time.perf_counter()
         for s, act in sweep([iter(p) for p in programs], self.sync_steps):
             seconds = max(row[s].run(act, seg[r][s]) for r, row in enumerate(self.runners))
@@ -166,9 +167,9 @@ class EmulatedRuntime(RuntimeBase):
         """Mean loss over the validation set, running every stage in this process (a drained pipeline)."""
         losses = []
         for x, y in self.val:
-            for st in self.stages[:-1]:
+            for st in self.first_replica[:-1]:
                 x = st.evaluate(x)
-            losses.append(float(self.stages[-1].evaluate(x, y)))
+            losses.append(float(self.first_replica[-1].evaluate(x, y)))
         return self.val.mean_loss(losses)
 
     def agree(self, flag: bool) -> bool:
@@ -183,17 +184,17 @@ class EmulatedRuntime(RuntimeBase):
 
     def state_dicts(self) -> dict[int, dict]:
         """Replica 0's stages: the replicas are identical, so one copy of each stage is the checkpoint."""
-        return {s: st.state_dict() for s, st in enumerate(self.stages)}
+        return {s: st.state_dict() for s, st in enumerate(self.first_replica)}
 
     def load_state_dicts(self, states: dict[int, dict]) -> None:
         """Every replica from the one copy; each gets its own tensors (loading shares a state's optimizer tensors)."""
-        for r, stages in enumerate(self.replicas):
-            for s, st in enumerate(stages):
+        for r, replica in enumerate(self.replicas):
+            for s, st in enumerate(replica):
                 st.load_state_dict(states[s] if r == 0 else copy.deepcopy(states[s]))
 
     def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
         """Per-stage summary entries (replica 0's: every replica has the same drift), given the run's timing."""
-        return [self._stage_entry(st, timing[s], makespan) for s, st in enumerate(self.stages)]
+        return [self._stage_entry(st, timing[s], makespan) for s, st in enumerate(self.first_replica)]
 
     def close(self) -> None:
         pass

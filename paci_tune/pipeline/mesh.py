@@ -27,23 +27,23 @@ from torch.distributed.device_mesh import init_device_mesh
 from ..errors import ConfigError
 
 
-def rank_of(replica: int, stage: int, n_stages: int) -> int:
+def rank_of(replica: int, stage: int, stages: int) -> int:
     """The global rank of ``stage`` in ``replica`` (module docstring)."""
-    return replica * n_stages + stage
+    return replica * stages + stage
 
 
-def reporter_rank(n_stages: int) -> int:
+def reporter_rank(stages: int) -> int:
     """The rank that reports: replica 0's last stage."""
-    return rank_of(0, n_stages - 1, n_stages)
+    return rank_of(0, stages - 1, stages)
 
 
-def check_world(world: int, n_stages: int, replicas: int) -> None:
+def check_world(world: int, stages: int, replicas: int) -> None:
     """A launch must start exactly P x D processes in all (over every node); say which setting to change."""
-    if world != n_stages * replicas:
+    if world != stages * replicas:
         raise ConfigError(
             "pipeline.data_parallel" if replicas > 1 else "pipeline.stages",
-            replicas if replicas > 1 else n_stages,
-            f"pipeline.stages x pipeline.data_parallel = {n_stages} x {replicas} = {n_stages * replicas} must equal "
+            replicas if replicas > 1 else stages,
+            f"pipeline.stages x pipeline.data_parallel = {stages} x {replicas} = {stages * replicas} must equal "
             f"the number of launched processes, the world size ({world}): start P x D processes in all "
             "(torchrun --nnodes N --nproc-per-node P*D/N)",
         )
@@ -61,17 +61,17 @@ class Mesh:
     pp_group: dist.ProcessGroup  # this replica's stages
 
 
-def build_mesh(n_stages: int, replicas: int, device_type: str) -> Mesh:
+def build_mesh(stages: int, replicas: int, device_type: str) -> Mesh:
     """This rank's :class:`Mesh`; every rank must call it (creating the groups is collective)."""
-    check_world(dist.get_world_size(), n_stages, replicas)
-    mesh = init_device_mesh(device_type, (replicas, n_stages), mesh_dim_names=("dp", "pp"))
-    replica, stage = divmod(dist.get_rank(), n_stages)
+    check_world(dist.get_world_size(), stages, replicas)
+    mesh = init_device_mesh(device_type, (replicas, stages), mesh_dim_names=("dp", "pp"))
+    replica, stage = divmod(dist.get_rank(), stages)
     assert (mesh.get_local_rank("dp"), mesh.get_local_rank("pp")) == (replica, stage), "unexpected mesh layout"
     return Mesh(
         replica,
         stage,
         replicas,
-        [rank_of(replica, s, n_stages) for s in range(n_stages)],
+        [rank_of(replica, s, stages) for s in range(stages)],
         mesh.get_group("dp"),
         mesh.get_group("pp"),
     )

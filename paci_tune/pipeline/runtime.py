@@ -216,7 +216,7 @@ class ActionRunner:
         return t2 - t1
 
 
-def warmup_actions(stage: int, n_stages: int, inflight: int) -> list[Action]:
+def warmup_actions(stage: int, stages: int, inflight: int) -> list[Action]:
     """A 1F1B pass over ``inflight`` micro-batches with no optimizer step: the warm-up's actions.
 
     Each stage then holds as many micro-batches in flight as it will in the run, so allocator
@@ -224,7 +224,7 @@ def warmup_actions(stage: int, n_stages: int, inflight: int) -> list[Action]:
     (the first micro-batches run up to 8x slower on CPU; left in the timed run they would be
     booked as pipeline bubble at the neighbouring stage).
     """
-    acts = stage_actions("1f1b", stage, n_stages, inflight, 0, 1)
+    acts = stage_actions("1f1b", stage, stages, inflight, 0, 1)
     return [a for a in acts if a.op is not Op.STEP]
 
 
@@ -273,12 +273,12 @@ def stage_stats(
         "updates": stage.updates,
         "max_drift": stage.drift.maximum,
         "mean_drift": stage.drift.mean,
-        "drift_bound": drift_bound(stage.index, stage.n_stages, stage.window) if schedule == "paci" else 0,
+        "drift_bound": drift_bound(stage.index, stage.stages, stage.window) if schedule == "paci" else 0,
         "drift_histogram": {str(k): v for k, v in sorted(stage.drift.histogram.items())},
         "read_ahead_histogram": {str(k): v for k, v in sorted(stage.drift.read_histogram.items())},
         "max_read_ahead": stage.drift.max_read_ahead,
         **stage.copies_stats(),
-        "weight_copies_bound": copies_bound(schedule, stage.index, stage.n_stages, stage.window, inflight)
+        "weight_copies_bound": copies_bound(schedule, stage.index, stage.stages, stage.window, inflight)
         if stage.backward_weights == "forward"
         else 0,
         "parameter_bytes": stage.parameter_bytes(),
@@ -289,7 +289,7 @@ def stage_stats(
 class RuntimeBase:
     """What both runtimes hold and derive alike, from the first stage and the run's schedule.
 
-    The run's shape (``n_stages``, ``window``, ``device``, ``units`` per stage, ``schedule``,
+    The run's shape (``stages``, ``window``, ``device``, ``units`` per stage, ``schedule``,
     ``inflight``), and what follows from it alone: a stage's program of a segment, its warm-up
     actions, its summary entry, and whether a step clips on the whole model's gradient norm.
     """
@@ -298,19 +298,19 @@ class RuntimeBase:
         self, first: Stage, units: list[range], val: ValidationSet, schedule: str, inflight: int | None
     ) -> None:
         self.units, self.val, self.schedule, self.inflight = units, val, schedule, inflight
-        self.n_stages, self.window, self.device = first.n_stages, first.window, first.device
+        self.stages, self.window, self.device = first.stages, first.window, first.device
         self.clips_whole_model = schedule != "paci" and bool(first.grad_clip)  # flush schedules step together
 
     def _program(self, s: int, first_batch: int, n_batches: int | None, plan: EvalPlan) -> Program:
         """Stage ``s``'s program of the segment from ``first_batch`` (``n_batches``, or until ``plan`` ends it)."""
         end = None if n_batches is None else first_batch + n_batches - 1
-        return Program(self.schedule, s, self.n_stages, self.window, first_batch, end, inflight=self.inflight,
+        return Program(self.schedule, s, self.stages, self.window, first_batch, end, inflight=self.inflight,
                        eval_at=plan.eval_at)  # fmt: skip
 
     def _warmup_actions(self, s: int) -> list[Action]:
         """Stage ``s``'s warm-up, at the first stage's in-flight depth (:func:`warmup_actions`)."""
-        n = inflight_cap(self.schedule, 0, self.n_stages, self.window, self.inflight)
-        return warmup_actions(s, self.n_stages, n)
+        n = inflight_cap(self.schedule, 0, self.stages, self.window, self.inflight)
+        return warmup_actions(s, self.stages, n)
 
     def _stage_entry(self, stage: Stage, timing: StageTiming, makespan: float) -> dict:
         """``stage``'s entry of the run summary (:func:`stage_stats`)."""

@@ -120,7 +120,7 @@ class Stage:
     def __init__(
         self,
         index: int,
-        n_stages: int,
+        stages: int,
         units: Sequence[nn.Module],
         *,
         window: int,
@@ -133,7 +133,7 @@ class Stage:
     ) -> None:
         if backward_weights not in BACKWARD_WEIGHTS:
             raise ValueError(f"backward_weights must be one of {BACKWARD_WEIGHTS}, got {backward_weights!r}")
-        self.index, self.n_stages, self.window = index, n_stages, window
+        self.index, self.stages, self.window = index, stages, window
         self.device, self.dtype = device, dtype
         self.module = nn.Sequential(*units)
         self.module.to(device)
@@ -175,7 +175,7 @@ class Stage:
 
     @property
     def is_last(self) -> bool:
-        return self.index == self.n_stages - 1
+        return self.index == self.stages - 1
 
     @property
     def inflight(self) -> int:

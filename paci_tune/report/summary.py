@@ -31,8 +31,8 @@ def verdict_sentence(ev: Evidence) -> str:
         return (f"No recommendation yet: study {ev.name} has no best.yaml (run `paci-tune search` to finish it); "
                 "the tables show its trials as they stand.")  # fmt: skip
     r = best.recommended
-    d = 1 if r.data_parallel is None else r.data_parallel
-    where = f" x D={d} on {r.devices if r.devices is not None else r.stages * d} devices" if d != 1 else ""
+    d = r.layout.data_parallel
+    where = f" x D={d} on {r.devices if r.devices is not None else r.layout.devices} devices" if d != 1 else ""
     bw = r.backward_weights
     w = f" w={bw}" if bw not in (None, "forward") else ""  # as a trial's label: only the non-default value
     point = f"{r.schedule} P={r.stages}{where} a={r.window} b={r.microbatch_size}{w} lr={r.lr:.3g}"

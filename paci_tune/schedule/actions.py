@@ -50,7 +50,7 @@ class Action:
         return f"{self.op.value}{self.mb}"
 
 
-def inflight_cap(schedule: str, stage: int, n_stages: int, window: int, inflight: int | None = None) -> int:
+def inflight_cap(schedule: str, stage: int, stages: int, window: int, inflight: int | None = None) -> int:
     """Most micro-batches a stage holds between forward and backward under ``schedule``.
 
     1F1B-style schedules keep ``P - s`` in flight at stage ``s`` (what the last stage needs to never
@@ -59,7 +59,7 @@ def inflight_cap(schedule: str, stage: int, n_stages: int, window: int, inflight
     """
     if schedule == "gpipe":
         return window
-    cap = n_stages - stage
+    cap = stages - stage
     if inflight is not None:
         cap = min(cap, inflight)
     if schedule == "1f1b":
@@ -67,12 +67,12 @@ def inflight_cap(schedule: str, stage: int, n_stages: int, window: int, inflight
     return max(cap, 1)
 
 
-def drift_bound(stage: int, n_stages: int, window: int) -> int:
+def drift_bound(stage: int, stages: int, window: int) -> int:
     """PACI's bound on optimizer updates a micro-batch crosses at stage ``s``: ceil((P-s-1)/a)."""
-    return math.ceil((n_stages - stage - 1) / window)
+    return math.ceil((stages - stage - 1) / window)
 
 
-def copies_bound(schedule: str, stage: int, n_stages: int, window: int, inflight: int | None = None) -> int:
+def copies_bound(schedule: str, stage: int, stages: int, window: int, inflight: int | None = None) -> int:
     """Most weight copies a stage holds for in-flight backwards with ``pipeline.backward_weights: forward``.
 
     A copy exists only for a version an in-flight micro-batch still references after a step; with
@@ -82,11 +82,11 @@ def copies_bound(schedule: str, stage: int, n_stages: int, window: int, inflight
     """
     if schedule != "paci":
         return 0
-    k = inflight_cap(schedule, stage, n_stages, window, inflight)
+    k = inflight_cap(schedule, stage, stages, window, inflight)
     return math.ceil((k - 1) / window)
 
 
-def dependency(action: Action, stage: int, n_stages: int) -> tuple[int, Action] | None:
+def dependency(action: Action, stage: int, stages: int) -> tuple[int, Action] | None:
     """The action at a neighbouring stage that must finish before ``action`` can start.
 
     A forward needs the previous stage's forward of the same micro-batch (its activation); a
@@ -96,12 +96,12 @@ def dependency(action: Action, stage: int, n_stages: int) -> tuple[int, Action] 
     """
     if action.op in (Op.FORWARD, Op.EVAL) and stage > 0:
         return stage - 1, action
-    if action.op is Op.BACKWARD and stage < n_stages - 1:
+    if action.op is Op.BACKWARD and stage < stages - 1:
         return stage + 1, action
     return None
 
 
-def step_barrier(action: Action, stage: int, n_stages: int, window: int) -> list[tuple[int, Action]]:
+def step_barrier(action: Action, stage: int, stages: int, window: int) -> list[tuple[int, Action]]:
     """With a synchronised step, STEP(k) waits for every other stage's last backward of batch k.
 
     Flush schedules clip the *global* gradient norm like single-process training, so a stage can
@@ -110,7 +110,7 @@ def step_barrier(action: Action, stage: int, n_stages: int, window: int) -> list
     if action.op is not Op.STEP:
         return []
     last = Action(Op.BACKWARD, action.mb * window + window - 1)
-    return [(s, last) for s in range(n_stages) if s != stage]
+    return [(s, last) for s in range(stages) if s != stage]
 
 
 def execution_order(lists: list[list[Action]], sync_steps: int | None = None) -> list[tuple[int, Action]]:

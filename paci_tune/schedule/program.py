@@ -48,7 +48,7 @@ class Program:
         self,
         schedule: str,
         stage: int,
-        n_stages: int,
+        stages: int,
         window: int,
         first_batch: int,
         end: int | None = None,
@@ -58,16 +58,16 @@ class Program:
     ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
-        if not 0 <= stage < n_stages:
-            raise ValueError(f"stage {stage} out of range for {n_stages} stages")
+        if not 0 <= stage < stages:
+            raise ValueError(f"stage {stage} out of range for {stages} stages")
         if end is not None and end < first_batch:
             raise ValueError(f"a program must run at least one batch: first {first_batch}, end {end}")
-        self.schedule, self.stage, self.n_stages, self.window = schedule, stage, n_stages, window
+        self.schedule, self.stage, self.stages, self.window = schedule, stage, stages, window
         self.first_batch, self.end, self.inflight = first_batch, end, inflight
         self.eval_at = eval_at or _never
         self.decided_at: int | None = None  # the EVAL at which a dynamic end was set
-        self.cap = inflight_cap(schedule, stage, n_stages, window, inflight)
-        self._cap0 = inflight_cap(schedule, 0, n_stages, window, inflight)
+        self.cap = inflight_cap(schedule, stage, stages, window, inflight)
+        self._cap0 = inflight_cap(schedule, 0, stages, window, inflight)
 
     # ------------------------------------------------------------------------------ the end
     def last_mb(self) -> float:
@@ -178,7 +178,7 @@ class Program:
 def stage_actions(
     schedule: str,
     stage: int,
-    n_stages: int,
+    stages: int,
     window: int,
     first_batch: int,
     n_batches: int,
@@ -189,19 +189,19 @@ def stage_actions(
     The list of a drained segment of the run (the runtimes drain at checkpoints and at the end);
     it is :class:`~paci_tune.schedule.program.Program`'s output for that segment, without evaluations.
     """
-    return list(Program(schedule, stage, n_stages, window, first_batch, first_batch + n_batches - 1, inflight=inflight))
+    return list(Program(schedule, stage, stages, window, first_batch, first_batch + n_batches - 1, inflight=inflight))
 
 
 def build(
     schedule: str,
-    n_stages: int,
+    stages: int,
     window: int,
     first_batch: int,
     n_batches: int,
     inflight: int | None = None,
 ) -> list[list[Action]]:
     """Every stage's action list for one segment of the run."""
-    return [stage_actions(schedule, s, n_stages, window, first_batch, n_batches, inflight) for s in range(n_stages)]
+    return [stage_actions(schedule, s, stages, window, first_batch, n_batches, inflight) for s in range(stages)]
 
 
 def needs_snapshot(actions: list[Action]) -> set[int]:

@@ -62,12 +62,12 @@ class Placer:
     simulator's statistics). Evaluation actions are not training time and are never placed.
     """
 
-    def __init__(self, n_stages: int, latency: Latency | None = None, sync_steps: int | None = None,
+    def __init__(self, stages: int, latency: Latency | None = None, sync_steps: int | None = None,
                  keep: bool = False) -> None:  # fmt: skip
-        self.n, self.latency, self.sync_steps = n_stages, latency, sync_steps
-        self.free = [0.0] * n_stages
-        self.busy = [0.0] * n_stages
-        self.stages = [StageTimes() for _ in range(n_stages)] if keep else None
+        self.n, self.latency, self.sync_steps = stages, latency, sync_steps
+        self.free = [0.0] * stages
+        self.busy = [0.0] * stages
+        self.per_stage = [StageTimes() for _ in range(stages)] if keep else None
         self._finished: dict[tuple[int, Op, int], float] = {}
         self._barrier_waiters: dict[int, int] = {}  # batch -> stages that have placed its synchronised step
 
@@ -97,8 +97,8 @@ class Placer:
             self._finished[(s, act.op, act.mb)] = end
         self.free[s] = end
         self.busy[s] += end - start
-        if self.stages is not None:
-            self.stages[s].intervals.append((act, start, end))
+        if self.per_stage is not None:
+            self.per_stage[s].intervals.append((act, start, end))
         return start, end
 
     def _consumed(self, s: int, act: Action) -> bool:
@@ -133,8 +133,8 @@ def replay(
     for s, act in execution_order(lists, sync_steps):
         if act.op is not Op.EVAL:
             placer.place(s, act, duration(s, act))
-    assert placer.stages is not None
-    return Timeline(placer.stages)
+    assert placer.per_stage is not None
+    return Timeline(placer.per_stage)
 
 
 def drift_per_microbatch(actions: list[Action]) -> dict[int, int]:

@@ -85,7 +85,7 @@ class StageMemory:
 
 
 def stage_copies(
-    schedule: str, stage: int, n_stages: int, window: int, inflight: int | None = None, *, backward_weights: str
+    schedule: str, stage: int, stages: int, window: int, inflight: int | None = None, *, backward_weights: str
 ) -> int:
     """Weight copies a stage holds at its peak: :func:`paci_tune.schedule.copies_bound` in ``forward`` mode
     (0 for flush schedules and at the last stage), none in ``current``."""
@@ -93,7 +93,7 @@ def stage_copies(
         raise ValueError(f"unknown backward_weights {backward_weights!r}; expected one of {BACKWARD_WEIGHTS}")
     if backward_weights == "current":
         return 0
-    return copies_bound(schedule, stage, n_stages, window, inflight)
+    return copies_bound(schedule, stage, stages, window, inflight)
 
 
 def inflight_bytes(profile: Profile, units: Sequence[int], microbatch_size: int, *, last: bool) -> int:

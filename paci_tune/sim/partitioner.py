@@ -64,15 +64,15 @@ class PartitionModel:
         overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
         backward_weights: str = "forward",
     ) -> None:
-        n, n_stages, schedule, window = profile.n_units, layout.stages, layout.schedule, layout.window
+        n, stages, schedule, window = profile.n_units, layout.stages, layout.schedule, layout.window
         microbatch_size, inflight, data_parallel = layout.microbatch_size, layout.inflight, layout.data_parallel
-        if isinstance(n_stages, bool) or not isinstance(n_stages, int) or not 1 <= n_stages <= n:
-            raise ConfigError("pipeline.stages", n_stages, f"1..{n} (the model has {n} pipeline units)")
+        if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= n:
+            raise ConfigError("pipeline.stages", stages, f"1..{n} (the model has {n} pipeline units)")
         if schedule not in SCHEDULES:
             raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
         if backward_weights not in BACKWARD_WEIGHTS:
             raise ConfigError("pipeline.backward_weights", backward_weights, "one of: " + ", ".join(BACKWARD_WEIGHTS))
-        self.profile, self.n_stages, self.schedule = profile, n_stages, schedule
+        self.profile, self.stages, self.schedule = profile, stages, schedule
         self.window, self.microbatch_size, self.inflight = window, microbatch_size, inflight
         self.optimizer, self.overhead_bytes = optimizer, overhead_bytes
         costs = profile.at(microbatch_size)
@@ -89,8 +89,8 @@ class PartitionModel:
         for u in profile.units:
             self._copy_prefix.append(self._copy_prefix[-1] + (u.copy_s or 0.0) / window)
         self.copies = [
-            stage_copies(schedule, s, n_stages, window, inflight, backward_weights=backward_weights)
-            for s in range(n_stages)
+            stage_copies(schedule, s, stages, window, inflight, backward_weights=backward_weights)
+            for s in range(stages)
         ]
 
     def time(self, stage: int, first: int, stop: int) -> float:
@@ -101,13 +101,13 @@ class PartitionModel:
 
     def memory(self, stage: int, first: int, stop: int) -> int:
         """Predicted peak bytes of ``stage`` owning units ``first..stop-1``."""
-        cap = inflight_cap(self.schedule, stage, self.n_stages, self.window, self.inflight)
+        cap = inflight_cap(self.schedule, stage, self.stages, self.window, self.inflight)
         return stage_memory(
             self.profile,
             list(range(first, stop)),
             self.microbatch_size,
             cap,
-            last=stage == self.n_stages - 1,
+            last=stage == self.stages - 1,
             optimizer=self.optimizer,
             overhead_bytes=self.overhead_bytes,
             copies=self.copies[stage],
@@ -122,19 +122,19 @@ class PartitionModel:
         return Partition(list(sizes), times, mems)
 
     def fastest(self, memory_bytes: float | None = None) -> Partition:
-        """The fastest contiguous cut into ``n_stages`` that fits ``memory_bytes`` (see :func:`partition`)."""
-        n, n_stages = self.profile.n_units, self.n_stages
+        """The fastest contiguous cut into ``stages`` that fits ``memory_bytes`` (see :func:`partition`)."""
+        n, stages = self.profile.n_units, self.stages
         fits = None if memory_bytes is None else (lambda s, j, i: self.memory(s, j, i) <= memory_bytes)
-        sizes = min_max_partition(n, n_stages, self.time, fits)
+        sizes = min_max_partition(n, stages, self.time, fits)
         if sizes is None:
             assert memory_bytes is not None
-            leanest = min_max_partition(n, n_stages, lambda s, j, i: float(self.memory(s, j, i)))
+            leanest = min_max_partition(n, stages, lambda s, j, i: float(self.memory(s, j, i)))
             assert leanest is not None
             plan = self.describe(leanest)
-            worst = max(range(n_stages), key=lambda s: plan.memory_bytes[s])
+            worst = max(range(stages), key=lambda s: plan.memory_bytes[s])
             raise ConfigError(
                 "pipeline.stages",
-                n_stages,
+                stages,
                 f"a depth whose stages fit the device: even the leanest cut {leanest} ({self.schedule}, micro-batch "
                 f"{self.microbatch_size}) is predicted {plan.memory_bytes[worst] / GIB:.2f} GiB vs "
                 f"{memory_bytes / GIB:.2f} GiB available on stage {worst}; use more stages, a smaller micro-batch "

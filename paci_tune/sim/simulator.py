@@ -211,9 +211,9 @@ def weight_copy_steps(actions: Sequence[Action]) -> tuple[set[int], int]:
     return steps, peak
 
 
-def simulated_batches(schedule: str, n_stages: int, n_batches: int) -> int:
+def simulated_batches(schedule: str, stages: int, n_batches: int) -> int:
     """Global batches actually simulated: PACI needs a run long enough to reach its steady state."""
-    return max(n_batches, 4 * n_stages) if schedule == "paci" else n_batches
+    return max(n_batches, 4 * stages) if schedule == "paci" else n_batches
 
 
 def simulate(

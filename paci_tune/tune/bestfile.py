@@ -29,6 +29,7 @@ from typing import Any
 
 from ..base.files import read_mapping, write_yaml
 from ..config import PipelineConfig, RunConfig, derive_run
+from ..config.layout import Layout
 from ..config.schema import from_dict
 from ..config.tune import BudgetConfig, TargetConfig
 from ..errors import ConfigError
@@ -91,6 +92,13 @@ class Recommended:
 
     def to_doc(self) -> dict[str, Any]:
         return {k: getattr(self, k) if k in RECOMMENDED else self.extra[k] for k in self.keys}
+
+    @property
+    def layout(self) -> Layout:
+        """The recommended point's layout (D = 1 in files written before data parallelism)."""
+        cut = tuple(self.partition) if self.partition else None
+        return Layout(self.schedule or "", self.stages or 0, self.data_parallel or 1, self.window or 0,
+                      self.microbatch_size or 0, None, cut)  # fmt: skip
 
 
 @dataclass(frozen=True)

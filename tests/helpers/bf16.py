@@ -32,7 +32,7 @@ WIDE = GPTConfig(n_layer=2, n_head=2, d_model=128, block_size=8, vocab_size=32)
 
 def bf16_stage(
     index: int,
-    n_stages: int,
+    stages: int,
     units: list[nn.Module],
     *,
     device: torch.device = CPU,
@@ -42,7 +42,7 @@ def bf16_stage(
     **opt: Any,
 ) -> Stage:
     cfg = OptimizerConfig(lr=lr, **opt)
-    return Stage(index, n_stages, units, window=window, optimizer=cfg, lr_at=lambda k: lr, device=device, dtype=dtype)
+    return Stage(index, stages, units, window=window, optimizer=cfg, lr_at=lambda k: lr, device=device, dtype=dtype)
 
 
 def weight_copies(saved: list[torch.Tensor], params: list[torch.Tensor]) -> list[tuple[int, ...]]:
