@@ -82,7 +82,9 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     # Two paired seeds: the bootstrap's resamples are seed 1 twice, seed 2 twice, or both.
     assert best["paci_speedup_interval"] == pytest.approx(sorted([f[1] / q[1], f[2] / q[2]]), abs=1e-3)
     low, high = best["paci_speedup_interval"]
-    assert best["verdict"] == ("paci" if low > 1 else "flush" if high < 1 else "tie")
+    missed = any(v["time_to_target"] is None for s in per_seed for v in best["confirmation"][s][0]["seeds"].values())
+    assert best["verdict"] == ("undecided" if missed else "paci" if low > 1 else "flush" if high < 1 else "tie")
+    assert ("verdict_reason" in best) is missed
     assert best["paci_won"] is (best["verdict"] == "paci")
     assert Path(best["provenance"]["plot"]).stat().st_size > 10_000  # the curves' picture
     for s, c in best["provenance"]["trials"].items():
@@ -93,7 +95,8 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     page = _report(tmp_path / "best.yaml", tmp_path / "report")
     assert (
         page.count("<img ") == 7
-        and {"paci": "PACI wins", "flush": "flush wins", "tie": "a tie"}[best["verdict"]] in page
+        and {"paci": "PACI wins", "flush": "flush wins", "tie": "a tie", "undecided": "undecided"}[best["verdict"]]
+        in page
     )
 
     # apply trains exactly the numerics of the trial it recommends, over the trial's steps.

@@ -194,8 +194,11 @@ def test_trial_params_overrides_keep_the_batch_identity() -> None:
 
 
 # ----------------------------------------------------------------------------- confirmation
-def _confirmed_study(schedule: str, points: dict[int, dict[int, float]]) -> optuna.Study:
-    """Search trials (micro-batch size -> its search score) plus confirmation trials per seed."""
+def _confirmed_study(
+    schedule: str, points: dict[int, dict[int, float]], missed: frozenset[tuple[int, int]] = frozenset()
+) -> optuna.Study:
+    """Search trials (micro-batch size -> its search score) plus confirmation trials per seed; the
+    (micro-batch size, seed) runs in ``missed`` did not reach the target (no time to target)."""
     from paci_tune.tune.extra import confirm_plan as plan
     from paci_tune.tune.record import CONFIRM as CONFIRM_ATTR
 
@@ -210,7 +213,8 @@ def _confirmed_study(schedule: str, points: dict[int, dict[int, float]]) -> optu
     assert plan(study, top=len(points)) == sorted(numbers.values(), key=lambda n: study.trials[n].value)
     for b, seeds in points.items():
         for seed, value in seeds.items():
-            attrs = {CONFIRM_ATTR: {"of": numbers[b], "seed": seed}, "time_to_target": value}
+            attrs = {CONFIRM_ATTR: {"of": numbers[b], "seed": seed},
+                     "time_to_target": None if (b, seed) in missed else value}  # fmt: skip
             study.add_trial(create_trial(state=TrialState.COMPLETE, value=value, distributions=dists,
                                          params={"stages": 2, "microbatch_size": b}, user_attrs=attrs))  # fmt: skip
     return study
@@ -245,6 +249,42 @@ def test_an_interval_that_contains_one_is_a_tie() -> None:
     best = _best_confirmed({"paci": paci, "1f1b": flush})
     low, high = best["paci_speedup_interval"]
     assert low < 1.0 < high and best["verdict"] == "tie" and best["paci_won"] is False
+
+
+@pytest.mark.parametrize("who", ["1f1b", "paci"])
+def test_a_confirmed_run_that_missed_the_target_leaves_the_verdict_undecided(who: str) -> None:
+    """The interval excludes 1 (PACI 2x faster on every seed), but one seed of one schedule scored the
+    not-reached penalty: the ratio is then not a ratio of times to accuracy, so there is no verdict."""
+    miss = frozenset({(8, 2)})
+    paci = _confirmed_study("paci", {8: {1: 3.0, 2: 3.1, 3: 2.9}}, miss if who == "paci" else frozenset())
+    flush = _confirmed_study("1f1b", {8: {1: 6.0, 2: 6.2, 3: 5.8}}, miss if who == "1f1b" else frozenset())
+    best = _best_confirmed({"paci": paci, "1f1b": flush})
+    low, _ = best["paci_speedup_interval"]
+    assert low > 1.0  # the comparison is still shown
+    assert best["verdict"] == "undecided" and best["paci_won"] is False
+    reason = best["verdict_reason"]
+    name = "PACI's best" if who == "paci" else "flush's best"
+    assert f"{name} on 1 of 3 confirmed runs" in reason
+    assert "longer budget" in reason and "looser target" in reason and "warm start" in reason
+
+
+def test_undecided_survives_the_best_yaml_round_trip_and_the_report_sentence(tmp_path: Path) -> None:
+    from paci_tune.report.summary import verdict_sentence
+    from paci_tune.tune.bestfile import read_best
+
+    paci = _confirmed_study("paci", {8: {1: 3.0, 2: 3.1, 3: 2.9}})
+    flush = _confirmed_study("1f1b", {8: {1: 6.0, 2: 6.2, 3: 5.8}}, frozenset({(8, 1), (8, 3)}))
+    best = _best_confirmed({"paci": paci, "1f1b": flush})
+    write_best(tmp_path / "best.yaml", best)
+    typed = read_best(tmp_path / "best.yaml", trainable=False)
+    assert typed.verdict == "undecided" and typed.verdict_reason == best["verdict_reason"]
+
+    class _Ev:  # what verdict_sentence reads of the report's evidence
+        name, clock = "t", "sim"
+
+    _Ev.best = typed  # type: ignore[attr-defined]
+    sentence = verdict_sentence(_Ev())  # type: ignore[arg-type]
+    assert sentence.startswith("Verdict: undecided") and "flush's best on 2 of 3 confirmed runs" in sentence
 
 
 def test_the_bootstrap_interval_against_its_definition() -> None:

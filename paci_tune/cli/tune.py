@@ -129,8 +129,12 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
     if "verdict" in best and "paci_speedup_vs_flush" in best:
         interval = best.get("paci_speedup_interval")
         iv = f" (95% interval {interval[0]:g}-{interval[1]:g})" if interval else ""
-        stderr(f"verdict: {best['verdict']} -- PACI's best over flush's best {best['paci_speedup_vs_flush']:g}x{iv}; "
-               f"speedup_vs_flush {best['speedup_vs_flush']:g}x")  # fmt: skip
+        ratio = f"{best['paci_speedup_vs_flush']:g}x{iv}"
+        if best.get("verdict_reason"):  # undecided: the ratio is of not-reached penalties, not of times
+            stderr(f"verdict: {best['verdict']} -- {best['verdict_reason']}; score ratio flush/PACI {ratio}")
+        else:
+            stderr(f"verdict: {best['verdict']} -- PACI's best over flush's best {ratio}; "
+                   f"speedup_vs_flush {best['speedup_vs_flush']:g}x")  # fmt: skip
     from ..verdict.transfer import summary_line
 
     if (line := summary_line(best.get("transfer_check"))) is not None:

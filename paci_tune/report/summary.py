@@ -39,6 +39,10 @@ def verdict_sentence(ev: Evidence) -> str:
     sp, iv, verdict = best.paci_speedup_vs_flush, best.paci_speedup_interval, best.verdict
     if sp is None:
         return f"Recommended {point}; no flush baseline finished, so there is no comparison."
+    if best.verdict_reason:  # undecided: a compared run missed the target
+        ratio = f"{sp:.3g}x" + (f" (95% interval {iv[0]:.3g}-{iv[1]:.3g})" if iv else "")
+        return (f"Verdict: undecided -- {best.verdict_reason}. The score ratio flush/PACI, {ratio}, is shown as a "
+                f"comparison of those penalties only. Recommended: {point} on the {ev.clock} clock.")
     if iv:
         how = f"{sp:.3g}x flush's time to target (95% interval {iv[0]:.3g}-{iv[1]:.3g}, confirmed seeds)"
     else:

@@ -58,6 +58,7 @@ INFORMATIVE: dict[str, tuple[type, ...]] = {
     "paci_speedup_vs_flush": (int, float),
     "paci_speedup_interval": (list,),
     "verdict": (str,),
+    "verdict_reason": (str,),
     "paci_won": (bool,),
     "speedup_note": (str,),
     "provenance": (dict,),
@@ -145,6 +146,7 @@ class BestFile:
     paci_speedup_vs_flush: float | None = None
     paci_speedup_interval: list[float] | None = None
     verdict: str | None = None
+    verdict_reason: str | None = None
     paci_won: bool | None = None
     speedup_note: str | None = None
     target: dict[str, Any] | None = None

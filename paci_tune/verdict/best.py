@@ -233,6 +233,11 @@ def _comparison(
             notes.append(f"PACI and flush are within one validation interval ({spacing:.3g}s), the resolution of "
                          "time to target")  # fmt: skip
     if paci is not None:
+        misses = _misses(bests, confirmed)
+        if misses:
+            out["verdict"] = confirm.UNDECIDED
+            out["verdict_reason"] = (f"{misses} missed the target, so the ratio above compares not-reached penalties "
+                                     f"(final losses), not times to accuracy; {confirm.WHAT_TO_CHANGE}")  # fmt: skip
         out["paci_won"] = out["verdict"] == "paci"
     for schedule, who in (("1f1b", "the flush baseline"), (rec_schedule, "the recommendation")):
         if schedule == "1f1b" and who == "the recommendation":
@@ -246,3 +251,21 @@ def _comparison(
                          "a bound, not a measured ratio of times")  # fmt: skip
     out["speedup_note"] = "; ".join(notes) if notes else None
     return out
+
+
+def _misses(bests: dict[str, tuple[FrozenTrial, TrialParams, float]], confirmed: dict[str, Confirmed]) -> str:
+    """Which compared runs missed the target (``"flush's best on 1 of 3 confirmed runs"``), empty when none did.
+
+    The compared runs are each schedule's confirmed point over its fresh seeds, or its best search draw
+    when the search was not confirmed.
+    """
+    said = []
+    for schedule, who in (("paci", "PACI's best"), ("1f1b", "flush's best")):
+        c = confirmed.get(schedule)
+        if c is not None:
+            n, total, what = confirm.missed(c), len(c.scores), "confirmed runs"
+        else:
+            n, total, what = int(TrialRecord.read(bests[schedule][0]).time_to_target is None), 1, "search draw"
+        if n:
+            said.append(f"{who} on {n} of {total} {what}")
+    return " and ".join(said)

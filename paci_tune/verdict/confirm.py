@@ -11,8 +11,9 @@ pruned; not counted against ``search.trials``). This module reads them back.
 
 ``speedup_vs_flush`` is the ratio of the two schedules' mean scores, with a percentile bootstrap
 interval over the paired seeds; the verdict is ``paci`` or ``flush`` only when the interval
-excludes 1, else ``tie``. May import: optuna, numpy, :mod:`paci_tune.tune` (the point, the trial record,
-the plan).
+excludes 1, else ``tie`` -- and :data:`UNDECIDED` when a confirmed run of either compared point missed
+the target, since then the ratio compares not-reached penalties, not times to accuracy. May
+import: optuna, numpy, :mod:`paci_tune.tune` (the point, the trial record, the plan).
 """
 
 from __future__ import annotations
@@ -119,6 +120,19 @@ def paired_ratio(
         ratios = f[idx].mean(axis=1) / p[idx].mean(axis=1)
     lo, hi = np.nanquantile(ratios, [(1 - LEVEL) / 2, 1 - (1 - LEVEL) / 2])
     return point, float(lo), float(hi)
+
+
+UNDECIDED = "undecided"
+"""The verdict when a compared run missed the target: its score is the not-reached penalty (a final
+loss turned into seconds), so a ratio of scores is not a ratio of times to accuracy."""
+
+WHAT_TO_CHANGE = ("what to change: a longer budget (budget.seconds or training.steps), a looser target "
+                  "(target.value), or a warm start from a checkpoint of the run past its first phase")  # fmt: skip
+
+
+def missed(point: Confirmed) -> int:
+    """How many of the point's confirmed runs did not reach the target."""
+    return sum(point.time_to_target.get(s) is None for s in point.scores)
 
 
 def verdict(low: float, high: float) -> str:
