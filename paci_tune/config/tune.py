@@ -70,8 +70,10 @@ class BudgetConfig:
             raise ConfigError(f"{key}.grid", self.grid, f"at most {MAX_GRID} validations over the budget")
         if self.clock == "rst" and not self.profile:
             raise ConfigError(f"{key}.profile", None, "a cost profile of the reference system for the rst clock")
-        if self.profile is not None and not Path(self.profile).is_file():
-            raise ConfigError(f"{key}.profile", self.profile, "an existing profile file (paci-tune calibrate)")
+        if self.profile is not None:  # profiles/NAME.yaml not found here: the shipped reference profile
+            self.profile = str(resolve_path(self.profile))
+            if not Path(self.profile).is_file():
+                raise ConfigError(f"{key}.profile", self.profile, "an existing profile file (paci-tune calibrate)")
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.processes import cpu_count
+from ..base.shipped import resolve_path
 from ..config import derive_run
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
@@ -104,9 +105,10 @@ def profile_for(tune: TuneConfig, space: Any, work: Path, log: Log | None = None
     if b.clock == "wall":
         return None
     if b.profile:
-        if not Path(b.profile).is_file():
+        found = resolve_path(b.profile)  # profiles/tiny-gpt.yaml: the shipped reference when not here
+        if not found.is_file():
             raise ConfigError("budget.profile", b.profile, "an existing profile file (paci-tune calibrate)")
-        return str(Path(b.profile).resolve())
+        return str(found.resolve())
     from ..calibrate.cache import measured_profile
 
     _, path = measured_profile(tune.run, microbatch_sizes=list(space.microbatch_size), path=work / "profile.yaml",
