@@ -46,7 +46,7 @@ def _report(best: Path, out: Path) -> str:
 
 
 def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
-    config = write_search(tmp_path, search={"confirm": {"top": 1, "seeds": 2}})
+    config = write_search(tmp_path, search={"confirm": {"top": 1, "seeds": 2, "max_seeds": 2}})
     proc = run(search_cmd(config, tmp_path))
     check_ok(proc)
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())

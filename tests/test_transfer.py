@@ -223,7 +223,8 @@ def test_the_loop_trains_each_long_run_once_after_the_quota(tmp_path: Path) -> N
                                                          "microbatch_size": [1, 2, 4]}))  # fmt: skip
     config = write_search(tmp_path, target={"value": 0.5}, budget={"seconds": 1.0, "grid": 4},
                           hardware={"devices": 2}, search={"trials": 3, "sampler": "grid", "pruner": "none",
-                          "confirm": {"top": 1, "seeds": 1}, "transfer_check": {"top": 2, "factor": 2.5}})  # fmt: skip
+                          "confirm": {"top": 1, "seeds": 1, "max_seeds": 1},
+                          "transfer_check": {"top": 2, "factor": 2.5}})  # fmt: skip
     tune = load_tune_config(read_yaml(config))
     space = load_space(str(tmp_path / "space.yaml"), global_batch=8, n_units=4, max_stages=None, devices=2)
     storage = optuna.storages.InMemoryStorage()

@@ -287,6 +287,52 @@ def test_undecided_survives_the_best_yaml_round_trip_and_the_report_sentence(tmp
     assert sentence.startswith("Verdict: undecided") and "flush's best on 2 of 3 confirmed runs" in sentence
 
 
+# ------------------------------------------------------------------ confirmation until decided
+def _round(paci: dict[int, float], flush: dict[int, float], minimum: int = 3, cap: int = 5) -> object:
+    from paci_tune.tune.rounds import current_round
+
+    studies = {"paci": _confirmed_study("paci", {8: paci}), "1f1b": _confirmed_study("1f1b", {8: flush})}
+    return current_round(studies, 0, minimum, cap, 0.1)  # base seed 0: the fresh seeds are 1, 2, ...
+
+
+def test_confirmation_stops_at_the_minimum_when_the_interval_already_excludes_one() -> None:
+    from paci_tune.tune.rounds import Round
+
+    assert _round({1: 3.0, 2: 3.1, 3: 2.9}, {1: 6.0, 2: 6.2, 3: 5.8}) == Round(3, "excludes_1")
+
+
+def test_confirmation_adds_a_paired_seed_while_undecided_and_stops_at_the_cap() -> None:
+    from paci_tune.tune.rounds import Round
+
+    paci = {1: 3.0, 2: 6.0, 3: 3.0, 4: 6.0, 5: 3.0}  # the ratio swings around 1 seed by seed: never decided
+    flush = {1: 6.0, 2: 3.0, 3: 6.0, 4: 3.0, 5: 6.0}
+    assert _round({s: paci[s] for s in (1, 2, 3)}, {s: flush[s] for s in (1, 2, 3)}) == Round(4, None)
+    assert _round({s: paci[s] for s in (1, 2, 3)}, {s: flush[s] for s in (1, 2)}) == Round(3, None)  # still running
+    assert _round(paci, flush) == Round(5, "max_seeds")
+
+
+def test_one_seed_decides_nothing_and_bad_rounds_are_refused() -> None:
+    from paci_tune.config.tune import ConfirmConfig
+    from paci_tune.tune.rounds import Round
+
+    assert _round({1: 3.0}, {1: 6.0}, minimum=1, cap=3) == Round(2, None)  # 2x on one seed: no interval yet
+    with pytest.raises(ConfigError) as e:
+        ConfirmConfig(seeds=3, max_seeds=2).check("search.confirm")
+    assert e.value.key == "search.confirm.max_seeds"
+    with pytest.raises(ConfigError) as e:
+        ConfirmConfig(tolerance=0).check("search.confirm")
+    assert e.value.key == "search.confirm.tolerance"
+    assert ConfirmConfig(seeds=3).cap == 6 and ConfirmConfig(seeds=3, max_seeds=3).cap == 3
+
+
+def test_an_interval_narrower_than_the_tolerance_is_decided_even_around_one() -> None:
+    from paci_tune.tune.rounds import Round, decided
+
+    assert _round({1: 3.0, 2: 3.01, 3: 2.99}, {1: 3.0, 2: 2.99, 3: 3.01}) == Round(3, "narrow")
+    assert decided(1.0, 0.96, 1.05, 0.1) == "narrow" and decided(1.0, 0.9, 1.1, 0.1) is None
+    assert decided(1.2, 1.01, 1.5, 0.1) == "excludes_1" and decided(0.8, 0.5, 0.99, 0.1) == "excludes_1"
+
+
 def test_the_bootstrap_interval_against_its_definition() -> None:
     """Oracle: the ratio of means, and an interval that shrinks to the point when every seed agrees."""
     from paci_tune.verdict.confirm import Confirmed, paired_speedup

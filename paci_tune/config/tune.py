@@ -100,18 +100,34 @@ class HardwareConfig:
 
 @dataclass
 class ConfirmConfig:
-    """Before recommending, train the ``top`` best points of each schedule again on ``seeds`` fresh seeds.
+    """Before recommending, train the ``top`` best points of each schedule again on fresh seeds: at least
+    ``seeds``, then one paired seed more per round until PACI-vs-flush is decided (the interval excludes 1,
+    or is narrower than ``tolerance`` x its point estimate) or ``max_seeds`` is reached
+    (:mod:`paci_tune.tune.rounds`).
 
     ``top: 0`` (or ``seeds: 0``) recommends from the search's single draws, as a quick look.
     """
 
     top: int = 2
-    seeds: int = 3
+    seeds: int = 3  # the minimum: every confirmation runs at least these
+    max_seeds: int | None = None  # the cap (None: 2 x seeds); paired rounds are added until decided
+    tolerance: float = 0.1  # an interval narrower than this x its point estimate counts as decided
 
     def check(self, key: str) -> None:
         for name in ("top", "seeds"):
             if not 0 <= getattr(self, name) <= MAX_CONFIRM:
                 raise ConfigError(f"{key}.{name}", getattr(self, name), f"an integer in [0, {MAX_CONFIRM}]")
+        if self.max_seeds is not None and not self.seeds <= self.max_seeds <= MAX_CONFIRM:
+            raise ConfigError(f"{key}.max_seeds", self.max_seeds,
+                              f"an integer in [{key}.seeds = {self.seeds}, {MAX_CONFIRM}]")  # fmt: skip
+        if not (isinstance(self.tolerance, (int, float)) and 0 < self.tolerance <= 10):
+            raise ConfigError(f"{key}.tolerance", self.tolerance, "a number in (0, 10]: the relative interval width "
+                              "below which the confirmation stops adding seeds")  # fmt: skip
+
+    @property
+    def cap(self) -> int:
+        """The most seeds a confirmation runs: ``max_seeds``, or twice the minimum."""
+        return self.max_seeds if self.max_seeds is not None else 2 * self.seeds
 
     @property
     def enabled(self) -> bool:

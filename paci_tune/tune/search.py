@@ -31,6 +31,7 @@ from . import extra, record
 from .extra import confirm_seeds
 from .objective import Progress
 from .record import Outcome, PointAttrs, TrialRecord
+from .rounds import current_round
 from .runner import TrialJob, TrialResult, TrialRunner
 from .setup import trial_runtime
 from .space import SearchSpace, TrialParams
@@ -100,7 +101,8 @@ class Search:
         c = self.tune.search.confirm
         if not c.enabled:
             return None
-        seeds = confirm_seeds(self.tune.run.training.seed, c.seeds)
+        base = self.tune.run.training.seed
+        seeds = confirm_seeds(base, current_round(self.studies, base, c.seeds, c.cap, c.tolerance).seeds)
         for study in self.studies.values():
             extra.enqueue_confirmations(study, extra.confirm_plan(study, c.top), seeds)
         return next((s for s, study in self.studies.items() if extra.waiting(study)), None)

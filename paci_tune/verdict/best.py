@@ -33,9 +33,10 @@ from ..errors import ConfigError
 from ..tune.bestfile import EVIDENCE, RECOMMENDED
 from ..tune.extra import search_trials
 from ..tune.record import TrialRecord
+from ..tune.rounds import LEVEL
 from ..tune.space import DEFAULT_BACKWARD_WEIGHTS, TrialParams
 from . import confirm, transfer
-from .confirm import LEVEL, Confirmed
+from .confirm import Confirmed
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
@@ -119,12 +120,15 @@ def build_best(
     budget: dict[str, Any],
     provenance: dict[str, Any],
     confirm_seeds: list[int] | None = None,
+    confirm_rounds: dict[str, Any] | None = None,
     transfer_factor: float | None = None,
 ) -> dict[str, Any]:
     """The ``best.yaml`` document (module docstring); ConfigError when no trial finished.
 
     With ``confirm_seeds``, schedules are ranked by their confirmed points' mean over those seeds
     (:mod:`.confirm`); without, by the search's single draws (an anecdote, and the file says so).
+    ``confirm_rounds``: the confirmation's minimum and cap, its tolerance and why it stopped adding seeds
+    (:mod:`paci_tune.tune.rounds`), written into the ``confirmation`` section as given.
     With ``transfer_factor``, ``transfer_check`` reports how the short trials' ranking held at that
     many times the budget (:mod:`.transfer`); it changes nothing else in the file.
     """
@@ -169,7 +173,7 @@ def build_best(
         },
     }
     if confirm_seeds:
-        doc["confirmation"] = {"seeds": list(confirm_seeds), "level": LEVEL,
+        doc["confirmation"] = {"seeds": list(confirm_seeds), "level": LEVEL, **(confirm_rounds or {}),
                                **{s: [c.to_dict() for c in table] for s, table in tables.items()}}  # fmt: skip
     if transfer_factor:
         doc["transfer_check"] = transfer.section(studies, transfer_factor, budget.get("seconds"), point_of)

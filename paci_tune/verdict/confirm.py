@@ -28,10 +28,8 @@ from optuna.trial import TrialState
 
 from ..tune.extra import retried_numbers
 from ..tune.record import StudyRecord, TrialRecord
+from ..tune.rounds import BOOTSTRAP_DRAWS, paired_ratio
 from ..tune.space import TrialParams
-
-BOOTSTRAP_DRAWS = 4000
-LEVEL = 0.95
 
 
 @dataclass
@@ -99,27 +97,6 @@ def confirmed(study: optuna.Study, schedule: str, seeds: list[int], params_of: A
 def paired_speedup(flush: Confirmed, paci: Confirmed, draws: int = BOOTSTRAP_DRAWS) -> tuple[float, float, float]:
     """Flush's mean score over PACI's, and a percentile bootstrap interval over the seeds both ran."""
     return paired_ratio(flush.scores, paci.scores, draws)
-
-
-def paired_ratio(
-    num: dict[int, float], den: dict[int, float], draws: int = BOOTSTRAP_DRAWS
-) -> tuple[float, float, float]:
-    """mean(num) / mean(den) over their common seeds, and a percentile bootstrap interval.
-
-    Seeds are paired: each resample draws seed indices with replacement and takes the ratio of the
-    two means over the same seeds. A seed that failed in either scores inf there.
-    """
-    common = sorted(set(num) & set(den))
-    if not common:
-        return math.nan, math.nan, math.nan
-    f = np.array([num[s] for s in common])
-    p = np.array([den[s] for s in common])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        point = float(f.mean() / p.mean())
-        idx = np.random.default_rng(0).integers(0, len(common), size=(draws, len(common)))
-        ratios = f[idx].mean(axis=1) / p[idx].mean(axis=1)
-    lo, hi = np.nanquantile(ratios, [(1 - LEVEL) / 2, 1 - (1 - LEVEL) / 2])
-    return point, float(lo), float(hi)
 
 
 UNDECIDED = "undecided"

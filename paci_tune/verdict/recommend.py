@@ -11,6 +11,7 @@ from typing import Any
 
 from ..tune.bestfile import write_best
 from ..tune.extra import confirm_seeds
+from ..tune.rounds import current_round
 from ..tune.search import Search
 from ..tune.session import SearchSession
 from .best import build_best
@@ -21,6 +22,8 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
     from .plot import plot_search  # matplotlib: only when a search ends
 
     tune, b = session.tune, session.tune.budget
+    c = tune.search.confirm
+    rounds = current_round(session.studies, tune.run.training.seed, c.seeds, c.cap, c.tolerance)
     # apply reads the budget back: an rst clock needs its reference profile, wherever apply runs from
     budget = {"clock": b.clock, "seconds": b.seconds, "grid": b.grid,
               **({"profile": str(Path(b.profile).resolve())} if b.profile else {})}  # fmt: skip
@@ -35,8 +38,9 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
                     "profile": session.profile, "space": session.space.describe(), "sampler": tune.search.sampler,
                     "pruner": tune.search.pruner, "seed": tune.search.seed,
                     "config": str(session.config.resolve())},
-        confirm_seeds=confirm_seeds(tune.run.training.seed, tune.search.confirm.seeds)
-        if tune.search.confirm.enabled else None,
+        confirm_seeds=confirm_seeds(tune.run.training.seed, rounds.seeds) if c.enabled else None,
+        confirm_rounds={"min_seeds": c.seeds, "max_seeds": c.cap, "tolerance": c.tolerance,
+                        "stopped_by": rounds.stopped_by} if c.enabled else None,
         transfer_factor=tune.search.transfer_check.factor if tune.search.transfer_check.enabled else None,
     )  # fmt: skip
     rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
