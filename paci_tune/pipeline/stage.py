@@ -291,12 +291,43 @@ class Stage:
             "updates": self.updates,
             "backwards": self.backwards,
             "drift": self.drift.state_dict(),
+            "opt_names": self._optimizer_order(),  # optimizer state index -> parameter name (resharding)
         }
         if self.optim.mixed:
             state["masters"] = [m.detach() for m in self.optim.master_weights()]
         return state
 
+    def _optimizer_order(self) -> list[str]:
+        """Parameter names in the optimizer's index order, so a checkpoint can be read per parameter."""
+        by_id = {id(m): n for n, m in zip(self.param_names, self.optim.masters, strict=True)}
+        return [by_id[id(m)] for g in self.optim.optimizer.param_groups for m in g["params"]]
+
+    @torch.no_grad()
+    def _load_params(self, state: dict) -> None:
+        """A resharded state: per parameter name its fp32 value and optimizer state (moments, step).
+
+        The value goes into the fp32 master (bf16) and the parameter (rounded to its dtype), so a
+        stage cut differently from the one that wrote the checkpoint continues the same numbers.
+        """
+        entries, opt_state = state["params"], self.optim.optimizer.state
+        missing = sorted(set(self.param_names) - set(entries))
+        if missing:
+            raise KeyError(f"stage {self.index}: the checkpoint has no parameters {missing}")
+        for name, p, master in zip(self.param_names, self.params, self.optim.masters, strict=True):
+            value = entries[name]["value"].to(self.device)
+            master.copy_(value)
+            if master is not p.data:
+                p.data.copy_(master)
+            opt_state[master] = {k: v.clone() if k == "step" else v.to(self.device).clone()
+                                 for k, v in entries[name]["state"].items()}  # fmt: skip
+        for name, buf in state.get("buffers", {}).items():
+            self.module.get_buffer(name).copy_(buf)
+
     def load_state_dict(self, state: dict) -> None:
+        if "params" in state:  # resharded (paci_tune.train.checkpoint.reshard)
+            self._load_params(state)
+            self.updates, self.backwards = state["updates"], state["updates"] * self.window
+            return
         self.module.load_state_dict(state["module"])
         self.optim.optimizer.load_state_dict(state["optimizer"])
         if self.optim.mixed:

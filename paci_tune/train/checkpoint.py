@@ -3,7 +3,9 @@
 Layout: ``DIR/batch_00000120/stage_0.pt .. stage_{P-1}.pt`` and ``meta.json`` (the loop's state),
 then ``DIR/LATEST`` naming that folder. Each file is written to a temporary name and renamed;
 ``LATEST`` moves only after every rank's stage file and the meta file exist, so resuming always
-finds a complete checkpoint. Several machines need ``DIR`` on a shared file system. May import:
+finds a complete checkpoint. :func:`reshard` reads a checkpoint per model unit and parameter name
+(each stage file names its optimizer's parameter order) and gathers the units of another layout's
+stages, so ``--init-from`` starts any layout from it. Several machines need ``DIR`` on a shared file system. May import:
 :mod:`paci_tune.base`, :mod:`paci_tune.errors`, torch.
 """
 
@@ -61,3 +63,74 @@ def load(root: Path, stages: list[int]) -> tuple[dict, dict[int, dict]]:
     meta = json.loads((folder / "meta.json").read_text())
     states = {s: torch.load(folder / f"stage_{s}.pt", map_location="cpu", weights_only=False) for s in stages}
     return meta, states
+
+
+def _ranges(sizes: list[int]) -> list[range]:
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [range(a, a + n) for a, n in zip(starts, sizes, strict=True)]
+
+
+def find(path: Path, key: str = "--init-from") -> Path:
+    """A checkpoint folder, or the newest one under a root with ``LATEST``."""
+    if (path / "meta.json").is_file():
+        return path
+    folder = latest(path)
+    if folder is None:
+        raise ConfigError(key, str(path), "a checkpoint folder (with meta.json) or a checkpoint root with LATEST")
+    return folder
+
+
+def units_of(folder: Path) -> tuple[dict, dict[tuple[int, str], dict]]:
+    """Meta and the checkpoint keyed by (model unit, name within the unit): value and optimizer state.
+
+    Replica 0's stages are the state (replicas are identical after each step). The value is fp32:
+    the master weight of a bf16 parameter, else the parameter itself.
+    """
+    meta = json.loads((folder / "meta.json").read_text())
+    units: dict[tuple[int, str], dict] = {}
+    for s, rng in enumerate(_ranges(meta["partition"])):
+        st = torch.load(folder / f"stage_{s}.pt", map_location="cpu", weights_only=False)
+        if "opt_names" not in st:
+            raise ConfigError("--init-from", str(folder), "a checkpoint written by this version (no parameter index)")
+        names = st["opt_names"]
+        opt = st["optimizer"]["state"]
+        masters = iter(st.get("masters") or [])
+        param_set = set(names)
+        for key, tensor in st["module"].items():
+            i, rest = key.split(".", 1)
+            entry: dict = {"value": tensor}
+            if key in param_set:
+                entry["state"] = opt.get(names.index(key), {})
+            else:
+                entry["buffer"] = True
+            units[(rng[int(i)], rest)] = entry
+        for key in [k for k in st["module"] if k in param_set and st["module"][k].dtype == torch.bfloat16]:
+            i, rest = key.split(".", 1)
+            units[(rng[int(i)], rest)]["value"] = next(masters)
+        for e in units.values():
+            if not e.get("buffer"):
+                e["value"] = e["value"].float()
+        meta["updates"] = st["updates"]  # every stage has taken the same number of steps
+    return meta, units
+
+
+def reshard(folder: Path, sizes: list[int], stages: list[int]) -> tuple[dict, dict[int, dict]]:
+    """Meta and the states of ``stages`` of the cut ``sizes``, gathered per model unit from ``folder``."""
+    meta, units = units_of(folder)
+    n = 1 + max(u for u, _ in units)
+    if sum(sizes) != n:
+        raise ConfigError("--init-from", str(folder), f"a checkpoint of a model with {sum(sizes)} units (it has {n})")
+    updates = meta["updates"]
+    out = {}
+    for s in stages:
+        rng = _ranges(sizes)[s]
+        params, buffers = {}, {}
+        for (u, rest), e in units.items():
+            if u in rng:
+                local = f"{u - rng.start}.{rest}"
+                if e.get("buffer"):
+                    buffers[local] = e["value"]
+                else:
+                    params[local] = {"value": e["value"], "state": e["state"]}
+        out[s] = {"params": params, "buffers": buffers, "updates": updates}
+    return meta, out

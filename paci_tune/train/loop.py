@@ -185,9 +185,11 @@ class Trainer:
                                  r.updates, r.snapshots)  # fmt: skip
 
     # ------------------------------------------------------------------------------- the loop
-    def run(self, resume: bool = False) -> dict[str, Any] | None:
-        if resume:
+    def run(self, resume: bool = False, init_from: str | None = None) -> dict[str, Any] | None:
+        if resume and (self.ckpt_root is None or checkpoint.latest(self.ckpt_root) is not None):
             self._resume()
+        elif init_from:
+            self._init_from(Path(init_from))
         self.runtime.warmup()
         self.runtime.barrier()  # ranks finish set-up at different times; do not count that as bubble
         self.clock = self.make_clock(self.state.clock)
@@ -301,6 +303,29 @@ class Trainer:
         self.runtime.load_state_dicts(states)
         self.state = LoopState(**meta["loop"])
         self.sink.restore(meta["records"])
+
+    def _init_from(self, path: Path) -> None:
+        """Start this run, in its own layout, from another run's checkpoint (``--init-from``).
+
+        Weights, optimizer moments and step counts move per model unit; the step counter (and so
+        the data position and the LR schedule's position over ``training.steps``) continues at the
+        checkpoint's step. Clock, records and timing start afresh.
+        """
+        folder = checkpoint.find(path)
+        meta, states = checkpoint.reshard(folder, self.setup.partition, self.runtime.local_stages)
+        mine, theirs = fingerprint(self.cfg), meta["fingerprint"]
+        for section in ("model", "data", "optimizer"):
+            a, b = theirs.get(section, {}), mine.get(section, {})
+            if section == "optimizer":
+                a, b = a.get("name"), b.get("name")
+            diff = _mismatch(a, b, section)
+            if diff:
+                raise ConfigError("--init-from", str(folder), f"a checkpoint of the same {section} ({diff})")
+        if theirs["training"].get("seed") != self.cfg.training.seed or \
+                theirs["training"].get("global_batch") != self.cfg.training.global_batch:  # fmt: skip
+            raise ConfigError("--init-from", str(folder), "a checkpoint with the same training.seed and global_batch")
+        self.runtime.load_state_dicts(states)
+        self.state.batches_done = self.state.last_checkpoint = meta["loop"]["batches_done"]
 
     # --------------------------------------------------------------------------------- records
     def _emit_start(self) -> None:

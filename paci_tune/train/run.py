@@ -103,6 +103,7 @@ def run_training(
     metrics: str | None = None,
     resume: bool = False,
     log: Log | None = None,
+    init_from: str | None = None,
 ) -> dict[str, Any] | None:
     """Train the resolved ``run`` on its runtime; every record goes to ``on_record``; the summary record is returned.
 
@@ -114,7 +115,7 @@ def run_training(
 
     cfg = run.config
     if cfg.pipeline.runtime == "emulated":
-        return Trainer(run, RecordSink(metrics, None, on_record)).run(resume=resume)
+        return Trainer(run, RecordSink(metrics, None, on_record)).run(resume=resume, init_from=init_from)
 
     from .launch import run_distributed
 
@@ -128,7 +129,8 @@ def run_training(
             on_record(rec)
 
     workdir = Path(tempfile.mkdtemp(prefix="paci-tune-run-"))
-    rc, tail = run_distributed(cfg, workdir, record, metrics=metrics, resume=resume)
+    rc, tail = run_distributed(cfg, workdir, record, metrics=metrics, resume=resume,
+                                init_from=init_from)
     if rc != 0:
         log_path = workdir / "workers.log"
         cause = first_failure(log_path.read_text(errors="replace"), cfg.pipeline.stages) if log_path.exists() else None
