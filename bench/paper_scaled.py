@@ -48,7 +48,8 @@ from paci_tune.calibrate import calibrate
 from paci_tune.calibrate.cache import measured_profile
 from paci_tune.config import derive_run
 from paci_tune.tune.objective import score
-from paci_tune.verdict.confirm import paired_ratio, verdict
+from paci_tune.tune.rounds import paired_ratio
+from paci_tune.verdict.confirm import verdict
 
 PAPER = {"small": {"batch": 128, "best": 1.69, "same_m": 1.83}, "large": {"batch": 256, "best": 1.41, "same_m": 1.48}}
 FULL: dict[str, Any] = {
