@@ -75,35 +75,40 @@ def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
     return {r.retry_of for r in map(TrialRecord.read, trials) if r.retry_of is not None}
 
 
-def enqueue_confirmations(study: optuna.Study, numbers: list[int], seeds: list[int]) -> int:
-    """Queue every (point, seed) not queued, running or done yet; how many were queued now."""
+def _queued(study: optuna.Study) -> tuple[set[Extra], dict[int, FrozenTrial]]:
+    """The extra runs queued, running or done in ``study`` (a retried one stands for its retry), and the
+    study's trials by number."""
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
-    have = {(r.confirm_of, r.seed) for t in trials if (r := TrialRecord.read(t)).is_confirmation
-            and t.number not in retried}  # fmt: skip
-    by_number = {t.number: t for t in trials}
-    queued = 0
-    for n in numbers:
-        for s in seeds:
-            if (n, s) not in have:
-                Extra(n, seed=s).enqueue(study, dict(by_number[n].params))
-                queued += 1
-    return queued
+    have: set[Extra] = set()
+    for t in trials:
+        r = TrialRecord.read(t)
+        if t.number in retried:
+            continue
+        if r.is_confirmation:
+            have.add(Extra(int(r.confirm_of), seed=r.seed))  # type: ignore[arg-type]
+        elif r.is_transfer:
+            have.add(Extra(int(r.transfer_of), factor=float(r.factor)))  # type: ignore[arg-type]
+    return have, {t.number: t for t in trials}
+
+
+def _enqueue_missing(study: optuna.Study, wanted: list[Extra]) -> int:
+    """Queue each of ``wanted`` not queued, running or done yet, with its point's parameters; how many now."""
+    have, by_number = _queued(study)
+    missing = [e for e in wanted if e not in have]
+    for e in missing:
+        e.enqueue(study, dict(by_number[e.of].params))
+    return len(missing)
+
+
+def enqueue_confirmations(study: optuna.Study, numbers: list[int], seeds: list[int]) -> int:
+    """Queue every (point, seed) not queued, running or done yet; how many were queued now."""
+    return _enqueue_missing(study, [Extra(n, seed=s) for n in numbers for s in seeds])
 
 
 def enqueue_transfers(study: optuna.Study, numbers: list[int], factor: float) -> int:
     """Queue a long run of each planned point not queued, running or done yet at ``factor``; how many now."""
-    trials = study.get_trials(deepcopy=False)
-    retried = retried_numbers(trials)
-    have = {(r.transfer_of, r.factor) for t in trials if (r := TrialRecord.read(t)).is_transfer
-            and t.number not in retried}  # fmt: skip
-    by_number = {t.number: t for t in trials}
-    queued = 0
-    for n in numbers:
-        if (n, float(factor)) not in have:
-            Extra(n, factor=factor).enqueue(study, dict(by_number[n].params))
-            queued += 1
-    return queued
+    return _enqueue_missing(study, [Extra(n, factor=float(factor)) for n in numbers])
 
 
 def waiting(study: optuna.Study, kind: str = CONFIRM) -> bool:
