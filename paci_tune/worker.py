@@ -36,9 +36,7 @@ from .errors import ConfigError
 @click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="Write JSON-lines metrics here.")
 @click.option("--events", type=click.Path(dir_okay=False), default=None, help="Append live records here.")
 @click.option("--resume", is_flag=True, help="Resume from the newest checkpoint in the checkpoint folder.")
-@click.option("--init-from", default=None, help="Start from another layout's checkpoint (paci-tune train --help).")
-def main(config: str, metrics: str | None, events: str | None, resume: bool, init_from: str | None,
-         **options: object) -> None:
+def main(config: str, metrics: str | None, events: str | None, resume: bool, **options: object) -> None:
     """Run this rank's pipeline stage of CONFIG."""
     import torch
     import torch.distributed as dist
@@ -61,7 +59,7 @@ def main(config: str, metrics: str | None, events: str | None, resume: bool, ini
         dist.init_process_group(backend, timeout=timedelta(minutes=10))
         reporter = dist.get_rank() == reporter_rank(cfg.pipeline.stages)
         trainer = Trainer(resolve_run(cfg), RecordSink(metrics, events, active=reporter), distributed=True)
-        trainer.run(resume=resume, init_from=init_from)
+        trainer.run(resume=resume)
         dist.barrier()  # every rank is done: metrics and checkpoints are written and closed
     except ConfigError as e:
         if rank == 0:

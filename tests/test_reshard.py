@@ -19,9 +19,9 @@ def _train(doc: dict, init_from: str | None = None) -> list[dict]:
     from paci_tune.train.metrics import RecordSink
     from paci_tune.train.run import resolve_run
 
-    cfg = load_run_config(doc) if not isinstance(doc, str) else None
+    cfg = load_run_config(merge(doc, {"training": {"init_from": init_from}}))
     sink = RecordSink(None, None)
-    Trainer(resolve_run(cfg), sink).run(init_from=init_from)
+    Trainer(resolve_run(cfg), sink).run()
     return sink.records
 
 

@@ -37,27 +37,19 @@ def main(debug: bool) -> None:
     """Auto-tune and run PACI asynchronous pipeline-parallel training."""
 
 
-_INIT_FROM_HELP = (
-    "Start a new run, in this layout, from a checkpoint (folder, or root with LATEST) of another: weights, "
-    "optimizer moments and steps move per model unit; steps, data and LR schedule continue at its step "
-    "(training.steps counts from 0). Unlike --resume, the layout may differ."
-)
-
-
 @main.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @run_options
 @click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="Write JSON-lines metrics here.")
 @click.option("--resume", is_flag=True, help="Resume from the newest checkpoint in the checkpoint folder.")
-@click.option("--init-from", type=click.Path(), default=None, help=_INIT_FROM_HELP)
 @click.option("--live/--no-live", default=True, help="Rich live progress (default on a terminal) or plain lines.")
-def train(config: str, metrics: str | None, resume: bool, init_from: str | None, live: bool, **options: Any) -> None:
+def train(config: str, metrics: str | None, resume: bool, live: bool, **options: Any) -> None:
     """Train the model of CONFIG with a pipeline schedule (paci, 1f1b or gpipe)."""
     from ..config import load_config
     from ..train.run import prepare_run
 
     run = prepare_run(load_config(config, overrides_from(options)), metrics=metrics, log=stderr)
-    train_with_view(run, metrics=metrics, resume=resume, live=live, init_from=init_from)
+    train_with_view(run, metrics=metrics, resume=resume, live=live)
 
 
 for _command in (search, apply, calibrate, simulate, report):

@@ -16,8 +16,7 @@ def stderr(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def train_with_view(run: ResolvedRun, *, metrics: str | None, resume: bool, live: bool,
-                    init_from: str | None = None) -> None:
+def train_with_view(run: ResolvedRun, *, metrics: str | None, resume: bool, live: bool) -> None:
     """Train a resolved run with the live view (``train`` and ``apply``); failed workers exit non-zero."""
     from ..train.run import WorkersFailed, run_training
     from .ui import TrainView
@@ -25,8 +24,7 @@ def train_with_view(run: ResolvedRun, *, metrics: str | None, resume: bool, live
     view = TrainView(live=live)
     try:
         with view:
-            run_training(run, on_record=view.on_record, metrics=metrics, resume=resume, log=stderr,
-                         init_from=init_from)
+            run_training(run, on_record=view.on_record, metrics=metrics, resume=resume, log=stderr)
     except WorkersFailed as e:
         stderr(e.message)
         sys.exit(e.exit_code)

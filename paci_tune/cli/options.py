@@ -52,6 +52,16 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--checkpoint-dir", "training.checkpoint_dir", {"type": str, "help": "Checkpoint folder."}),
     ("--clock", "training.clock", {"type": click.Choice(["wall", "rst", "sim"]), "help": "Clock for budgets."}),
     ("--profile", "training.profile", {"type": str, "help": "Cost profile (paci-tune calibrate) for rst/sim clocks."}),
+    (
+        "--init-from",
+        "training.init_from",
+        {
+            "type": click.Path(resolve_path=True),
+            "help": "Start a new run, in this layout, from a checkpoint (folder, or root with LATEST) of any other "
+            "layout: weights, optimizer moments and steps move per model unit; steps, data and LR schedule continue "
+            "at its step (training.steps counts from 0). Unlike --resume, the layout may differ.",
+        },
+    ),
 ]
 
 

@@ -135,6 +135,8 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
         else:
             stderr(f"verdict: {best['verdict']} -- PACI's best over flush's best {ratio}; "
                    f"speedup_vs_flush {best['speedup_vs_flush']:g}x")  # fmt: skip
+    if best.get("warm_start"):
+        stderr(f"warm start: every trial {best['warm_start']['note']}")
     from ..verdict.transfer import summary_line
 
     if (line := summary_line(best.get("transfer_check"))) is not None:

@@ -100,6 +100,7 @@ class TrainingConfig:
     target_val_loss: float | None = None
     clock: Literal["wall", "rst", "sim"] = "wall"
     profile: str | None = None
+    init_from: str | None = None  # a checkpoint (of any layout) this run starts from (train/checkpoint.reshard)
 
     def __post_init__(self) -> None:
         self.check("training")
@@ -132,6 +133,8 @@ class TrainingConfig:
             raise ConfigError(
                 f"{key}.profile", None, "a cost profile of the reference system (paci-tune calibrate) for the rst clock"
             )
+        if self.init_from is not None and not (isinstance(self.init_from, str) and self.init_from.strip()):
+            raise ConfigError(f"{key}.init_from", self.init_from, "null or a checkpoint folder (or root with LATEST)")
 
 
 @dataclass(frozen=True)

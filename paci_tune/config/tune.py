@@ -156,6 +156,50 @@ class TransferConfig:
         return self.top > 0
 
 
+MAX_WARM_STEPS = 10**9
+
+
+@dataclass
+class WarmStartConfig:
+    """Start every trial from a checkpoint of the run being tuned instead of from step 0
+    (:mod:`paci_tune.tune.warm`): ``steps: N`` trains N steps of the config as written with a
+    1F1B-flush schedule once, before the first trial; ``checkpoint: PATH`` names one of the user's
+    run in progress (any layout). ``dir``: where the warm-up's checkpoint goes (default: beside a
+    file storage, else in the work folder); workers on other machines need it on a shared file
+    system. Neither given: off (trials start from scratch).
+    """
+
+    steps: int | None = None
+    checkpoint: str | None = None
+    dir: str | None = None
+
+    def check(self, key: str) -> None:
+        if self.steps is not None and self.checkpoint is not None:
+            raise ConfigError(f"{key}.checkpoint", self.checkpoint, f"absent when {key}.steps is given (one or the "
+                              "other: train a warm-up, or start from a checkpoint)")  # fmt: skip
+        if self.steps is not None and not 1 <= self.steps <= MAX_WARM_STEPS:
+            raise ConfigError(f"{key}.steps", self.steps, f"an integer in [1, {MAX_WARM_STEPS}]: the warm-up's "
+                              "global batches")  # fmt: skip
+        if self.checkpoint is not None:
+            found = Path(self.checkpoint).expanduser()
+            if not ((found / "meta.json").is_file() or (found / "LATEST").is_file()):
+                raise ConfigError(f"{key}.checkpoint", self.checkpoint, "a checkpoint folder (with meta.json) or a "
+                                  "checkpoint root with LATEST (paci-tune train --checkpoint-dir)")  # fmt: skip
+            self.checkpoint = str(found.resolve())
+        if self.dir is not None and self.checkpoint is not None:
+            raise ConfigError(f"{key}.dir", self.dir, f"absent with {key}.checkpoint (nothing is trained)")
+        if self.dir is not None and not (isinstance(self.dir, str) and self.dir.strip()):
+            raise ConfigError(f"{key}.dir", self.dir, "a folder for the warm-up's checkpoint")
+
+    @property
+    def enabled(self) -> bool:
+        return self.steps is not None or self.checkpoint is not None
+
+    def describe(self) -> dict[str, Any]:
+        """What identifies the warm start in a search's fingerprint."""
+        return {"steps": self.steps} if self.steps is not None else {"checkpoint": self.checkpoint}
+
+
 @dataclass
 class SearchConfig:
     """How the study runs. ``trials`` counts per schedule: PACI and the 1F1B-flush baseline get
@@ -175,6 +219,7 @@ class SearchConfig:
     study_name: str | None = None
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
     transfer_check: TransferConfig = field(default_factory=TransferConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
     def check(self, key: str) -> None:
         if self.trials < 1:
@@ -202,6 +247,7 @@ class SearchConfig:
             raise ConfigError(f"{key}.space", self.space, f"a YAML file or one of the shipped spaces: {names}")
         self.confirm.check(f"{key}.confirm")
         self.transfer_check.check(f"{key}.transfer_check")
+        self.warm_start.check(f"{key}.warm_start")
 
 
 @dataclass

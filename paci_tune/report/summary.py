@@ -25,7 +25,13 @@ def _g(x: float | None, unit: str = "") -> str:
 
 
 def verdict_sentence(ev: Evidence) -> str:
-    """What the search found, in one sentence a user can act on."""
+    """What the search found, in one sentence a user can act on (and where its trials started)."""
+    warm = ev.best.warm_start if ev.best is not None else None
+    start = f" Every trial was {warm['note']}." if warm and warm.get("note") else ""
+    return _verdict(ev) + start
+
+
+def _verdict(ev: Evidence) -> str:
     best = ev.best
     if best is None:
         return (f"No recommendation yet: study {ev.name} has no best.yaml (run `paci-tune search` to finish it); "

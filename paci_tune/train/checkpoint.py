@@ -5,7 +5,8 @@ then ``DIR/LATEST`` naming that folder. Each file is written to a temporary name
 ``LATEST`` moves only after every rank's stage file and the meta file exist, so resuming always
 finds a complete checkpoint. :func:`reshard` reads a checkpoint per model unit and parameter name
 (each stage file names its optimizer's parameter order) and gathers the units of another layout's
-stages, so ``--init-from`` starts any layout from it. Several machines need ``DIR`` on a shared file system. May import:
+stages, so ``training.init_from`` (``--init-from``) starts any layout from it. Several machines
+need ``DIR`` on a shared file system. May import:
 :mod:`paci_tune.base`, :mod:`paci_tune.errors`, torch.
 """
 
@@ -20,6 +21,9 @@ import torch
 
 from ..base.files import atomic_write, atomic_write_text
 from ..errors import ConfigError
+
+INIT_FROM = "training.init_from"
+"""The config key (``--init-from`` on the command line) errors about a checkpoint to start from name."""
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
@@ -70,7 +74,7 @@ def _ranges(sizes: list[int]) -> list[range]:
     return [range(a, a + n) for a, n in zip(starts, sizes, strict=True)]
 
 
-def find(path: Path, key: str = "--init-from") -> Path:
+def find(path: Path, key: str = INIT_FROM) -> Path:
     """A checkpoint folder, or the newest one under a root with ``LATEST``."""
     if (path / "meta.json").is_file():
         return path
@@ -91,7 +95,7 @@ def units_of(folder: Path) -> tuple[dict, dict[tuple[int, str], dict]]:
     for s, rng in enumerate(_ranges(meta["partition"])):
         st = torch.load(folder / f"stage_{s}.pt", map_location="cpu", weights_only=False)
         if "opt_names" not in st:
-            raise ConfigError("--init-from", str(folder), "a checkpoint written by this version (no parameter index)")
+            raise ConfigError(INIT_FROM, str(folder), "a checkpoint written by this version (no parameter index)")
         names = st["opt_names"]
         opt = st["optimizer"]["state"]
         masters = iter(st.get("masters") or [])
@@ -119,7 +123,7 @@ def reshard(folder: Path, sizes: list[int], stages: list[int]) -> tuple[dict, di
     meta, units = units_of(folder)
     n = 1 + max(u for u, _ in units)
     if sum(sizes) != n:
-        raise ConfigError("--init-from", str(folder), f"a checkpoint of a model with {sum(sizes)} units (it has {n})")
+        raise ConfigError(INIT_FROM, str(folder), f"a checkpoint of a model with {sum(sizes)} units (it has {n})")
     updates = meta["updates"]
     out = {}
     for s in stages:

@@ -53,7 +53,6 @@ def run_distributed(
     *,
     metrics: str | None = None,
     resume: bool = False,
-    init_from: str | None = None,
     poll_s: float = 0.1,
 ) -> tuple[int, str]:
     """Run ``cfg`` under torchrun; feed each worker record to ``on_record``; (exit code, log tail).
@@ -69,8 +68,6 @@ def run_distributed(
         extra += ["--metrics", str(Path(metrics).resolve())]
     if resume:
         extra.append("--resume")
-    if init_from:
-        extra += ["--init-from", str(Path(init_from).resolve())]
     env = worker_env(threads_per_process(n_processes(cfg)))
     cmd = worker_command(config_path, n_processes(cfg), extra)
     with Child(cmd, log=workdir / "workers.log", events=events, env=env) as child:

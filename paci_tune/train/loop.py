@@ -30,7 +30,7 @@ from .metrics import RecordSink
 # Settings that change how a run executes but not its numbers: a run may resume under others.
 _EXECUTION_ONLY = {
     "pipeline": {"runtime", "device", "backend"},
-    "training": {"checkpoint_every", "checkpoint_dir", "keep_checkpoints", "steps", "seconds"},
+    "training": {"checkpoint_every", "checkpoint_dir", "keep_checkpoints", "steps", "seconds", "init_from"},
 }
 
 
@@ -185,11 +185,13 @@ class Trainer:
                                  r.updates, r.snapshots)  # fmt: skip
 
     # ------------------------------------------------------------------------------- the loop
-    def run(self, resume: bool = False, init_from: str | None = None) -> dict[str, Any] | None:
+    def run(self, resume: bool = False) -> dict[str, Any] | None:
+        """Train through the budget: continuing this run's own checkpoint with ``resume``, else
+        starting from ``training.init_from`` when it names one, else from scratch."""
         if resume and (self.ckpt_root is None or checkpoint.latest(self.ckpt_root) is not None):
             self._resume()
-        elif init_from:
-            self._init_from(Path(init_from))
+        elif self.cfg.training.init_from:
+            self._init_from(Path(self.cfg.training.init_from))
         self.runtime.warmup()
         self.runtime.barrier()  # ranks finish set-up at different times; do not count that as bubble
         self.clock = self.make_clock(self.state.clock)
@@ -305,11 +307,13 @@ class Trainer:
         self.sink.restore(meta["records"])
 
     def _init_from(self, path: Path) -> None:
-        """Start this run, in its own layout, from another run's checkpoint (``--init-from``).
+        """Start this run, in its own layout, from another run's checkpoint (``training.init_from``).
 
         Weights, optimizer moments and step counts move per model unit; the step counter (and so
-        the data position and the LR schedule's position over ``training.steps``) continues at the
-        checkpoint's step. Clock, records and timing start afresh.
+        the data position and, on a step budget, the LR schedule's position over ``training.steps``)
+        continues at the checkpoint's step. Clock, records and timing start afresh, so a budget in
+        seconds counts from the checkpoint. The data from there is drawn with this run's seed and
+        batch: with the checkpoint's own, the run continues exactly the run that wrote it.
         """
         folder = checkpoint.find(path)
         meta, states = checkpoint.reshard(folder, self.setup.partition, self.runtime.local_stages)
@@ -320,10 +324,7 @@ class Trainer:
                 a, b = a.get("name"), b.get("name")
             diff = _mismatch(a, b, section)
             if diff:
-                raise ConfigError("--init-from", str(folder), f"a checkpoint of the same {section} ({diff})")
-        if theirs["training"].get("seed") != self.cfg.training.seed or \
-                theirs["training"].get("global_batch") != self.cfg.training.global_batch:  # fmt: skip
-            raise ConfigError("--init-from", str(folder), "a checkpoint with the same training.seed and global_batch")
+                raise ConfigError(checkpoint.INIT_FROM, str(folder), f"a checkpoint of the same {section} ({diff})")
         self.runtime.load_state_dicts(states)
         self.state.batches_done = self.state.last_checkpoint = meta["loop"]["batches_done"]
 

@@ -58,6 +58,10 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
     workers and a later resume all run the same cut.
     """
     t = cfg.training
+    if t.init_from:
+        from .checkpoint import find
+
+        find(Path(t.init_from))  # refused now, not after the model is built
     if t.clock == "sim" and not t.profile:
         _, path = measured_profile(cfg, log=log)
         cfg = dataclasses.replace(cfg, training=dataclasses.replace(t, profile=str(path)))
@@ -103,7 +107,6 @@ def run_training(
     metrics: str | None = None,
     resume: bool = False,
     log: Log | None = None,
-    init_from: str | None = None,
 ) -> dict[str, Any] | None:
     """Train the resolved ``run`` on its runtime; every record goes to ``on_record``; the summary record is returned.
 
@@ -115,7 +118,7 @@ def run_training(
 
     cfg = run.config
     if cfg.pipeline.runtime == "emulated":
-        return Trainer(run, RecordSink(metrics, None, on_record)).run(resume=resume, init_from=init_from)
+        return Trainer(run, RecordSink(metrics, None, on_record)).run(resume=resume)
 
     from .launch import run_distributed
 
@@ -129,8 +132,7 @@ def run_training(
             on_record(rec)
 
     workdir = Path(tempfile.mkdtemp(prefix="paci-tune-run-"))
-    rc, tail = run_distributed(cfg, workdir, record, metrics=metrics, resume=resume,
-                                init_from=init_from)
+    rc, tail = run_distributed(cfg, workdir, record, metrics=metrics, resume=resume)
     if rc != 0:
         log_path = workdir / "workers.log"
         cause = first_failure(log_path.read_text(errors="replace"), cfg.pipeline.stages) if log_path.exists() else None

@@ -6,26 +6,30 @@ numerics of the trial it recommends (a PACI checkpoint drains the pipeline).
 
 :func:`prepare_apply` is the whole of ``apply`` before training: the run derived, every output
 checked writable, an existing run's checkpoints refused without ``--resume``, the run resolved
-once and written out. The command line only renders it. May import: :mod:`paci_tune.config`,
+once and written out. A warm-started recommendation starts from the search's checkpoint
+(``run.training.init_from``); where that is not on this machine, the warm-up best.yaml records is
+trained first, beside it (:func:`warm_up_first`). The command line only renders it. May import: :mod:`paci_tune.config`,
 :mod:`paci_tune.train`, :mod:`paci_tune.pipeline` (the resolved run), :mod:`paci_tune.base`, :mod:`paci_tune.errors` and
 the tune layer's :mod:`.bestfile`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..base.files import check_writable
-from ..config import RunConfig, derive_run
+from ..config import RunConfig, derive_doc, derive_run
 from ..errors import ConfigError
 from ..pipeline.factory import ResolvedRun
 from ..train import checkpoint
 from ..train.launch import n_processes, torchrun_command, write_resolved
 from ..train.run import check_outputs, resolve_run
 from .bestfile import read_best
+from .warm import WarmStart, ensure
 
 
 def apply_run(best: str | Path, overrides: dict[str, Any], *, until: str = "target") -> RunConfig:
@@ -51,6 +55,37 @@ def apply_run(best: str | Path, overrides: dict[str, Any], *, until: str = "targ
         over["training.eval_every_seconds"] = None
         over["training.eval_every"] = max(1, int(over["training.steps"]) // 8)
     return derive_run(run_doc, over)
+
+
+def _starting_from(cfg: RunConfig, checkpoint: str | None) -> RunConfig:
+    return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, init_from=checkpoint))
+
+
+def warm_up_first(best: str | Path, cfg: RunConfig, *, dry_run: bool,
+                  log: Callable[[str], None] | None = None) -> tuple[RunConfig, str | None]:  # fmt: skip
+    """(the run, the checkpoint its warm-up will write when the dry run trains nothing).
+
+    A run whose ``training.init_from`` is missing here, from a warm-started search that trained its
+    warm-up (best.yaml's ``warm_start.run``), trains that warm-up first into ``BEST-warm-start/``
+    beside best.yaml and starts from it: ``apply`` then trains the warm-up and the recommendation.
+    """
+    init = cfg.training.init_from
+    if not init or Path(init).exists():
+        return cfg, None
+    ws = read_best(best, trainable=False).warm_start
+    if not ws or not isinstance(ws.get("run"), dict):
+        return cfg, None  # a user's checkpoint that is not here: resolve_run refuses it, naming it
+    warm = WarmStart.from_doc(ws)
+    p = Path(best).resolve()
+    folder = p.parent / f"{p.stem}-warm-start"
+    doc = derive_doc(warm.run or {}, {"training.checkpoint_dir": str(folder)})
+    if dry_run:
+        if log:
+            log(f"the search's warm-up checkpoint {init} is not here: apply will first train its "
+                f"{warm.step}-step warm-up into {folder}")  # fmt: skip
+        return cfg, str(folder / f"batch_{warm.step:08d}")
+    done = ensure(doc, "best.yaml.warm_start", log)
+    return _starting_from(cfg, done["checkpoint"]), None
 
 
 def run_file_for(best: str | Path) -> Path:
@@ -95,12 +130,15 @@ def prepare_apply(
     log: Callable[[str], None] | None = None,
 ) -> PreparedApply:
     """Everything ``apply`` does before it trains (module docstring); raises ConfigError before any work."""
-    cfg = apply_run(best, overrides, until=until)
+    cfg, pending = warm_up_first(best, apply_run(best, overrides, until=until), dry_run=dry_run, log=log)
     check_writable(run_file_for(best), "best.yaml (apply writes its run beside it)")
     check_outputs(cfg, metrics)
     folder = cfg.training.checkpoint_dir
     if not dry_run and not resume and folder and checkpoint.latest(Path(folder)):
         raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {folder} already holds "
                           "checkpoints of a run")  # fmt: skip
-    run = resolve_run(cfg, log=log)
-    return PreparedApply(Path(best), run, write_resolved(run.config, run_file_for(best)))
+    if pending is None:
+        run = resolve_run(cfg, log=log)
+        return PreparedApply(Path(best), run, write_resolved(run.config, run_file_for(best)))
+    run = resolve_run(_starting_from(cfg, None), log=log)  # a dry run: the warm-up's checkpoint is not written yet
+    return PreparedApply(Path(best), run, write_resolved(_starting_from(run.config, pending), run_file_for(best)))

@@ -62,6 +62,7 @@ INFORMATIVE: dict[str, tuple[type, ...]] = {
     "paci_won": (bool,),
     "speedup_note": (str,),
     "provenance": (dict,),
+    "warm_start": (dict,),
 }
 TOP = ("recommended", "evidence", "target", "budget", "run", *INFORMATIVE)
 WHAT = "a file written by `paci-tune search`: recommended, evidence, ..., run"
@@ -152,6 +153,7 @@ class BestFile:
     target: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
+    warm_start: dict[str, Any] | None = None  # the checkpoint every trial started from (tune/warm.py)
     keys: tuple[str, ...] = ("recommended", "evidence", "run")
     run_config: RunConfig | None = field(default=None, compare=False, repr=False)
 

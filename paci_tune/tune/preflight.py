@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from .extra import confirm_seeds
 from .search import Search
 from .space import SearchSpace, TrialParams
+from .study import storage_file
 
 MAX_POINTS = 20_000
 """Points validated one by one; beyond this, the corners of the grid (each dimension's ends)."""
@@ -126,6 +127,6 @@ def check_outputs(out: str | Path | None, workdir: Path, storage_url: str) -> No
     if out is not None:
         check_writable(out, "--out")
     check_writable(workdir / "trials", "--workdir", folder=True)
-    for prefix in ("sqlite:///", "journal://"):
-        if storage_url.startswith(prefix):
-            check_writable(storage_url[len(prefix):], "--storage")  # fmt: skip
+    file = storage_file(storage_url)
+    if file is not None:
+        check_writable(file, "--storage")

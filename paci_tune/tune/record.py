@@ -44,6 +44,7 @@ NOT_COPIED = (WORKER, HEARTBEAT, LABEL, RETRY_OF, ATTEMPT, REPEAT_OF)
 FINGERPRINT, SCHEDULE = "fingerprint", "schedule"  # on a study: what the search was run with; its schedule
 CONFIRM_PLAN = "confirm_plan"  # on a study: the numbers of the search trials being confirmed, in rank order
 TRANSFER_PLAN = "transfer_plan"  # on a study: the search trials whose points are trained longer, in rank order
+WARM_START = "warm_start"  # on a study: {"folder", "checkpoint"} of the search's warm-up (tune/warm.py)
 
 AnyTrial = optuna.Trial | FrozenTrial
 
@@ -276,12 +277,18 @@ class StudyRecord:
     schedule: str | None
     confirm_plan: list[int] | None
     transfer_plan: list[int] | None
+    warm_start: dict[str, str] | None = None
 
     @classmethod
     def read(cls, study: optuna.Study) -> StudyRecord:
         a = study.user_attrs
         plans = [None if a.get(k) is None else [int(n) for n in a[k]] for k in (CONFIRM_PLAN, TRANSFER_PLAN)]
-        return cls(a.get(FINGERPRINT), a.get(SCHEDULE), *plans)
+        return cls(a.get(FINGERPRINT), a.get(SCHEDULE), *plans, a.get(WARM_START))
+
+    @staticmethod
+    def write_warm_start(study: optuna.Study, where: dict[str, str]) -> None:
+        """Record the warm-up's folder, so that a worker with another work folder uses the same one."""
+        study.set_user_attr(WARM_START, where)
 
     @staticmethod
     def write_fingerprint(study: optuna.Study, fingerprint: dict[str, Any], schedule: str) -> None:

@@ -36,6 +36,7 @@ from .runner import TrialJob, TrialResult, TrialRunner
 from .setup import trial_runtime
 from .space import SearchSpace, TrialParams
 from .study import HOST, Heartbeat, claim, counted, reap_dead, running_elsewhere
+from .warm import WarmStart, trial_overrides
 
 DETERMINISTIC_FAILURES = ("oom", "diverged", "rejected")
 
@@ -69,6 +70,7 @@ class Search:
     on_event: Callable[[SearchEvent], None] = lambda e: None
     poll_s: float = 2.0
     ran: list[int] = field(default_factory=list)
+    warm: WarmStart | None = None  # every trial starts from this checkpoint (:mod:`.warm`)
     _profile: Any = field(default=None, repr=False)
 
     @property
@@ -301,6 +303,7 @@ class Search:
 
         ``factor``: a transfer check's long run, on ``factor`` x the budget with the same validation
         spacing (:func:`.extra.long_budget`); the LR schedule decays over ``training.seconds``, the longer budget.
+        A warm-started search's trials start from its checkpoint (:func:`.warm.trial_overrides`).
         """
         t, b, hw = self.tune, self.tune.budget, self.tune.hardware
         over: dict[str, Any] = dict(params.overrides())
@@ -319,6 +322,7 @@ class Search:
             }
         )
         over.update({k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v})
+        over.update(trial_overrides(self.warm))
         if seed is not None:
             over["training.seed"] = seed
         if b.clock != "wall":

@@ -22,9 +22,10 @@ from ..errors import ConfigError, Failure
 from .preflight import check_outputs, check_trials
 from .runner import SubprocessRunner
 from .search import Search, SearchEvent
-from .setup import bind_space, drop_unfit, enqueue_start_points, fingerprint, profile_for
+from .setup import bind_space, drop_unfit, enqueue_start_points, fingerprint, profile_for, trial_runtime
 from .space import SearchSpace
 from .study import open_storage, open_studies
+from .warm import WarmStart, prepare
 
 Log = Callable[[str], None]
 
@@ -41,11 +42,13 @@ class SearchSession:
     space: SearchSpace
     studies: dict[str, optuna.Study]
     profile: str | None
+    warm: WarmStart | None = None
 
     def search(self, on_event: Callable[[SearchEvent], None]) -> Search:
         s = self.tune.search
         runner = SubprocessRunner(stall_seconds=s.stall_seconds, timeout=s.trial_timeout)
-        return Search(self.tune, self.space, self.studies, runner, self.workdir, self.profile, on_event=on_event)
+        return Search(self.tune, self.space, self.studies, runner, self.workdir, self.profile, on_event=on_event,
+                      warm=self.warm)  # fmt: skip
 
 
 def open_search(
@@ -63,6 +66,7 @@ def open_search(
     Every trial the space can produce is validated and the outputs (``out``, the work folder, a
     file storage) checked writable before anything is created (:mod:`.preflight`); the storage is
     opened before anything is measured, so a bad URL or a different stored search is refused first.
+    A warm-started search's warm-up is trained here, once for all workers (:mod:`.warm`).
     """
     config = resolve_path(config)  # examples/tiny-gpt.yaml from the package when not here
     doc = read_mapping(config, "config", "sections model, data, training, ..., target, budget, search")
@@ -87,8 +91,9 @@ def open_search(
     if log:
         for why in space.dropped:
             log(f"dropped from the space: {why}")
+    warm = prepare(tune, name, work, storage_url, studies, trial_runtime(tune), log)  # trained once, before any trial
     enqueue_start_points(tune, space, studies)
-    return SearchSession(Path(config), tune, name, work, storage_url, space, studies, profile)
+    return SearchSession(Path(config), tune, name, work, storage_url, space, studies, profile, warm)
 
 
 def _storage_reason(e: Exception) -> str:

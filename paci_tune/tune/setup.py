@@ -119,7 +119,7 @@ def profile_for(tune: TuneConfig, space: Any, work: Path, log: Log | None = None
 def fingerprint(tune: TuneConfig, space: Any) -> dict[str, Any]:
     """What makes two runs of ``search`` the same search (a resume must match it)."""
     run = hashlib.sha256(json.dumps(tune.run_doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return {
+    out = {
         "run": run,
         "space": space.describe(),
         "target": tune.target.value,
@@ -127,6 +127,9 @@ def fingerprint(tune: TuneConfig, space: Any) -> dict[str, Any]:
         "sampler": tune.search.sampler,
         "pruner": tune.search.pruner,
     }
+    if tune.search.warm_start.enabled:  # absent otherwise: a cold search's stored fingerprint stays the same
+        out["warm_start"] = tune.search.warm_start.describe()
+    return out
 
 
 def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) -> None:

@@ -74,6 +74,14 @@ def open_storage(url: str) -> BaseStorage:
 _CREATE_TRIES = 6
 
 
+def storage_file(url: str) -> Path | None:
+    """The file a SQLite or journal storage URL names (None for a database server)."""
+    for prefix in ("sqlite:///", "journal://"):
+        if url.startswith(prefix):
+            return Path(url[len(prefix) :])
+    return Path(url) if "://" not in url else None
+
+
 def _with_driver(url: str) -> str:
     """``postgresql://`` means psycopg2 to SQLAlchemy; with only psycopg 3 (``paci-tune[postgres]``) use that."""
     import importlib.util

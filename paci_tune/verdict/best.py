@@ -122,6 +122,7 @@ def build_best(
     confirm_seeds: list[int] | None = None,
     confirm_rounds: dict[str, Any] | None = None,
     transfer_factor: float | None = None,
+    warm_started: bool = False,
 ) -> dict[str, Any]:
     """The ``best.yaml`` document (module docstring); ConfigError when no trial finished.
 
@@ -130,7 +131,8 @@ def build_best(
     ``confirm_rounds``: the confirmation's minimum and cap, its tolerance and why it stopped adding seeds
     (:mod:`paci_tune.tune.rounds`), written into the ``confirmation`` section as given.
     With ``transfer_factor``, ``transfer_check`` reports how the short trials' ranking held at that
-    many times the budget (:mod:`.transfer`); it changes nothing else in the file.
+    many times the budget (:mod:`.transfer`); it changes nothing else in the file. ``warm_started``:
+    the trials started from a checkpoint (an undecided verdict's advice says so).
     """
 
     def point_of(t: FrozenTrial, schedule: str) -> TrialParams:
@@ -177,7 +179,7 @@ def build_best(
                                **{s: [c.to_dict() for c in table] for s, table in tables.items()}}  # fmt: skip
     if transfer_factor:
         doc["transfer_check"] = transfer.section(studies, transfer_factor, budget.get("seconds"), point_of)
-    doc.update(_comparison(studies, bests, confirmed, rec_schedule, budget))
+    doc.update(_comparison(studies, bests, confirmed, rec_schedule, budget, warm_started))
     doc["target"] = target
     doc["budget"] = budget
     doc["provenance"] = {
@@ -206,6 +208,7 @@ def _comparison(
     confirmed: dict[str, Confirmed],
     rec_schedule: str,
     budget: dict[str, Any],
+    warm_started: bool = False,
 ) -> dict[str, Any]:
     """The baseline, the speedups, the interval and the verdict."""
     base, paci = bests.get("1f1b"), bests.get("paci")
@@ -240,8 +243,9 @@ def _comparison(
         misses = _misses(bests, confirmed)
         if misses:
             out["verdict"] = confirm.UNDECIDED
+            advice = confirm.what_to_change(warm_started)
             out["verdict_reason"] = (f"{misses} missed the target, so the ratio above compares not-reached penalties "
-                                     f"(final losses), not times to accuracy; {confirm.WHAT_TO_CHANGE}")  # fmt: skip
+                                     f"(final losses), not times to accuracy; {advice}")  # fmt: skip
         out["paci_won"] = out["verdict"] == "paci"
     for schedule, who in (("1f1b", "the flush baseline"), (rec_schedule, "the recommendation")):
         if schedule == "1f1b" and who == "the recommendation":

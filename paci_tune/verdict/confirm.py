@@ -103,8 +103,12 @@ UNDECIDED = "undecided"
 """The verdict when a compared run missed the target: its score is the not-reached penalty (a final
 loss turned into seconds), so a ratio of scores is not a ratio of times to accuracy."""
 
-WHAT_TO_CHANGE = ("what to change: a longer budget (budget.seconds or training.steps), a looser target "
-                  "(target.value), or a warm start from a checkpoint of the run past its first phase")  # fmt: skip
+def what_to_change(warm_started: bool) -> str:
+    """The advice of an undecided verdict: a longer budget, a looser target, a (longer) warm start."""
+    warm = ("a longer warm-up (search.warm_start.steps)" if warm_started else
+            "a warm start from a checkpoint of the run past its first phase (search.warm_start)")  # fmt: skip
+    return ("what to change: a longer budget (budget.seconds or training.steps), a looser target "
+            f"(target.value), or {warm}")
 
 
 def missed(point: Confirmed) -> int:

@@ -42,11 +42,14 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
         confirm_rounds={"min_seeds": c.seeds, "max_seeds": c.cap, "tolerance": c.tolerance,
                         "stopped_by": rounds.stopped_by} if c.enabled else None,
         transfer_factor=tune.search.transfer_check.factor if tune.search.transfer_check.enabled else None,
+        warm_started=session.warm is not None,
     )  # fmt: skip
     rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
     picture = plot_search(session.studies, target=float(tune.target.value or 0), budget=float(b.seconds or 0),
                           clock=b.clock, best=(best["recommended"]["schedule"], rec_number),
                           path=session.workdir / "trials.png")  # fmt: skip
     best["provenance"]["plot"] = str(picture)
+    if session.warm is not None:
+        best["warm_start"] = {"note": session.warm.describe(), **session.warm.to_doc()}
     write_best(out, best)
     return best

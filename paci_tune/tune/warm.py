@@ -1,0 +1,207 @@
+"""Warm-start searches: every trial starts from one checkpoint of the run being tuned.
+
+A trial from step 0 spends its short budget leaving the unigram plateau, whose timing varies
+several-fold between seeds; the run a user pays for is the long middle after it. So, as
+practitioners tune a long run on a checkpoint of it, ``search.warm_start`` starts every trial,
+confirmation and transfer run from one checkpoint, resharded onto the trial's own layout
+(:func:`paci_tune.train.checkpoint.reshard`):
+
+- ``{checkpoint: PATH}``: a checkpoint of the user's run in progress, of any layout.
+- ``{steps: N}``: the search first trains N global batches of the run as written, on 1F1B-flush
+  (exact gradients: no staleness baked into the start). Its LR warms up as written and then holds
+  at the peak (``min_ratio: 1``): the warm-up and stable phases of a warmup-stable-decay schedule,
+  so the checkpoint is a run in its long middle, not an annealed one.
+
+From the checkpoint each trial is a decay branch: its LR starts at its peak (no second warm-up,
+the optimizer's moments came with the weights) and decays over the trial's own budget, which, like
+the time to target, counts from the checkpoint (a seconds budget's clock starts there). The data
+continues at the checkpoint's step, drawn with the trial's seed: a confirmation's seeds vary the
+data order, never the starting weights.
+
+The warm-up is trained once. Its folder holds ``warm.json`` when it is complete; a killed warm-up
+resumes from its last checkpoint (every quarter of it); workers that share the folder wait on a
+file lock while one of them trains it; the folder is recorded in the studies, so a worker with
+another work folder finds it. Workers on other machines need it on a shared file system
+(``search.warm_start.dir``), or a copy named by ``{checkpoint: PATH}``. May import:
+:mod:`paci_tune.train`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the
+tune layer's :mod:`.record` and :mod:`.study`.
+"""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from ..base.files import atomic_write_text
+from ..config import derive_doc, derive_run
+from ..config.tune import TuneConfig
+from ..errors import ConfigError
+from .record import StudyRecord
+from .study import storage_file
+
+Log = Callable[[str], None]
+DONE = "warm.json"
+"""In the warm-up's folder once its last checkpoint is complete: what was trained, and to what loss."""
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The checkpoint every trial of a search starts from, and what it is (best.yaml's ``warm_start``)."""
+
+    checkpoint: str  # a checkpoint folder (meta.json), resharded onto each trial's layout
+    step: int  # the global batches it has trained: trials' step counters continue from here
+    source: str  # "warm-up" (trained by the search) or "checkpoint" (the user's)
+    val_loss: float | None = None  # the warm-up's validation loss at its end (None: a user's checkpoint)
+    run: dict[str, Any] | None = None  # the warm-up's run document (apply trains it when the folder is gone)
+
+    def describe(self) -> str:
+        if self.source == "warm-up":
+            loss = f", val_loss {self.val_loss:.4f}" if self.val_loss is not None else ""
+            return f"warm-started from a {self.step}-step 1F1B-flush warm-up ({self.checkpoint}{loss})"
+        return f"warm-started from the checkpoint {self.checkpoint} (step {self.step})"
+
+    def to_doc(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> WarmStart:
+        return cls(str(doc["checkpoint"]), int(doc["step"]), str(doc["source"]), doc.get("val_loss"), doc.get("run"))
+
+
+def trial_overrides(warm: WarmStart | None) -> dict[str, Any]:
+    """What a warm start changes in a trial's run: it starts from the checkpoint, at its LR peak."""
+    if warm is None:
+        return {}
+    return {"training.init_from": warm.checkpoint, "lr_schedule.warmup_fraction": 0.0}
+
+
+def warm_up_doc(tune: TuneConfig, folder: Path, runtime: str) -> dict[str, Any]:
+    """The warm-up's run: the file's run as written, on 1F1B-flush, ``steps`` global batches, LR held at its peak."""
+    steps = tune.search.warm_start.steps
+    assert steps is not None
+    hw = tune.hardware
+    over: dict[str, Any] = {
+        "pipeline.schedule": "1f1b",
+        "pipeline.inflight": None,
+        "pipeline.runtime": runtime,
+        "training.steps": steps,
+        "training.seconds": None,
+        "training.target_val_loss": None,
+        "training.clock": "wall",
+        "training.profile": None,
+        "training.init_from": None,
+        "training.eval_every": steps,
+        "training.eval_every_seconds": None,
+        "training.checkpoint_dir": str(folder),
+        "training.checkpoint_every": max(1, steps // 4),
+        "training.keep_checkpoints": 1,
+        "lr_schedule.min_ratio": 1.0,
+    }
+    over.update({k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v})
+    return derive_doc(copy.deepcopy(tune.run_doc), over)
+
+
+def folder_for(tune: TuneConfig, name: str, work: Path, storage_url: str, studies: dict[str, optuna.Study]) -> Path:
+    """Where the warm-up's checkpoint is: ``search.warm_start.dir``; else the folder a worker already
+    recorded in the studies; else beside a file storage (so workers sharing it share one); else in
+    the work folder."""
+    ws = tune.search.warm_start
+    if ws.dir is not None:
+        return Path(ws.dir).expanduser().resolve()
+    for study in studies.values():
+        stored = StudyRecord.read(study).warm_start
+        if stored:
+            return Path(stored["folder"])
+    file = storage_file(storage_url)
+    return (file.parent / f"{name}-warm-start") if file is not None else work / "warm-start"
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold the warm-up folder's lock: one worker trains, the others wait and then find it done."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _done(folder: Path) -> dict[str, Any] | None:
+    p = folder / DONE
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def prepare(tune: TuneConfig, name: str, work: Path, storage_url: str, studies: dict[str, optuna.Study],
+            runtime: str, log: Log | None = None) -> WarmStart | None:  # fmt: skip
+    """The search's warm start (None when off): the user's checkpoint, or the warm-up, trained here if
+    no worker has trained it yet (module docstring); recorded in every study."""
+    ws = tune.search.warm_start
+    if not ws.enabled:
+        return None
+    if ws.checkpoint is not None:
+        from ..train.checkpoint import find
+
+        folder = find(Path(ws.checkpoint), "search.warm_start.checkpoint")
+        step = int(json.loads((folder / "meta.json").read_text())["loop"]["batches_done"])
+        return WarmStart(str(folder), step, "checkpoint")
+    folder = folder_for(tune, name, work, storage_url, studies)
+    done = ensure(warm_up_doc(tune, folder, runtime), "search.warm_start.dir", log)
+    warm = WarmStart(done["checkpoint"], int(done["step"]), "warm-up", done.get("val_loss"), done["run"])
+    for study in studies.values():
+        if StudyRecord.read(study).warm_start is None:
+            StudyRecord.write_warm_start(study, {"folder": str(folder), "checkpoint": warm.checkpoint})
+    return warm
+
+
+def ensure(doc: dict[str, Any], key: str, log: Log | None = None) -> dict[str, Any]:
+    """The warm-up ``doc`` done in its checkpoint folder: found there, or trained there now (under the
+    folder's lock, continuing a killed one). ``key`` names the folder in the refusal of a folder that
+    holds another run's warm-up."""
+    folder = Path(doc["training"]["checkpoint_dir"])
+    with _locked(folder):
+        done = _done(folder)
+        if done is None:
+            return _train(doc, folder, log)
+        if done.get("run") != _comparable(doc):
+            raise ConfigError(key, str(folder), "a folder of this search's warm-up (it holds the warm-up of "
+                              "another run: choose another folder or remove it)")  # fmt: skip
+        if log:
+            log(f"warm start: the {done['step']}-step warm-up in {folder} is done (val_loss {done['val_loss']:.4f})")
+        return done
+
+
+def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    """The warm-up's run as stored in ``warm.json``: JSON types (a YAML tuple is a list there)."""
+    return json.loads(json.dumps(doc))
+
+
+def _train(doc: dict[str, Any], folder: Path, log: Log | None) -> dict[str, Any]:
+    """Train the warm-up (continuing its own last checkpoint when a worker was killed), then mark it done."""
+    from ..train import checkpoint
+    from ..train.run import resolve_run, run_training
+
+    steps = int(doc["training"]["steps"])
+    if log:
+        start = checkpoint.latest(folder)
+        where = f", continuing at {start.name}" if start is not None else ""
+        log(f"warm start: training {steps} steps of 1F1B-flush as written into {folder}{where}")
+    summary = run_training(resolve_run(derive_run(doc), log=log), resume=True, log=log)
+    final = checkpoint.latest(folder)
+    if final is None or summary is None:
+        raise ConfigError("search.warm_start.steps", steps, "a warm-up that completes (it wrote no checkpoint)")
+    done = {"checkpoint": str(final), "step": int(summary["steps"]), "val_loss": summary.get("final_val_loss"),
+            "run": _comparable(doc)}  # fmt: skip
+    atomic_write_text(folder / DONE, json.dumps(done, indent=1))
+    if log:
+        log(f"warm start: {done['step']} steps done, val_loss {done['val_loss']:.4f}")
+    return done
