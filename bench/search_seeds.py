@@ -8,7 +8,9 @@ the runs *agree* when every run's interval contains every other run's point esti
 
     python bench/search_seeds.py                          # the README example, seeds 0 1 2 (~30 min)
     python bench/search_seeds.py --config my.yaml --seeds 0 1 2 3
+    python bench/search_seeds.py --warm 150               # each seed cold and warm-started: the cold-vs-warm table
     python bench/search_seeds.py --quick                  # a tiny synthetic search, 2 seeds (CI)
+    python bench/search_seeds.py --quick --warm 4         # the same, cold and warm
 """
 
 from __future__ import annotations
@@ -52,11 +54,46 @@ def run_search(config: Path, seed: int, work: Path) -> tuple[dict[str, Any], flo
     cmd = [sys.executable, "-m", "paci_tune.cli", "search", str(config), "--seed", str(seed), "--no-live",
            "--workdir", str(work), "--out", str(out)]  # fmt: skip
     t0 = time.time()
-    with open(work.parent / f"search-{seed}.log", "w") as log:
+    with open(work.parent / f"{work.name}.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"search with seed {seed} failed (exit {proc.returncode}); see {log.name}")
     return yaml.safe_load(out.read_text()), time.time() - t0
+
+
+def _row(best: dict[str, Any], wall: float, seed: int, mode: str) -> dict[str, Any]:
+    r = best["recommended"]
+    iv = best.get("paci_speedup_interval")
+    return {
+        "mode": mode, "seed": seed, "wall_s": round(wall, 1),
+        "recommended": f"{r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} lr={r['lr']:.3g}",
+        "paci": best["confirmation"]["paci"][0]["point"] if best.get("confirmation") else None,
+        "speedup": best.get("paci_speedup_vs_flush"), "interval": iv,
+        "width": round(iv[1] - iv[0], 4) if iv else None,
+        "seeds": len((best.get("confirmation") or {}).get("seeds") or []),
+        "verdict": best.get("verdict"),
+        "verdict_reason": best.get("verdict_reason"),
+        "warm_start": (best.get("warm_start") or {}).get("note"),
+    }  # fmt: skip
+
+
+def _agree(rows: list[dict[str, Any]]) -> bool:
+    """Every run's interval contains every other run's point estimate."""
+    return all(
+        o["interval"] and o["interval"][0] <= r["speedup"] <= o["interval"][1]
+        for r in rows for o in rows if r is not o and r["speedup"] is not None
+    )  # fmt: skip
+
+
+def _print(rows: list[dict[str, Any]]) -> None:
+    print(f"{'mode':<5} {'seed':>4}  {'recommended':<36} {'PACI/flush':>10}  {'interval':<18} {'width':>6} "
+          f"seeds verdict    wall")  # fmt: skip
+    for r in rows:
+        iv = "[{:.3f}, {:.3f}]".format(*r["interval"]) if r["interval"] else "-"
+        sp = f"{r['speedup']:.3f}" if r["speedup"] is not None else "-"
+        w = f"{r['width']:.3f}" if r["width"] is not None else "-"
+        print(f"{r['mode']:<5} {r['seed']:>4}  {r['recommended']:<36} {sp:>10}  {iv:<18} {w:>6} {r['seeds']:>5} "
+              f"{r['verdict']:<10} {r['wall_s']:.0f}s")  # fmt: skip
 
 
 def main() -> None:
@@ -65,6 +102,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--workdir", default=None, help="Keep the searches here (default: a temporary folder).")
     ap.add_argument("--jobs", type=int, default=2, help="Searches run at once once the profile is known.")
+    ap.add_argument("--warm", type=int, default=None, metavar="STEPS",
+                    help="Also run every seed warm-started (search.warm_start: {steps: STEPS}, one shared "
+                         "warm-up) and compare: the cold-vs-warm table.")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="A tiny synthetic search with 2 seeds: a smoke run.")
     args = ap.parse_args()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="paci-seeds-"))
@@ -77,45 +117,45 @@ def main() -> None:
                "budget": {**QUICK["budget"], "profile": str(root / "profile.yaml")}}  # fmt: skip
         config, seeds = root / "quick.yaml", [0, 1]
         config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    configs = {"cold": config}
+    if args.warm is not None:  # the same search, every trial from one warm-up shared by all its search seeds
+        doc = yaml.safe_load(config.read_text())
+        doc["search"] = {**doc.get("search", {}), "warm_start": {"steps": args.warm, "dir": str(root / "warm-up")}}
+        configs["warm"] = root / f"{config.stem}-warm.yaml"
+        configs["warm"].write_text(yaml.safe_dump(doc, sort_keys=False))
     # One clock for every run: the first search measures the profile (unless the config gives one),
     # the others copy it; with the profile known up front, the searches run side by side.
     given = bool((yaml.safe_load(config.read_text()).get("budget") or {}).get("profile"))
-    first = root / f"seed-{seeds[0]}"
-    results: dict[int, tuple[dict[str, Any], float]] = {}
+    runs = [(mode, seed) for mode in configs for seed in seeds]
+    folder = {(mode, seed): root / f"{mode}-seed-{seed}" for mode, seed in runs}
+    results: dict[tuple[str, int], tuple[dict[str, Any], float]] = {}
     if not given:
-        results[seeds[0]] = run_search(config, seeds[0], first)
-    for seed in seeds[1:]:
-        if (first / "profile.yaml").is_file():
-            (root / f"seed-{seed}").mkdir(parents=True, exist_ok=True)
-            shutil.copy(first / "profile.yaml", root / f"seed-{seed}" / "profile.yaml")
+        results[runs[0]] = run_search(configs[runs[0][0]], runs[0][1], folder[runs[0]])
+        for run in runs[1:]:
+            folder[run].mkdir(parents=True, exist_ok=True)
+            shutil.copy(folder[runs[0]] / "profile.yaml", folder[run] / "profile.yaml")
     with ThreadPoolExecutor(args.jobs) as pool:
-        todo = [s for s in seeds if s not in results]
-        for seed, res in zip(todo, pool.map(lambda s: run_search(config, s, root / f"seed-{s}"), todo), strict=True):
-            results[seed] = res
-    rows = []
-    for seed in seeds:
-        best, wall = results[seed]
-        r = best["recommended"]
-        rows.append({
-            "seed": seed, "wall_s": round(wall, 1),
-            "recommended": f"{r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} lr={r['lr']:.3g}",
-            "paci": best["confirmation"]["paci"][0]["point"] if best.get("confirmation") else None,
-            "speedup": best.get("paci_speedup_vs_flush"), "interval": best.get("paci_speedup_interval"),
-            "verdict": best.get("verdict"),
-            "verdict_reason": best.get("verdict_reason"),
-        })  # fmt: skip
-    print(f"{'seed':>4}  {'recommended':<36} {'PACI/flush':>10}  {'interval':<18} verdict  wall")
-    for r in rows:
-        iv = "[{:.3f}, {:.3f}]".format(*r["interval"]) if r["interval"] else "-"
-        sp = f"{r['speedup']:.3f}" if r["speedup"] is not None else "-"
-        print(f"{r['seed']:>4}  {r['recommended']:<36} {sp:>10}  {iv:<18} {r['verdict']:<7}  {r['wall_s']:.0f}s")
-    agree = all(
-        o["interval"] and o["interval"][0] <= r["speedup"] <= o["interval"][1]
-        for r in rows for o in rows if r is not o and r["speedup"] is not None
-    )  # fmt: skip
-    print(f"intervals {'agree' if agree else 'DISAGREE'}: every run's interval "
-          f"{'contains' if agree else 'does not always contain'} the others' point estimates")  # fmt: skip
-    print(json.dumps({"rows": rows, "agree": agree}))
+        todo = [r for r in runs if r not in results]
+        for run, res in zip(todo, pool.map(lambda r: run_search(configs[r[0]], r[1], folder[r]), todo), strict=True):
+            results[run] = res
+    rows = [_row(*results[(mode, seed)], seed, mode) for mode, seed in runs]
+    _print(rows)
+    summary: dict[str, Any] = {}
+    for mode in configs:
+        mine = [r for r in rows if r["mode"] == mode]
+        widths = [r["width"] for r in mine if r["width"] is not None]
+        summary[mode] = {"verdicts": [r["verdict"] for r in mine], "same_verdict": len({r["verdict"] for r in mine}) == 1,
+                         "intervals_agree": _agree(mine), "mean_width": round(sum(widths) / len(widths), 4) if widths else None,
+                         "wall_s": round(sum(r["wall_s"] for r in mine), 1)}  # fmt: skip
+        s = summary[mode]
+        print(f"{mode}: verdicts {s['verdicts']} ({'the same' if s['same_verdict'] else 'differ'}); intervals "
+              f"{'agree' if s['intervals_agree'] else 'DISAGREE'} (each contains the others' point estimates); "
+              f"mean width {s['mean_width']}; {s['wall_s']:.0f}s of searches")  # fmt: skip
+    if "warm" in summary and summary["cold"]["mean_width"] and summary["warm"]["mean_width"] is not None:
+        ratio = summary["warm"]["mean_width"] / summary["cold"]["mean_width"]
+        summary["warm_over_cold_width"] = round(ratio, 3)
+        print(f"warm intervals are {ratio:.2f}x as wide as cold ones (goal: at most 0.5)")
+    print(json.dumps({"rows": rows, "summary": summary}))
     assert all(r["verdict"] in ("paci", "flush", "tie", "undecided") for r in rows)
     for r in rows:
         lo, hi = r["interval"]
@@ -123,6 +163,7 @@ def main() -> None:
             assert r["verdict_reason"], r
         else:
             assert r["verdict"] == ("paci" if lo > 1 else "flush" if hi < 1 else "tie")
+        assert (r["warm_start"] is not None) == (r["mode"] == "warm"), r
 
 
 if __name__ == "__main__":

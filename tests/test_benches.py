@@ -27,10 +27,12 @@ def test_val_noise_quick() -> None:
 
 
 def test_search_seeds_quick() -> None:
-    """Two real searches; the bench itself asserts that each verdict follows its interval."""
-    out = _bench("bench/search_seeds.py", "--quick")
+    """Two real searches cold and two warm-started from one shared warm-up; the bench itself asserts
+    that each verdict follows its interval and that exactly the warm ones say they were warm-started."""
+    out = _bench("bench/search_seeds.py", "--quick", "--warm", "4")
     doc = json.loads(out.strip().splitlines()[-1])
-    assert [r["seed"] for r in doc["rows"]] == [0, 1]
+    assert [(r["mode"], r["seed"]) for r in doc["rows"]] == [("cold", 0), ("cold", 1), ("warm", 0), ("warm", 1)]
+    assert set(doc["summary"]) >= {"cold", "warm"}
     assert all(len(r["interval"]) == 2 and r["interval"][0] <= r["interval"][1] for r in doc["rows"])
 
 
