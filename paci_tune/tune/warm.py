@@ -195,7 +195,13 @@ def _train(doc: dict[str, Any], folder: Path, log: Log | None) -> dict[str, Any]
         start = checkpoint.latest(folder)
         where = f", continuing at {start.name}" if start is not None else ""
         log(f"warm start: training {steps} steps of 1F1B-flush as written into {folder}{where}")
-    summary = run_training(resolve_run(derive_run(doc), log=log), resume=True, log=log)
+    every = max(1, steps // 10)
+
+    def progress(rec: dict[str, Any]) -> None:
+        if log and rec.get("event") == "train" and (rec["step"] % every == 0 or rec["step"] == steps):
+            log(f"warm start: step {rec['step']}/{steps}, train loss {rec['loss']:.4f}")
+
+    summary = run_training(resolve_run(derive_run(doc), log=log), on_record=progress, resume=True, log=log)
     final = checkpoint.latest(folder)
     if final is None or summary is None:
         raise ConfigError("search.warm_start.steps", steps, "a warm-up that completes (it wrote no checkpoint)")
