@@ -186,8 +186,9 @@ class WarmStartConfig:
                 raise ConfigError(f"{key}.checkpoint", self.checkpoint, "a checkpoint folder (with meta.json) or a "
                                   "checkpoint root with LATEST (paci-tune train --checkpoint-dir)")  # fmt: skip
             self.checkpoint = str(found.resolve())
-        if self.dir is not None and self.checkpoint is not None:
-            raise ConfigError(f"{key}.dir", self.dir, f"absent with {key}.checkpoint (nothing is trained)")
+        if self.dir is not None and self.steps is None:
+            with_what = f"with {key}.checkpoint" if self.checkpoint is not None else f"without {key}.steps"
+            raise ConfigError(f"{key}.dir", self.dir, f"absent {with_what} (nothing is trained)")
         if self.dir is not None and not (isinstance(self.dir, str) and self.dir.strip()):
             raise ConfigError(f"{key}.dir", self.dir, "a folder for the warm-up's checkpoint")
 

@@ -73,8 +73,8 @@ def warm_up_first(best: str | Path, cfg: RunConfig, *, dry_run: bool,
     if not init or Path(init).exists():
         return cfg, None
     ws = read_best(best, trainable=False).warm_start
-    if not ws or not isinstance(ws.get("run"), dict):
-        return cfg, None  # a user's checkpoint that is not here: resolve_run refuses it, naming it
+    if not ws or not isinstance(ws.get("run"), dict) or str(ws.get("checkpoint")) != init:
+        return cfg, None  # a user's checkpoint (or --init-from's) that is not here: resolve_run refuses it, naming it
     warm = WarmStart.from_doc(ws)
     p = Path(best).resolve()
     folder = p.parent / f"{p.stem}-warm-start"

@@ -66,6 +66,10 @@ def check_trials(tune: TuneConfig, space: SearchSpace, profile: str | None) -> l
     from ..sim.profile import Profile
 
     check_model_and_data(tune.run)  # the run as written (each study's first point), as `train` checks it
+    if tune.run.training.init_from:  # as `train` refuses it: here, not in every trial in turn
+        from ..train.checkpoint import find
+
+        find(Path(tune.run.training.init_from))
     c = tune.search.confirm
     seeds: list[int | None] = [None, *(confirm_seeds(tune.run.training.seed, c.seeds) if c.enabled else [])]
     search = Search(tune, space, {}, None, Path("."), profile or tune.budget.profile)  # type: ignore[arg-type]
