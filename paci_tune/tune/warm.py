@@ -84,10 +84,16 @@ def trial_overrides(warm: WarmStart | None) -> dict[str, Any]:
 
 
 def warm_up_doc(tune: TuneConfig, folder: Path, runtime: str) -> dict[str, Any]:
-    """The warm-up's run: the file's run as written, on 1F1B-flush, ``steps`` global batches, LR held at its peak."""
+    """The warm-up's run: the file's run as written, on 1F1B-flush, ``steps`` global batches, LR held at its peak.
+
+    Its LR warm-up is the run's own in steps: ``warmup_fraction`` of ``training.steps`` when the run
+    gives a step budget (so a 40-step warm-up of a 300-step run with 2% warm-up ramps over 6 steps,
+    as that run would), else of the warm-up's steps.
+    """
     steps = tune.search.warm_start.steps
     assert steps is not None
-    hw = tune.hardware
+    t, hw = tune.run.training, tune.hardware
+    ramp = tune.run.lr_schedule.warmup_fraction * (t.steps / steps if t.steps is not None else 1.0)
     over: dict[str, Any] = {
         "pipeline.schedule": "1f1b",
         "pipeline.inflight": None,
@@ -104,6 +110,7 @@ def warm_up_doc(tune: TuneConfig, folder: Path, runtime: str) -> dict[str, Any]:
         "training.checkpoint_every": max(1, steps // 4),
         "training.keep_checkpoints": 1,
         "lr_schedule.min_ratio": 1.0,
+        "lr_schedule.warmup_fraction": min(1.0, ramp),
     }
     over.update({k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v})
     return derive_doc(copy.deepcopy(tune.run_doc), over)
