@@ -71,10 +71,24 @@ def _row(best: dict[str, Any], wall: float, seed: int, mode: str) -> dict[str, A
         "speedup": best.get("paci_speedup_vs_flush"), "interval": iv,
         "width": round(iv[1] - iv[0], 4) if iv else None,
         "seeds": len((best.get("confirmation") or {}).get("seeds") or []),
+        "target": best["target"]["value"],
+        "reached": _reached(best),
         "verdict": best.get("verdict"),
         "verdict_reason": best.get("verdict_reason"),
         "warm_start": (best.get("warm_start") or {}).get("note"),
     }  # fmt: skip
+
+
+def _reached(best: dict[str, Any]) -> str:
+    """Confirmed runs that reached the target, per schedule: ``paci 3/3, 1f1b 2/3``."""
+    conf = best.get("confirmation") or {}
+    out = []
+    for schedule in ("paci", "1f1b"):
+        points = conf.get(schedule) or []
+        if points:
+            ttt = [s.get("time_to_target") for s in (points[0].get("seeds") or {}).values()]
+            out.append(f"{schedule} {sum(t is not None for t in ttt)}/{len(ttt)}")
+    return ", ".join(out)
 
 
 def _agree(rows: list[dict[str, Any]]) -> bool:
@@ -86,14 +100,14 @@ def _agree(rows: list[dict[str, Any]]) -> bool:
 
 
 def _print(rows: list[dict[str, Any]]) -> None:
-    print(f"{'mode':<5} {'seed':>4}  {'recommended':<36} {'PACI/flush':>10}  {'interval':<18} {'width':>6} "
-          f"seeds verdict    wall")  # fmt: skip
+    print(f"{'mode':<5} {'seed':>4} {'target':>6}  {'recommended':<36} {'PACI/flush':>10}  {'interval':<18} "
+          f"{'width':>6} seeds verdict    wall  reached")  # fmt: skip
     for r in rows:
         iv = "[{:.3f}, {:.3f}]".format(*r["interval"]) if r["interval"] else "-"
         sp = f"{r['speedup']:.3f}" if r["speedup"] is not None else "-"
         w = f"{r['width']:.3f}" if r["width"] is not None else "-"
-        print(f"{r['mode']:<5} {r['seed']:>4}  {r['recommended']:<36} {sp:>10}  {iv:<18} {w:>6} {r['seeds']:>5} "
-              f"{r['verdict']:<10} {r['wall_s']:.0f}s")  # fmt: skip
+        print(f"{r['mode']:<5} {r['seed']:>4} {r['target']:>6g}  {r['recommended']:<36} {sp:>10}  {iv:<18} {w:>6} "
+              f"{r['seeds']:>5} {r['verdict']:<10} {r['wall_s']:>4.0f}s  {r['reached']}")  # fmt: skip
 
 
 def main() -> None:
@@ -105,6 +119,9 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=None, metavar="STEPS",
                     help="Also run every seed warm-started (search.warm_start: {steps: STEPS}, one shared "
                          "warm-up) and compare: the cold-vs-warm table.")  # fmt: skip
+    ap.add_argument("--warm-target", type=float, default=None, metavar="LOSS",
+                    help="The warm searches' target.value (a warm start begins past the early losses a cold "
+                         "target is set for); default: the config's.")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="A tiny synthetic search with 2 seeds: a smoke run.")
     args = ap.parse_args()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="paci-seeds-"))
@@ -117,10 +134,17 @@ def main() -> None:
                "budget": {**QUICK["budget"], "profile": str(root / "profile.yaml")}}  # fmt: skip
         config, seeds = root / "quick.yaml", [0, 1]
         config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cold = yaml.safe_load(config.read_text())
+    if (cold.get("search") or {}).get("warm_start"):  # a warm-started config: its cold twin starts from scratch
+        cold["search"] = {k: v for k, v in cold["search"].items() if k != "warm_start"}
+        config = root / f"{config.stem}-cold.yaml"
+        config.write_text(yaml.safe_dump(cold, sort_keys=False))
     configs = {"cold": config}
     if args.warm is not None:  # the same search, every trial from one warm-up shared by all its search seeds
         doc = yaml.safe_load(config.read_text())
         doc["search"] = {**doc.get("search", {}), "warm_start": {"steps": args.warm, "dir": str(root / "warm-up")}}
+        if args.warm_target is not None:
+            doc["target"] = {**doc.get("target", {}), "value": args.warm_target}
         configs["warm"] = root / f"{config.stem}-warm.yaml"
         configs["warm"].write_text(yaml.safe_dump(doc, sort_keys=False))
     # One clock for every run: the first search measures the profile (unless the config gives one),
@@ -144,8 +168,9 @@ def main() -> None:
     for mode in configs:
         mine = [r for r in rows if r["mode"] == mode]
         widths = [r["width"] for r in mine if r["width"] is not None]
-        summary[mode] = {"verdicts": [r["verdict"] for r in mine], "same_verdict": len({r["verdict"] for r in mine}) == 1,
-                         "intervals_agree": _agree(mine), "mean_width": round(sum(widths) / len(widths), 4) if widths else None,
+        verdicts = [r["verdict"] for r in mine]
+        summary[mode] = {"verdicts": verdicts, "same_verdict": len(set(verdicts)) == 1, "intervals_agree": _agree(mine),
+                         "mean_width": round(sum(widths) / len(widths), 4) if widths else None,
                          "wall_s": round(sum(r["wall_s"] for r in mine), 1)}  # fmt: skip
         s = summary[mode]
         print(f"{mode}: verdicts {s['verdicts']} ({'the same' if s['same_verdict'] else 'differ'}); intervals "
