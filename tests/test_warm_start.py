@@ -418,6 +418,51 @@ def test_workers_on_one_journal_train_one_warm_up_and_start_every_trial_from_it(
             done["checkpoint"]  # fmt: skip
 
 
+@pytest.mark.slow
+def test_workers_on_postgresql_with_other_work_folders_train_one_warm_up(tmp_path: Path) -> None:
+    """A database server has no file to put the warm-up beside: the first worker records its folder in the
+    studies before it trains, and a worker that opens the search meanwhile, from another work folder,
+    waits on that folder's lock and starts every trial from the same checkpoint."""
+    import os
+
+    from helpers.pg import ENV, server
+
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'paci-tune[postgres]'")
+    srv = None if os.environ.get(ENV) else server()
+    if srv is None and not os.environ.get(ENV):
+        pytest.skip("no PostgreSQL binaries under /usr/lib/postgresql/*/bin (and no PACI_TUNE_POSTGRES_URL)")
+    url = os.environ.get(ENV) or srv.url  # type: ignore[union-attr]
+    name = f"warm-{os.getpid()}-{tmp_path.name}"
+    try:
+        config = write_quick(tmp_path, warm={"steps": WARM}, search={"trials": 2, "confirm": {"top": 0}})
+        cmds = [search_cmd(config, tmp_path, "--storage", url, "--study-name", name,
+                           "--workdir", str(tmp_path / f"w{i}"), "--out", str(tmp_path / f"best{i}.yaml"))
+                for i in range(2)]  # fmt: skip
+        env = cli_env()
+        env.pop("OMP_NUM_THREADS", None)
+        first = subprocess.Popen(cmds[0], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "w0" / "warm-start" / ".lock").exists():  # the first worker claimed the folder
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-2000:]
+            time.sleep(0.1)
+        second = subprocess.Popen(cmds[1], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)  # fmt: skip
+        outs = [p.communicate(timeout=500) for p in (first, second)]
+        for p, (_, err) in zip((first, second), outs, strict=True):
+            assert p.returncode == 0, err[-3000:]
+        folder = tmp_path / "w0" / "warm-start"
+        assert sorted(tmp_path.rglob("warm.json")) == [folder / "warm.json"], "more than one warm-up"
+        assert sum(err.count(TRAINING_LINE) for _, err in outs) == 1, "the warm-up was trained twice"
+        done = json.loads((folder / "warm.json").read_text())
+        trained = [_check_trials_start_from(tmp_path / f"w{i}", done) for i in range(2)]
+        assert sum(trained) >= 4, trained
+        for st in studies(url, name).values():
+            assert StudyRecord.read(st).warm_start == {"folder": str(folder), "checkpoint": done["checkpoint"]}
+    finally:
+        if srv is not None:
+            srv.remove()
+
+
 def test_folder_for_finds_the_warm_up_folder(tmp_path: Path) -> None:
     """``dir`` first; else the folder a worker recorded in the studies; else beside a file storage
     (``STUDY-warm-start``); else, with a database server, ``WORKDIR/warm-start``."""

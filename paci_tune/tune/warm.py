@@ -123,10 +123,9 @@ def folder_for(tune: TuneConfig, name: str, work: Path, storage_url: str, studie
     ws = tune.search.warm_start
     if ws.dir is not None:
         return Path(ws.dir).expanduser().resolve()
-    for study in studies.values():
-        stored = StudyRecord.read(study).warm_start
-        if stored:
-            return Path(stored["folder"])
+    recorded = folder_for_recorded(studies)
+    if recorded is not None:
+        return recorded
     file = storage_file(storage_url)
     return (file.parent / f"{name}-warm-start") if file is not None else work / "warm-start"
 
@@ -161,13 +160,31 @@ def prepare(tune: TuneConfig, name: str, work: Path, storage_url: str, studies: 
         folder = find(Path(ws.checkpoint), "search.warm_start.checkpoint")
         step = int(json.loads((folder / "meta.json").read_text())["loop"]["batches_done"])
         return WarmStart(str(folder), step, "checkpoint")
-    folder = folder_for(tune, name, work, storage_url, studies)
+    folder = _claimed(folder_for(tune, name, work, storage_url, studies), studies)
     done = ensure(warm_up_doc(tune, folder, runtime), "search.warm_start.dir", log)
-    warm = WarmStart(done["checkpoint"], int(done["step"]), "warm-up", done.get("val_loss"), done["run"])
     for study in studies.values():
-        if StudyRecord.read(study).warm_start is None:
-            StudyRecord.write_warm_start(study, {"folder": str(folder), "checkpoint": warm.checkpoint})
-    return warm
+        StudyRecord.write_warm_start(study, {"folder": str(folder), "checkpoint": done["checkpoint"]})
+    return WarmStart(done["checkpoint"], int(done["step"]), "warm-up", done.get("val_loss"), done["run"])
+
+
+def _claimed(folder: Path, studies: dict[str, optuna.Study]) -> Path:
+    """Record ``folder`` in the studies before training there, unless a worker recorded one first:
+    a worker that opens the search while the warm-up trains finds the folder and waits on its lock
+    (on one machine or a shared file system) instead of training a second warm-up. Two workers
+    opening it at the same instant may each train their own (identical: the warm-up is deterministic)."""
+    if folder_for_recorded(studies) is None:
+        for study in studies.values():
+            StudyRecord.write_warm_start(study, {"folder": str(folder)})
+    return folder
+
+
+def folder_for_recorded(studies: dict[str, optuna.Study]) -> Path | None:
+    """The warm-up folder a worker recorded in the studies (None: none yet)."""
+    for study in studies.values():
+        stored = StudyRecord.read(study).warm_start
+        if stored:
+            return Path(stored["folder"])
+    return None
 
 
 def ensure(doc: dict[str, Any], key: str, log: Log | None = None) -> dict[str, Any]:
