@@ -45,6 +45,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from .config.schema import BACKWARD_WEIGHTS
+from .pipeline.backend import wire_device
 from .pipeline.optim import AliasedOptimizer
 from .pipeline.p2p import P2P
 from .pipeline.stage import Stage
@@ -117,7 +118,11 @@ class SchedulePACI:
     ``Schedule1F1B`` followed by ``optimizer.step()`` (no step ever finds a micro-batch in flight,
     so both ``backward_weights`` agree).
 
-    Optimizer: ``optimizer`` must be freshly built over this stage's parameters. Its param groups
+    Optimizer: ``optimizer`` must be freshly built over this stage's trainable parameters, or be
+    ``None`` for a stage with nothing to train (every parameter frozen, ``requires_grad=False``, or
+    none at all): that stage then takes no step, and its backward runs only where an earlier stage
+    trains (the stages tell each other once, when the schedule is built: a collective over the
+    group). Frozen parameters are computed with and never stepped. Its param groups
     are rebound, in place, to aliases of the parameters (``p.data``), as paci-tune's own
     :class:`~paci_tune.pipeline.stage.Stage` does: stepping through an alias updates the shared
     storage without bumping the autograd version counter, so a step with micro-batches in flight
@@ -153,7 +158,7 @@ class SchedulePACI:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         *,
         window: int,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | None,
         lr_scheduler: Any | None = None,
         flush: bool = False,
         backward_weights: str = "forward",
@@ -180,16 +185,16 @@ class SchedulePACI:
             )
         if backward_weights not in BACKWARD_WEIGHTS:
             raise ValueError(f"backward_weights must be one of {BACKWARD_WEIGHTS}, got {backward_weights!r}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if optimizer.state:
-            raise ValueError("optimizer must be fresh (no state yet): its parameters are rebound to aliases")
         self.module = stage.submod
         self.index, self.stages, self.device = stage.stage_index, stage.num_stages, stage.device
-        own = {id(p) for p in self.module.parameters()}
-        if any(id(p) not in own for group in optimizer.param_groups for p in group["params"]):
-            raise ValueError("optimizer holds parameters that are not the stage module's")
+        trains = any(p.requires_grad for p in self.module.parameters())
+        if optimizer is None and trains:
+            raise ValueError("optimizer=None is for a stage with nothing to train; this stage's module has "
+                             "parameters with requires_grad=True")  # fmt: skip
+        if optimizer is not None:
+            _check_optimizer(optimizer, self.module)
         _check_device(self.module, self.device)
+        upstream = _stages_that_train(trains, self.stages, stage.group, self.device)[: self.index]
         self.n_microbatches, self.flush = n_microbatches, flush
         self.window = n_microbatches if flush else window
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
@@ -206,6 +211,7 @@ class SchedulePACI:
             dtype=torch.float32,
             backward_weights=backward_weights,
             loss_fn=loss_fn,
+            input_grad=any(upstream),
         )
         ranks = [i if stage.group is None else dist.get_global_rank(stage.group, i) for i in range(self.stages)]
         self._p2p = P2P(ranks, self.device)
@@ -299,7 +305,7 @@ class SchedulePACI:
         if self._submitted:
             raise RuntimeError("state_dict() with micro-batches in flight: drain() first")
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self._stage.optim.state_dict(),
             "masters": [m.detach().clone() for m in self._stage.optim.master_weights()],
             "updates": self.updates,
             "drift": self.drift.state_dict(),
@@ -307,7 +313,7 @@ class SchedulePACI:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (after loading the module's own ``state_dict``)."""
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._stage.optim.load_state_dict(state["optimizer"])
         self._stage.optim.load_master_weights(state["masters"])
         self.updates = state["updates"]
         self.drift.load_state_dict(state["drift"])
@@ -386,6 +392,25 @@ class SchedulePACI:
         self._stage.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
+
+
+def _check_optimizer(optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+    """A fresh torch optimizer over this stage module's own parameters (they are rebound to aliases)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    if optimizer.state:
+        raise ValueError("optimizer must be fresh (no state yet): its parameters are rebound to aliases")
+    own = {id(p) for p in module.parameters()}
+    if any(id(p) not in own for group in optimizer.param_groups for p in group["params"]):
+        raise ValueError("optimizer holds parameters that are not the stage module's")
+
+
+def _stages_that_train(trains: bool, stages: int, group: Any, device: torch.device) -> list[bool]:
+    """Every stage's ``trains``, gathered once over the pipeline's group (where each stage's input needs a gradient)."""
+    wire = wire_device(dist.get_backend(group), device)
+    flags = [torch.zeros(1, dtype=torch.int64, device=wire) for _ in range(stages)]
+    dist.all_gather(flags, torch.tensor([int(trains)], dtype=torch.int64, device=wire), group=group)
+    return [bool(f.item()) for f in flags]
 
 
 def _check_device(module: nn.Module, device: torch.device) -> None:

@@ -269,6 +269,33 @@ def test_bad_options_are_refused(tmp_path: Path, tripwire: Path) -> None:
     _run_all(tmp_path, tripwire, cases)
 
 
+# A user model's units, through every command that reads a config (docs/guide.md, "What a unit may
+# take and return"): a unit returning a tuple or a dict, and a model with nothing to train, are refused;
+# a unit without any parameter is fine (it has nothing to train), so that config reaches the work.
+UNIT_CASES = [
+    ("tuple-output", "build_tuple", {}),
+    ("dict-output", "build_dict", {}),
+    ("nothing-to-train", "build_frozen", {"frozen": list(range(6))}),
+]
+
+
+def _with_model(entry: str, kwargs: dict[str, Any]) -> bytes:
+    """SMALL with a model of tests/helpers/guide_models.py at its size."""
+    from helpers.guide_models import SMALL as SIZE
+
+    spec = {"entry": f"helpers.guide_models:{entry}", "kwargs": {**SIZE, **kwargs}, "block_size": SIZE["block_size"]}
+    return _dump({**SMALL, "model": spec})
+
+
+def test_units_that_break_the_interface_are_refused_by_every_command(tmp_path: Path, tripwire: Path) -> None:
+    for args in CONFIG_COMMANDS:
+        _reaches_work(tmp_path, {"c.yaml": _with_model("build_with_gelu", {})}, args)  # a parameter-free unit
+    cases = [(Variant(f"model={name}", text, "model.entry"), {"c.yaml": text}, CONFIG_COMMANDS)
+             for name, entry, kwargs in UNIT_CASES for text in [_with_model(entry, kwargs)]]  # fmt: skip
+    COUNTS["units"] = len(cases)
+    _run_all(tmp_path, tripwire, cases)
+
+
 def test_variant_count_is_recorded() -> None:
     """The count the report quotes: variants per document (each run by every command that reads it)."""
     n = {"config": len(variants(EXAMPLE, allowed_huge=ALLOWED_HUGE)), "options": len(OPTIONS)}

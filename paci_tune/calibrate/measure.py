@@ -21,7 +21,7 @@ from ..base.processes import cpu_count, threads_per_process
 from ..config.schema import RunConfig
 from ..data import load_source
 from ..errors import ConfigError
-from ..model import LoadedModel, load_model
+from ..model import LoadedModel, input_grads, load_model
 from ..pipeline.factory import resolve_device, resolve_precision
 from ..pipeline.optim import release_masters
 from ..sim.profile import AllReduceCost, P2PCost, Profile, UnitCost, UnitProfile
@@ -203,6 +203,7 @@ def calibrate(
     model = load_model(cfg.model, source.vocab_size, cfg.training.seed)
     vocab = model.gpt.vocab_size if model.gpt is not None else source.vocab_size
     units = [to_compute(model.units[i], dev, dtype) for i in range(model.n_units)]
+    needs_grad = input_grads(model.trainable)  # per unit: whether its input needs a gradient, as at a stage
     # Bytes, and which units are identical (their samples are pooled), from one untimed pass per size.
     gen = torch.Generator(device="cpu").manual_seed(0)
     nbytes: dict[int, list[tuple[int, int]]] = {}
@@ -213,8 +214,8 @@ def calibrate(
         by_sig: dict[str, list[int]] = {}
         nbytes[size] = []
         for i, unit in enumerate(units):
-            by_sig.setdefault(signature(unit, x), []).append(i)
-            probe = probe_unit(unit, x, last=i == len(units) - 1, device=dev, dtype=dtype)
+            by_sig.setdefault(signature(unit, x, needs_grad[i]), []).append(i)
+            probe = probe_unit(unit, x, last=i == len(units) - 1, device=dev, dtype=dtype, input_grad=needs_grad[i])
             nbytes[size].append((probe.activation_bytes, probe.saved_bytes))
             x = probe.output
         n_classes = int(x.shape[-1])  # the logits' width: the range of the pattern's targets
@@ -242,7 +243,14 @@ def calibrate(
     finally:
         torch.set_num_threads(before)
     unit_profiles = [
-        UnitProfile(model.names[i], fp32_param_bytes(unit), optimizer_s[i], costs[i], copy_s=copy_s[i])
+        UnitProfile(
+            model.names[i],
+            fp32_param_bytes(unit),
+            optimizer_s[i],
+            costs[i],
+            copy_s=copy_s[i],
+            trainable_bytes=fp32_param_bytes(unit, trainable=True),
+        )
         for i, unit in enumerate(units)
     ]
     if p2p is None:

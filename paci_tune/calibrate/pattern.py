@@ -185,7 +185,9 @@ class StagePattern:
         edges[n] = t0
         for k in range(n - 1, 0, -1):
             mark = mb.marks[k - 1]
-            edges[k] = mark if mark is not None else edges[k + 1]  # no hook: the unit before gets it all
+            # No mark: no gradient reached unit k-1's output (nothing before unit k trains), so unit k's
+            # backward ran to the end of the call and the units before it ran none.
+            edges[k] = mark if mark is not None else t_end
         if mb.record:
             per_unit = self.samples.backward.setdefault(mb.size, [[] for _ in range(n)])
             for i in range(n):

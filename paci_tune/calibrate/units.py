@@ -9,6 +9,10 @@ Precision is the stage's own scheme: in bf16 a unit's parameters are converted t
 (:func:`to_compute`) and nothing runs under autocast, so the saved bytes are the bf16 activations
 and count no weight copy; the optimizer step is the stage's (fp32 masters, written back in place),
 and a weight copy (:func:`measure_copy`) clones the bf16 weights.
+
+Frozen parameters are measured as a stage runs them: a unit's input needs a gradient only where a
+unit before it trains (``input_grad``, :func:`paci_tune.model.input_grads`), so a frozen prefix saves
+nothing and runs no backward, and identical units that differ in what is frozen are not pooled.
 May import: :mod:`paci_tune.pipeline` (the stage's dtype and optimizer step),
 :mod:`paci_tune.model`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, torch.
 """
@@ -24,7 +28,7 @@ import torch
 from torch import nn
 
 from ..config.schema import OptimizerConfig
-from ..model import LoadedModel, next_token_loss
+from ..model import LoadedModel, input_grads, next_token_loss
 from ..pipeline.optim import AliasedOptimizer
 from ..pipeline.stage import compute_dtype
 from ..sim.profile import UnitCost, UnitProfile
@@ -45,9 +49,12 @@ def to_compute(unit: nn.Module, device: torch.device, dtype: str) -> nn.Module:
     return unit
 
 
-def fp32_param_bytes(unit: nn.Module) -> int:
-    """A profile's ``param_bytes``: 4 bytes per parameter whatever the compute dtype (:mod:`paci_tune.sim.profile`)."""
-    return 4 * sum(p.numel() for p in unit.parameters())
+def fp32_param_bytes(unit: nn.Module, *, trainable: bool = False) -> int:
+    """A profile's ``param_bytes``: 4 bytes per parameter whatever the compute dtype (:mod:`paci_tune.sim.profile`).
+
+    ``trainable=True``: its ``trainable_bytes``, the parameters with ``requires_grad`` only.
+    """
+    return 4 * sum(p.numel() for p in unit.parameters() if p.requires_grad or not trainable)
 
 
 def _like(x: torch.Tensor, unit: nn.Module) -> torch.Tensor:
@@ -83,13 +90,15 @@ def _saved_bytes(unit: nn.Module, run: Callable[[], torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def signature(unit: nn.Module, x: torch.Tensor) -> str:
-    return f"{type(unit).__module__}.{type(unit).__qualname__}|{unit!r}|{tuple(x.shape)}|{x.dtype}"
+def signature(unit: nn.Module, x: torch.Tensor, input_grad: bool = True) -> str:
+    """Units with equal signatures cost the same on ``x``: their forward, and their backward (``input_grad``)."""
+    return f"{unit_signature(unit)}|{tuple(x.shape)}|{x.dtype}|{input_grad}"
 
 
 def unit_signature(unit: nn.Module) -> str:
-    """Units with equal signatures have equal optimizer steps (same class, structure, parameter shapes)."""
-    return f"{type(unit).__module__}.{type(unit).__qualname__}|{unit!r}"
+    """Units with equal signatures have equal optimizer steps (same class, structure, parameter shapes, frozen ones)."""
+    frozen = [n for n, p in unit.named_parameters() if not p.requires_grad]
+    return f"{type(unit).__module__}.{type(unit).__qualname__}|{unit!r}|frozen={frozen}"
 
 
 @dataclass(frozen=True)
@@ -101,25 +110,35 @@ class Probe:
     output: torch.Tensor  # detached: the next unit's input
 
 
-def probe(unit: nn.Module, x: torch.Tensor, *, last: bool, device: torch.device, dtype: str) -> Probe:
-    """Output activation bytes and saved bytes of ``unit`` on ``x`` (the last unit with its loss)."""
+def probe(
+    unit: nn.Module, x: torch.Tensor, *, last: bool, device: torch.device, dtype: str, input_grad: bool = True
+) -> Probe:
+    """Output activation bytes and saved bytes of ``unit`` on ``x`` (the last unit with its loss).
+
+    ``input_grad``: whether the unit's input needs a gradient (a unit before it trains).
+    """
     x = _like(x, unit)
     with torch.no_grad():
         out = unit(x)
-    forward = _training_forward(unit, x, out if last else None, device, dtype)
+    forward = _training_forward(unit, x, out if last else None, device, dtype, input_grad)
     return Probe(out.numel() * out.element_size(), _saved_bytes(unit, forward), out.detach())
 
 
 def _training_forward(
-    unit: nn.Module, x: torch.Tensor, logits: torch.Tensor | None, device: torch.device, dtype: str
+    unit: nn.Module,
+    x: torch.Tensor,
+    logits: torch.Tensor | None,
+    device: torch.device,
+    dtype: str,
+    input_grad: bool = True,
 ) -> Callable[[], torch.Tensor]:
     """A forward of ``unit`` on ``x`` as training runs it; with ``logits`` (the last unit) it returns the loss
-    against random targets of their shape."""
+    against random targets of their shape. ``input_grad``: whether ``x`` needs a gradient (as at a stage)."""
     targets = None if logits is None else torch.randint(0, logits.shape[-1], logits.shape[:-1], device=device)
 
     def forward() -> torch.Tensor:
         inp = _like(x, unit)
-        inp = inp.detach().requires_grad_(True) if inp.is_floating_point() else inp
+        inp = inp.detach().requires_grad_(input_grad) if inp.is_floating_point() else inp
         y = unit(inp)
         if targets is not None:
             return next_token_loss(y, targets)
@@ -137,16 +156,18 @@ def measure_unit(
     dtype: str,
     repeats: int,
     warmup: int = 2,
+    input_grad: bool = True,
 ) -> UnitCost:
     """Time one unit alone, forward and backward on input ``x`` (ids for the first unit).
 
     Median of ``repeats`` after ``warmup`` untimed passes. This is the *isolated* cost, which
     under-predicts a pipeline stage (see :mod:`paci_tune.calibrate`); calibration uses the stage
-    pattern and keeps this for quick checks and as a fallback.
+    pattern and keeps this for quick checks and as a fallback. ``input_grad``: whether the input needs
+    a gradient (a unit before it trains); a unit whose output then needs none runs no backward (0 s).
     """
-    seen = probe(unit, x, last=last, device=device, dtype=dtype)
+    seen = probe(unit, x, last=last, device=device, dtype=dtype, input_grad=input_grad)
     grad = None if last else torch.randn_like(seen.output)
-    forward = _training_forward(unit, x, seen.output if last else None, device, dtype)
+    forward = _training_forward(unit, x, seen.output if last else None, device, dtype, input_grad)
     fwd, bwd = [], []
     for r in range(warmup + repeats):
         sync(device)
@@ -154,12 +175,13 @@ def measure_unit(
         out = forward()
         sync(device)
         t1 = time.perf_counter()
-        out.backward(grad)
+        if out.requires_grad:  # else nothing in or before this unit trains: no backward
+            out.backward(grad)
         sync(device)
         t2 = time.perf_counter()
         if r >= warmup:
             fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
+            bwd.append(t2 - t1 if out.requires_grad else 0.0)
         del out
     return UnitCost(statistics.median(fwd), statistics.median(bwd), seen.activation_bytes, seen.saved_bytes)
 
@@ -242,6 +264,7 @@ def measure_units(
     pattern instead and uses this only where that does not fit on the device.
     """
     units = [to_compute(model.units[i], device, dtype) for i in range(model.n_units)]
+    needs_grad = input_grads(model.trainable)
     seq = model.block_size
     costs: list[dict[int, UnitCost]] = [{} for _ in units]
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -249,13 +272,14 @@ def measure_units(
         x = torch.randint(0, vocab_size, (b, seq), generator=gen).to(device)
         measured: dict[str, UnitCost] = {}
         for i, unit in enumerate(units):
-            sig = signature(unit, x)
+            sig = signature(unit, x, needs_grad[i])
             if sig not in measured:
                 if log:
                     log(f"unit {i} ({model.names[i]}), micro-batch {b}")
                 measured[sig] = measure_unit(
-                    unit, x, last=i == len(units) - 1, device=device, dtype=dtype, repeats=repeats, warmup=warmup
-                )
+                    unit, x, last=i == len(units) - 1, device=device, dtype=dtype, repeats=repeats, warmup=warmup,
+                    input_grad=needs_grad[i],
+                )  # fmt: skip
             costs[i][b] = measured[sig]
             if i < len(units) - 1:
                 with torch.no_grad():
@@ -268,7 +292,8 @@ def measure_units(
         sig = unit_signature(unit)
         if sig not in opt_seen:
             opt_seen[sig] = measure_optimizer(unit, device=device, repeats=repeats, warmup=warmup)
-        out.append(UnitProfile(model.names[i], param_bytes, opt_seen[sig], costs[i], copy_s=copy_s[i]))
+        out.append(UnitProfile(model.names[i], param_bytes, opt_seen[sig], costs[i], copy_s=copy_s[i],
+                               trainable_bytes=fp32_param_bytes(unit, trainable=True)))  # fmt: skip
     for unit in units:
         unit.zero_grad(set_to_none=True)
     return out

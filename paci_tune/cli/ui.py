@@ -124,7 +124,9 @@ def summary_table(s: dict[str, Any]) -> Table:
             f"{st['idle_s']:.2f}",
             f"{st['bubble_fraction']:.1%}",
             str(st["updates"]),
-            f"{st['max_drift']}/{st['mean_drift']:.2f} ({st['drift_bound']})",
+            f"{st['max_drift']}/{st['mean_drift']:.2f} ({st['drift_bound']})"
+            if st.get("trains", True)
+            else "nothing to train",
             fmt_bytes(st["peak_memory_bytes"]),
         )
     t.caption = (

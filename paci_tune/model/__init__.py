@@ -12,7 +12,7 @@ from paci_tune.model.gpt import (
     unit_flops,
     unit_names,
 )
-from paci_tune.model.loader import LoadedModel, load_model
+from paci_tune.model.loader import LoadedModel, input_grads, load_model, shared_parameters, trains
 from paci_tune.model.loss import next_token_loss
 
 __all__ = [
@@ -20,10 +20,13 @@ __all__ = [
     "GPTConfig",
     "LoadedModel",
     "build_units",
+    "input_grads",
     "load_model",
     "model_flops_per_token",
     "next_token_loss",
     "num_units",
+    "shared_parameters",
+    "trains",
     "unit_flops",
     "unit_names",
 ]

@@ -12,6 +12,12 @@ Two kinds of model are accepted, exactly one per config:
   built: ``indices`` is ignored (beyond a range check) and *all* units are returned. Callers
   rely on this -- ``len(units) == n_units`` is how they tell an entry model apart.
 
+What a unit may take and return, and which parameters it may share, is checked on a sample by
+:mod:`paci_tune.pipeline.checks` (it needs the data's vocabulary and the stage cut). Which units
+train (:attr:`LoadedModel.trainable`: a parameter with ``requires_grad``) is read here, once, for
+the whole model: a stage needs it to know whether its input needs a gradient
+(:func:`input_grads`).
+
 All bad input raises :class:`ConfigError` naming the ``model.<key>``, so the CLI can print one
 line instead of a traceback. A size that cannot work on this machine (weights beyond its memory)
 is bad input too. May import: torch, :mod:`.gpt`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
@@ -22,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +62,8 @@ class LoadedModel:
     ``units`` holds the requested indices for presets and every unit for entry models;
     ``n_units``/``names`` always describe the full model.
     ``flops`` is forward FLOPs per token per unit, or ``None`` for entry models (unknown cost:
-    partition by unit count instead). ``gpt`` is ``None`` for entry models.
+    partition by unit count instead). ``gpt`` is ``None`` for entry models. ``trainable[i]``: whether
+    unit ``i`` has a parameter to train (every built-in GPT unit does).
     """
 
     units: dict[int, nn.Module]
@@ -65,6 +72,37 @@ class LoadedModel:
     flops: list[float] | None
     block_size: int
     gpt: GPTConfig | None
+    trainable: list[bool]
+
+
+def trains(unit: nn.Module) -> bool:
+    """Whether ``unit`` has a parameter to train (``requires_grad``); a frozen or parameter-free one does not."""
+    return any(p.requires_grad for p in unit.parameters())
+
+
+def input_grads(trainable: Sequence[bool]) -> list[bool]:
+    """Per unit: whether its input needs a gradient, i.e. whether a unit before it trains.
+
+    Where none does, nothing upstream can use a gradient: the backward stops there (a frozen prefix
+    runs no backward at all).
+    """
+    return [any(trainable[:i]) for i in range(len(trainable))]
+
+
+def shared_parameters(units: Sequence[nn.Module]) -> list[tuple[list[int], list[str]]]:
+    """Parameters held by more than one unit (tied weights): per parameter, the units and each one's name for it.
+
+    One ``nn.Parameter`` object reachable from several units (an output head reusing the embedding's
+    weight) is one parameter of the model; :func:`paci_tune.pipeline.checks.check_shared_parameters`
+    decides whether the stage cut allows it.
+    """
+    holders: dict[int, tuple[list[int], list[str]]] = {}
+    for i, unit in enumerate(units):
+        for name, p in unit.named_parameters():
+            units_of, names = holders.setdefault(id(p), ([], []))
+            units_of.append(i)
+            names.append(name)
+    return [h for h in holders.values() if len(h[0]) > 1]
 
 
 def load_model(
@@ -113,6 +151,7 @@ def _load_preset(spec: Mapping[str, Any], vocab_size: int, seed: int, indices: I
         flops=[unit_flops(cfg, i, 1) for i in range(n)],
         block_size=cfg.block_size,
         gpt=cfg,
+        trainable=[True] * n,
     )
 
 
@@ -206,4 +245,5 @@ def _load_entry(spec: Mapping[str, Any], seed: int, indices: Iterable[int] | Non
         flops=None,
         block_size=block_size,
         gpt=None,
+        trainable=[trains(u) for u in built],
     )

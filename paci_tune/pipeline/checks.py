@@ -4,21 +4,34 @@
 its trials before any runs: both must refuse, as a trial or ``train`` would (:func:`.factory.load_pieces`),
 a depth beyond the model's units or a batch the data cannot supply, without building the model.
 May import: :mod:`paci_tune.data`, :mod:`paci_tune.model`, :mod:`paci_tune.schedule`,
-:mod:`paci_tune.config`, :mod:`paci_tune.errors`. Also the one place a run to be trained here checks
+:mod:`paci_tune.config`, :mod:`paci_tune.errors`, torch. Also the one place a run to be trained here checks
 that its model's weights fit this machine (:func:`check_trainable_here`, used by :mod:`.factory`).
+
+A user model (``model.entry``) is checked here on one sample before anything is built for a run
+(:func:`check_units`): what a unit may take and return is the pipeline's contract, and a unit that
+breaks it would otherwise fail mid-run with an internal error. The contract: unit 0 takes token ids
+``(b, T)``; every unit takes the previous unit's output; every unit returns **one tensor** (a stage
+cut may fall after any unit, and one tensor is what crosses it); the last returns logits
+``(b, T, V)`` with ``V`` at least the data's vocabulary; at least one parameter trains. A unit
+without parameters, or with frozen ones, is fine: it has nothing to train. Parameters shared by
+units on different stages are refused once the cut is known (:func:`check_shared_parameters`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from ..config.schema import RunConfig
 from ..data import TokenSource, load_source
 from ..data.limits import check_fits_data
 from ..errors import ConfigError
-from ..model import LoadedModel, load_model
+from ..model import LoadedModel, load_model, shared_parameters
 from ..model.loader import check_fits
-from ..schedule import check_depth
+from ..schedule import check_depth, stage_units
+
+ENTRY = "model.entry"
 
 
 def check_trainable_here(meta: LoadedModel) -> None:
@@ -37,6 +50,8 @@ def check_model_and_data(
     """
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     meta = load_model(cfg.model, source.vocab_size, cfg.training.seed, indices=[])
+    if meta.gpt is None:
+        check_units(meta, source.vocab_size, cfg.model["entry"])
     if built_here:
         check_trainable_here(meta)
     check_depth(cfg.pipeline.stages, meta.n_units)
@@ -48,3 +63,81 @@ def check_model_and_data(
         except ConfigError as e:
             raise ConfigError(key, b, e.allowed) from None
     return source, meta
+
+
+def _described(out: object) -> str:
+    """What a unit returned, for an error line: its type, and for a tuple or dict what is inside."""
+    if isinstance(out, tuple | list):
+        return f"a {type(out).__name__} of {len(out)} ({', '.join(type(o).__name__ for o in out)})"
+    if isinstance(out, dict):
+        return f"a dict with keys {list(out)[:6]}"
+    if isinstance(out, torch.Tensor):
+        return f"a {out.dtype} tensor of shape {tuple(out.shape)}"
+    return f"a {type(out).__name__}"
+
+
+def _wrap_hint(out: object) -> str:
+    """How to make a unit that returned ``out`` return one tensor: a wrapper module's forward."""
+    if isinstance(out, dict) and out:
+        pick = f"[{next(iter(out))!r}]"
+    elif isinstance(out, tuple | list):
+        pick = "[0]"
+    else:
+        pick = ""
+    return (f"wrap it in a module whose forward returns one tensor, the hidden state: "
+            f"`def forward(self, h): return self.inner(h){pick}`")  # fmt: skip
+
+
+@torch.no_grad()
+def check_units(meta: LoadedModel, vocab_size: int, entry: str) -> None:
+    """Run a user model's units once, chained, on token ids ``(1, T)``; refuse any that break the contract.
+
+    The contract is the module docstring's. Everything is refused as ``model.entry`` naming the unit,
+    what it returned and what to do about it. Runs without autograd, so a model that only misbehaves
+    in training (a test's crash on the k-th training forward) is not tripped here.
+    """
+    n, t = meta.n_units, meta.block_size
+    if not any(meta.trainable):
+        raise ConfigError(ENTRY, entry, "a model with a parameter to train (every parameter has requires_grad=False)")
+    h: object = torch.zeros((1, t), dtype=torch.long)
+    for i in range(n):
+        unit = meta.units[i]
+        name = type(unit).__name__
+        try:
+            h = unit(h)
+        except Exception as exc:  # the user's model on a sample of its contract's input: say which unit
+            raise ConfigError(ENTRY, entry, f"units that run on token ids of shape (1, {t}) and on each other's "
+                              f"output: unit {i} ({name}) raised {type(exc).__name__}: {exc}") from None  # fmt: skip
+        if not isinstance(h, torch.Tensor):
+            raise ConfigError(ENTRY, entry, f"units that each return one tensor (a stage cut may fall after any "
+                              f"unit): unit {i} ({name}) returns {_described(h)}; {_wrap_hint(h)}")  # fmt: skip
+    assert isinstance(h, torch.Tensor)
+    if not h.is_floating_point() or h.dim() != 3 or tuple(h.shape[:2]) != (1, t) or h.shape[-1] < vocab_size:
+        raise ConfigError(ENTRY, entry, f"a last unit returning logits (b, T, V) with V >= the data's vocabulary "
+                          f"{vocab_size}: unit {n - 1} ({type(meta.units[n - 1]).__name__}) returns {_described(h)} "
+                          f"for token ids of shape (1, {t})")  # fmt: skip
+
+
+def check_shared_parameters(meta: LoadedModel, sizes: Sequence[int]) -> None:
+    """Refuse a stage cut that puts units sharing a parameter (tied weights) on different stages.
+
+    Within a stage a shared parameter is one parameter of that stage's module and trains as in one
+    process. Across stages each stage would step it by itself: the emulated runtime would step the one
+    tensor with two optimizers, the distributed runtime would train two copies that drift apart -- no
+    error, different losses. Summing its gradient between the holding stages (Megatron's embedding
+    group) is not implemented, so such a cut is refused for every schedule, naming the parameter.
+    """
+    if meta.gpt is not None:
+        return  # the built-in GPT ties nothing (paci_tune.model.gpt)
+    stage_of = [s for s, units in enumerate(stage_units(list(sizes))) for _ in units]
+    for units, names in shared_parameters([meta.units[i] for i in range(meta.n_units)]):
+        stages = sorted({stage_of[u] for u in units})
+        if len(stages) > 1:
+            held = " and ".join(f"unit {u}'s {n!r} (stage {stage_of[u]})" for u, n in zip(units, names, strict=True))
+            raise ConfigError(
+                "pipeline.partition", list(sizes),
+                f"a cut that keeps units sharing a parameter on one stage: one parameter is {held}; "
+                f"stages {', '.join(map(str, stages))} would each step it on their own (summing a shared "
+                "parameter's gradient across stages is not supported): pin a pipeline.partition that keeps "
+                "those units together, or untie the parameter",
+            )  # fmt: skip

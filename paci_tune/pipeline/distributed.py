@@ -69,13 +69,14 @@ class DistributedRuntime(RuntimeBase):
         self.grads: GradientAllReduce | None = None
         self.losses: LossAllReduce | None = None
         if replicas > 1:
-            self.grads = GradientAllReduce(self.mesh.dp_group, replicas, self.wire, stage.optim)
+            if stage.trains:  # a stage with nothing to train all-reduces nothing
+                self.grads = GradientAllReduce(self.mesh.dp_group, replicas, self.wire, stage.optim)
             self.runner.grad_sync = self._grad_sync
 
     def _grad_sync(self, batch: int) -> None:
         """At this stage's step: average the window's gradients over the stage's replicas; collect losses."""
-        assert self.grads is not None
-        self.grads.average()
+        if self.grads is not None:
+            self.grads.average()
         if self.losses is not None:
             self.losses.collect()
 

@@ -86,7 +86,7 @@ class EmulatedRuntime(RuntimeBase):
             for r in row:
                 if self.sync_steps:
                     r.global_grad_norm = self._global_grad_norm
-                if self.n_replicas > 1:
+                if self.n_replicas > 1 and r.stage.trains:  # nothing to train: nothing to average
                     r.grad_sync = self._average_stage(r.stage.index)
 
     def _average_stage(self, s: int) -> Callable[[int], None]:

@@ -23,10 +23,10 @@ from ..config.layout import Layout
 from ..config.schema import RunConfig
 from ..data import MicroBatchStream, TokenSource, ValidationSet
 from ..errors import ConfigError
-from ..model import LoadedModel, load_model
+from ..model import LoadedModel, input_grads, load_model
 from ..schedule import stage_units
 from ..sim.profile import Profile
-from .checks import check_model_and_data
+from .checks import check_model_and_data, check_shared_parameters
 from .emulated import EmulatedRuntime
 from .mesh import check_world
 from .planning import choose_partition, load_profile
@@ -98,13 +98,15 @@ class ResolvedRun:
 def resolve_pieces(cfg: RunConfig, *, distributed: bool) -> ResolvedRun:
     """Data source, the model's metadata, the profile and the stage cut of ``cfg``, loaded once.
 
-    Every check that can refuse a run (data, model, depth, partition, memory) happens here, so
+    Every check that can refuse a run (data, model, depth, partition, memory, parameters shared
+    across the cut) happens here, so
     the distributed launcher can run it once before starting any worker. The cut (``partition:
     auto``) is chosen here and pinned in the returned run's config.
     """
     source, meta = check_model_and_data(cfg)  # every stage is built on this machine (either runtime)
     profile = load_profile(cfg, meta.n_units, meta.block_size)
     sizes = choose_partition(cfg, unit_costs(meta), profile, resolve_device(cfg.pipeline.device), distributed)
+    check_shared_parameters(meta, sizes)
     if cfg.pipeline.partition != sizes:
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, partition=sizes))
     return ResolvedRun(cfg, source, meta, profile)
@@ -137,7 +139,7 @@ def build_setup(
     source, sizes, profile = run.source, list(run.layout.partition or ()), run.profile
     ranges = stage_units(sizes)
     model = load_model(cfg.model, source.vocab_size, t.seed, indices=[i for s in mine for i in ranges[s]])
-    ranges = stage_units(sizes)
+    needs_grad = input_grads(model.trainable)  # per unit: whether a unit before it trains
     streams = [
         MicroBatchStream(source.train, model.block_size, p.microbatch_size, t.seed, replicas=p.data_parallel,
                          replica=r)
@@ -161,6 +163,7 @@ def build_setup(
             device=device,
             dtype=dtype,
             backward_weights=p.backward_weights,
+            input_grad=needs_grad[ranges[s].start],
         )
 
     runtime: object

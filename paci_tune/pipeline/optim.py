@@ -21,8 +21,13 @@ parameters are refused). Parameters of any other dtype are their own masters (th
 
 :class:`AliasedOptimizer` is the one implementation of that step (with gradient-norm clipping),
 used by a pipeline :class:`~paci_tune.pipeline.stage.Stage`, by the calibrator's stage pattern and
-by the drop-in :class:`~paci_tune.pipelining.SchedulePACI`. May import: torch and
-:mod:`paci_tune.config`.
+by the drop-in :class:`~paci_tune.pipelining.SchedulePACI`.
+
+**Nothing to train.** A stage whose parameters are all frozen (``requires_grad=False``), or that has
+none, gets an :class:`AliasedOptimizer` over no parameters: it holds no torch optimizer (torch
+refuses an empty parameter list), and every method is the empty case of the general one -- no
+gradients, a norm of 0, a step that does nothing, an empty state -- so callers need no second path.
+May import: torch and :mod:`paci_tune.config`.
 """
 
 from __future__ import annotations
@@ -41,8 +46,10 @@ _HOOKS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 """Parameter -> the hook folding its gradient into its master; the newest optimizer over it owns it."""
 
 
-def build_optimizer(params: Sequence[torch.Tensor], cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """AdamW (or SGD) with weight decay on matrices only, as GPT-2 recipes do."""
+def build_optimizer(params: Sequence[torch.Tensor], cfg: OptimizerConfig) -> torch.optim.Optimizer | None:
+    """AdamW (or SGD) with weight decay on matrices only, as GPT-2 recipes do; None with no parameter."""
+    if not params:
+        return None
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [
@@ -104,16 +111,24 @@ class AliasedOptimizer:
         self,
         params: Sequence[torch.Tensor],
         aliases: Sequence[torch.Tensor],
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | None,
         grad_clip: float | None = None,
         masters: Sequence[torch.Tensor] | None = None,
     ) -> None:
+        """``optimizer`` is None exactly when there is no parameter to train (module docstring)."""
+        if (optimizer is None) != (not params):
+            raise ValueError("an AliasedOptimizer has a torch optimizer exactly when it has parameters to train")
         self.params, self.aliases = list(params), list(aliases)
         self.masters = list(masters) if masters is not None else list(self.aliases)
         self.optimizer, self.grad_clip = optimizer, grad_clip
         for p, alias, master in zip(self.params, self.aliases, self.masters, strict=True):
             if master is not alias:
                 _own(p, master)
+
+    @property
+    def trains(self) -> bool:
+        """Whether there is anything to train: False for a stage whose parameters are all frozen (or absent)."""
+        return self.optimizer is not None
 
     @property
     def mixed(self) -> bool:
@@ -127,8 +142,13 @@ class AliasedOptimizer:
         return cls(params, aliases, build_optimizer(masters, cfg), cfg.grad_clip, masters)
 
     @classmethod
-    def rebind(cls, optimizer: torch.optim.Optimizer, grad_clip: float | None = None) -> AliasedOptimizer:
-        """Point a fresh optimizer's param groups, in place, at aliases of their parameters (or fp32 masters)."""
+    def rebind(cls, optimizer: torch.optim.Optimizer | None, grad_clip: float | None = None) -> AliasedOptimizer:
+        """Point a fresh optimizer's param groups, in place, at aliases of their parameters (or fp32 masters).
+
+        ``None``: the stage has nothing to train (an optimizer over no parameters).
+        """
+        if optimizer is None:
+            return cls([], [], None, grad_clip)
         params: list[torch.Tensor] = []
         aliases: list[torch.Tensor] = []
         masters: list[torch.Tensor] = []
@@ -142,7 +162,7 @@ class AliasedOptimizer:
         return cls(params, aliases, optimizer, grad_clip, masters)
 
     def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
+        for group in self.optimizer.param_groups if self.optimizer is not None else ():
             group["lr"] = lr
 
     def _collect(self) -> None:
@@ -191,8 +211,10 @@ class AliasedOptimizer:
         With ``grad_clip``, gradients are scaled down to that norm as ``clip_grad_norm_`` does.
         ``grad_norm`` is the norm to clip by -- the whole model's under a flush schedule, which
         synchronises its steps anyway; ``None`` means these parameters' own norm, which is what a
-        PACI stage can do without coordinating with the others.
+        PACI stage can do without coordinating with the others. Nothing to train: nothing happens.
         """
+        if self.optimizer is None:
+            return
         self._collect()
         if self.grad_clip:
             norm = grad_norm if grad_norm is not None else self.grad_sq_norm() ** 0.5
@@ -212,6 +234,15 @@ class AliasedOptimizer:
         for p, master in zip(self.params, self.masters, strict=True):
             p.grad = None
             master.grad = None
+
+    def state_dict(self) -> dict:
+        """The torch optimizer's state, or with nothing to train an empty one of its shape: what a checkpoint keeps."""
+        return self.optimizer.state_dict() if self.optimizer is not None else {"state": {}, "param_groups": []}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (nothing to restore with nothing to train)."""
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state)
 
     def master_weights(self) -> list[torch.Tensor]:
         """The fp32 masters of the bf16 parameters, in parameter order (what a checkpoint must keep)."""

@@ -262,7 +262,11 @@ def stage_stats(
     schedule: str,
     inflight: int | None = None,
 ) -> dict:
-    """The per-stage entry of the run summary (flush schedules cross no update: their bound is 0)."""
+    """The per-stage entry of the run summary (flush schedules cross no update: their bound is 0).
+
+    ``trains: false`` marks a stage with nothing to train: no step, so nothing to drift (bound 0).
+    """
+    paci = schedule == "paci" and stage.trains
     return {
         "stage": stage.index,
         "units": [units.start, units.stop],
@@ -270,16 +274,17 @@ def stage_stats(
         "idle_s": max(makespan - timing.busy, 0.0),
         "wait_s": timing.idle,
         "bubble_fraction": 0.0 if makespan <= 0 else max(1.0 - timing.busy / makespan, 0.0),
+        "trains": stage.trains,
         "updates": stage.updates,
         "max_drift": stage.drift.maximum,
         "mean_drift": stage.drift.mean,
-        "drift_bound": drift_bound(stage.index, stage.stages, stage.window) if schedule == "paci" else 0,
+        "drift_bound": drift_bound(stage.index, stage.stages, stage.window) if paci else 0,
         "drift_histogram": {str(k): v for k, v in sorted(stage.drift.histogram.items())},
         "read_ahead_histogram": {str(k): v for k, v in sorted(stage.drift.read_histogram.items())},
         "max_read_ahead": stage.drift.max_read_ahead,
         **stage.copies_stats(),
         "weight_copies_bound": copies_bound(schedule, stage.index, stage.stages, stage.window, inflight)
-        if stage.backward_weights == "forward"
+        if stage.backward_weights == "forward" and stage.trains
         else 0,
         "parameter_bytes": stage.parameter_bytes(),
         "peak_memory_bytes": peak_memory_bytes(device),

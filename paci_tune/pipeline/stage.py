@@ -8,7 +8,17 @@ per version still needed, made on step), or ``current``, the weights as they are
 under autocast, whose per-forward weight casts autograd would keep for every micro-batch in flight
 (a cast per micro-batch, where ``forward`` keeps one copy per version) -- its inputs and activations
 are bf16, the loss is fp32 (:func:`~paci_tune.model.loss.next_token_loss`), and the optimizer keeps
-fp32 masters written back in place after each step. May import: :mod:`.optim`, :mod:`.versions`,
+fp32 masters written back in place after each step.
+
+**Frozen parameters** (``requires_grad=False``) are computed with and never stepped: the optimizer,
+the fp32 masters, the weight versions and the drift record cover the trainable parameters only. A
+stage with nothing to train has an optimizer over no parameters and takes no step, so its weights
+keep their one version and its drift record stays empty (:attr:`Stage.trains`). Its backward runs
+only where a gradient has somewhere to go: a stage whose input needs no gradient (``input_grad``:
+nothing upstream trains) computes none, and a stage whose output needs none (nothing in it or
+upstream trains) runs no backward at all. The message to the previous stage is then
+:data:`NO_GRADIENT`, so every stage's program and the transport's order stay the same.
+May import: :mod:`.optim`, :mod:`.versions`,
 :mod:`paci_tune.model`,
 :mod:`paci_tune.config`, torch.
 """
@@ -45,13 +55,22 @@ class BackwardRead(NamedTuple):
 
 BACKWARD_LOG = 4096  # micro-batches a stage remembers in :attr:`Stage.backward_log` (a long run's tail)
 
+NO_GRADIENT = torch.empty(0)
+"""What a backward sends upstream when no gradient flows to the previous stage (nothing there or
+before it trains): an empty tensor in the gradient's place, so the message order is unchanged."""
+
+
+def carries_gradient(grad: torch.Tensor | None) -> bool:
+    """Whether a gradient received from the next stage is one (not :data:`NO_GRADIENT`)."""
+    return grad is not None and grad.numel() > 0
+
 
 @dataclass
 class _InFlight:
     """What a micro-batch leaves at a stage between its forward and its backward."""
 
-    inputs: torch.Tensor
-    outputs: torch.Tensor  # activations, or the scaled loss on the last stage
+    inputs: torch.Tensor | None  # whose gradient goes upstream; None: the input needs none
+    outputs: torch.Tensor | None  # activations, or the scaled loss on the last stage; None: no backward to run
     updates_at_forward: int
     held: bool  # whether it holds its forward's weight version (``forward`` mode)
 
@@ -114,7 +133,8 @@ class Stage:
     ``lr_at(k)`` gives the learning rate of the stage's k-th optimizer step (0-based); under PACI
     every stage takes the same number of steps, so a step budget gives every stage the same
     schedule with no communication. ``dtype``: the parameters' and activations' dtype, fp32 or
-    bf16 (module docstring).
+    bf16 (module docstring). ``input_grad``: whether the stage's input needs a gradient, i.e.
+    whether some unit before this stage trains (module docstring); False on the first stage.
     """
 
     def __init__(
@@ -130,10 +150,12 @@ class Stage:
         dtype: torch.dtype = torch.float32,
         backward_weights: str = "current",
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = next_token_loss,
+        input_grad: bool = True,
     ) -> None:
         if backward_weights not in BACKWARD_WEIGHTS:
             raise ValueError(f"backward_weights must be one of {BACKWARD_WEIGHTS}, got {backward_weights!r}")
         self.index, self.stages, self.window = index, stages, window
+        self.input_grad = input_grad and index > 0
         self.device, self.dtype = device, dtype
         self.module = nn.Sequential(*units)
         self.module.to(device)
@@ -170,6 +192,11 @@ class Stage:
         self.versions.current = value
 
     @property
+    def trains(self) -> bool:
+        """Whether the stage has a parameter to train (else it has no optimizer and takes no step)."""
+        return self.optim.trains
+
+    @property
     def is_first(self) -> bool:
         return self.index == 0
 
@@ -196,7 +223,7 @@ class Stage:
         """
         inputs = self._cast(inputs.to(self.device, non_blocking=True))
         if not self.is_first:
-            inputs = inputs.detach().requires_grad_(inputs.is_floating_point())
+            inputs = inputs.detach().requires_grad_(self.input_grad and inputs.is_floating_point())
         held = self.backward_weights == "forward"
         if held:
             with self.versions.recording():
@@ -214,22 +241,26 @@ class Stage:
             raise TypeError(f"stage {self.index} returned {type(out).__name__}; a pipeline stage passes on one tensor")
         if self.is_last:
             out = loss / self.window
-        self._inflight[mb] = _InFlight(inputs, out, self.updates, held)
+        # What needs no gradient has no backward: the stage need not hold it.
+        kept_in = inputs if inputs.requires_grad else None
+        self._inflight[mb] = _InFlight(kept_in, out if out.requires_grad else None, self.updates, held)
         return loss.detach() if self.is_last else out.detach()
 
     def backward(self, mb: int, grad: torch.Tensor | None = None, *, warmup: bool = False) -> torch.Tensor | None:
-        """Backward of micro-batch ``mb``; returns the input gradient.
+        """Backward of micro-batch ``mb``; returns what to send the previous stage (None on the first).
 
-        It reads the weights its forward used (``forward``) or the current ones (``current``).
+        That is the input gradient, or :data:`NO_GRADIENT` where none flows (module docstring). It
+        reads the weights its forward used (``forward``) or the current ones (``current``). Where the
+        output needs no gradient, or ``grad`` is :data:`NO_GRADIENT`, there is no backward to run.
 
         ``warmup=True`` discards the gradients and records nothing: a warm-up pass before the run
         leaves weights, optimizer state and counters exactly as they were.
         """
         rec = self._inflight.pop(mb)
         try:
-            if self.is_last:
+            if rec.outputs is not None and self.is_last:
                 rec.outputs.backward()
-            else:
+            elif rec.outputs is not None and carries_gradient(grad):
                 assert grad is not None
                 rec.outputs.backward(grad.to(self.device, dtype=rec.outputs.dtype, non_blocking=True))
         finally:
@@ -239,11 +270,15 @@ class Stage:
             self.optim.discard_grads()
         else:
             self.backwards += 1
-            drift = self.updates - rec.updates_at_forward
-            self.drift.add(drift, 0 if rec.held else drift)
-            read = rec.updates_at_forward if rec.held else self.updates
-            self.backward_log.append(BackwardRead(mb, rec.updates_at_forward, read, self.updates))
-        return None if self.is_first else rec.inputs.grad
+            if self.trains:  # a stage with nothing to train has nothing to drift
+                drift = self.updates - rec.updates_at_forward
+                self.drift.add(drift, 0 if rec.held else drift)
+                read = rec.updates_at_forward if rec.held else self.updates
+                self.backward_log.append(BackwardRead(mb, rec.updates_at_forward, read, self.updates))
+        if self.is_first:
+            return None
+        grad_in = rec.inputs.grad if rec.inputs is not None else None
+        return grad_in if grad_in is not None else NO_GRADIENT
 
     def gradients(self) -> list[torch.Tensor]:
         """This window's accumulated gradients, as the step will apply them (averaged in place under DP)."""
@@ -258,7 +293,10 @@ class Stage:
 
         Weights a micro-batch in flight or a pending evaluation still needs are copied first
         (:meth:`.WeightVersions.preserve`); ``lr_at=None`` leaves the LR to the caller's scheduler.
+        A stage with nothing to train takes no step: its weights keep their one version.
         """
+        if not self.trains:
+            return
         if self.lr_at is not None:
             self.optim.set_lr(self.lr_at(self.updates))
         self.versions.preserve()
@@ -287,7 +325,9 @@ class Stage:
             raise RuntimeError("a stage can only be checkpointed drained (no micro-batch in flight)")
         state = {
             "module": self.module.state_dict(),
-            "optimizer": self.optim.optimizer.state_dict(),
+            # every parameter's names, frozen and tied ones too: what the checkpoint tells from buffers
+            "param_names": [n for n, _ in self.module.named_parameters(remove_duplicate=False)],
+            "optimizer": self.optim.state_dict(),
             "updates": self.updates,
             "backwards": self.backwards,
             "drift": self.drift.state_dict(),
@@ -299,6 +339,8 @@ class Stage:
 
     def _optimizer_order(self) -> list[str]:
         """Parameter names in the optimizer's index order, so a checkpoint can be read per parameter."""
+        if self.optim.optimizer is None:
+            return []
         by_id = {id(m): n for n, m in zip(self.param_names, self.optim.masters, strict=True)}
         return [by_id[id(m)] for g in self.optim.optimizer.param_groups for m in g["params"]]
 
@@ -307,29 +349,37 @@ class Stage:
         """A resharded state: per parameter name its fp32 value and optimizer state (moments, step).
 
         The value goes into the fp32 master (bf16) and the parameter (rounded to its dtype), so a
-        stage cut differently from the one that wrote the checkpoint continues the same numbers.
+        stage cut differently from the one that wrote the checkpoint continues the same numbers. A
+        frozen parameter takes the value alone; one trained here but not in the checkpoint (frozen
+        there) starts with fresh optimizer state.
         """
-        entries, opt_state = state["params"], self.optim.optimizer.state
-        missing = sorted(set(self.param_names) - set(entries))
+        entries = state["params"]
+        names = [n for n, _ in self.module.named_parameters()]
+        missing = sorted(set(names) - set(entries))
         if missing:
             raise KeyError(f"stage {self.index}: the checkpoint has no parameters {missing}")
+        for name in set(names) - set(self.param_names):  # frozen here
+            self.module.get_parameter(name).data.copy_(entries[name]["value"].to(self.device))
+        opt_state = self.optim.optimizer.state if self.optim.optimizer is not None else {}
         for name, p, master in zip(self.param_names, self.params, self.optim.masters, strict=True):
             value = entries[name]["value"].to(self.device)
             master.copy_(value)
             if master is not p.data:
                 p.data.copy_(master)
-            opt_state[master] = {k: v.clone() if k == "step" else v.to(self.device).clone()
-                                 for k, v in entries[name]["state"].items()}  # fmt: skip
+            if entries[name]["state"]:
+                opt_state[master] = {k: v.clone() if k == "step" else v.to(self.device).clone()
+                                     for k, v in entries[name]["state"].items()}  # fmt: skip
         for name, buf in state.get("buffers", {}).items():
             self.module.get_buffer(name).copy_(buf)
 
     def load_state_dict(self, state: dict) -> None:
         if "params" in state:  # resharded (paci_tune.train.checkpoint.reshard)
             self._load_params(state)
-            self.updates, self.backwards = state["updates"], state["updates"] * self.window
+            self.updates = state["updates"] if self.trains else 0  # nothing to train: one version, ever
+            self.backwards = state["updates"] * self.window
             return
         self.module.load_state_dict(state["module"])
-        self.optim.optimizer.load_state_dict(state["optimizer"])
+        self.optim.load_state_dict(state["optimizer"])
         if self.optim.mixed:
             # A checkpoint without masters (fp32 parameters) holds the weights themselves in fp32.
             names = [n for n, p in zip(self.param_names, self.params, strict=True) if p.dtype in MASTER_DTYPES]
@@ -339,7 +389,8 @@ class Stage:
         self.drift.load_state_dict(state["drift"])
 
     def parameter_bytes(self) -> int:
-        """Bytes of the parameters the stage computes with (bf16 ones in bf16; the masters not counted)."""
+        """Bytes of the trainable parameters the stage computes with (bf16 ones in bf16; the masters not
+        counted): what one weight copy clones. Frozen parameters never change, so they are never copied."""
         return sum(p.numel() * p.element_size() for p in self.params)
 
     def copies_stats(self) -> dict:

@@ -3,20 +3,23 @@
 A stage's memory at its peak is the sum of
 
 - its weights: fp32 (``param_bytes``, 4 bytes per parameter by the profile's convention), or in a
-  bf16 profile bf16 weights (half of ``param_bytes``) *plus* their fp32 master copies
-  (``param_bytes``) that the optimizer steps (:mod:`paci_tune.pipeline.optim`),
-- their gradients, accumulated in fp32 in both precisions (``param_bytes``, kept between
-  backwards of a window),
-- the optimizer state, fp32 in both: AdamW keeps two moments per parameter (2x ``param_bytes``),
-  SGD with momentum one,
+  bf16 profile bf16 weights (half of ``param_bytes``) *plus* fp32 master copies of the trainable
+  ones (``trainable_bytes``) that the optimizer steps (:mod:`paci_tune.pipeline.optim`),
+- the trainable weights' gradients, accumulated in fp32 in both precisions (``trainable_bytes``,
+  kept between backwards of a window),
+- the optimizer state, fp32 in both: AdamW keeps two moments per trainable parameter
+  (2x ``trainable_bytes``), SGD with momentum one. Frozen parameters (``requires_grad=False``) have
+  no gradient, no master and no optimizer state; ``trainable_bytes`` is ``param_bytes`` in a
+  profile that does not give it (:mod:`.profile`),
 - the activations of every micro-batch in flight (forward done, backward pending): autograd's
   saved tensors of the stage's units (``saved_bytes``), plus the stage's output, which the stage
   holds until its backward (it is the root the backward starts from; the last stage holds only a
-  scalar loss),
+  scalar loss, and a stage with no trainable unit up to its last runs no backward and holds none),
 - a fixed overhead for allocator slack and the temporaries of the action in progress,
 - under PACI with ``pipeline.backward_weights: forward``, the copies of its weights that in-flight
-  micro-batches still need (``weight_copies``): each is one clone of the weights the stage
-  computes with (bf16 ones in a bf16 profile; the fp32 masters are never copied), and a stage holds
+  micro-batches still need (``weight_copies``): each is one clone of the trainable weights the
+  stage computes with (bf16 ones in a bf16 profile; the fp32 masters and frozen weights are never
+  copied), and a stage holds
   at most :func:`paci_tune.schedule.copies_bound` of them, ``ceil((k-1)/a)`` with ``k`` in flight
   (:mod:`paci_tune.pipeline.versions`). Flush schedules never step with a micro-batch in flight,
   the last stage holds one micro-batch at a time, and ``current`` copies nothing: 0 there. The
@@ -100,7 +103,8 @@ def inflight_bytes(profile: Profile, units: Sequence[int], microbatch_size: int,
     """Memory one in-flight micro-batch pins at a stage owning ``units`` (see the module docstring)."""
     costs = profile.at(microbatch_size)
     saved = sum(costs[i].saved_bytes for i in units)
-    return saved + (0 if last else costs[units[-1]].activation_bytes)
+    backward = profile.trains(range(units[-1] + 1))  # a unit up to this stage's last trains
+    return saved + (0 if last or not backward else costs[units[-1]].activation_bytes)
 
 
 def stage_memory(
@@ -123,13 +127,14 @@ def stage_memory(
     if optimizer not in OPTIMIZER_STATE_FACTOR:
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(OPTIMIZER_STATE_FACTOR)}")
     fp32 = sum(profile.units[i].param_bytes for i in units)
-    weights = fp32 * WEIGHT_BYTES[profile.dtype] // 4
+    trained = sum(profile.units[i].trained_bytes for i in units)  # fp32 bytes of the trainable ones
+    per_fp32 = WEIGHT_BYTES[profile.dtype]  # bytes of the compute dtype per 4 fp32 bytes
     return StageMemory(
-        params=weights,
-        grads=fp32,
-        optimizer_state=OPTIMIZER_STATE_FACTOR[optimizer] * fp32,
+        params=fp32 * per_fp32 // 4,
+        grads=trained,
+        optimizer_state=OPTIMIZER_STATE_FACTOR[optimizer] * trained,
         activations=inflight * inflight_bytes(profile, units, microbatch_size, last=last),
         overhead=overhead_bytes,
-        masters=0 if weights == fp32 else fp32,
-        weight_copies=copies * weights,
+        masters=0 if per_fp32 == 4 else trained,
+        weight_copies=copies * (trained * per_fp32 // 4),
     )

@@ -81,7 +81,7 @@ class PartitionModel:
         # ring_s(bytes, D) = per_byte * bytes + per_stage: split into a per-unit and a per-stage part
         self._reduce_stage = ring.ring_s(0, data_parallel) / window
         per_byte = (ring.ring_s(1.0, data_parallel) - ring.ring_s(0, data_parallel)) / window
-        per_unit = [c.forward_s + c.backward_s + u.optimizer_s / window + per_byte * u.param_bytes for c, u in units]
+        per_unit = [c.forward_s + c.backward_s + u.optimizer_s / window + per_byte * u.trained_bytes for c, u in units]
         self._prefix = [0.0]
         for t in per_unit:
             self._prefix.append(self._prefix[-1] + t)

@@ -17,6 +17,7 @@ Format (every time in seconds, every size in bytes)::
     units:                          # required: one entry per pipeline unit, in model order
       - name: embed                 # optional
         param_bytes: 131072         # 4 bytes per parameter of the unit, in either dtype (see below)
+        trainable_bytes: 131072     # optional: 4 bytes per trainable parameter (default: param_bytes)
         optimizer_s: 0.0002         # one optimizer step over the unit's parameters
         copy_s: 0.00002             # optional: one clone of the unit's weights in the compute dtype (below)
         microbatch:                 # per micro-batch size (sequences) measured
@@ -49,6 +50,11 @@ weights, gradients and optimizer state of ``param_bytes`` each (AdamW: two momen
 (fp32 master weights, :mod:`paci_tune.pipeline.optim`) bf16 weights of ``param_bytes / 2``, plus fp32
 masters, fp32 gradients and fp32 optimizer state as in fp32. ``activation_bytes`` and ``saved_bytes``
 are measured in the profile's ``dtype`` (bf16 activations in a bf16 profile, no weight copies).
+
+``trainable_bytes`` counts only the parameters that train (``requires_grad``): gradients, optimizer
+state, fp32 masters, weight copies and the all-reduce are sized by it (a frozen parameter has none).
+**Without it** (profiles written before it existed) every parameter trains. A frozen unit's
+``backward_s`` is its input gradient alone, 0 where nothing before it trains (no backward runs).
 
 ``copy_s`` is one clone of the unit's weights as a stage computes with them (bf16 in a bf16
 profile, the fp32 masters never), what PACI with ``pipeline.backward_weights: forward`` does at an
@@ -84,7 +90,7 @@ from ..errors import ConfigError
 
 FORMAT = "paci-tune-profile/1"
 _TOP_KEYS = ("format", "machine", "device", "torch", "dtype", "date", "threads", "seq_len", "units", "p2p", "allreduce")
-_UNIT_KEYS = ("name", "param_bytes", "optimizer_s", "copy_s", "microbatch")
+_UNIT_KEYS = ("name", "param_bytes", "trainable_bytes", "optimizer_s", "copy_s", "microbatch")
 _COST_KEYS = ("forward_s", "backward_s", "activation_bytes", "saved_bytes")
 _P2P_KEYS = ("latency_s", "bandwidth_Bps", "backend")
 
@@ -116,6 +122,12 @@ class UnitProfile:
     optimizer_s: float
     costs: dict[int, UnitCost]
     copy_s: float | None = None  # one clone of the weights (compute dtype); None: not measured, taken as 0
+    trainable_bytes: int | None = None  # 4 per trainable parameter; None: every parameter trains
+
+    @property
+    def trained_bytes(self) -> int:
+        """4 bytes per parameter that trains: ``trainable_bytes``, or ``param_bytes`` when not given."""
+        return self.param_bytes if self.trainable_bytes is None else self.trainable_bytes
 
     def at(self, microbatch_size: int) -> UnitCost:
         """Cost at ``microbatch_size``; interpolated or extrapolated when not measured (module docstring)."""
@@ -147,8 +159,10 @@ class UnitProfile:
         out: dict[str, Any] = {
             "name": str(self.name),
             "param_bytes": int(self.param_bytes),
-            "optimizer_s": float(self.optimizer_s),
         }
+        if self.trainable_bytes is not None:
+            out["trainable_bytes"] = int(self.trainable_bytes)
+        out["optimizer_s"] = float(self.optimizer_s)
         if self.copy_s is not None:
             out["copy_s"] = float(self.copy_s)
         out["microbatch"] = {int(b): c.to_dict() for b, c in sorted(self.costs.items())}
@@ -224,12 +238,20 @@ class Profile:
         return AllReduceCost(self.p2p.latency_s, self.p2p.bandwidth_Bps, f"{self.p2p.backend} (from p2p)")
 
     def gradient_bytes(self, units: Sequence[int]) -> int:
-        """Bytes a stage owning ``units`` all-reduces per step: its fp32 gradients (4 bytes per parameter).
+        """Bytes a stage owning ``units`` all-reduces per step: its fp32 gradients (4 bytes per trainable parameter).
 
         Gradients accumulate in fp32 in both precisions (bf16 stages keep fp32 masters and fp32
-        gradients, :mod:`paci_tune.sim.memory`), so this is ``param_bytes`` whatever ``dtype`` is.
+        gradients, :mod:`paci_tune.sim.memory`), so this is ``trainable_bytes`` whatever ``dtype`` is
+        (0 for a stage with nothing to train: it all-reduces nothing).
         """
-        return sum(self.units[i].param_bytes for i in units)
+        return sum(self.units[i].trained_bytes for i in units)
+
+    def trains(self, units: Sequence[int]) -> bool:
+        """Whether a unit among ``units`` has a parameter to train. In a profile where none does (costs
+        written by hand, ``param_bytes: 0``: no model that runs) every unit counts as training."""
+        if not any(u.trained_bytes for u in self.units):
+            return bool(units)
+        return any(self.units[i].trained_bytes > 0 for i in units)
 
     def weight_copy_s(self, units: Sequence[int]) -> float:
         """Seconds to clone the weights of a stage owning ``units`` once (0 for units without ``copy_s``)."""
@@ -412,9 +434,16 @@ def _unit(key: str, raw: Any, index: int) -> UnitProfile:
             _int(f"{ck}.activation_bytes", c["activation_bytes"]),
             _int(f"{ck}.saved_bytes", c["saved_bytes"]),
         )
+    param_bytes = _int(f"{key}.param_bytes", raw.get("param_bytes"))
+    trainable = raw.get("trainable_bytes")
+    if trainable is not None:
+        trainable = _int(f"{key}.trainable_bytes", trainable)
+        if trainable > param_bytes:
+            raise ConfigError(f"{key}.trainable_bytes", trainable, f"at most param_bytes ({param_bytes})")
     return UnitProfile(
         name=str(raw.get("name", f"unit{index}")),
-        param_bytes=_int(f"{key}.param_bytes", raw.get("param_bytes")),
+        param_bytes=param_bytes,
+        trainable_bytes=trainable,
         optimizer_s=_number(f"{key}.optimizer_s", raw.get("optimizer_s")),
         costs=costs,
         copy_s=None if raw.get("copy_s") is None else _number(f"{key}.copy_s", raw["copy_s"]),

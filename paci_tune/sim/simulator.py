@@ -34,6 +34,12 @@ mode. Such a step costs ``optimizer_s + copy_s`` (the profile's clone time of th
 (``copies_bound`` once the run reaches its steady state). Pending evaluations that hold a version
 are not modelled (the simulated lists have no evaluations).
 
+**Stages with nothing to train** (every unit's ``trainable_bytes`` 0: frozen or parameter-free
+units) take no step, all-reduce nothing, copy nothing and cross no update (drift and its bound 0);
+their backward costs what the profile measured, 0 where nothing before them trains
+(:mod:`.profile`), and where nothing before a cut trains the gradient sent back across it is empty
+(the link's latency alone).
+
 PACI never drains inside a segment, so a short simulation would be dominated by its fill and
 drain; it is simulated over at least ``4 * P`` global batches, and the steady-state step time
 (measured between optimizer steps in the middle of the run) is reported next to the average. May
@@ -257,12 +263,18 @@ def simulate(
     costs = profile.at(microbatch_size)
     fwd = [sum(costs[i].forward_s for i in r) for r in ranges]
     bwd = [sum(costs[i].backward_s for i in r) for r in ranges]
-    reduce = [profile.allreduce.ring_s(profile.gradient_bytes(r), data_parallel) for r in ranges]
+    trains = [profile.trains(r) for r in ranges]  # else: no step, nothing to reduce, copy or drift
+    reduce = [profile.allreduce.ring_s(profile.gradient_bytes(r), data_parallel) if t else 0.0
+              for r, t in zip(ranges, trains, strict=True)]  # fmt: skip
     opt = [sum(profile.units[i].optimizer_s for i in r) + ar for r, ar in zip(ranges, reduce, strict=True)]
     link = [profile.p2p.transfer_s(costs[r[-1]].activation_bytes) for r in ranges]
+    # Across the cut after stage s a real gradient goes back only if a unit up to s trains.
+    grad_link = [link[s] if profile.trains(range(r.stop)) else profile.p2p.transfer_s(0)
+                 for s, r in enumerate(ranges)]  # fmt: skip
     by_op = {Op.FORWARD: fwd, Op.BACKWARD: bwd, Op.STEP: opt}
     copy = [profile.weight_copy_s(r) for r in ranges]
-    kept = [weight_copy_steps(acts) if backward_weights == "forward" else (set(), 0) for acts in lists]
+    kept = [weight_copy_steps(acts) if backward_weights == "forward" and t else (set(), 0)
+            for acts, t in zip(lists, trains, strict=True)]  # fmt: skip
 
     def duration(s: int, act: Action) -> float:
         if act.op is Op.STEP and act.mb in kept[s][0]:
@@ -270,7 +282,7 @@ def simulate(
         return by_op[act.op][s]
 
     def latency(src: int, dst: int, act: Action) -> float:
-        return link[min(src, dst)]
+        return (grad_link if act.op is Op.BACKWARD else link)[min(src, dst)]
 
     timeline = replay(lists, duration, latency, sync_steps=window if sync_steps else None)
     span = timeline.makespan
@@ -280,7 +292,7 @@ def simulate(
 
     out: list[StageResult] = []
     for s, (st, r) in enumerate(zip(timeline.stages, ranges, strict=True)):
-        drift = drift_per_microbatch(lists[s])
+        drift = drift_per_microbatch(lists[s]) if trains[s] else {}
         peak = peak_inflight(lists[s])
         t1, t2 = windows[s]
         out.append(
@@ -304,7 +316,7 @@ def simulate(
                 ),
                 max_drift=max(drift.values(), default=0),
                 mean_drift=sum(drift.values()) / len(drift) if drift else 0.0,
-                drift_bound=drift_bound(s, stages, window) if schedule == "paci" else 0,
+                drift_bound=drift_bound(s, stages, window) if schedule == "paci" and trains[s] else 0,
                 drift_histogram=dict(Counter(drift.values())),
                 allreduce_s=reduce[s],
                 weight_copies_made=len(kept[s][0]),

@@ -88,10 +88,15 @@ def units_of(folder: Path) -> tuple[dict, dict[tuple[int, str], dict]]:
     """Meta and the checkpoint keyed by (model unit, name within the unit): value and optimizer state.
 
     Replica 0's stages are the state (replicas are identical after each step). The value is fp32:
-    the master weight of a bf16 parameter, else the parameter itself.
+    the master weight of a bf16 parameter, else the parameter itself. A frozen parameter (not in the
+    optimizer: ``opt_names``) has no optimizer state; a stage with nothing to train has an empty
+    ``opt_names``. ``param_names`` tells frozen parameters from buffers (checkpoints written before it
+    had no frozen parameters: every parameter was in the optimizer). ``meta["updates"]`` is the most
+    steps any stage took (a stage with nothing to train took none).
     """
     meta = json.loads((folder / "meta.json").read_text())
     units: dict[tuple[int, str], dict] = {}
+    meta["updates"] = 0
     for s, rng in enumerate(_ranges(meta["partition"])):
         st = torch.load(folder / f"stage_{s}.pt", map_location="cpu", weights_only=False)
         if "opt_names" not in st:
@@ -100,11 +105,14 @@ def units_of(folder: Path) -> tuple[dict, dict[tuple[int, str], dict]]:
         opt = st["optimizer"]["state"]
         masters = iter(st.get("masters") or [])
         param_set = set(names)
+        all_params = set(st.get("param_names", names))
         for key, tensor in st["module"].items():
             i, rest = key.split(".", 1)
             entry: dict = {"value": tensor}
             if key in param_set:
                 entry["state"] = opt.get(names.index(key), {})
+            elif key in all_params:
+                entry["state"] = {}  # frozen: a value, no optimizer state
             else:
                 entry["buffer"] = True
             units[(rng[int(i)], rest)] = entry
@@ -114,7 +122,7 @@ def units_of(folder: Path) -> tuple[dict, dict[tuple[int, str], dict]]:
         for e in units.values():
             if not e.get("buffer"):
                 e["value"] = e["value"].float()
-        meta["updates"] = st["updates"]  # every stage has taken the same number of steps
+        meta["updates"] = max(meta["updates"], st["updates"])  # every stage that trains took as many
     return meta, units
 
 

@@ -159,7 +159,7 @@ def plain_bf16_training(doc: dict[str, Any], device: str = "cpu") -> tuple[list[
     source = load_source(doc["data"], None)
     loaded = load_model(doc["model"], source.vocab_size, t["seed"])
     net = nn.Sequential(*(loaded.units[i] for i in range(loaded.n_units))).to(device=device, dtype=BF16)
-    params = list(net.parameters())
+    params = [p for p in net.parameters() if p.requires_grad]  # frozen ones are computed with, never stepped
     masters = [p.detach().float() for p in params]
     opt = torch.optim.AdamW(
         [
