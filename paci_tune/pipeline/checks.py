@@ -76,6 +76,11 @@ def _described(out: object) -> str:
     return f"a {type(out).__name__}"
 
 
+def _first_line(exc: Exception) -> str:
+    """An exception's message as one line (an error line is one line)."""
+    return next(iter(str(exc).splitlines()), "")
+
+
 def _wrap_hint(out: object) -> str:
     """How to make a unit that returned ``out`` return one tensor: a wrapper module's forward."""
     if isinstance(out, dict) and out:
@@ -106,8 +111,9 @@ def check_units(meta: LoadedModel, vocab_size: int, entry: str) -> None:
         try:
             h = unit(h)
         except Exception as exc:  # the user's model on a sample of its contract's input: say which unit
+            why = f"unit {i} ({name}) raised {type(exc).__name__}: {_first_line(exc)}"
             raise ConfigError(ENTRY, entry, f"units that run on token ids of shape (1, {t}) and on each other's "
-                              f"output: unit {i} ({name}) raised {type(exc).__name__}: {exc}") from None  # fmt: skip
+                              f"output: {why}") from None  # fmt: skip
         if not isinstance(h, torch.Tensor):
             raise ConfigError(ENTRY, entry, f"units that each return one tensor (a stage cut may fall after any "
                               f"unit): unit {i} ({name}) returns {_described(h)}; {_wrap_hint(h)}")  # fmt: skip
