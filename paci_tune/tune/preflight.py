@@ -9,8 +9,8 @@ trial does: the schema, the data it must draw from, the device and backend, and 
 against the model. A grid too large to walk is checked at its corners. The output paths are
 checked too, so nothing is measured or trained for a result that cannot be written. May import:
 :mod:`paci_tune.pipeline`, :mod:`paci_tune.data`, :mod:`paci_tune.model`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`,
-:mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's :mod:`.space`, :mod:`.search`,
-:mod:`.extra`.
+:mod:`paci_tune.train` (a checkpoint to start from), :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune
+layer's :mod:`.space`, :mod:`.search`, :mod:`.extra`, :mod:`.study`.
 """
 
 from __future__ import annotations
