@@ -130,14 +130,14 @@ def test_counted_skips_retried_failures_and_free_repeats() -> None:
 
 
 # ----------------------------------------------------------------------------- best.yaml
-def _study(schedule: str, results: list[tuple[int, float | None, float]]) -> optuna.Study:
-    """A study whose trials are (micro-batch size, time to target or None, score)."""
+def _study(schedule: str, results: list[tuple[int, float | None, float]], stages: int = 2) -> optuna.Study:
+    """A study whose trials are (micro-batch size, time to target or None, score), all at depth ``stages``."""
     study = optuna.create_study(study_name=f"t.{schedule}", direction="minimize")
-    dists = {"stages": CategoricalDistribution([2, 4]), "microbatch_size": CategoricalDistribution([4, 8, 16])}
+    dists = {"stages": CategoricalDistribution([1, 2, 4]), "microbatch_size": CategoricalDistribution([4, 8, 16])}
     for b, ttt, value in results:
         study.add_trial(create_trial(
-            state=TrialState.COMPLETE, value=value, params={"stages": 2, "microbatch_size": b}, distributions=dists,
-            user_attrs={"time_to_target": ttt, "best_val_loss": 1.0, "partition": [1, 1]},
+            state=TrialState.COMPLETE, value=value, params={"stages": stages, "microbatch_size": b},
+            distributions=dists, user_attrs={"time_to_target": ttt, "best_val_loss": 1.0, "partition": [1, 1]},
         ))  # fmt: skip
     study.add_trial(create_trial(state=TrialState.PRUNED, params={"stages": 4, "microbatch_size": 4},
                                  distributions=dists, intermediate_values={1: 0.1}))  # fmt: skip
@@ -179,6 +179,14 @@ def test_best_says_when_flush_wins_and_when_it_never_reached() -> None:
     assert never["speedup_vs_flush"] == pytest.approx(2.0) and "missed the target" in never["speedup_note"]
     close = _best({"paci": _study("paci", [(8, 4.0, 4.0)]), "1f1b": _study("1f1b", [(8, 5.0, 5.0)])})
     assert close["verdict"] == "tie" and close["paci_won"] is False  # within one validation interval
+    assert "single stage" not in (close["speedup_note"] or "")
+
+
+def test_best_says_when_pacis_best_is_a_single_stage() -> None:
+    """At P = 1 PACI has no pipeline and nothing stale: its win over flush is the flush study's miss."""
+    one = _best({"paci": _study("paci", [(8, 2.0, 2.0)], stages=1), "1f1b": _study("1f1b", [(8, 5.0, 5.0)])})
+    assert one["verdict"] == "paci"  # the verdict stands (it is what was measured); the note says what it means
+    assert "single stage (P=1" in one["speedup_note"] and "flush study did not find" in one["speedup_note"]
 
 
 def test_no_finished_trial_is_a_clear_error() -> None:

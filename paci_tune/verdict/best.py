@@ -257,6 +257,11 @@ def _comparison(
             notes.append(f"{who} missed the target on {missed[0]} of {missed[1]} runs: a miss scores the "
                          "not-reached penalty (budget x (1 + excess loss / target)), so a speedup against it is "
                          "a bound, not a measured ratio of times")  # fmt: skip
+    if paci is not None and paci[1].stages == 1:
+        notes.append(f"PACI's best is a single stage (P=1 x D={paci[1].data_parallel}): no pipeline and nothing "
+                     f"stale, so it trains flush's numbers at window {paci[1].window}; the comparison is between two "
+                     "flush-like points, and a gap means the flush study did not find that point, not that PACI's "
+                     "asynchrony won")  # fmt: skip
     out["speedup_note"] = "; ".join(notes) if notes else None
     return out
 
