@@ -14,15 +14,12 @@ tests: it is killed once the confirmation has started, resumed, and run once mor
 from __future__ import annotations
 
 import copy
-import functools
-import importlib.util
 import json
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import optuna
@@ -35,7 +32,7 @@ from helpers.cli import check_error, check_ok, cli_env, invoke_in, read_metrics,
 from helpers.configs import make_config, merge, write_config
 from helpers.oracles import plain_training
 from helpers.processes import kill_tree
-from helpers.searches import run, search_cmd, studies
+from helpers.searches import quick_search, run, search_cmd, studies
 from optuna.trial import TrialState
 
 from paci_tune.tune.record import StudyRecord
@@ -48,23 +45,13 @@ TRAINING_LINE = "warm start: training"
 """The start of the line a search logs when it trains the warm-up (and only then)."""
 
 
-@functools.cache
-def _bench() -> ModuleType:
-    """bench/search_seeds.py as a module: its QUICK search, QUICK_SPACE and QUICK_PROFILE."""
-    spec = importlib.util.spec_from_file_location("search_seeds", REPO / "bench" / "search_seeds.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def write_quick(folder: Path, warm: dict[str, Any] | None = None, *, relative: bool = False,
                 **sections: dict[str, Any]) -> Path:  # fmt: skip
     """QUICK as ``folder/model.yaml`` (its space and profile beside it, named by absolute paths unless
     ``relative``): a 0.6 s rst budget (a few steps a trial), an LR that warms up over half of a run (so a
     trial that warmed up again would show it), one trial per schedule confirmed on exactly seeds 1 and 2,
     and ``search.warm_start: warm``."""
-    q = _bench()
+    q = quick_search()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "space.yaml").write_text(yaml.safe_dump(q.QUICK_SPACE))
     (folder / "profile.yaml").write_text(yaml.safe_dump(q.QUICK_PROFILE))

@@ -36,6 +36,19 @@ SPACE = {"schedules": ["paci", "1f1b"], "stages": [2, 4], "microbatch_size": [2,
 
 
 @functools.cache
+def quick_search() -> Any:
+    """bench/search_seeds.py as a module: its QUICK search, QUICK_SPACE and QUICK_PROFILE (a tiny synthetic
+    model on a hand-written reference profile), read rather than copied."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("search_seeds", REPO / "bench" / "search_seeds.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
 def shared_profile() -> str:
     """SEARCH_DOC's model measured once per test process, at every micro-batch size the tests use.
 
