@@ -150,7 +150,7 @@ def test_two_workers_share_a_study_and_one_killed_on_another_host_is_found_by_it
         assert dirs == ran, f"each trial ran once: {seen}"
         workers |= {t.user_attrs["worker"]["host"] for t in study.trials}
     assert len(workers) == 2, "both workers ran trials"
-    folder = f"trial-{number:04d}"
+    folder = str(tmp_path / "work" / "trials" / f"{name}.{schedule}" / f"trial-{number:04d}")  # this test's only
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, folder)]
     assert not left, "the killed worker's trial process outlived it"
 
