@@ -251,6 +251,18 @@ def test_confirmation_ranks_by_the_mean_over_fresh_seeds_not_the_lucky_draw() ->
     assert best["provenance"]["trials"]["paci"]["confirmation"] == 6
 
 
+def test_an_interval_of_no_width_below_the_validation_spacing_is_a_tie() -> None:
+    """Every seed reached the target at the same validation (the warm-start check: [0.9606, 0.9606]): the
+    interval excludes 1, but the means differ by less than one validation interval (10 s / 5 = 2 s here),
+    the resolution of time to target, so the verdict is a tie; 2.5 s apart it stands."""
+    flush = _confirmed_study("1f1b", {8: {1: 3.0, 2: 3.0, 3: 3.0}})
+    close = _best_confirmed({"paci": _confirmed_study("paci", {8: {1: 3.5, 2: 3.5, 3: 3.5}}), "1f1b": flush})
+    _, high = close["paci_speedup_interval"]
+    assert high < 1.0 and close["verdict"] == "tie" and "less than one validation interval" in close["speedup_note"]
+    apart = _best_confirmed({"paci": _confirmed_study("paci", {8: {1: 5.5, 2: 5.5, 3: 5.5}}), "1f1b": flush})
+    assert apart["verdict"] == "flush"
+
+
 def test_an_interval_that_contains_one_is_a_tie() -> None:
     paci = _confirmed_study("paci", {8: {1: 3.0, 2: 7.0, 3: 5.0}})
     flush = _confirmed_study("1f1b", {8: {1: 4.0, 2: 6.0, 3: 5.5}})
