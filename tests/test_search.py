@@ -22,7 +22,7 @@ from helpers import REPO
 from helpers.broken import misbehaving_model
 from helpers.cli import check_ok, cli_env, read_metrics, summary_of
 from helpers.processes import kill_tree
-from helpers.searches import run, search_cmd, search_with_model, studies, write_search
+from helpers.searches import run, run_workers, search_cmd, search_with_model, studies, write_search
 from optuna.trial import TrialState
 
 from paci_tune.tune.study import counted
@@ -325,13 +325,7 @@ def test_two_workers_share_one_journal_file(tmp_path: Path) -> None:
     journal = tmp_path / "study.log"
     cmds = [search_cmd(config, tmp_path, "--storage", f"journal://{journal}", "--study-name", "shared",
                        "--out", str(tmp_path / f"best{i}.yaml")) for i in range(2)]  # fmt: skip
-    env = cli_env()
-    env.pop("OMP_NUM_THREADS", None)  # the workers split the cores between their trials themselves
-    procs = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for c in cmds]  # fmt: skip
-    outs = [p.communicate(timeout=400) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-2000:]
+    done = run_workers(cmds, timeout=400)
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
     workers = set()
     for s in ("paci", "1f1b"):
@@ -344,6 +338,6 @@ def test_two_workers_share_one_journal_file(tmp_path: Path) -> None:
         dirs = sorted(p.name for p in (tmp_path / "work" / "trials" / f"shared.{s}").iterdir())
         assert dirs == [f"trial-{t.number:04d}" for t in sorted(fresh, key=lambda t: t.number)], "each trial ran once"
         workers |= {t.user_attrs["worker"]["pid"] for t in st.trials}
-    assert workers == {p.pid for p in procs}, "both workers ran trials"
+    assert workers == {pid for pid, _, _ in done}, "both workers ran trials"
     b0, b1 = (yaml.safe_load((tmp_path / f"best{i}.yaml").read_text()) for i in range(2))
     assert b0["recommended"] == b1["recommended"]

@@ -32,7 +32,7 @@ from helpers.cli import check_error, check_ok, cli_env, invoke_in, read_metrics,
 from helpers.configs import make_config, merge, write_config
 from helpers.oracles import plain_training
 from helpers.processes import kill_tree
-from helpers.searches import quick_search, run, search_cmd, studies
+from helpers.searches import quick_search, run, run_workers, search_cmd, studies
 from optuna.trial import TrialState
 
 from paci_tune.tune.record import StudyRecord
@@ -382,13 +382,7 @@ def test_workers_on_one_journal_train_one_warm_up_and_start_every_trial_from_it(
     journal = tmp_path / "s.log"
     cmds = [search_cmd(config, tmp_path, "--storage", f"journal://{journal}", "--workdir", str(tmp_path / f"w{i}"),
                        "--out", str(tmp_path / f"best{i}.yaml")) for i in range(2)]  # fmt: skip
-    env = cli_env()
-    env.pop("OMP_NUM_THREADS", None)  # the workers split the cores between their trials themselves
-    procs = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for c in cmds]  # fmt: skip
-    outs = [p.communicate(timeout=500) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-3000:]
+    outs = [(out, err) for _, out, err in run_workers(cmds, timeout=500)]
     folder = tmp_path / "model-warm-start"  # beside the journal file
     assert sorted(tmp_path.rglob("warm.json")) == [folder / "warm.json"], "more than one warm-up"
     assert not [p for p in tmp_path.rglob("*warm-start*") if p != folder and folder not in p.parents]

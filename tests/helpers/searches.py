@@ -94,6 +94,19 @@ def run(cmd: list[str], timeout: float = 300, env: dict[str, str] | None = None)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env or cli_env())
 
 
+def run_workers(cmds: list[list[str]], timeout: float) -> list[tuple[int, str, str]]:
+    """Start every ``cmd`` at once (workers of one search), wait for all, and require each to succeed;
+    their (pid, stdout, stderr). OMP_NUM_THREADS is unset: the workers split the cores between their trials."""
+    env = cli_env()
+    env.pop("OMP_NUM_THREADS", None)
+    procs = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c in cmds]  # fmt: skip
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    return [(p.pid, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+
+
 def studies(storage: str, name: str = "model") -> dict[str, optuna.Study]:
     """The study of each schedule of a search named ``name``, read back from ``storage`` with Optuna."""
     return {s: optuna.load_study(study_name=f"{name}.{s}", storage=storage) for s in ("paci", "1f1b")}
