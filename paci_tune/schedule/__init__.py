@@ -26,10 +26,14 @@ from .partition import (
     stage_units,
 )
 from .program import Program, build, needs_snapshot, stage_actions
-from .replay import Placer, Timeline, drift_per_microbatch, peak_inflight, replay
+from .replay import Placer, Timeline, drift_per_microbatch, inflight_per_chunk, peak_inflight, replay
+from .synchronous import INTERLEAVED, SYNCHRONOUS, ZB_H1, sync_stage_actions, unsupported
 
 __all__ = [
+    "INTERLEAVED",
     "SCHEDULES",
+    "SYNCHRONOUS",
+    "ZB_H1",
     "Action",
     "Op",
     "Placer",
@@ -45,6 +49,7 @@ __all__ = [
     "drift_per_microbatch",
     "execution_order",
     "inflight_cap",
+    "inflight_per_chunk",
     "min_max_partition",
     "needs_snapshot",
     "peak_inflight",
@@ -54,4 +59,6 @@ __all__ = [
     "stage_units",
     "step_barrier",
     "sweep",
+    "sync_stage_actions",
+    "unsupported",
 ]

@@ -19,6 +19,12 @@ Schedules:
 - ``paci``: the same 1F1B steady state but the pipeline never flushes inside a segment: stage 0
   keeps injecting micro-batches of the next global batch, and each stage applies its optimizer
   after every ``a`` of its own backwards, with no coordination between stages.
+
+The synchronous schedules of :mod:`.synchronous` (interleaved 1F1B, ZB-H1) add two things an action
+can say: its model ``chunk`` (with ``v`` chunks per device, chunk ``c`` of stage ``s`` is virtual
+stage ``c * P + s`` of ``v * P`` in model order, Megatron's and torch's looped placement), and the
+``W`` op: the weight-gradient half of a backward whose ``B`` then computes only the input gradient.
+Every schedule of the runtimes has one chunk and no ``W``, and reads exactly as before.
 """
 
 from __future__ import annotations
@@ -33,21 +39,25 @@ SCHEDULES = ("paci", "1f1b", "gpipe")
 
 class Op(str, enum.Enum):
     FORWARD = "F"
-    BACKWARD = "B"
+    BACKWARD = "B"  # the whole backward, or only its input gradient where the list has W actions
     STEP = "S"
     EVAL = "E"  # score the model after STEP(mb) on the validation set (see :mod:`.program`)
+    WEIGHT = "W"  # the weight-gradient half of a split backward (zero-bubble schedules)
 
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    """One unit of work at one stage: forward or backward of micro-batch ``mb``, an optimizer step
-    closing global batch ``mb``, or an evaluation of the model after that step."""
+    """One unit of work at one stage: forward, backward (or its weight half ``W``) of micro-batch ``mb``
+    on model chunk ``chunk``, an optimizer step closing global batch ``mb``, or an evaluation of the
+    model after that step. ``repr``: ``F3``, and ``F3.1`` on chunk 1."""
 
     op: Op
     mb: int
+    chunk: int = 0
 
     def __repr__(self) -> str:
-        return f"{self.op.value}{self.mb}"
+        base = f"{self.op.value}{self.mb}"
+        return base if self.chunk == 0 else f"{base}.{self.chunk}"
 
 
 def inflight_cap(schedule: str, stage: int, stages: int, window: int, inflight: int | None = None) -> int:
@@ -86,18 +96,21 @@ def copies_bound(schedule: str, stage: int, stages: int, window: int, inflight: 
     return math.ceil((k - 1) / window)
 
 
-def dependency(action: Action, stage: int, stages: int) -> tuple[int, Action] | None:
-    """The action at a neighbouring stage that must finish before ``action`` can start.
+def dependency(action: Action, stage: int, stages: int, chunks: int = 1) -> tuple[int, Action] | None:
+    """The action at a neighbouring (virtual) stage that must finish before ``action`` can start.
 
-    A forward needs the previous stage's forward of the same micro-batch (its activation); a
-    backward needs the next stage's backward (its gradient); an evaluation needs the previous
-    stage's evaluation (its activations). Steps and the first/last stage's boundary actions depend
-    only on the stage's own order.
+    A forward needs the previous virtual stage's forward of the same micro-batch (its activation); a
+    backward needs the next virtual stage's backward (its gradient); an evaluation needs the previous
+    stage's evaluation (its activations). With ``chunks = v`` the virtual stage of chunk ``c`` at
+    stage ``s`` is ``c * P + s`` (module docstring), so the neighbour of the last stage's chunk ``c``
+    is the first stage's chunk ``c + 1``. Steps, weight gradients (after their own ``B``) and the
+    first/last virtual stage's boundary actions depend only on the stage's own order.
     """
-    if action.op in (Op.FORWARD, Op.EVAL) and stage > 0:
-        return stage - 1, action
-    if action.op is Op.BACKWARD and stage < stages - 1:
-        return stage + 1, action
+    j = action.chunk * stages + stage
+    if action.op in (Op.FORWARD, Op.EVAL) and j > 0:
+        return (j - 1) % stages, Action(action.op, action.mb, (j - 1) // stages)
+    if action.op is Op.BACKWARD and j < chunks * stages - 1:
+        return (j + 1) % stages, Action(action.op, action.mb, (j + 1) // stages)
     return None
 
 
@@ -106,6 +119,9 @@ def step_barrier(action: Action, stage: int, stages: int, window: int) -> list[t
 
     Flush schedules clip the *global* gradient norm like single-process training, so a stage can
     only step once all stages' gradients of the batch exist. PACI never synchronises its steps.
+    This names the barrier of the one-chunk schedules without ``W``; in general (interleaved, zero
+    bubble) STEP(k) waits until every other stage has done all it does before its own STEP(k),
+    which is how :func:`sweep` and :class:`~paci_tune.schedule.replay.Placer` apply it.
     """
     if action.op is not Op.STEP:
         return []
@@ -113,38 +129,45 @@ def step_barrier(action: Action, stage: int, stages: int, window: int) -> list[t
     return [(s, last) for s in range(stages) if s != stage]
 
 
-def execution_order(lists: list[list[Action]], sync_steps: int | None = None) -> list[tuple[int, Action]]:
+def execution_order(
+    lists: list[list[Action]], sync_steps: int | None = None, chunks: int = 1
+) -> list[tuple[int, Action]]:
     """A global order of all actions that respects every stage's order and every dependency.
 
     Any such order gives the same numerics; this one sweeps the stages round-robin and runs each as
     far as it can (:func:`sweep`), which keeps in-flight activations close to a real pipeline's.
-    ``sync_steps=a`` adds the :func:`step_barrier` dependencies of a window of ``a``. Raises
-    ``RuntimeError`` if the lists deadlock (a schedule bug, never a user error).
+    ``sync_steps`` (any true value) makes every STEP(k) wait until each other stage has done
+    everything before its own STEP(k): all of batch k's gradients exist (:func:`step_barrier`).
+    ``chunks``: model chunks per stage (:func:`dependency`). Raises ``RuntimeError`` if the lists
+    deadlock (a schedule bug, never a user error).
     """
-    return list(sweep([iter(x) for x in lists], sync_steps))
+    return list(sweep([iter(x) for x in lists], sync_steps, chunks))
 
 
-def sweep(programs: Sequence[Iterator[Action]], sync_steps: int | None = None) -> Iterator[tuple[int, Action]]:
+def sweep(
+    programs: Sequence[Iterator[Action]], sync_steps: int | None = None, chunks: int = 1
+) -> Iterator[tuple[int, Action]]:
     """:func:`execution_order` over stage programs that are generated as they run (one process).
 
     Yields ``(stage, action)``; the caller executes the action before asking for the next, and may
     shorten the programs in between (:meth:`paci_tune.schedule.program.Program.set_end`). Each
     stage's next action is drawn from its program only when the stage is about to try it. Progress is
-    kept as counters (each stage forwards, backwards, steps and evaluates in increasing order), so a
-    run of any length takes constant memory.
+    kept as counters (on each chunk, each stage forwards, backwards, steps and evaluates in increasing
+    order), so a run of any length takes constant memory. ``arrived[s]``: the last STEP stage ``s``
+    has reached, every action before it done (what a synchronised step waits for).
     """
     n = len(programs)
-    done = {op: [-1] * n for op in Op}
+    done = {(op, c): [-1] * n for op in Op for c in range(chunks)}
     held: list[Action | None] = [None] * n
     finished = [False] * n
+    arrived = [-1] * n
 
     def ready(s: int, act: Action) -> bool:
-        dep = dependency(act, s, n)
-        if dep is not None and done[dep[1].op][dep[0]] < act.mb:
+        dep = dependency(act, s, n, chunks)
+        if dep is not None and done[dep[1].op, dep[1].chunk][dep[0]] < act.mb:
             return False
         if sync_steps and act.op is Op.STEP:
-            last = act.mb * sync_steps + sync_steps - 1
-            return all(done[Op.BACKWARD][o] >= last for o in range(n) if o != s)
+            return all(arrived[o] >= act.mb for o in range(n) if o != s)
         return True
 
     while not all(finished):
@@ -152,17 +175,19 @@ def sweep(programs: Sequence[Iterator[Action]], sync_steps: int | None = None) -
         for s in range(n):
             while not finished[s]:
                 if held[s] is None:
-                    held[s] = next(programs[s], None)
-                    if held[s] is None:
+                    drawn = held[s] = next(programs[s], None)
+                    if drawn is None:
                         finished[s] = True
                         break
+                    if drawn.op is Op.STEP:
+                        arrived[s] = drawn.mb
                 act = held[s]
                 assert act is not None
                 if not ready(s, act):
                     break
                 held[s] = None
                 yield s, act
-                done[act.op][s] = act.mb
+                done[act.op, act.chunk][s] = act.mb
                 progressed = True
         if not progressed and not all(finished):
             stuck = {s: held[s] for s in range(n) if not finished[s]}

@@ -19,7 +19,9 @@ its end can be decided while it runs (a target reached, a wall-clock budget spen
   switch is safe at every stage; evaluations after ``k`` are dropped (the run's last evaluation is
   of the drained model, after the end).
 
-May import: :mod:`.actions` and the standard library (no torch).
+The synchronous schedules only the simulator runs (:mod:`.synchronous`) have no :class:`Program`:
+:func:`stage_actions` and :func:`build` give their segments. May import: :mod:`.actions`,
+:mod:`.synchronous` and the standard library (no torch).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import math
 from collections.abc import Callable, Iterator
 
 from .actions import SCHEDULES, Action, Op, inflight_cap
+from .synchronous import SYNCHRONOUS, sync_stage_actions
 
 EvalAt = Callable[[int], bool]
 """``eval_at(k)``: whether the model after the step closing global batch ``k`` is evaluated."""
@@ -183,12 +186,18 @@ def stage_actions(
     first_batch: int,
     n_batches: int,
     inflight: int | None = None,
+    chunks: int = 1,
 ) -> list[Action]:
     """Ordered actions of one stage for global batches ``first_batch .. first_batch+n_batches-1``.
 
     The list of a drained segment of the run (the runtimes drain at checkpoints and at the end);
     it is :class:`~paci_tune.schedule.program.Program`'s output for that segment, without evaluations.
+    A schedule of :mod:`.synchronous` (``chunks`` model chunks per stage) comes from there instead.
     """
+    if schedule in SYNCHRONOUS:
+        return sync_stage_actions(schedule, stage, stages, window, first_batch, n_batches, chunks)
+    if chunks != 1:
+        raise ValueError(f"{schedule} runs one chunk per stage, not {chunks}")
     return list(Program(schedule, stage, stages, window, first_batch, first_batch + n_batches - 1, inflight=inflight))
 
 
@@ -199,9 +208,11 @@ def build(
     first_batch: int,
     n_batches: int,
     inflight: int | None = None,
+    chunks: int = 1,
 ) -> list[list[Action]]:
-    """Every stage's action list for one segment of the run."""
-    return [stage_actions(schedule, s, stages, window, first_batch, n_batches, inflight) for s in range(stages)]
+    """Every stage's action list for one segment of the run (``chunks``: model chunks per stage)."""
+    return [stage_actions(schedule, s, stages, window, first_batch, n_batches, inflight, chunks)
+            for s in range(stages)]  # fmt: skip
 
 
 def needs_snapshot(actions: list[Action]) -> set[int]:

@@ -59,17 +59,22 @@ class Placer:
     The online form of :func:`replay`: the emulated runtime places each training action as it runs
     it, so a run of any length is timed in constant memory (finish times are dropped once the
     action that waits for them is placed). ``keep=True`` keeps every interval (for pictures and the
-    simulator's statistics). Evaluation actions are not training time and are never placed.
+    simulator's statistics). Evaluation actions are not training time and are never placed. With
+    ``sync_steps`` the order must be :func:`~.actions.sweep`'s (see ``_arrival`` below).
     """
 
     def __init__(self, stages: int, latency: Latency | None = None, sync_steps: int | None = None,
-                 keep: bool = False) -> None:  # fmt: skip
-        self.n, self.latency, self.sync_steps = stages, latency, sync_steps
+                 keep: bool = False, chunks: int = 1) -> None:  # fmt: skip
+        self.n, self.latency, self.sync_steps, self.chunks = stages, latency, sync_steps, chunks
         self.free = [0.0] * stages
         self.busy = [0.0] * stages
         self.per_stage = [StageTimes() for _ in range(stages)] if keep else None
-        self._finished: dict[tuple[int, Op, int], float] = {}
-        self._barrier_waiters: dict[int, int] = {}  # batch -> stages that have placed its synchronised step
+        self._finished: dict[tuple[int, Op, int, int], float] = {}
+        # A synchronised STEP(k) at stage s waits until every other stage has finished all it does
+        # before its own STEP(k). The caller's order is :func:`~.actions.sweep`'s, which holds STEP(k)
+        # back until every stage has reached it: a stage that has not placed its STEP(k) yet is
+        # then free at exactly that moment; one that has placed it left its arrival here.
+        self._arrival: dict[tuple[int, int], float] = {}  # (stage, batch) -> end of its last action before STEP
 
     @property
     def makespan(self) -> float:
@@ -79,22 +84,20 @@ class Placer:
         """Start and end of ``act`` at stage ``s``: when the stage is free and its input has arrived."""
         assert act.op is not Op.EVAL, "evaluation is not training time"
         start = self.free[s]
-        dep = dependency(act, s, self.n)
+        dep = dependency(act, s, self.n, self.chunks)
         if dep is not None:
-            key = (dep[0], dep[1].op, dep[1].mb)
-            arrive = self._finished.pop(key) if not self._kept_for_barrier(key) else self._finished[key]
+            arrive = self._finished.pop((dep[0], dep[1].op, dep[1].mb, dep[1].chunk))
             start = max(start, arrive + (self.latency(dep[0], s, act) if self.latency else 0.0))
         if self.sync_steps and act.op is Op.STEP:
-            last = act.mb * self.sync_steps + self.sync_steps - 1
-            start = max([start] + [self._finished[(o, Op.BACKWARD, last)] for o in range(self.n) if o != s])
-            seen = self._barrier_waiters[act.mb] = self._barrier_waiters.get(act.mb, 0) + 1
-            if seen == self.n:  # every stage has stepped: the barrier's finish times are no longer needed
-                del self._barrier_waiters[act.mb]
-                for o in range(self.n):
-                    self._finished.pop((o, Op.BACKWARD, last), None)
+            others = [self._arrival.get((o, act.mb), self.free[o]) for o in range(self.n) if o != s]
+            self._arrival[(s, act.mb)] = self.free[s]
+            start = max([start, *others])
+            if sum(1 for o in range(self.n) if (o, act.mb) in self._arrival) == self.n:
+                for o in range(self.n):  # every stage has stepped: the arrivals are no longer needed
+                    del self._arrival[(o, act.mb)]
         end = start + duration
         if self._consumed(s, act):
-            self._finished[(s, act.op, act.mb)] = end
+            self._finished[(s, act.op, act.mb, act.chunk)] = end
         self.free[s] = end
         self.busy[s] += end - start
         if self.per_stage is not None:
@@ -102,19 +105,13 @@ class Placer:
         return start, end
 
     def _consumed(self, s: int, act: Action) -> bool:
-        """Whether some later action waits for this one's finish time."""
+        """Whether an action at a neighbouring virtual stage waits for this one's finish time."""
+        j = act.chunk * self.n + s
         if act.op is Op.FORWARD:
-            return s < self.n - 1
+            return j < self.chunks * self.n - 1
         if act.op is Op.BACKWARD:
-            return s > 0 or self._is_barrier(act)
+            return j > 0
         return False
-
-    def _is_barrier(self, act: Action) -> bool:
-        return bool(self.sync_steps) and act.op is Op.BACKWARD and act.mb % self.sync_steps == self.sync_steps - 1
-
-    def _kept_for_barrier(self, key: tuple[int, Op, int]) -> bool:
-        a = self.sync_steps
-        return bool(a) and key[1] is Op.BACKWARD and key[2] % a == a - 1
 
 
 def replay(
@@ -122,15 +119,17 @@ def replay(
     duration: Duration,
     latency: Latency | None = None,
     sync_steps: int | None = None,
+    chunks: int = 1,
 ) -> Timeline:
     """Place every action of ``lists`` in time; see the module docstring.
 
-    ``sync_steps=a``: steps wait for every stage's backwards of their batch (global-norm clipping
-    in flush schedules, see :func:`~paci_tune.schedule.actions.step_barrier`). Evaluation actions
-    are skipped: they cost no training time.
+    ``sync_steps=a``: steps wait for every stage's gradients of their batch (global-norm clipping
+    in flush schedules, see :func:`~paci_tune.schedule.actions.step_barrier`). ``chunks``: model
+    chunks per stage (interleaved schedules). Evaluation actions are skipped: they cost no
+    training time.
     """
-    placer = Placer(len(lists), latency, sync_steps, keep=True)
-    for s, act in execution_order(lists, sync_steps):
+    placer = Placer(len(lists), latency, sync_steps, keep=True, chunks=chunks)
+    for s, act in execution_order(lists, sync_steps, chunks):
         if act.op is not Op.EVAL:
             placer.place(s, act, duration(s, act))
     assert placer.per_stage is not None
@@ -142,27 +141,48 @@ def drift_per_microbatch(actions: list[Action]) -> dict[int, int]:
 
     Drift depends only on the stage's local order, so it can be read off the action list; the
     runtimes measure it independently from the stage's update counter, and tests compare the two.
+    Read on chunk 0 (the schedules with several chunks are synchronous: no drift on any chunk).
     """
     steps = 0
     at_forward: dict[int, int] = {}
     out: dict[int, int] = {}
     for act in actions:
-        if act.op is Op.FORWARD:
+        if act.op is Op.STEP:
+            steps += 1
+        elif act.chunk:
+            continue
+        elif act.op is Op.FORWARD:
             at_forward[act.mb] = steps
         elif act.op is Op.BACKWARD:
             out[act.mb] = steps - at_forward.pop(act.mb)
-        else:
-            steps += 1
+    return out
+
+
+def releases_at(actions: Sequence[Action]) -> Op:
+    """The op after which a micro-batch's activations are freed on this list: its ``W`` where the
+    backward is split (the weight gradient still reads the layers' inputs), else its backward."""
+    return Op.WEIGHT if any(act.op is Op.WEIGHT for act in actions) else Op.BACKWARD
+
+
+def inflight_per_chunk(actions: Sequence[Action]) -> list[tuple[int, ...]]:
+    """Micro-batches in flight on each chunk after every forward, walking one stage's action list.
+
+    A micro-batch is in flight on a chunk from its forward until :func:`releases_at` (its ``W``
+    under a zero-bubble schedule). The memory model weighs each chunk's count by that chunk's
+    activation bytes and takes the largest sum; :func:`peak_inflight` is the plain count.
+    """
+    release = releases_at(actions)
+    live = [0] * (max((act.chunk for act in actions), default=0) + 1)
+    out: list[tuple[int, ...]] = []
+    for act in actions:
+        if act.op is Op.FORWARD:
+            live[act.chunk] += 1
+            out.append(tuple(live))
+        elif act.op is release:
+            live[act.chunk] -= 1
     return out
 
 
 def peak_inflight(actions: Sequence[Action]) -> int:
-    """Most micro-batches between forward and backward at once, walking one stage's action list."""
-    live = peak = 0
-    for act in actions:
-        if act.op is Op.FORWARD:
-            live += 1
-            peak = max(peak, live)
-        elif act.op is Op.BACKWARD:
-            live -= 1
-    return peak
+    """Most micro-batches in flight at once (all chunks together), walking one stage's action list."""
+    return max((sum(live) for live in inflight_per_chunk(actions)), default=0)
