@@ -1,7 +1,9 @@
 """A pipeline layout: how one run spreads its model over devices and its batch over micro-batches.
 
 A layout is (schedule, P stages, D data-parallel replicas, a micro-batches per window, b sequences
-per micro-batch, the in-flight cap, the stage cut). It is the one place that knows the two rules
+per micro-batch, the in-flight cap, the stage cut, v model chunks per stage). With ``v > 1``
+(interleaved 1F1B) the cut has ``v * P`` entries, the units of each chunk in model order; stage
+``s`` holds chunks ``s, s + P, ...``. It is the one place that knows the two rules
 every layer relies on, so no other module multiplies them out:
 
 - a global batch (sequences per optimizer step) is ``D * a * b``: each replica takes ``G / D``
@@ -45,7 +47,13 @@ class Layout:
     window: int = 1  # a: micro-batches per replica per optimizer step (0: not a whole number, a search point)
     microbatch_size: int = 1  # b
     inflight: int | None = None  # PACI's cap on micro-batches in flight per stage; None: the schedule's own
-    partition: tuple[int, ...] | None = None  # units per stage; None: not chosen yet ("auto")
+    partition: tuple[int, ...] | None = None  # units per stage (per chunk when chunks > 1); None: "auto"
+    chunks: int = 1  # v: model chunks per stage (interleaved 1F1B); 1 for every other schedule
+
+    @property
+    def virtual_stages(self) -> int:
+        """Pieces the model is cut into: v * P (P for every schedule but interleaved)."""
+        return self.stages * self.chunks
 
     @property
     def global_batch(self) -> int:
@@ -69,6 +77,7 @@ class Layout:
         microbatch_size: int | None = None,
         inflight: int | None = None,
         partition: tuple[int, ...] | None = None,
+        chunks: int = 1,
     ) -> Layout:
         """The layout of a fixed global batch: the window from the micro-batch size or the other way
         round (the window :data:`DEFAULT_WINDOW` when neither is given); a value that does not divide
@@ -86,7 +95,7 @@ class Layout:
         if per_replica % window:
             raise ConfigError("pipeline.window", window, f"a divisor of {where}: {_divisors(per_replica)}")
         b = per_replica // window if microbatch_size is None else microbatch_size
-        return cls(schedule, stages, d, window, b, inflight, partition)
+        return cls(schedule, stages, d, window, b, inflight, partition, chunks)
 
     @staticmethod
     def window_for(global_batch: int, data_parallel: int, microbatch_size: int) -> int:
@@ -110,6 +119,7 @@ class Layout:
             ("pipeline.window", self.window),
             ("pipeline.microbatch_size", self.microbatch_size),
             ("pipeline.data_parallel", self.data_parallel),
+            ("pipeline.chunks", self.chunks),
         ):
             _positive_int(key, value)
         if self.inflight is not None:
@@ -142,10 +152,13 @@ class Layout:
             out["pipeline.inflight"] = self.inflight
         if self.partition is not None:
             out["pipeline.partition"] = list(self.partition)
+        if self.chunks != 1:
+            out["pipeline.chunks"] = self.chunks
         return out
 
     def label(self) -> str:
-        """``paci P=4 D=2 a=8 b=4``: D only where it is not 1; ``a=-`` for a point with no whole window."""
+        """``paci P=4 D=2 a=8 b=4``: D (and v) only where not 1; ``a=-`` for a point with no whole window."""
         dp = f" D={self.data_parallel}" if self.data_parallel != 1 else ""
+        v = f" v={self.chunks}" if self.chunks != 1 else ""
         a = self.window if self.window else "-"
-        return f"{self.schedule} P={self.stages}{dp} a={a} b={self.microbatch_size}"
+        return f"{self.schedule} P={self.stages}{v}{dp} a={a} b={self.microbatch_size}"

@@ -8,9 +8,10 @@ runs cannot disagree about what a schedule is. Torch-free: measuring a profile i
 :mod:`paci_tune.base`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`, PyYAML and the standard library.
 """
 
+from .costs import UnitCost, UnitProfile
 from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, stage_copies, stage_memory
 from .partitioner import Partition, PartitionModel, partition
-from .profile import P2PCost, Profile, UnitCost, UnitProfile
+from .profile import P2PCost, Profile
 from .simulator import SimResult, StageResult, simulate
 
 __all__ = [

@@ -27,7 +27,19 @@ A stage's memory at its peak is the sum of
 
 The in-flight count is what the schedule allows (:func:`paci_tune.schedule.inflight_cap`):
 ``P - s`` at stage ``s`` for 1F1B and PACI, the whole window for GPipe. That is why 1F1B-style
-schedules need less memory than GPipe, and why the first stage is the most loaded.
+schedules need less memory than GPipe, and why the first stage is the most loaded. The
+synchronous schedules of :mod:`paci_tune.schedule.synchronous` are counted off their lists:
+
+- **ZB-H1** keeps a micro-batch's activations until its ``W`` (the weight gradient reads the layers'
+  inputs), and every stage holds up to ``min(P, m)`` of them: the most over stages equals 1F1B's
+  (its first stage's ``P``), while later stages hold more than under 1F1B. Counting the whole
+  activation until ``W`` is an upper bound: after ``B`` only the layers' inputs and output gradients
+  are needed.
+- **interleaved** holds, at stage ``s``, micro-batches on each of its ``v`` chunks; a chunk's
+  micro-batch pins that chunk's saved tensors and output (:func:`chunked_activations`, the largest
+  sum over the stage's list). The count at the peak is the warm-up plus one, ``(v-1) r + 2 (P-1-s)
+  + 1`` chunk activations (at most ``v m``), each about ``1/v`` of a stage's: with ``r = P`` stage 0
+  holds about ``(1 + 1/v)`` times 1F1B's ``P`` (Narayanan et al. state the same).
 
 The prediction is per device. With D data-parallel replicas each of the P x D devices holds one
 stage of one replica, fed micro-batches of ``b`` sequences (the global batch is D * a * b), so a
@@ -107,6 +119,21 @@ def inflight_bytes(profile: Profile, units: Sequence[int], microbatch_size: int,
     return saved + (0 if last or not backward else costs[units[-1]].activation_bytes)
 
 
+def chunked_activations(
+    profile: Profile, chunks: Sequence[Sequence[int]], microbatch_size: int, live: Sequence[Sequence[int]],
+    *, last: Sequence[bool],
+) -> int:  # fmt: skip
+    """Peak activation bytes of a stage holding ``chunks`` (each a list of units): the largest, over the
+    stage's list, of the sum over chunks of micro-batches in flight (``live``, one tuple per moment,
+    :func:`paci_tune.schedule.inflight_per_chunk`) times that chunk's :func:`inflight_bytes`;
+    ``last[c]``: chunk ``c`` is the model's last piece."""
+    per = [
+        inflight_bytes(profile, units, microbatch_size, last=is_last)
+        for units, is_last in zip(chunks, last, strict=True)
+    ]
+    return max((sum(n * b for n, b in zip(counts, per, strict=False)) for counts in live), default=0)
+
+
 def stage_memory(
     profile: Profile,
     units: Sequence[int],
@@ -117,10 +144,13 @@ def stage_memory(
     optimizer: str = "adamw",
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     copies: int = 0,
+    activations: int | None = None,
 ) -> StageMemory:
     """Predicted peak memory of a stage owning ``units`` with at most ``inflight`` micro-batches in flight.
 
     ``copies``: forward-mode weight copies the stage holds (:func:`stage_copies`; 0: none, as before).
+    ``activations``: the peak activation bytes when the stage holds several chunks
+    (:func:`chunked_activations`); ``None``: ``inflight`` times one micro-batch's.
     """
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
         raise ValueError(f"copies must be an integer >= 0, got {copies!r}")
@@ -133,7 +163,9 @@ def stage_memory(
         params=fp32 * per_fp32 // 4,
         grads=trained,
         optimizer_state=OPTIMIZER_STATE_FACTOR[optimizer] * trained,
-        activations=inflight * inflight_bytes(profile, units, microbatch_size, last=last),
+        activations=inflight * inflight_bytes(profile, units, microbatch_size, last=last)
+        if activations is None
+        else activations,
         overhead=overhead_bytes,
         masters=0 if per_fp32 == 4 else trained,
         weight_copies=copies * (trained * per_fp32 // 4),

@@ -21,7 +21,8 @@ Format (every time in seconds, every size in bytes)::
         optimizer_s: 0.0002         # one optimizer step over the unit's parameters
         copy_s: 0.00002             # optional: one clone of the unit's weights in the compute dtype (below)
         microbatch:                 # per micro-batch size (sequences) measured
-          8: {forward_s: 0.001, backward_s: 0.002, activation_bytes: 524288, saved_bytes: 8192}
+          8: {forward_s: 0.001, backward_s: 0.002, activation_bytes: 524288, saved_bytes: 8192,
+              backward_input_s: 0.0012, backward_weight_s: 0.001}   # optional, both or neither (below)
           16: {forward_s: 0.002, backward_s: 0.004, activation_bytes: 1048576, saved_bytes: 16384}
     p2p: {latency_s: 5.0e-05, bandwidth_Bps: 2.0e+09}   # one point-to-point send: latency + bytes / bandwidth
     allreduce: {latency_s: 1.0e-04, bandwidth_Bps: 1.0e+09, backend: gloo}   # optional: one ring step (below)
@@ -31,7 +32,11 @@ cross-entropy loss, as the real last stage computes it). ``activation_bytes`` is
 output -- what crosses a stage boundary cut after this unit (the gradient sent back has the same
 size). ``saved_bytes`` is what autograd keeps alive between the unit's forward and backward,
 excluding the parameters themselves: the activation memory of one in-flight micro-batch.
-``bandwidth_Bps: .inf`` with ``latency_s: 0`` makes transfers free.
+``bandwidth_Bps: .inf`` with ``latency_s: 0`` makes transfers free. ``backward_input_s`` and
+``backward_weight_s`` are the two halves of the backward a zero-bubble schedule runs apart (input
+gradient, weight gradient); **a profile without them** gets the derived split of
+:mod:`.costs` (``W = backward_s / 2`` for a fully trainable unit), and :attr:`Profile.split_measured`
+is false so reports can say so.
 
 ``allreduce`` is the gradient all-reduce among the D data-parallel replicas of a stage, in the ring
 model every common backend follows for large tensors: ``2 (D-1)`` steps, each sending ``bytes / D``
@@ -76,7 +81,6 @@ measured sizes and a fair guess a little beyond them. May import: PyYAML, :mod:`
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -87,86 +91,14 @@ import yaml
 
 from ..base.files import atomic_write_text, read_mapping
 from ..errors import ConfigError
+from .costs import UnitCost, UnitProfile
 
 FORMAT = "paci-tune-profile/1"
 _TOP_KEYS = ("format", "machine", "device", "torch", "dtype", "date", "threads", "seq_len", "units", "p2p", "allreduce")
 _UNIT_KEYS = ("name", "param_bytes", "trainable_bytes", "optimizer_s", "copy_s", "microbatch")
 _COST_KEYS = ("forward_s", "backward_s", "activation_bytes", "saved_bytes")
+_SPLIT_KEYS = ("backward_input_s", "backward_weight_s")
 _P2P_KEYS = ("latency_s", "bandwidth_Bps", "backend")
-
-
-@dataclass(frozen=True)
-class UnitCost:
-    """One unit's cost for one micro-batch of a given size."""
-
-    forward_s: float
-    backward_s: float
-    activation_bytes: int
-    saved_bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "forward_s": float(self.forward_s),
-            "backward_s": float(self.backward_s),
-            "activation_bytes": int(self.activation_bytes),
-            "saved_bytes": int(self.saved_bytes),
-        }
-
-
-@dataclass(frozen=True)
-class UnitProfile:
-    """A unit's measured costs at each measured micro-batch size, and its size-independent costs."""
-
-    name: str
-    param_bytes: int
-    optimizer_s: float
-    costs: dict[int, UnitCost]
-    copy_s: float | None = None  # one clone of the weights (compute dtype); None: not measured, taken as 0
-    trainable_bytes: int | None = None  # 4 per trainable parameter; None: every parameter trains
-
-    @property
-    def trained_bytes(self) -> int:
-        """4 bytes per parameter that trains: ``trainable_bytes``, or ``param_bytes`` when not given."""
-        return self.param_bytes if self.trainable_bytes is None else self.trainable_bytes
-
-    def at(self, microbatch_size: int) -> UnitCost:
-        """Cost at ``microbatch_size``; interpolated or extrapolated when not measured (module docstring)."""
-        if microbatch_size in self.costs:
-            return self.costs[microbatch_size]
-        sizes = sorted(self.costs)
-        if len(sizes) == 1:
-            (b0,) = sizes
-            f = microbatch_size / b0
-            c = self.costs[b0]
-            return UnitCost(c.forward_s * f, c.backward_s * f, round(c.activation_bytes * f), round(c.saved_bytes * f))
-        i = bisect.bisect_left(sizes, microbatch_size)
-        i = min(max(i, 1), len(sizes) - 1)  # the segment [i-1, i] containing the size, or the nearest end one
-        lo, hi = sizes[i - 1], sizes[i]
-        t = (microbatch_size - lo) / (hi - lo)
-        a, b = self.costs[lo], self.costs[hi]
-
-        def lerp(x: float, y: float) -> float:
-            return max(x + (y - x) * t, 0.0)
-
-        return UnitCost(
-            lerp(a.forward_s, b.forward_s),
-            lerp(a.backward_s, b.backward_s),
-            round(lerp(a.activation_bytes, b.activation_bytes)),
-            round(lerp(a.saved_bytes, b.saved_bytes)),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "name": str(self.name),
-            "param_bytes": int(self.param_bytes),
-        }
-        if self.trainable_bytes is not None:
-            out["trainable_bytes"] = int(self.trainable_bytes)
-        out["optimizer_s"] = float(self.optimizer_s)
-        if self.copy_s is not None:
-            out["copy_s"] = float(self.copy_s)
-        out["microbatch"] = {int(b): c.to_dict() for b, c in sorted(self.costs.items())}
-        return out
 
 
 @dataclass(frozen=True)
@@ -253,6 +185,19 @@ class Profile:
             return bool(units)
         return any(self.units[i].trained_bytes > 0 for i in units)
 
+    def backward_split(self, microbatch_size: int) -> list[tuple[float, float]]:
+        """Every unit's ``(B, W)`` seconds at ``microbatch_size``: measured, or derived (:mod:`.costs`)."""
+        out = []
+        for i, (u, c) in enumerate(zip(self.units, self.at(microbatch_size), strict=True)):
+            share = u.trained_bytes / u.param_bytes if u.param_bytes else float(self.trains([i]))
+            out.append(c.split(share))
+        return out
+
+    @property
+    def split_measured(self) -> bool:
+        """Whether every unit's backward split was measured at every size (else some of it is derived)."""
+        return all(c.split_measured for u in self.units for c in u.costs.values())
+
     def weight_copy_s(self, units: Sequence[int]) -> float:
         """Seconds to clone the weights of a stage owning ``units`` once (0 for units without ``copy_s``)."""
         return sum(self.units[i].copy_s or 0.0 for i in units)
@@ -289,10 +234,7 @@ class Profile:
                 u,
                 optimizer_s=u.optimizer_s * factor,
                 copy_s=None if u.copy_s is None else u.copy_s * factor,
-                costs={
-                    b: replace(c, forward_s=c.forward_s * factor, backward_s=c.backward_s * factor)
-                    for b, c in u.costs.items()
-                },
+                costs={b: c.scaled(factor) for b, c in u.costs.items()},
             )
             for u in self.units
         ]
@@ -424,15 +366,20 @@ def _unit(key: str, raw: Any, index: int) -> UnitProfile:
         if b < 1 or isinstance(b_raw, bool) or (isinstance(b_raw, float) and b != b_raw):
             raise ConfigError(f"{key}.microbatch", b_raw, "positive integer micro-batch sizes as keys")
         ck = f"{key}.microbatch.{b}"
-        _mapping(ck, c, _COST_KEYS)
+        _mapping(ck, c, _COST_KEYS + _SPLIT_KEYS)
         for k in _COST_KEYS:
             if k not in c:
                 raise ConfigError(f"{ck}.{k}", None, "a number >= 0 (every cost is required)")
+        split = [None if c.get(k) is None else _number(f"{ck}.{k}", c[k]) for k in _SPLIT_KEYS]
+        if (split[0] is None) != (split[1] is None):
+            k = _SPLIT_KEYS[split[0] is not None]
+            raise ConfigError(f"{ck}.{k}", None, "a number >= 0: the backward split is both halves or neither")
         costs[b] = UnitCost(
             _number(f"{ck}.forward_s", c["forward_s"]),
             _number(f"{ck}.backward_s", c["backward_s"]),
             _int(f"{ck}.activation_bytes", c["activation_bytes"]),
             _int(f"{ck}.saved_bytes", c["saved_bytes"]),
+            *split,
         )
     param_bytes = _int(f"{key}.param_bytes", raw.get("param_bytes"))
     trainable = raw.get("trainable_bytes")

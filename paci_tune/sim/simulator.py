@@ -40,6 +40,14 @@ their backward costs what the profile measured, 0 where nothing before them trai
 (:mod:`.profile`), and where nothing before a cut trains the gradient sent back across it is empty
 (the link's latency alone).
 
+**Interleaved 1F1B and ZB-H1** (:mod:`paci_tune.schedule.synchronous`) are timed from their own
+lists. Interleaved: the cut has ``v * P`` entries, chunk ``c`` of stage ``s`` is virtual stage
+``c * P + s`` with that piece's forward and backward; a hop between virtual stages costs the link
+after the sending piece (none between two chunks of one device, ``P = 1``). ZB-H1: a ``B`` costs the
+input-gradient half of the stage's backward and a ``W`` the weight-gradient half, measured or derived
+(:mod:`.costs`; ``backward_split`` in the JSON says which). Their memory is counted off the lists
+(:mod:`.memory`).
+
 PACI never drains inside a segment, so a short simulation would be dominated by its fill and
 drain; it is simulated over at least ``4 * P`` global batches, and the steady-state step time
 (measured between optimizer steps in the middle of the run) is reported next to the average. May
@@ -57,10 +65,26 @@ from typing import Any
 from ..config.layout import Layout
 from ..config.schema import BACKWARD_WEIGHTS
 from ..errors import ConfigError
-from ..schedule import SCHEDULES, Action, Op, build, check_partition, drift_bound, stage_units
+from ..schedule import (
+    INTERLEAVED,
+    SCHEDULES,
+    SYNCHRONOUS,
+    ZB_H1,
+    Action,
+    Op,
+    build,
+    check_partition,
+    drift_bound,
+    inflight_per_chunk,
+    stage_units,
+    unsupported,
+)
 from ..schedule.replay import StageTimes, Timeline, drift_per_microbatch, peak_inflight, replay
-from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, stage_memory
+from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, chunked_activations, stage_memory
 from .profile import Profile
+
+SIMULATED = SCHEDULES + SYNCHRONOUS
+"""Every schedule the simulator times: the runtimes' and the synchronous ones only it runs."""
 
 
 @dataclass
@@ -68,7 +92,7 @@ class StageResult:
     """One stage's share of a simulated run."""
 
     stage: int
-    units: range
+    units: range  # with several chunks: the first chunk's (``chunk_units`` has them all)
     busy_s: float
     idle_s: float
     bubble_fraction: float
@@ -83,6 +107,7 @@ class StageResult:
     weight_copies_made: int = 0  # forward mode: steps that cloned the weights (module docstring)
     weight_copies_peak: int = 0  # forward mode: most weight copies held at once
     copy_s: float = 0.0  # one clone of the stage's weights (the profile's ``copy_s``)
+    chunk_units: tuple[range, ...] = ()  # interleaved: the units of each chunk the stage holds
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -107,6 +132,7 @@ class StageResult:
             "weight_copies_made": self.weight_copies_made,
             "weight_copies_peak": self.weight_copies_peak,
             "copy_s": self.copy_s,
+            **({"chunk_units": [[r.start, r.stop] for r in self.chunk_units]} if len(self.chunk_units) > 1 else {}),
         }
 
 
@@ -125,6 +151,8 @@ class SimResult:
     per_stage: list[StageResult]
     timeline: Timeline = field(repr=False)
     backward_weights: str = "forward"
+    backward_split: str | None = None  # zb-h1: "measured" or "derived" (the profile's B/W split, :mod:`.costs`)
+    mean_costs: tuple[float, float, float] = (0.0, 0.0, 0.0)  # F, B, W of a stage, averaged over stages
 
     @property
     def allreduce_fraction(self) -> float:
@@ -145,9 +173,20 @@ class SimResult:
 
     @property
     def analytic_bubble_fraction(self) -> float:
-        """Textbook bubble with equal stages and free transfers: (P-1)/(m+P-1) when flushing, 0 for PACI."""
-        p, m = self.layout.stages, self.layout.window
-        return 0.0 if self.layout.schedule == "paci" else (p - 1) / (m + p - 1)
+        """Textbook bubble with equal stages and free transfers: (P-1)/(m+P-1) when flushing, 0 for PACI;
+        interleaved (P-1)/(v m + P-1); ZB-H1 (P-1)(F+B-W) / (m(F+B+W) + (P-1)(F+B-W)) on the stages' mean
+        F, B, W (Qi et al.; (P-1)/(3m+P-1) when they are equal)."""
+        lay = self.layout
+        p, m = lay.stages, lay.window
+        if lay.schedule == "paci":
+            return 0.0
+        if lay.schedule == INTERLEAVED:
+            return (p - 1) / (lay.chunks * m + p - 1)
+        if lay.schedule == ZB_H1:
+            f, b, w = self.mean_costs
+            idle = (p - 1) * max(f + b - w, 0.0)
+            return idle / (m * (f + b + w) + idle) if idle else 0.0
+        return (p - 1) / (m + p - 1)
 
     @property
     def max_drift(self) -> int:
@@ -162,6 +201,8 @@ class SimResult:
         return {
             "schedule": lay.schedule,
             "n_stages": lay.stages,  # the JSON's name for P since its first version (``stages`` is the per-stage list)
+            "chunks": lay.chunks,
+            "backward_split": self.backward_split,
             "data_parallel": lay.data_parallel,
             "backward_weights": self.backward_weights,
             "devices": lay.devices,
@@ -247,54 +288,78 @@ def simulate(
         raise ConfigError("pipeline.backward_weights", backward_weights, "one of: " + ", ".join(BACKWARD_WEIGHTS))
     schedule, stages, window = layout.schedule, layout.stages, layout.window
     microbatch_size, data_parallel, inflight = layout.microbatch_size, layout.data_parallel, layout.inflight
-    if schedule not in SCHEDULES:
-        raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
+    if schedule not in SIMULATED:
+        raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SIMULATED))
     layout.check()
+    chunks = layout.chunks
+    refused = unsupported(schedule, stages, window, chunks)
+    if refused is not None:
+        value = chunks if refused[0] == "chunks" else window
+        raise ConfigError(f"pipeline.{refused[0]}", value, refused[1])
     if isinstance(n_batches, bool) or not isinstance(n_batches, int) or n_batches < 1:
         raise ConfigError("batches", n_batches, "a positive integer")
     if layout.partition is None:
         raise ConfigError("pipeline.partition", None, "the stage cut to simulate (units per stage)")
-    sizes = check_partition(list(layout.partition), stages, profile.n_units)
+    if layout.virtual_stages > profile.n_units >= stages:
+        raise ConfigError("pipeline.chunks", chunks, f"at most {profile.n_units // stages}: "
+                          f"{stages} stages x chunks pieces of the model's {profile.n_units} units")  # fmt: skip
+    sizes = check_partition(list(layout.partition), layout.virtual_stages, profile.n_units)
     layout = layout.with_partition(sizes)
-    ranges = stage_units(sizes)
+    pieces = stage_units(sizes)  # per virtual stage (chunk c of stage s is piece c * P + s)
+    held = [[pieces[c * stages + s] for c in range(chunks)] for s in range(stages)]
+    ranges = [range(r[0].start, r[-1].stop) if chunks == 1 else r[0] for r in held]  # one chunk: the stage
+    units = [[i for r in rs for i in r] for rs in held]
     n = simulated_batches(schedule, stages, n_batches) if extend else n_batches
-    lists = build(schedule, stages, window, 0, n, inflight)
+    lists = build(schedule, stages, window, 0, n, inflight, chunks)
 
     costs = profile.at(microbatch_size)
-    fwd = [sum(costs[i].forward_s for i in r) for r in ranges]
-    bwd = [sum(costs[i].backward_s for i in r) for r in ranges]
-    trains = [profile.trains(r) for r in ranges]  # else: no step, nothing to reduce, copy or drift
-    reduce = [profile.allreduce.ring_s(profile.gradient_bytes(r), data_parallel) if t else 0.0
-              for r, t in zip(ranges, trains, strict=True)]  # fmt: skip
-    opt = [sum(profile.units[i].optimizer_s for i in r) + ar for r, ar in zip(ranges, reduce, strict=True)]
-    link = [profile.p2p.transfer_s(costs[r[-1]].activation_bytes) for r in ranges]
-    # Across the cut after stage s a real gradient goes back only if a unit up to s trains.
-    grad_link = [link[s] if profile.trains(range(r.stop)) else profile.p2p.transfer_s(0)
-                 for s, r in enumerate(ranges)]  # fmt: skip
-    by_op = {Op.FORWARD: fwd, Op.BACKWARD: bwd, Op.STEP: opt}
-    copy = [profile.weight_copy_s(r) for r in ranges]
-    kept = [weight_copy_steps(acts) if backward_weights == "forward" and t else (set(), 0)
+    split = profile.backward_split(microbatch_size)
+    fwd = [sum(costs[i].forward_s for i in r) for r in pieces]
+    bwd = [sum(costs[i].backward_s for i in r) for r in pieces]
+    if schedule == ZB_H1:  # B is the input gradient alone, W the weight gradient
+        bwd = [sum(split[i][0] for i in r) for r in pieces]
+    wgt = [sum(split[i][1] for i in r) for r in pieces]
+    trains = [profile.trains(u) for u in units]  # else: no step, nothing to reduce, copy or drift
+    reduce = [profile.allreduce.ring_s(profile.gradient_bytes(u), data_parallel) if t else 0.0
+              for u, t in zip(units, trains, strict=True)]  # fmt: skip
+    opt = [sum(profile.units[i].optimizer_s for i in u) + ar for u, ar in zip(units, reduce, strict=True)]
+    link = [profile.p2p.transfer_s(costs[r[-1]].activation_bytes) for r in pieces]
+    # Across the cut after piece j a real gradient goes back only if a unit up to j trains.
+    grad_link = [link[j] if profile.trains(range(r.stop)) else profile.p2p.transfer_s(0)
+                 for j, r in enumerate(pieces)]  # fmt: skip
+    per_piece = {Op.FORWARD: fwd, Op.BACKWARD: bwd, Op.WEIGHT: wgt}
+    copy = [profile.weight_copy_s(u) for u in units]
+    kept = [weight_copy_steps(acts) if backward_weights == "forward" and t and schedule == "paci" else (set(), 0)
             for acts, t in zip(lists, trains, strict=True)]  # fmt: skip
 
     def duration(s: int, act: Action) -> float:
-        if act.op is Op.STEP and act.mb in kept[s][0]:
-            return opt[s] + copy[s]
-        return by_op[act.op][s]
+        if act.op is Op.STEP:
+            return opt[s] + (copy[s] if act.mb in kept[s][0] else 0.0)
+        return per_piece[act.op][act.chunk * stages + s]
 
     def latency(src: int, dst: int, act: Action) -> float:
-        return (grad_link if act.op is Op.BACKWARD else link)[min(src, dst)]
+        if src == dst:
+            return 0.0  # two chunks of one device
+        j = act.chunk * stages + dst  # the receiving piece; the cut is after the piece that sends forward
+        return grad_link[j] if act.op is Op.BACKWARD else link[j - 1]
 
-    timeline = replay(lists, duration, latency, sync_steps=window if sync_steps else None)
+    timeline = replay(lists, duration, latency, sync_steps=window if sync_steps else None, chunks=chunks)
     span = timeline.makespan
     if span <= 0:
         raise ConfigError("profile", "all costs zero", "a profile with some positive forward or backward time")
     steady_step, windows = _steady_state(timeline, n)
 
     out: list[StageResult] = []
+    last_piece = layout.virtual_stages - 1
     for s, (st, r) in enumerate(zip(timeline.stages, ranges, strict=True)):
         drift = drift_per_microbatch(lists[s]) if trains[s] else {}
         peak = peak_inflight(lists[s])
         t1, t2 = windows[s]
+        activations = None
+        if chunks > 1:
+            activations = chunked_activations(profile, [list(x) for x in held[s]], microbatch_size,
+                                              inflight_per_chunk(lists[s]),
+                                              last=[c * stages + s == last_piece for c in range(chunks)])  # fmt: skip
         out.append(
             StageResult(
                 stage=s,
@@ -306,13 +371,14 @@ def simulate(
                 peak_inflight=peak,
                 memory=stage_memory(
                     profile,
-                    list(r),
+                    units[s],
                     microbatch_size,
                     peak,
                     last=s == stages - 1,
                     optimizer=optimizer,
                     overhead_bytes=overhead_bytes,
                     copies=kept[s][1],
+                    activations=activations,
                 ),
                 max_drift=max(drift.values(), default=0),
                 mean_drift=sum(drift.values()) / len(drift) if drift else 0.0,
@@ -322,6 +388,7 @@ def simulate(
                 weight_copies_made=len(kept[s][0]),
                 weight_copies_peak=kept[s][1],
                 copy_s=copy[s],
+                chunk_units=tuple(held[s]),
             )
         )
     return SimResult(
@@ -336,6 +403,8 @@ def simulate(
         per_stage=out,
         timeline=timeline,
         backward_weights=backward_weights,
+        backward_split=("measured" if profile.split_measured else "derived") if schedule == ZB_H1 else None,
+        mean_costs=(sum(fwd) / stages, sum(bwd) / stages, sum(wgt) / stages),
     )
 
 
