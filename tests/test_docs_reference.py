@@ -520,7 +520,8 @@ def test_evidence_keys_apply_checks_and_reads(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- profile.yaml
 
-COST = {"forward_s": 0.001, "backward_s": 0.002, "activation_bytes": 64, "saved_bytes": 128}
+COST = {"forward_s": 0.001, "backward_s": 0.002, "activation_bytes": 64, "saved_bytes": 128,
+        "backward_input_s": 0.0012, "backward_weight_s": 0.001}  # fmt: skip
 LINK = {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e9, "backend": "hand"}
 UNIT = {"name": "embed", "param_bytes": 1024, "trainable_bytes": 512, "optimizer_s": 0.0001, "copy_s": 0.00001,
         "microbatch": {4: COST}}

@@ -17,12 +17,17 @@ from __future__ import annotations
 import json
 
 import pytest
+from click.testing import CliRunner
+from helpers.configs import sim_config, write_config
 from helpers.profiles import FREE, make_profile, unit
 
+from paci_tune.cli import main
 from paci_tune.config.layout import Layout
 from paci_tune.errors import ConfigError
+from paci_tune.schedule import Op
 from paci_tune.sim import Profile, simulate
 from paci_tune.sim.costs import derived_split
+from paci_tune.sim.plot import COLOURS, plot_timelines
 
 
 def layout(schedule: str, stages: int, m: int, chunks: int = 1, n_units: int | None = None) -> Layout:
@@ -175,15 +180,49 @@ def test_a_measured_split_round_trips_interpolates_and_scales(tmp_path) -> None:
     assert "backward_input_s" not in old.dumps()  # a profile without a split is written without one
 
 
-@pytest.mark.parametrize("given", ["backward_input_s", "backward_weight_s"])
-def test_half_a_split_is_refused_naming_the_missing_key(given: str) -> None:
+@pytest.mark.parametrize(("given", "expected"), [("backward_input_s", (1.5, 0.5)), ("backward_weight_s", (0.5, 1.5))])
+def test_half_a_split_takes_the_rest_of_the_backward(given: str, expected: tuple[float, float]) -> None:
     u = unit(1.0, 2.0)
-    u["microbatch"][1][given] = 1.0
-    missing = ({"backward_input_s", "backward_weight_s"} - {given}).pop()
+    u["microbatch"][1][given] = 1.5
+    prof = Profile.from_dict({"seq_len": 16, "units": [u], "p2p": FREE})
+    assert prof.split_measured and prof.backward_split(1) == [expected]
+    u["microbatch"][1][given] = -1.0
     with pytest.raises(ConfigError) as e:
         Profile.from_dict({"seq_len": 16, "units": [u], "p2p": FREE})
-    assert e.value.key == f"profile.units[0].microbatch.1.{missing}"
-    u["microbatch"][1] = {**u["microbatch"][1], missing: -1.0}
-    with pytest.raises(ConfigError) as e:
-        Profile.from_dict({"seq_len": 16, "units": [u], "p2p": FREE})
-    assert e.value.key == f"profile.units[0].microbatch.1.{missing}"
+    assert e.value.key == f"profile.units[0].microbatch.1.{given}"
+
+
+# ------------------------------------------------------------------------------ picture and command
+
+
+def test_timeline_draws_w_boxes_and_chunks(tmp_path) -> None:
+    prof = make_profile([unit(1.0, 2.0) for _ in range(4)])
+    results = [simulate(layout(s, 2, 4, v, 4), prof, 2, extend=False) for s, v in (("zb-h1", 1), ("interleaved", 2))]
+    path = plot_timelines(results, tmp_path / "t.svg")
+    svg = path.read_text()
+    assert "weight gradient W" in svg and "interleaved (v=2)" in svg
+    assert COLOURS[Op.WEIGHT][0].lower() in svg.lower()  # the W boxes have their own colour
+    assert ">3.1<" in svg or "3.1" in svg  # chunk 1's micro-batch 3 is labelled with its chunk
+
+
+def test_simulate_command_compares_the_new_schedules(tmp_path) -> None:
+    cfg = write_config(tmp_path, sim_config())
+    prof = tmp_path / "hand.yaml"
+    make_profile([unit(1e-3, 2e-3, mb=2) for _ in range(4)]).save(prof)
+    base = ["simulate", str(cfg), "--profile", str(prof), "--stages", "2", "--window", "4", "--json"]
+    res = CliRunner().invoke(main, [*base, "--schedule", "1f1b", "--schedule", "zb-h1", "--schedule", "interleaved"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert list(doc["schedules"]) == ["1f1b", "zb-h1", "interleaved"]
+    got = {n: r["bubble_fraction"] for n, r in doc["schedules"].items()}
+    assert got == pytest.approx({"1f1b": 1 / 5, "zb-h1": 1 / 13, "interleaved": 1 / 9})
+    assert doc["schedules"]["interleaved"]["partition"] == [1, 1, 1, 1]
+    assert doc["schedules"]["zb-h1"]["backward_split"] == "derived"
+    out = tmp_path / "t.png"
+    res = CliRunner().invoke(main, [*base[:-1], "--schedule", "zb-h1", "--timeline", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.is_file() and "derived" in res.stdout
+    # a layout interleaved cannot run: refused naming the key, the value and what is allowed
+    res = CliRunner().invoke(main, [*base, "--schedule", "interleaved", "--chunks", "3"])
+    assert res.exit_code == 2 and "--chunks" in res.stderr and "3" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

@@ -3,7 +3,10 @@
 The profile is the one given, or this machine's, measured once and cached
 (:func:`.cache.measured_profile`). Each schedule gets its own cut (the memory-aware partitioner,
 within ``memory_bytes`` per device when given); a schedule whose stages fit no cut is reported as
-not fitting rather than failing the others, unless it is the only one asked for. The command line
+not fitting rather than failing the others, unless it is the only one asked for. Interleaved 1F1B
+cuts the model into ``v * P`` pieces balanced on the profile's times (the memory-aware partitioner
+cuts ``P`` stages) and does not fit when that cut's predicted peak exceeds ``memory_bytes``; ZB-H1
+is cut like the others, with its own in-flight count. The command line
 only checks its options and renders a :class:`Prediction`. The simulator and the measuring are
 looked up when called, not bound at import. May import: :mod:`paci_tune.sim`,
 :mod:`paci_tune.pipeline`, :mod:`paci_tune.model`, :mod:`paci_tune.data`, :mod:`paci_tune.schedule`,
@@ -25,7 +28,7 @@ from ..model import load_model
 from ..pipeline.checks import check_model_and_data
 from ..pipeline.factory import unit_costs
 from ..pipeline.planning import check_profile, plan_partition
-from ..schedule import SCHEDULES, check_depth
+from ..schedule import INTERLEAVED, SCHEDULES, balanced_partition, check_depth
 from ..sim import simulator
 from ..sim.plot import plot_timelines
 from ..sim.profile import Profile
@@ -47,9 +50,10 @@ class Prediction:
     def draw_timelines(self, path: str) -> str:
         """The first global batches of each schedule, one above the other, drawn to ``path``."""
         bw = self.config.pipeline.backward_weights
+        order = ("1f1b", "gpipe", "paci", *(n for n in self.results if n not in SCHEDULES))
         short = [
             simulator.simulate(self.results[n].layout, self.profile, 2, extend=False, backward_weights=bw)
-            for n in ("1f1b", "gpipe", "paci")
+            for n in order
             if n in self.results
         ]
         return str(plot_timelines(short, path))
@@ -97,8 +101,9 @@ def predict_schedules(
     memory_bytes: float | None = None,
     threads: int | None = None,
     log: Callable[[str], None] | None = None,
+    chunks: int = 2,
 ) -> Prediction:
-    """Simulate ``cfg``'s pipeline under each of ``schedules`` (module docstring)."""
+    """Simulate ``cfg``'s pipeline under each of ``schedules`` (module docstring); ``chunks``: v of interleaved."""
     check_model_and_data(cfg, built_here=profile_path is None)  # without a profile it is measured here
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     meta = load_model(cfg.model, source.vocab_size, cfg.training.seed, indices=[])
@@ -116,6 +121,14 @@ def predict_schedules(
     results: dict[str, SimResult] = {}
     errors: dict[str, str] = {}
     for name in schedules:
+        if name == INTERLEAVED:
+            try:
+                results[name] = _interleaved(cfg, profile, batches, chunks, memory_bytes)
+            except ConfigError as e:
+                if len(schedules) == 1:
+                    raise
+                errors[name] = f"{e.key}: {e.allowed}"
+            continue
         try:
             sizes = plan_partition(cfg, costs, profile, schedule=name, memory_bytes=memory_bytes)
         except ConfigError as e:
@@ -129,3 +142,21 @@ def predict_schedules(
     if not results:
         raise ConfigError("pipeline.stages", p.stages, "; ".join(f"{n}: {msg}" for n, msg in errors.items()))
     return Prediction(cfg, profile, where, cached, results, errors, memory_bytes)
+
+
+def _interleaved(cfg: RunConfig, profile: Profile, batches: int, chunks: int, memory_bytes: float | None) -> SimResult:
+    """Interleaved 1F1B with ``chunks`` per stage on a cut of ``v * P`` pieces balanced on the profile's
+    F + B (module docstring); refused when the layout cannot run it or its peak exceeds ``memory_bytes``."""
+    p = cfg.pipeline
+    layout = dataclasses.replace(p.layout, schedule=INTERLEAVED, chunks=chunks, partition=None)
+    pieces = layout.virtual_stages
+    if not isinstance(chunks, int) or chunks < 1 or pieces > profile.n_units:
+        raise ConfigError("--chunks", chunks, f"1..{profile.n_units // p.stages}: {p.stages} stages x chunks "
+                          f"pieces of the model's {profile.n_units} units")  # fmt: skip
+    per_unit = [c.forward_s + c.backward_s for c in profile.at(layout.microbatch_size)]
+    layout = layout.with_partition(balanced_partition(per_unit, pieces))
+    res = simulator.simulate(layout, profile, batches, optimizer=cfg.optimizer.name)
+    if memory_bytes is not None and res.peak_memory_bytes > memory_bytes:
+        need = res.peak_memory_bytes / 2**20
+        raise ConfigError("pipeline.stages", p.stages, f"interleaved (v={chunks}) needs {need:.0f} MiB per device")
+    return res

@@ -137,11 +137,15 @@ def calibrate(
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option(
     "--schedule",
-    type=click.Choice(["paci", "1f1b", "gpipe", "all"]),
-    default="all",
+    "schedules",
+    type=click.Choice(["paci", "1f1b", "gpipe", "interleaved", "zb-h1", "all"]),
+    multiple=True,
+    default=("all",),
     show_default=True,
-    help="Schedule(s) to simulate.",
+    help="Schedule to simulate; repeat for several. all: paci, 1f1b and gpipe. interleaved and zb-h1 "
+    "(interleaved 1F1B, zero-bubble H1) have 1F1B-flush's numerics and are timed by the simulator only.",
 )
+@click.option("--chunks", type=int, default=2, show_default=True, help="Model chunks per stage of interleaved (v).")
 @some_run_options("--stages", "--window", "--microbatch-size", "--data-parallel")  # the pipeline's shape
 @click.option(
     "--profile",
@@ -157,7 +161,8 @@ def calibrate(
 @_threads_option
 def simulate(
     config: str,
-    schedule: str,
+    schedules: tuple[str, ...],
+    chunks: int,
     profile_path: str | None,
     timeline: str | None,
     as_json: bool,
@@ -184,6 +189,8 @@ def simulate(
 
     if batches < 1:
         raise ConfigError("--batches", batches, "a positive integer")
+    if chunks < 2:
+        raise ConfigError("--chunks", chunks, "an integer >= 2 (model chunks per stage of interleaved)")
     if memory_gib is not None and not (memory_gib > 0 and math.isfinite(memory_gib)):
         raise ConfigError("--memory-gib", memory_gib, "a positive number of GiB")
     if timeline is not None and not timeline.lower().endswith((".png", ".svg")):
@@ -197,7 +204,8 @@ def simulate(
     memory_bytes = None if memory_gib is None else memory_gib * GIB
     prediction = predict_schedules(
         cfg,
-        schedules=list(SCHEDULES) if schedule == "all" else [schedule],
+        schedules=list(dict.fromkeys(n for x in schedules for n in (SCHEDULES if x == "all" else [x]))),
+        chunks=chunks,
         profile_path=profile_path,
         batches=batches,
         memory_bytes=memory_bytes,
@@ -258,6 +266,11 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
         notes.append(f"paci/1f1b throughput {doc['paci_vs_1f1b_throughput']:.3f} (analytic {(m + pp - 1) / m:.3f})")
     if "paci" in results and doc["backward_weights"] == "forward":
         notes.append("paci: backward_weights forward (weight copies in memory and step time)")
+    for name, r in results.items():
+        if name not in ("paci", "1f1b", "gpipe"):
+            notes.append(f"{name}: analytic bubble {r.analytic_bubble_fraction:.1%}")
+    if "zb-h1" in results and results["zb-h1"].backward_split == "derived":
+        notes.append("zb-h1: the profile has no B/W split, derived as W = backward/2 (trainable units)")
     notes.append(f"profile {prof['path']}")
     table.caption = " · ".join(notes)
     Console(width=max(Console().width, 110)).print(table)

@@ -65,10 +65,13 @@ def inflight_cap(schedule: str, stage: int, stages: int, window: int, inflight: 
 
     1F1B-style schedules keep ``P - s`` in flight at stage ``s`` (what the last stage needs to never
     wait in steady state); ``inflight`` caps that further to trade bubble for activation memory.
-    GPipe holds the whole global batch.
+    GPipe holds the whole global batch. ZB-H1 (:mod:`.synchronous`) keeps each micro-batch until its
+    ``W``: ``min(P, m)`` at every stage, 1F1B's first stage's count.
     """
     if schedule == "gpipe":
         return window
+    if schedule == "zb-h1":
+        return max(min(stages, window), 1)
     cap = stages - stage
     if inflight is not None:
         cap = min(cap, inflight)

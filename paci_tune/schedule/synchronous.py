@@ -42,17 +42,16 @@ def rounds(window: int, stages: int) -> int:
     return max(1, window // stages)
 
 
-def unsupported(schedule: str, stages: int, window: int, chunks: int) -> str | None:
-    """Why ``schedule`` cannot run ``window`` micro-batches on ``stages`` stages of ``chunks`` chunks (None: it can)."""
-    if schedule == ZB_H1:
-        return None if chunks == 1 else "zb-h1 runs one chunk per stage (pipeline.chunks: 1)"
+def unsupported(schedule: str, stages: int, window: int, chunks: int) -> tuple[str, str] | None:
+    """Why ``schedule`` cannot run ``window`` micro-batches on ``stages`` stages of ``chunks`` chunks:
+    ``(setting, reason)`` with the setting at fault (``chunks`` or ``window``), or None when it can."""
     if schedule != INTERLEAVED:
-        return None if chunks == 1 else f"{schedule} runs one chunk per stage (pipeline.chunks: 1)"
+        return None if chunks == 1 else ("chunks", f"{schedule} runs one chunk per stage (chunks: 1)")
     if chunks < 2:
-        return "interleaved needs 2 or more chunks per stage (with 1 it is 1f1b)"
+        return "chunks", "interleaved needs 2 or more chunks per stage (with 1 it is 1f1b)"
     n = rounds(window, stages)
     if window % n:
-        return (
+        return "window", (
             f"interleaved runs micro-batches in rounds: {window} micro-batches on {stages} stages make "
             f"{n} rounds, which must divide {window} (e.g. a window that is a multiple of {stages})"
         )
@@ -123,9 +122,9 @@ def sync_stage_actions(
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {SYNCHRONOUS}")
     if not 0 <= stage < stages:
         raise ValueError(f"stage {stage} out of range for {stages} stages")
-    reason = unsupported(schedule, stages, window, chunks)
-    if reason is not None:
-        raise ValueError(reason)
+    refused = unsupported(schedule, stages, window, chunks)
+    if refused is not None:
+        raise ValueError(refused[1])
     out: list[Action] = []
     for k in range(first_batch, first_batch + n_batches):
         out += _BUILDERS[schedule](stage, stages, window, chunks, k * window)

@@ -30,7 +30,7 @@ from typing import Any
 from ..config.layout import Layout
 from ..config.schema import BACKWARD_WEIGHTS
 from ..errors import ConfigError
-from ..schedule import SCHEDULES, inflight_cap, min_max_partition
+from ..schedule import SCHEDULES, ZB_H1, inflight_cap, min_max_partition
 from .memory import DEFAULT_OVERHEAD_BYTES, GIB, stage_copies, stage_memory
 from .profile import Profile
 
@@ -68,8 +68,8 @@ class PartitionModel:
         microbatch_size, inflight, data_parallel = layout.microbatch_size, layout.inflight, layout.data_parallel
         if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= n:
             raise ConfigError("pipeline.stages", stages, f"1..{n} (the model has {n} pipeline units)")
-        if schedule not in SCHEDULES:
-            raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SCHEDULES))
+        if schedule not in (*SCHEDULES, ZB_H1):  # interleaved cuts v*P pieces: not this partitioner's
+            raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join((*SCHEDULES, ZB_H1)))
         if backward_weights not in BACKWARD_WEIGHTS:
             raise ConfigError("pipeline.backward_weights", backward_weights, "one of: " + ", ".join(BACKWARD_WEIGHTS))
         self.profile, self.stages, self.schedule = profile, stages, schedule

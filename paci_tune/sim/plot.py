@@ -1,12 +1,14 @@
 """Timeline pictures of simulated schedules: one panel per schedule, one row per stage.
 
-Forward, backward and optimizer-step boxes have distinct colours and carry their micro-batch
-(or, for a step, global-batch) number when it fits; consecutive global batches alternate between
-a dark and a light shade so a reader can see where PACI lets batches overlap; idle time is the
-hatched grey left between boxes. Panels share the time axis, so the schedule that finishes first
-is visibly shorter. The format follows the file suffix (``.png`` or ``.svg``); the file is written
-atomically. May import: matplotlib (when drawing), :mod:`.simulator`, :mod:`paci_tune.schedule`,
-:mod:`paci_tune.base`, :mod:`paci_tune.errors`.
+Forward, backward, weight-gradient (``W``, zero-bubble schedules: there the backward box is the
+input gradient alone) and optimizer-step boxes have distinct colours and carry their micro-batch
+(or, for a step, global-batch) number when it fits, with ``.c`` for model chunk ``c > 0``
+(interleaved); consecutive global batches alternate between a dark and a light shade so a reader can
+see where PACI lets batches overlap; idle time is the hatched grey left between boxes. Panels share
+the time axis, so the schedule that finishes first is visibly shorter. The format follows the file
+suffix (``.png`` or ``.svg``); the file is written atomically. May import: matplotlib (when
+drawing), :mod:`.simulator`, :mod:`paci_tune.schedule`, :mod:`paci_tune.base`,
+:mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ FORMATS = ("png", "svg")
 COLOURS = {
     Op.FORWARD: ("#4477AA", "#88BBEE"),
     Op.BACKWARD: ("#CC6611", "#EEAA66"),
+    Op.WEIGHT: ("#AA3377", "#EE99CC"),
     Op.STEP: ("#228833", "#228833"),
 }
-LABELS = {Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.STEP: "optimizer step"}
+LABELS = {
+    Op.FORWARD: "forward",
+    Op.BACKWARD: "backward (B: input gradient only where W is drawn)",
+    Op.WEIGHT: "weight gradient W",
+    Op.STEP: "optimizer step",
+}
 IDLE = "#DDDDDD"
 
 
@@ -82,7 +90,7 @@ def plot_timelines(results: Sequence[SimResult], path: str | Path, *, title: str
                 colour = COLOURS[act.op][batch % 2]
                 x0, w = start * scale, (end - start) * scale
                 ax.broken_barh([(x0, w)], (s - 0.4, 0.8), facecolors=colour, edgecolor="white", lw=0.4)
-                label = f"S{act.mb}" if act.op is Op.STEP else str(act.mb)
+                label = f"S{act.mb}" if act.op is Op.STEP else repr(act)[1:]  # "3", or "3.1" on chunk 1
                 if w * pts_per_unit > 0.62 * fontsize * len(label) + 2:
                     ax.text(
                         x0 + w / 2,
@@ -98,8 +106,9 @@ def plot_timelines(results: Sequence[SimResult], path: str | Path, *, title: str
         ax.tick_params(axis="y", length=0)
         for side in ("top", "right", "left"):
             ax.spines[side].set_visible(False)
+        v = f" (v={res.layout.chunks})" if res.layout.chunks > 1 else ""
         ax.set_title(
-            f"{res.layout.schedule}: {res.step_time_s * scale:.3g} {unit} per global batch, "
+            f"{res.layout.schedule}{v}: {res.step_time_s * scale:.3g} {unit} per global batch, "
             f"bubble {res.bubble_fraction:.0%}, makespan {tl.makespan * scale:.3g} {unit} "
             f"({res.n_batches} global batches of {res.layout.window} micro-batches)",
             loc="left",
@@ -107,9 +116,13 @@ def plot_timelines(results: Sequence[SimResult], path: str | Path, *, title: str
         )
     axes[-1, 0].set_xlim(0, span * scale * 1.01)
     axes[-1, 0].set_xlabel(f"time ({unit})")
-    handles = [Patch(facecolor=COLOURS[op][0], label=LABELS[op]) for op in (Op.FORWARD, Op.BACKWARD, Op.STEP)]
+    drawn = {act.op for r in results for st in r.timeline.stages for act, _, _ in st.intervals}
+    split = Op.WEIGHT in drawn
+    ops = (Op.FORWARD, Op.BACKWARD, Op.WEIGHT, Op.STEP) if split else (Op.FORWARD, Op.BACKWARD, Op.STEP)
+    labels = LABELS if split else {**LABELS, Op.BACKWARD: "backward"}
+    handles = [Patch(facecolor=COLOURS[op][0], label=labels[op]) for op in ops]
     handles.append(Patch(facecolor="white", edgecolor=IDLE, hatch="////", label="idle"))
-    fig.legend(handles=handles, loc="upper right", ncol=4, frameon=False, fontsize=9)
+    fig.legend(handles=handles, loc="upper right", ncol=len(handles), frameon=False, fontsize=9)
     first = results[0]
     fig.suptitle(
         title
@@ -122,7 +135,7 @@ def plot_timelines(results: Sequence[SimResult], path: str | Path, *, title: str
     fig.text(
         0.07,
         0.2 / (sum(heights) + 1.3),
-        "Box numbers: micro-batch. Dark and light shades alternate between global batches. "
+        "Box numbers: micro-batch (.c: model chunk c). Dark and light shades alternate between global batches. "
         "Green: optimizer step closing a global batch. Hatched grey: the stage is idle.",
         fontsize=8,
         color="#444444",

@@ -22,7 +22,7 @@ Format (every time in seconds, every size in bytes)::
         copy_s: 0.00002             # optional: one clone of the unit's weights in the compute dtype (below)
         microbatch:                 # per micro-batch size (sequences) measured
           8: {forward_s: 0.001, backward_s: 0.002, activation_bytes: 524288, saved_bytes: 8192,
-              backward_input_s: 0.0012, backward_weight_s: 0.001}   # optional, both or neither (below)
+              backward_input_s: 0.0012, backward_weight_s: 0.001}   # optional (below)
           16: {forward_s: 0.002, backward_s: 0.004, activation_bytes: 1048576, saved_bytes: 16384}
     p2p: {latency_s: 5.0e-05, bandwidth_Bps: 2.0e+09}   # one point-to-point send: latency + bytes / bandwidth
     allreduce: {latency_s: 1.0e-04, bandwidth_Bps: 1.0e+09, backend: gloo}   # optional: one ring step (below)
@@ -34,7 +34,8 @@ size). ``saved_bytes`` is what autograd keeps alive between the unit's forward a
 excluding the parameters themselves: the activation memory of one in-flight micro-batch.
 ``bandwidth_Bps: .inf`` with ``latency_s: 0`` makes transfers free. ``backward_input_s`` and
 ``backward_weight_s`` are the two halves of the backward a zero-bubble schedule runs apart (input
-gradient, weight gradient); **a profile without them** gets the derived split of
+gradient, weight gradient; one alone: the other is the rest of ``backward_s``); **a profile without
+them** gets the derived split of
 :mod:`.costs` (``W = backward_s / 2`` for a fully trainable unit), and :attr:`Profile.split_measured`
 is false so reports can say so.
 
@@ -75,7 +76,7 @@ measured sizes, and extrapolated along the line through the two nearest measured
 either end (clamped at zero); with a single measured size, costs are taken proportional to the
 micro-batch size. Compute time is close to linear in the micro-batch size once a kernel is large
 enough to fill the device, and activation sizes are exactly linear, so this is accurate between
-measured sizes and a fair guess a little beyond them. May import: PyYAML, :mod:`paci_tune.base`,
+measured sizes and a fair guess a little beyond them. May import: PyYAML, :mod:`.costs`, :mod:`paci_tune.base`,
 :mod:`paci_tune.errors`.
 """
 
@@ -371,9 +372,10 @@ def _unit(key: str, raw: Any, index: int) -> UnitProfile:
             if k not in c:
                 raise ConfigError(f"{ck}.{k}", None, "a number >= 0 (every cost is required)")
         split = [None if c.get(k) is None else _number(f"{ck}.{k}", c[k]) for k in _SPLIT_KEYS]
-        if (split[0] is None) != (split[1] is None):
-            k = _SPLIT_KEYS[split[0] is not None]
-            raise ConfigError(f"{ck}.{k}", None, "a number >= 0: the backward split is both halves or neither")
+        for i, half in enumerate(split):  # one half given: the other is the rest of the backward
+            other = split[1 - i]
+            if half is None and other is not None:
+                split[i] = max(float(c["backward_s"]) - other, 0.0)
         costs[b] = UnitCost(
             _number(f"{ck}.forward_s", c["forward_s"]),
             _number(f"{ck}.backward_s", c["backward_s"]),
