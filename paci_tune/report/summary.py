@@ -47,8 +47,10 @@ def _verdict(ev: Evidence) -> str:
         return f"Recommended {point}; no flush baseline finished, so there is no comparison."
     if best.verdict_reason:  # undecided: a compared run missed the target
         ratio = f"{sp:.3g}x" + (f" (95% interval {iv[0]:.3g}-{iv[1]:.3g})" if iv else "")
-        return (f"Verdict: undecided -- {best.verdict_reason}. The score ratio flush/PACI, {ratio}, is shown as a "
-                f"comparison of those penalties only. Recommended: {point} on the {ev.clock} clock.")
+        return (
+            f"Verdict: undecided -- {best.verdict_reason}. The score ratio flush/PACI, {ratio}, is shown as a "
+            f"comparison of those penalties only. Recommended: {point} on the {ev.clock} clock."
+        )
     if iv:
         how = f"{sp:.3g}x flush's time to target (95% interval {iv[0]:.3g}-{iv[1]:.3g}, confirmed seeds)"
     else:

@@ -71,7 +71,8 @@ def draw_timelines(ev: Evidence, path: Path) -> tuple[Path | None, str]:
         return None, why
     title = "Simulated timelines of the chosen points: " + " vs ".join(
         f"{r.layout.schedule} P={r.layout.stages} x D={r.layout.data_parallel} a={r.layout.window} "
-        f"b={r.layout.microbatch_size}" for r in results
+        f"b={r.layout.microbatch_size}"
+        for r in results
     )
     return plot_timelines(results, path, title=title), ""
 

@@ -103,12 +103,14 @@ UNDECIDED = "undecided"
 """The verdict when a compared run missed the target: its score is the not-reached penalty (a final
 loss turned into seconds), so a ratio of scores is not a ratio of times to accuracy."""
 
+
 def what_to_change(warm_started: bool) -> str:
     """The advice of an undecided verdict: a longer budget, a looser target, a (longer) warm start."""
     warm = ("a longer warm-up (search.warm_start.steps)" if warm_started else
             "a warm start from a checkpoint of the run past its first phase (search.warm_start)")  # fmt: skip
-    return ("what to change: a longer budget (budget.seconds or training.steps), a looser target "
-            f"(target.value), or {warm}")
+    return (
+        f"what to change: a longer budget (budget.seconds or training.steps), a looser target (target.value), or {warm}"
+    )
 
 
 def missed(point: Confirmed) -> int:
