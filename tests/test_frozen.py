@@ -1,4 +1,4 @@
-"""Models as users write them: frozen parameters, parameter-free units, what a unit may return, tied weights.
+"""Models as users write them: frozen parameters, parameter-free units, what a unit may return.
 
 Oracle: plain training in one process (tests/helpers/oracles.py ``plain_training``; in bf16
 tests/helpers/bf16.py ``plain_bf16_training``), the units chained, torch's AdamW over every parameter:
@@ -6,6 +6,7 @@ a frozen one gets no gradient, so torch skips it, which is what ``requires_grad=
 plain PyTorch. Under a flush schedule the pipeline must equal it within 1e-5 whatever has nothing to
 train; under PACI, where only the last stage trains (no stage that trains ever crosses an update),
 too. The models are docs/guide.md's own code (tests/helpers/guide_models.py, checked verbatim here).
+Tied weights are tests/test_tied.py's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 import yaml
 from helpers import REPO
 from helpers.bf16 import plain_bf16_training
-from helpers.cli import check_ok, cli_env, invoke_in, read_metrics, run_cli, run_in_process, summary_of, train_losses
+from helpers.cli import check_ok, cli_env, read_metrics, run_cli, run_in_process, summary_of, train_losses
 from helpers.configs import write_config
 from helpers.guide_models import PYTHONPATH, SMALL
 from helpers.oracles import CONSTANT_LR, numerics_doc, plain_training
@@ -247,28 +248,6 @@ def test_a_model_with_nothing_to_train_is_refused():
     doc = doc_for("1f1b", [3, 3], frozen=list(range(6)))
     with pytest.raises(ConfigError, match="a model with a parameter to train"):
         run_in_process(doc)
-
-
-# ---------------------------------------------------------------------- parameters shared across stages
-
-
-@pytest.mark.parametrize("schedule", ["paci", "1f1b", "gpipe"])
-def test_a_parameter_shared_across_stages_is_refused_for_every_schedule(tmp_path: Path, schedule: str):
-    """The tied head on stage 1, the embedding on stage 0: exit 2, one line naming the parameter and stages."""
-    doc = doc_for(schedule, [3, 3], entry="build_tied")
-    write_config(tmp_path, doc)
-    r = invoke_in(tmp_path, ["train", "run.yaml", "--no-live", "--metrics", "m.jsonl"])
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.exit_code == 2 and len(lines) == 1, r.stderr
-    assert lines[0].startswith("error: pipeline.partition: got [3, 3]; allowed: a cut that keeps units sharing")
-    assert "unit 0's 'tok.weight' (stage 0) and unit 5's 'tok.weight' (stage 1)" in lines[0]
-    assert "stages 0, 1 would each step it on their own" in lines[0]
-    assert not (tmp_path / "m.jsonl").exists()
-
-
-def test_a_parameter_shared_within_one_stage_trains_like_plain_training():
-    doc = doc_for("1f1b", [6], entry="build_tied")
-    assert_plain(doc, run_in_process(doc))
 
 
 # ------------------------------------------------------------------ memory model, profile, simulator

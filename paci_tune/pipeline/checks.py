@@ -13,8 +13,9 @@ breaks it would otherwise fail mid-run with an internal error. The contract: uni
 ``(b, T)``; every unit takes the previous unit's output; every unit returns **one tensor** (a stage
 cut may fall after any unit, and one tensor is what crosses it); the last returns logits
 ``(b, T, V)`` with ``V`` at least the data's vocabulary; at least one parameter trains. A unit
-without parameters, or with frozen ones, is fine: it has nothing to train. Parameters shared by
-units on different stages are refused once the cut is known (:func:`check_shared_parameters`).
+without parameters, or with frozen ones, is fine: it has nothing to train. A parameter shared by
+units on different stages trains under the flush schedules (a copy per stage, gradients summed:
+:mod:`.tied`) and is refused under PACI once the cut is known (:func:`check_shared_parameters`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from ..config.schema import RunConfig
 from ..data import TokenSource, load_source
 from ..data.limits import check_fits_data
 from ..errors import ConfigError
-from ..model import LoadedModel, load_model, shared_parameters
+from ..model import LoadedModel, load_model
 from ..model.loader import check_fits
-from ..schedule import check_depth, stage_units
+from ..schedule import check_depth
+from .tied import tied_across_stages
 
 ENTRY = "model.entry"
 
@@ -124,26 +126,24 @@ def check_units(meta: LoadedModel, vocab_size: int, entry: str) -> None:
                           f"for token ids of shape (1, {t})")  # fmt: skip
 
 
-def check_shared_parameters(meta: LoadedModel, sizes: Sequence[int]) -> None:
-    """Refuse a stage cut that puts units sharing a parameter (tied weights) on different stages.
+def check_shared_parameters(meta: LoadedModel, sizes: Sequence[int], schedule: str) -> None:
+    """Refuse PACI for a cut that puts units sharing a trainable parameter (tied weights) on different stages.
 
-    Within a stage a shared parameter is one parameter of that stage's module and trains as in one
-    process. Across stages each stage would step it by itself: the emulated runtime would step the one
-    tensor with two optimizers, the distributed runtime would train two copies that drift apart -- no
-    error, different losses. Summing its gradient between the holding stages (Megatron's embedding
-    group) is not implemented, so such a cut is refused for every schedule, naming the parameter.
+    Under a flush schedule each holder keeps a copy and the holders sum its gradient before their
+    common step (:mod:`.tied`): plain training's numbers. PACI's stages step at their own cadence,
+    with no synchronisation: each copy would step on its own holder's gradient at its own time and
+    the copies would diverge, and summing their gradients needs a synchronisation PACI does not
+    have. So PACI refuses it up front, naming the parameter, the stages and what to do instead. A
+    frozen shared parameter never changes, so its copies stay equal under every schedule.
     """
-    if meta.gpt is not None:
-        return  # the built-in GPT ties nothing (paci_tune.model.gpt)
-    stage_of = [s for s, units in enumerate(stage_units(list(sizes))) for _ in units]
-    for units, names in shared_parameters([meta.units[i] for i in range(meta.n_units)]):
-        stages = sorted({stage_of[u] for u in units})
-        if len(stages) > 1:
-            held = " and ".join(f"unit {u}'s {n!r} (stage {stage_of[u]})" for u, n in zip(units, names, strict=True))
+    if schedule != "paci":
+        return
+    for t in tied_across_stages(meta, sizes):
+        if t.trainable:
             raise ConfigError(
-                "pipeline.partition", list(sizes),
-                f"a cut that keeps units sharing a parameter on one stage: one parameter is {held}; "
-                f"stages {', '.join(map(str, stages))} would each step it on their own (summing a shared "
-                "parameter's gradient across stages is not supported): pin a pipeline.partition that keeps "
-                "those units together, or untie the parameter",
+                "pipeline.schedule", schedule,
+                f"1f1b or gpipe for this cut {list(sizes)}: {t.label} are one trainable parameter held by stages "
+                f"{', '.join(map(str, t.stages))}; PACI's stages step at their own cadence with no synchronisation, "
+                "so the stages' copies would diverge (summing their gradients needs the synchronised step of a "
+                "flush schedule); or a pipeline.partition keeping those units on one stage, or untie the parameter",
             )  # fmt: skip

@@ -12,7 +12,10 @@ traffic stays inside a replica's pipe; the collectives during training are those
 data-parallel group -- its gradient all-reduce at each of its steps (:mod:`.replicas`), the last
 stage's loss sums, and stage 0's broadcast of replica 0's evaluation decision -- so stages still
 never wait for each other. Replica 0 scores evaluations and writes checkpoints (the replicas are
-identical). May import: torch, the pipeline layer's modules, :mod:`paci_tune.schedule`,
+identical). Parameters tied across stages: after the replicas' average, this rank's copies are summed
+with the other holders of its replica in a small all-reduce of their own group (:mod:`.tied`), so a
+holder's step waits for the others' (a flush schedule's do anyway). May import: torch, the pipeline
+layer's modules, :mod:`paci_tune.schedule`,
 :mod:`paci_tune.data`.
 """
 
@@ -34,6 +37,7 @@ from .p2p import P2P
 from .replicas import GradientAllReduce, LossAllReduce
 from .runtime import ActionRunner, BatchLosses, OnBatch, RuntimeBase, SegmentReport, StageTiming, run_warmup_action
 from .stage import Stage
+from .tied import TiedAllReduce, TiedParameter, mark_counted_elsewhere
 
 LOOKAHEAD = 16
 """Actions of the program read ahead, so their receives are posted early (never past an evaluation)."""
@@ -54,6 +58,7 @@ class DistributedRuntime(RuntimeBase):
         schedule: str,
         inflight: int | None = None,
         replicas: int = 1,
+        tied: list[TiedParameter] | None = None,
     ) -> None:
         super().__init__(stage, units, val, schedule, inflight)
         self.stage, self.rank, self.s = stage, dist.get_rank(), stage.index
@@ -68,15 +73,19 @@ class DistributedRuntime(RuntimeBase):
             self.runner.global_grad_norm = self._global_grad_norm
         self.grads: GradientAllReduce | None = None
         self.losses: LossAllReduce | None = None
-        if replicas > 1:
-            if stage.trains:  # a stage with nothing to train all-reduces nothing
-                self.grads = GradientAllReduce(self.mesh.dp_group, replicas, self.wire, stage.optim)
+        if replicas > 1 and stage.trains:  # a stage with nothing to train all-reduces nothing
+            self.grads = GradientAllReduce(self.mesh.dp_group, replicas, self.wire, stage.optim)
+        mark_counted_elsewhere(stage, tied or [])
+        self.tied = TiedAllReduce(stage, tied or [], self.stages, replicas, self.replica, self.wire)
+        if replicas > 1 or self.tied.parts:
             self.runner.grad_sync = self._grad_sync
 
     def _grad_sync(self, batch: int) -> None:
-        """At this stage's step: average the window's gradients over the stage's replicas; collect losses."""
+        """At this stage's step: average the window's gradients over the stage's replicas, sum its tied
+        parameters' over their holders; collect losses."""
         if self.grads is not None:
             self.grads.average()
+        self.tied.sum()
         if self.losses is not None:
             self.losses.collect()
 

@@ -15,7 +15,13 @@ rather than one stage run D times with its gradients kept apart, cost D x the st
 one device, but leave the stage, its in-flight bookkeeping and its drift record exactly as the
 distributed runtime's, and need no second code path. A pipeline action is placed on the timeline
 at the longest of its D replicas' times (the replicas would run side by side; the all-reduce, like
-a transfer, is given no cost). May import: torch, the pipeline layer's modules,
+a transfer, is given no cost).
+
+Parameters tied across stages (:mod:`.tied`): every holder has its own copy; at a step the holders'
+gradients are summed in process (:func:`.tied.sum_tied`, after the replicas' average). Every holder's
+gradient must be complete by then, so a run with tied parameters synchronises its steps as a
+global-norm clip does (each waits for every stage's last backward of its batch; a flush schedule
+reaches that point anyway). May import: torch, the pipeline layer's modules,
 :mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
 """
 
@@ -34,6 +40,7 @@ from .evaluation import EvalPlan
 from .replicas import ReplicaLosses, average_gradients
 from .runtime import ActionRunner, BatchLosses, OnBatch, RuntimeBase, SegmentReport, StageTiming, run_warmup_action
 from .stage import Stage
+from .tied import TiedParameter, mark_counted_elsewhere, sum_tied
 
 
 class Mailbox:
@@ -68,6 +75,7 @@ class EmulatedRuntime(RuntimeBase):
         val: ValidationSet,
         schedule: str,
         inflight: int | None = None,
+        tied: list[TiedParameter] | None = None,
     ) -> None:
         super().__init__(replicas[0][0], units, val, schedule, inflight)
         # first_replica: replica 0's stages, the ones a checkpoint saves and the summary describes
@@ -79,30 +87,45 @@ class EmulatedRuntime(RuntimeBase):
         for extra in self.runners[1:]:
             for runner in extra:
                 runner.evaluator.scores = False  # replica 0 scores; the weights are the same
-        self.sync_steps = self.window if self.clips_whole_model else None
+        self.tied = [t for t in tied or () if t.trainable]  # a frozen one's copies never change
+        self.sync_steps = self.window if self.clips_whole_model or self.tied else None
         self._norm: tuple[int, float] = (-1, 0.0)
         self._averaged: list[int] = [-1] * self.stages  # per stage: the last batch whose gradients are averaged
+        self._summed: list[int] = [-1] * len(self.tied)  # per tied parameter: the last batch summed
         for row in self.runners:
             for r in row:
-                if self.sync_steps:
+                mark_counted_elsewhere(r.stage, self.tied)
+                if self.clips_whole_model:
                     r.global_grad_norm = self._global_grad_norm
-                if self.n_replicas > 1 and r.stage.trains:  # nothing to train: nothing to average
-                    r.grad_sync = self._average_stage(r.stage.index)
+                holds = any(r.stage.index in t.names for t in self.tied)
+                if (self.n_replicas > 1 and r.stage.trains) or holds:  # nothing to train: nothing to average
+                    r.grad_sync = self._sync_stage(r.stage.index)
 
-    def _average_stage(self, s: int) -> Callable[[int], None]:
-        def sync(batch: int) -> None:
-            if self._averaged[s] != batch:  # once per step, at the first replica to step
-                self._averaged[s] = batch
-                average_gradients([rep[s].gradients() for rep in self.replicas])
+    def _sync_stage(self, s: int) -> Callable[[int], None]:
+        return lambda batch: self._sync(s, batch)
 
-        return sync
+    def _sync(self, s: int, batch: int) -> None:
+        """Stage ``s``'s gradients of ``batch`` as its step applies them: averaged over the replicas, then
+        its tied parameters summed over their holders (each once per step, at the first to step)."""
+        self._average(s, batch)
+        for k, t in enumerate(self.tied):
+            if s in t.names and self._summed[k] != batch:
+                self._summed[k] = batch
+                for h in t.stages:
+                    self._average(h, batch)
+                for rep in self.replicas:
+                    sum_tied([(rep[h], t.index_in(rep[h])) for h in t.stages])
+
+    def _average(self, s: int, batch: int) -> None:
+        if self.n_replicas > 1 and self.first_replica[s].trains and self._averaged[s] != batch:
+            self._averaged[s] = batch  # once per step, at the first replica to step
+            average_gradients([rep[s].gradients() for rep in self.replicas])
 
     def _global_grad_norm(self, batch: int) -> float:
         """The whole model's gradient norm of ``batch``: computed at the first stage to step, then kept."""
         if self._norm[0] != batch:
-            if self.n_replicas > 1:  # every stage's replicas averaged first (a flush schedule steps together)
-                for s in range(self.stages):
-                    self._average_stage(s)(batch)
+            for s in range(self.stages):  # every stage's gradients as they will step (a flush steps together)
+                self._sync(s, batch)
             self._norm = (batch, sum(st.grad_sq_norm() for st in self.first_replica) ** 0.5)
         return self._norm[1]
 

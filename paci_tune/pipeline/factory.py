@@ -31,6 +31,7 @@ from .emulated import EmulatedRuntime
 from .mesh import check_world
 from .planning import choose_partition, load_profile
 from .stage import Stage, compute_dtype
+from .tied import tied_across_stages, untie
 
 
 @dataclass
@@ -106,7 +107,7 @@ def resolve_pieces(cfg: RunConfig, *, distributed: bool) -> ResolvedRun:
     source, meta = check_model_and_data(cfg)  # every stage is built on this machine (either runtime)
     profile = load_profile(cfg, meta.n_units, meta.block_size)
     sizes = choose_partition(cfg, unit_costs(meta), profile, resolve_device(cfg.pipeline.device), distributed)
-    check_shared_parameters(meta, sizes)
+    check_shared_parameters(meta, sizes, cfg.pipeline.schedule)
     if cfg.pipeline.partition != sizes:
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, partition=sizes))
     return ResolvedRun(cfg, source, meta, profile)
@@ -148,8 +149,11 @@ def build_setup(
     val = ValidationSet(source.val, model.block_size, t.eval_sequences, t.eval_microbatch_size)
     dtype = compute_dtype(precision)
 
-    # The emulated runtime's extra replicas are copies, made before any stage converts or hooks its units.
+    # Tied parameters: a copy per holding stage (a rank builds its own; one process unties them), then
+    # the emulated runtime's extra replicas are copies, made before any stage converts or hooks its units.
+    tied = tied_across_stages(model, sizes)
     built = {s: [model.units[i] for i in ranges[s]] for s in mine}
+    untie(built, tied)
     unit_copies = {r: built if r == replicas[0] else copy.deepcopy(built) for r in replicas}
 
     def make_stage(s: int, replica: int) -> Stage:
@@ -169,10 +173,10 @@ def build_setup(
     runtime: object
     if distributed:
         runtime = DistributedRuntime(make_stage(mine[0], replicas[0]), ranges, streams[0], val, p.schedule,
-                                     p.inflight, p.data_parallel)  # fmt: skip
+                                     p.inflight, p.data_parallel, tied)  # fmt: skip
     else:
         stages = [[make_stage(s, r) for s in mine] for r in replicas]
-        runtime = EmulatedRuntime(stages, ranges, streams, val, p.schedule, p.inflight)
+        runtime = EmulatedRuntime(stages, ranges, streams, val, p.schedule, p.inflight, tied)
     flops = None
     if model.gpt is not None:
         from ..model.gpt import model_flops_per_token

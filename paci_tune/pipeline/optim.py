@@ -32,7 +32,7 @@ May import: torch and :mod:`paci_tune.config`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -188,6 +188,15 @@ class AliasedOptimizer:
         p, alias, master = self.params[i], self.aliases[i], self.masters[i]
         return p.grad if master is alias else master.grad
 
+    def set_gradient(self, i: int, value: torch.Tensor) -> None:
+        """Make ``value`` parameter ``i``'s accumulated gradient, where :meth:`step` reads it (a tied
+        parameter's copy that no backward reached takes the other holders' sum, :mod:`.tied`)."""
+        p, alias, master = self.params[i], self.aliases[i], self.masters[i]
+        if master is alias:
+            p.grad = value.to(p.dtype)
+        else:
+            master.grad = value.float()
+
     def watch_gradients(self, callback: Callable[[int], None]) -> None:
         """Call ``callback(i)`` whenever a backward has finished parameter ``i``'s gradient.
 
@@ -197,10 +206,13 @@ class AliasedOptimizer:
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(lambda _p, i=i: callback(i))
 
-    def grad_sq_norm(self) -> float:
-        """Squared L2 norm of the accumulated gradients (summed across stages for a global clip)."""
+    def grad_sq_norm(self, skip: Collection[int] = ()) -> float:
+        """Squared L2 norm of the accumulated gradients (summed across stages for a global clip).
+
+        ``skip``: parameters another stage counts (its copies of a tied parameter, :mod:`.tied`).
+        """
         self._collect()
-        grads = [m.grad for m in self.masters if m.grad is not None]
+        grads = [m.grad for i, m in enumerate(self.masters) if m.grad is not None and i not in skip]
         if not grads:
             return 0.0
         return float(sum(torch.linalg.vector_norm(g.float()) ** 2 for g in grads))

@@ -175,6 +175,8 @@ class Stage:
             self.optim = AliasedOptimizer.from_config(self.params, optimizer)
             self.grad_clip = optimizer.grad_clip
         self.backward_weights = backward_weights
+        # Indices in ``params`` of copies of a tied parameter whose gradient another stage's norm counts.
+        self.counted_elsewhere: frozenset[int] = frozenset()
         self.versions = WeightVersions(list(zip(self.param_names, self.params, strict=True)))
         self.backwards = 0
         self.drift = DriftStats()
@@ -285,8 +287,12 @@ class Stage:
         return self.optim.gradients()
 
     def grad_sq_norm(self) -> float:
-        """Squared L2 norm of this stage's accumulated gradients (for clipping across stages)."""
-        return self.optim.grad_sq_norm()
+        """Squared L2 norm of this stage's accumulated gradients (for clipping across stages).
+
+        A tied parameter's copy counts at its first holder only (:attr:`counted_elsewhere`), so the
+        stages' norms add up to the whole model's.
+        """
+        return self.optim.grad_sq_norm(self.counted_elsewhere)
 
     def step(self, grad_norm: float | None = None) -> None:
         """Apply the accumulated window at this step's LR (see :meth:`.AliasedOptimizer.step` for ``grad_norm``).
