@@ -119,11 +119,35 @@ def units_of(folder: Path) -> tuple[dict, dict[tuple[int, str], dict]]:
         for key in [k for k in st["module"] if k in param_set and st["module"][k].dtype == torch.bfloat16]:
             i, rest = key.split(".", 1)
             units[(rng[int(i)], rest)]["value"] = next(masters)
+        for alias, first in _ties(st["module"], param_set, all_params).items():
+            i, rest = alias.split(".", 1)
+            j, first_rest = first.split(".", 1)
+            units[(rng[int(i)], rest)] = units[(rng[int(j)], first_rest)]
         for e in units.values():
-            if not e.get("buffer"):
+            if not e.get("buffer") and e["value"].dtype != torch.float32:
                 e["value"] = e["value"].float()
         meta["updates"] = max(meta["updates"], st["updates"])  # every stage that trains took as many
     return meta, units
+
+
+def _ties(module: dict[str, torch.Tensor], stepped: set[str], params: set[str]) -> dict[str, str]:
+    """A parameter saved under a second name (tied within one stage), mapped to the name its optimizer used.
+
+    The stage's module state names each use of a tied parameter, one storage saved once; its optimizer
+    state and bf16 master are under the first name only. The second name takes the first's entry, so a
+    cut that puts the two units on different stages starts both copies with the state (:mod:`paci_tune.pipeline.tied`).
+    """
+
+    def where(t: torch.Tensor) -> tuple:
+        return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)
+
+    first = {where(module[n]): n for n in module if n in stepped}
+    out = {}
+    for name in sorted(params - stepped):
+        owner = first.get(where(module[name]))
+        if owner is not None:
+            out[name] = owner
+    return out
 
 
 def reshard(folder: Path, sizes: list[int], stages: list[int]) -> tuple[dict, dict[int, dict]]:
