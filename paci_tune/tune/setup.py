@@ -1,9 +1,9 @@
 """Binding a search file to this machine: its space, its sim-clock profile, its start points.
 
 Shared by ``paci-tune search`` (:mod:`.session`) and the benchmark that replays searches against a
-full grid. May import: :mod:`paci_tune.calibrate`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.sim`,
-:mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's
-:mod:`.space` and :mod:`.study`.
+full grid. May import: :mod:`paci_tune.calibrate`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.model`,
+:mod:`paci_tune.sim`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune
+layer's :mod:`.space` and :mod:`.study`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
     On the wall clock the budget's devices must exist here: each trial runs P x D processes.
     """
     from ..pipeline.factory import resolve_pieces
-    from .space import load_space, skip_stale
+    from .space import load_space, skip_stale, skip_tied
 
     devices = tune.hardware.devices
     if devices is None:
@@ -45,7 +45,19 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
     meta = resolve_pieces(one_stage, distributed=True).model
     space = load_space(tune.search.space, global_batch=tune.run.training.global_batch, n_units=meta.n_units,
                        max_stages=None, devices=devices)  # fmt: skip
-    return skip_stale(space, tune.search.paci_max_drift)
+    return skip_tied(skip_stale(space, tune.search.paci_max_drift), _tied(meta))
+
+
+def _tied(meta: Any) -> str | None:
+    """The first trainable parameter that units of the model share, named by every unit's name for it."""
+    from ..model import shared_parameters
+
+    if meta.gpt is not None:
+        return None  # the built-in GPT ties nothing
+    for units, names in shared_parameters([meta.units[i] for i in range(meta.n_units)]):
+        if meta.units[units[0]].get_parameter(names[0]).requires_grad:
+            return " and ".join(f"unit {u}'s {n!r}" for u, n in zip(units, names, strict=True))
+    return None
 
 
 def trial_runtime(tune: TuneConfig) -> str:

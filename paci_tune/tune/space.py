@@ -23,7 +23,9 @@ feasible values and the grid is finite:
   points whose devices would not hold their stage. Optuna samples P and b as two categoricals over
   the values some feasible point uses; a pair outside the feasible set is answered without training
   (:meth:`SearchSpace.why_not`, :mod:`.search`). Without a budget (``devices=None``, the API's
-  default) D = 1 for every P. PACI may also skip the points too stale to win (:func:`skip_stale`).
+  default) D = 1 for every P. PACI may also skip the points too stale to win (:func:`skip_stale`),
+  and skips every point of two or more stages for a model whose units share a trainable parameter
+  (:func:`skip_tied`: PACI refuses one split across stages, and a trial's cut is chosen when it starts).
 The file's values are parsed by :mod:`.choices`. May import: optuna, :mod:`paci_tune.base`,
 :mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the :class:`~paci_tune.config.layout.Layout`),
 :mod:`paci_tune.errors` and the tune layer's :mod:`.choices`.
@@ -110,6 +112,7 @@ class SearchSpace:
     dropped: tuple[str, ...] = ()  # why the other points went, for the user
     paci_max_drift: int | None = None  # PACI skips the points whose drift bound is above it (:func:`skip_stale`)
     backward_weights: tuple[str, ...] = ()  # PACI's choices, in BACKWARD_WEIGHTS order; empty: the run's own
+    paci_tied: str | None = None  # the model's units share this parameter: PACI skips P >= 2 (:func:`skip_tied`)
 
     def backward_weights_of(self, schedule: str) -> list[str | None]:
         """The values ``schedule``'s points take: the space's choices for PACI, else [None] (the run's own)."""
@@ -133,6 +136,8 @@ class SearchSpace:
         key = (params.stages, params.window, params.microbatch_size)
         if params.schedule == "paci" and params.window and (why := self._stale(params.stages, params.window)):
             return f"{params.label()}: {why}"
+        if params.schedule == "paci" and (why := self._tied(params.stages)):
+            return f"{params.label()}: {why}"
         if not self.points or key in self.points:
             return None
         if params.window == 0:
@@ -147,6 +152,12 @@ class SearchSpace:
             return None
         return (f"drift bound ceil(({stages}-1)/{window}) = {bound} > search.paci_max_drift = {self.paci_max_drift} "
                 "(PACI skips points this stale; flush keeps the point)")  # fmt: skip
+
+    def _tied(self, stages: int) -> str | None:
+        if self.paci_tied is None or stages < 2:
+            return None
+        return (f"{self.paci_tied} are one trainable parameter, which PACI refuses to split across stages "
+                "(flush keeps the point)")  # fmt: skip
 
     def suggest(self, trial: optuna.trial.BaseTrial, schedule: str) -> TrialParams:
         """Ask Optuna for one point; ``schedule`` is fixed by the study the trial belongs to."""
@@ -205,6 +216,8 @@ class SearchSpace:
         }
         if self.paci_max_drift is not None:
             out["paci_max_drift"] = self.paci_max_drift
+        if self.paci_tied is not None and "paci" in self.schedules:
+            out["paci_single_stage"] = self.paci_tied
         if self.devices is not None:
             out["devices"] = self.devices
             out["layouts"] = [[p, self.data_parallel(p)] for p in self.stages]  # (P, D)
@@ -395,4 +408,23 @@ def skip_stale(space: SearchSpace, max_drift: int | None) -> SearchSpace:
     out = dataclasses.replace(space, paci_max_drift=max_drift)
     stale = [(p, a, b) for p, a, b in sorted(space.points) if out._stale(p, a)]
     dropped = [f"paci P={p} D={space.data_parallel(p)} a={a} b={b}: {out._stale(p, a)}" for p, a, b in stale]
+    return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))
+
+
+def skip_tied(space: SearchSpace, tied: str | None) -> SearchSpace:
+    """``space`` with PACI skipping its points of two or more stages when the model's units share ``tied``.
+
+    ``tied`` names a trainable parameter held by more than one unit (None: none is). PACI refuses a
+    cut that splits one across stages (:func:`paci_tune.pipeline.checks.check_shared_parameters`);
+    a trial's cut is chosen when it starts (``partition: auto``), so every PACI point that has a cut
+    at all is skipped up front rather than refused mid-search. Flush sums a tied parameter's gradient
+    across stages and keeps every point. A space that leaves PACI no point (no P = 1) is a ConfigError.
+    """
+    if tied is None or "paci" not in space.schedules:
+        return space
+    out = dataclasses.replace(space, paci_tied=tied)
+    if all(p >= 2 for p in space.stages):
+        raise ConfigError("space.schedules", list(space.schedules), f"schedules without paci, or stages including 1: "
+                          f"{out._tied(2)}, and every point of the space has 2 or more stages")  # fmt: skip
+    dropped = [f"paci P={p} D={space.data_parallel(p)}: {out._tied(p)}" for p in space.stages if p >= 2]
     return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))
