@@ -91,6 +91,7 @@ from typing import Any, Self
 import yaml
 
 from ..base.files import atomic_write_text, read_mapping
+from ..base.shipped import resolve_path
 from ..errors import ConfigError
 from .costs import UnitCost, UnitProfile
 
@@ -309,8 +310,11 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path, key: str = "profile") -> Profile:
-        """Read and validate a profile file; a missing file or bad YAML is a ConfigError on ``key``."""
-        return cls.from_dict(read_mapping(path, key, "a cost profile: seq_len, units, p2p"), key)
+        """Read and validate a profile file; a missing file or bad YAML is a ConfigError on ``key``.
+
+        ``profiles/NAME.yaml`` not found here is the shipped reference profile of that name, as in
+        ``budget.profile`` (``--profile profiles/tiny-gpt.yaml`` works from any folder)."""
+        return cls.from_dict(read_mapping(resolve_path(path), key, "a cost profile: seq_len, units, p2p"), key)
 
 
 # --------------------------------------------------------------------------------- validation

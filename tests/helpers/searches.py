@@ -7,6 +7,7 @@ Shared by the search, stage-death, transfer, PostgreSQL and stale-point tests.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import subprocess
@@ -61,6 +62,7 @@ def shared_profile() -> str:
 
     run = {k: v for k, v in SEARCH_DOC.items() if k not in ("target", "budget", "hardware", "search")}
     path = Path(tempfile.gettempdir()) / f"paci-test-search-profile-{os.getpid()}.yaml"
+    atexit.register(path.unlink, missing_ok=True)  # one per test process: gone when the process ends
     _, where = measured_profile(derive_run(run), microbatch_sizes=[1, 2, 4, 8], path=path)
     return str(where)
 
