@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -48,24 +49,28 @@ QUICK_PROFILE = {"seq_len": 16, "units": [{"name": f"u{i}", "param_bytes": 1 << 
                  "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e10}}  # fmt: skip
 
 
-def run_search(config: Path, seed: int, work: Path) -> tuple[dict[str, Any], float]:
+def run_search(config: Path, seed: int, work: Path) -> tuple[dict[str, Any], float, float]:
+    """best.yaml of one search, its wall time and its CPU time (the search and every trial it ran:
+    searches share the machine when ``--jobs`` > 1, so the CPU time is the comparable cost)."""
     work.mkdir(parents=True, exist_ok=True)
     out = work / "best.yaml"
     cmd = [sys.executable, "-m", "paci_tune.cli", "search", str(config), "--seed", str(seed), "--no-live",
            "--workdir", str(work), "--out", str(out)]  # fmt: skip
     t0 = time.time()
     with open(work.parent / f"{work.name}.log", "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)  # the rusage of the search and its waited-for trials
+        proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"search with seed {seed} failed (exit {proc.returncode}); see {log.name}")
-    return yaml.safe_load(out.read_text()), time.time() - t0
+    return yaml.safe_load(out.read_text()), time.time() - t0, usage.ru_utime + usage.ru_stime
 
 
-def _row(best: dict[str, Any], wall: float, seed: int, mode: str) -> dict[str, Any]:
+def _row(best: dict[str, Any], wall: float, cpu: float, seed: int, mode: str) -> dict[str, Any]:
     r = best["recommended"]
     iv = best.get("paci_speedup_interval")
     return {
-        "mode": mode, "seed": seed, "wall_s": round(wall, 1),
+        "mode": mode, "seed": seed, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
         "recommended": f"{r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} lr={r['lr']:.3g}",
         "paci": best["confirmation"]["paci"][0]["point"] if best.get("confirmation") else None,
         "speedup": best.get("paci_speedup_vs_flush"), "interval": iv,
@@ -101,13 +106,14 @@ def _agree(rows: list[dict[str, Any]]) -> bool:
 
 def _print(rows: list[dict[str, Any]]) -> None:
     print(f"{'mode':<5} {'seed':>4} {'target':>6}  {'recommended':<36} {'PACI/flush':>10}  {'interval':<18} "
-          f"{'width':>6} seeds verdict    wall  reached")  # fmt: skip
+          f"{'width':>6} seeds verdict    wall    cpu  reached")  # fmt: skip
     for r in rows:
         iv = "[{:.3f}, {:.3f}]".format(*r["interval"]) if r["interval"] else "-"
         sp = f"{r['speedup']:.3f}" if r["speedup"] is not None else "-"
         w = f"{r['width']:.3f}" if r["width"] is not None else "-"
         print(f"{r['mode']:<5} {r['seed']:>4} {r['target']:>6g}  {r['recommended']:<36} {sp:>10}  {iv:<18} {w:>6} "
-              f"{r['seeds']:>5} {r['verdict']:<10} {r['wall_s']:>4.0f}s  {r['reached']}")  # fmt: skip
+              f"{r['seeds']:>5} {r['verdict']:<10} {r['wall_s']:>4.0f}s {r['cpu_s']:>5.0f}s  "
+              f"{r['reached']}")  # fmt: skip
 
 
 def main() -> None:
@@ -152,7 +158,7 @@ def main() -> None:
     given = bool((yaml.safe_load(config.read_text()).get("budget") or {}).get("profile"))
     runs = [(mode, seed) for mode in configs for seed in seeds]
     folder = {(mode, seed): root / f"{mode}-seed-{seed}" for mode, seed in runs}
-    results: dict[tuple[str, int], tuple[dict[str, Any], float]] = {}
+    results: dict[tuple[str, int], tuple[dict[str, Any], float, float]] = {}
     if not given:
         results[runs[0]] = run_search(configs[runs[0][0]], runs[0][1], folder[runs[0]])
         for run in runs[1:]:
@@ -171,11 +177,12 @@ def main() -> None:
         verdicts = [r["verdict"] for r in mine]
         summary[mode] = {"verdicts": verdicts, "same_verdict": len(set(verdicts)) == 1, "intervals_agree": _agree(mine),
                          "mean_width": round(sum(widths) / len(widths), 4) if widths else None,
-                         "wall_s": round(sum(r["wall_s"] for r in mine), 1)}  # fmt: skip
+                         "wall_s": round(sum(r["wall_s"] for r in mine), 1),
+                         "cpu_s": round(sum(r["cpu_s"] for r in mine), 1)}  # fmt: skip
         s = summary[mode]
         print(f"{mode}: verdicts {s['verdicts']} ({'the same' if s['same_verdict'] else 'differ'}); intervals "
               f"{'agree' if s['intervals_agree'] else 'DISAGREE'} (each contains the others' point estimates); "
-              f"mean width {s['mean_width']}; {s['wall_s']:.0f}s of searches")  # fmt: skip
+              f"mean width {s['mean_width']}; {s['wall_s']:.0f}s of searches, {s['cpu_s']:.0f}s CPU")  # fmt: skip
     if "warm" in summary and summary["cold"]["mean_width"] and summary["warm"]["mean_width"] is not None:
         ratio = summary["warm"]["mean_width"] / summary["cold"]["mean_width"]
         summary["warm_over_cold_width"] = round(ratio, 3)
@@ -186,8 +193,8 @@ def main() -> None:
         lo, hi = r["interval"]
         if r["verdict"] == "undecided":  # a confirmed run missed the target: no verdict, whatever the interval
             assert r["verdict_reason"], r
-        else:
-            assert r["verdict"] == ("paci" if lo > 1 else "flush" if hi < 1 else "tie")
+        elif r["verdict"] != "tie":  # a tie may exclude 1 (mean times within one validation interval)
+            assert r["verdict"] == ("paci" if lo > 1 else "flush" if hi < 1 else "tie"), r
         assert (r["warm_start"] is not None) == (r["mode"] == "warm"), r
 
 
