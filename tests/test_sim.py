@@ -375,6 +375,9 @@ def test_calibrate_smoke_one_layer(tmp_path: Path, precision: str, act_size: int
         c = u.costs[2]
         assert c.forward_s > 0 and c.backward_s > 0 and c.saved_bytes > 0 and u.param_bytes > 0
         assert u.copy_s is not None and 0 < u.copy_s < 1  # one clone of the unit's weights, measured
+    assert prof.split_measured  # B and W per unit, timed beside the whole backward
+    assert [u.costs[2].backward_input_s == 0 for u in prof.units] == [True, False, False]  # the ids need none
+    assert all(u.costs[2].backward_weight_s > 0 for u in prof.units)
     assert prof.units[0].costs[2].activation_bytes == 2 * 16 * 32 * act_size  # bf16 activations in bf16
     # 4 bytes per parameter in either precision (the profile's convention): matmuls + two LayerNorm weights
     assert prof.units[1].param_bytes == 4 * (12 * 32 * 32 + 2 * 32)

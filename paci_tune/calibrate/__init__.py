@@ -20,6 +20,17 @@ ran alone. What is measured, and how:
   is complete exactly when unit ``i+1``'s backward is done. Attributing the chain's own time this
   way keeps the per-unit costs summing to what a stage of those units takes, with no fudge
   factor, and works for any partition the partitioner may pick.
+- **The backward's two halves** (``backward_input_s``, ``backward_weight_s``), in the same pattern:
+  what a zero-bubble schedule runs apart -- ``B``, the input gradient (``torch.autograd.grad`` with
+  respect to the unit's input only, keeping the graph), and ``W``, the weight gradient (then with
+  respect to the unit's trainable parameters, from the gradients ``B`` left at the layers that use
+  them), as torch.distributed.pipelining splits a stage's backward (:mod:`.split`). Global batches
+  of whole and of split backwards alternate, so both are timed on the same machine state;
+  ``backward_s`` stays the whole backward, what the other schedules run. ``B + W`` exceeds it by
+  what splitting costs (a walk of the unit's autograd graph, a second autograd pass per parameter
+  group): 1.1-1.35x per block of the tiny GPT on a 2-core CPU, more for units of a few hundred
+  microseconds, where the fixed cost dominates. A half with nothing to run is 0: ``W`` of a
+  frozen or parameter-free unit, ``B`` of the first unit whose input needs no gradient.
 - **Optimizer step**, in the same pattern: the config's optimizer built as a stage builds it
   (weight-decay groups, stepping through parameter *aliases* so in-flight micro-batches keep
   working), one per unit, stepped in unit order with timestamps between, on the real gradients
@@ -79,7 +90,8 @@ Not modelled, so simulated step times still run 5-10% under measured ones on a 2
 - position: a per-unit profile cannot tell stages apart, and the last stage, with one
   micro-batch in flight, runs its units a few percent faster than the pattern's two.
 
-Modules: :mod:`.pattern` (the stage pattern), :mod:`.corun` (co-running processes), :mod:`.units`
+Modules: :mod:`.pattern` (the stage pattern), :mod:`.split` (a backward in two halves),
+:mod:`.corun` (co-running processes), :mod:`.units`
 (one unit alone: bytes, and the isolated timing kept for quick checks and as the fallback when the
 whole model with its micro-batches in flight does not fit on a GPU), :mod:`.p2p` (transfers),
 :mod:`.allreduce` (the data-parallel gradient all-reduce), :mod:`.links` (both in one launch),

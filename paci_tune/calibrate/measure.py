@@ -35,10 +35,12 @@ from .units import probe as probe_unit
 
 Log = Callable[[str], None]
 
-METHOD = "stage-pattern/3"
+METHOD = "stage-pattern/4"
 """How compute is measured (see the package docstring); part of the profile cache's key. /2: bf16 is
 measured with bf16 parameters and fp32 masters (no autocast), and ``param_bytes`` is 4 per parameter.
-/3: each unit's ``copy_s`` (a clone of its weights, what ``backward_weights: forward`` pays at a step)."""
+/3: each unit's ``copy_s`` (a clone of its weights, what ``backward_weights: forward`` pays at a step).
+/4: each unit's backward split into its input and weight halves (``backward_input_s`` /
+``backward_weight_s``, :mod:`.split`), timed beside the whole backward."""
 
 
 def default_threads(stages: int) -> int:

@@ -7,7 +7,15 @@ after every ``window`` backwards -- through the real stage's aliased step
 (:class:`~paci_tune.pipeline.optim.AliasedOptimizer`), one per unit so each unit's share can be
 timed. In bf16 the units hold bf16 parameters with fp32 masters, as a stage does (no autocast).
 Per-unit times come from timestamps between the units' forwards and, in the backward, from hooks
-on the tensors at the unit boundaries. May import: :mod:`paci_tune.pipeline`,
+on the tensors at the unit boundaries.
+
+**The backward's two halves** (``B``, the input gradient, and ``W``, the weight gradient: what a
+zero-bubble schedule runs apart, :mod:`.split`) are timed in the same run: every measured global
+batch of whole backwards is followed by one whose micro-batches are *split*, each unit's input a
+leaf of its own, the backward run unit by unit as all the ``B`` halves (last unit first), then all
+the ``W`` halves. The two kinds of batch alternate, and share the micro-batches in flight, so both
+are timed on the same machine state; ``backward_s`` stays the whole backward's time, what every
+other schedule runs. May import: :mod:`paci_tune.pipeline`,
 :mod:`paci_tune.model`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, torch.
 """
 
@@ -27,7 +35,8 @@ from ..config.schema import OptimizerConfig
 from ..model import LoadedModel, next_token_loss
 from ..pipeline.optim import AliasedOptimizer
 from ..sim.profile import UnitCost
-from .units import sync, to_compute, unit_signature
+from .split import SplitBackward
+from .units import sync, timed, to_compute, unit_signature
 
 DATA_POOL = 4
 """Distinct micro-batches of data per size, cycled, so micro-batches in flight differ."""
@@ -44,27 +53,47 @@ class _Pending:
 
 
 @dataclass
+class _SplitPending:
+    """A micro-batch in flight whose backward will run split: each unit's input and output kept apart."""
+
+    size: int
+    record: bool
+    inputs: list[torch.Tensor | None]  # unit i's input as a leaf; None where it needs no gradient (token ids)
+    outputs: list[torch.Tensor]  # unit i's output; the last unit's is its loss
+
+
+_SERIES = ("forward", "backward", "backward_input", "backward_weight")
+
+
+@dataclass
 class PatternSamples:
-    """Seconds per unit from a :class:`StagePattern`: ``forward[b][i]`` is unit i's samples at size b."""
+    """Seconds per unit from a :class:`StagePattern`: ``forward[b][i]`` is unit i's samples at size b.
+
+    ``backward_input`` / ``backward_weight``: the two halves of a split backward (module docstring),
+    empty when the pattern ran without split batches.
+    """
 
     forward: dict[int, list[list[float]]] = field(default_factory=dict)
     backward: dict[int, list[list[float]]] = field(default_factory=dict)
     optimizer: list[list[float]] = field(default_factory=list)
+    backward_input: dict[int, list[list[float]]] = field(default_factory=dict)
+    backward_weight: dict[int, list[list[float]]] = field(default_factory=dict)
+
+    def add(self, series: str, b: int, times: Sequence[float]) -> None:
+        """One sample per unit of ``series`` (``forward``, ``backward``, ``backward_input`` ...) at size ``b``."""
+        per_unit = getattr(self, series).setdefault(b, [[] for _ in times])
+        for i, s in enumerate(times):
+            per_unit[i].append(s)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "forward": {str(b): v for b, v in self.forward.items()},
-            "backward": {str(b): v for b, v in self.backward.items()},
-            "optimizer": self.optimizer,
-        }
+        out: dict[str, Any] = {name: {str(b): v for b, v in getattr(self, name).items()} for name in _SERIES}
+        out["optimizer"] = self.optimizer
+        return out
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> PatternSamples:
-        return cls(
-            {int(b): v for b, v in doc["forward"].items()},
-            {int(b): v for b, v in doc["backward"].items()},
-            doc["optimizer"],
-        )
+        series = {name: {int(b): v for b, v in doc.get(name, {}).items()} for name in _SERIES}
+        return cls(optimizer=doc["optimizer"], **series)
 
 
 class StagePattern:
@@ -96,9 +125,10 @@ class StagePattern:
         self.device, self.dtype = device, dtype
         self.window, self.inflight = max(window, 1), max(inflight, 1)
         params = [[p for p in u.parameters() if p.requires_grad] for u in self.units]
+        self._params = params
         self.optimizers = [AliasedOptimizer.from_config(ps, optimizer) if ps else None for ps in params]
         self.samples = PatternSamples(optimizer=[[] for _ in self.units])
-        self._pending: deque[_Pending] = deque()
+        self._pending: deque[_Pending | _SplitPending] = deque()
         self._backwards = 0
         self._data: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._turn = 0
@@ -166,14 +196,38 @@ class StagePattern:
             now = time.perf_counter()
             times[i], t = now - t, now
         if record:
-            per_unit = self.samples.forward.setdefault(b, [[] for _ in range(n)])
-            for i, s in enumerate(times):
-                per_unit[i].append(s)
+            self.samples.add("forward", b, times)
         self._pending.append(_Pending(b, h, record, marks))
+
+    def forward_split(self, b: int, record: bool) -> None:
+        """Forward a new micro-batch whose backward will run split: each unit's input a leaf of its own."""
+        x, y = self._batch(b)
+        n = len(self.units)
+        inputs: list[torch.Tensor | None] = []
+        outputs: list[torch.Tensor] = []
+        h = x
+        for i, unit in enumerate(self.units):
+            inp = h.detach().requires_grad_(h.requires_grad) if h.is_floating_point() else h
+            h = unit(inp)
+            if i == n - 1:
+                h = next_token_loss(h, y) / self.window
+            inputs.append(inp if inp.requires_grad else None)
+            outputs.append(h)
+        self._pending.append(_SplitPending(b, record, inputs, outputs))
 
     def backward(self) -> None:
         """Backward of the oldest micro-batch in flight; an optimizer step when a window is complete."""
         mb = self._pending.popleft()
+        if isinstance(mb, _SplitPending):
+            self._backward_split(mb)
+        else:
+            self._backward_whole(mb)
+        self._backwards += 1
+        if self._backwards % self.window == 0:
+            self.step(mb.record)
+
+    def _backward_whole(self, mb: _Pending) -> None:
+        """One backward call over the chain, timed per unit by the hooks at the unit boundaries."""
         n = len(self.units)
         sync(self.device)
         t0 = time.perf_counter()
@@ -189,12 +243,31 @@ class StagePattern:
             # backward ran to the end of the call and the units before it ran none.
             edges[k] = mark if mark is not None else t_end
         if mb.record:
-            per_unit = self.samples.backward.setdefault(mb.size, [[] for _ in range(n)])
-            for i in range(n):
-                per_unit[i].append(max(edges[i] - edges[i + 1], 0.0))
-        self._backwards += 1
-        if self._backwards % self.window == 0:
-            self.step(mb.record)
+            self.samples.add("backward", mb.size, [max(edges[i] - edges[i + 1], 0.0) for i in range(n)])
+
+    def _backward_split(self, mb: _SplitPending) -> None:
+        """Every unit's ``B`` (last unit first, each passing its input gradient on), then every ``W``.
+
+        A half with nothing to run is 0 s, not timed: ``B`` of a unit whose input needs no gradient,
+        ``W`` of a unit with nothing to train.
+        """
+        n = len(self.units)
+        halves: list[SplitBackward] = []
+        b_times, w_times = [0.0] * n, [0.0] * n
+        grad: torch.Tensor | None = None
+        for i in range(n - 1, -1, -1):
+            half = SplitBackward(mb.outputs[i], mb.inputs[i], self._params[i], grad)
+            halves.append(half)
+            if half.has_input_half:
+                b_times[i], grad = timed(half.input_half, self.device)
+            else:
+                grad = None
+        for i, half in zip(range(n - 1, -1, -1), halves, strict=True):
+            if half.has_weight_half:
+                w_times[i], _ = timed(half.weight_half, self.device)
+        if mb.record:
+            self.samples.add("backward_input", mb.size, b_times)
+            self.samples.add("backward_weight", mb.size, w_times)
 
     def step(self, record: bool) -> None:
         """One optimizer step per unit, in order, with the stage's own step (clipping included when configured)."""
@@ -209,9 +282,13 @@ class StagePattern:
                 self.samples.optimizer[i].append(now - t)
             t = now
 
-    def microbatch(self, b: int, record: bool) -> None:
-        """One 1F1B step: forward a new micro-batch; backward the oldest once ``inflight`` are in flight."""
-        self.forward(b, record)
+    def microbatch(self, b: int, record: bool, split: bool = False) -> None:
+        """One 1F1B step: forward a new micro-batch (its backward ``split`` into B and W, or whole);
+        backward the oldest once ``inflight`` are in flight."""
+        if split:
+            self.forward_split(b, record)
+        else:
+            self.forward(b, record)
         if len(self._pending) >= self.inflight:
             self.backward()
 
@@ -219,13 +296,20 @@ class StagePattern:
         while self._pending:
             self.backward()
 
-    def measure(self, b: int, *, repeats: int, warmup: int, on_batch: Callable[[], None] | None = None) -> None:
-        """``warmup`` untimed then ``repeats`` timed global batches at size ``b``, drained at the end."""
+    def measure(
+        self, b: int, *, repeats: int, warmup: int, on_batch: Callable[[], None] | None = None, split: bool = True
+    ) -> None:
+        """``warmup`` untimed then ``repeats`` timed global batches at size ``b``, drained at the end.
+
+        ``split``: each global batch of whole backwards is followed by one of split backwards
+        (module docstring), so both are timed as often, side by side.
+        """
         for k in range(warmup + repeats):
-            for _ in range(self.window):
-                self.microbatch(b, record=k >= warmup)
-            if on_batch:
-                on_batch()
+            for mode in (False, True) if split else (False,):
+                for _ in range(self.window):
+                    self.microbatch(b, record=k >= warmup, split=mode)
+                if on_batch:
+                    on_batch()
         self.drain()
 
 
@@ -235,16 +319,25 @@ def pooled_costs(
     """Per unit and size: the median over every process's samples of every unit in its group.
 
     ``groups[b]`` partitions the unit indices into identical units; ``nbytes[b][i]`` is unit i's
-    (activation bytes, saved bytes) at size b.
+    (activation bytes, saved bytes) at size b. The backward's split is there when the pattern ran
+    split batches at that size, else None.
     """
     n = len(next(iter(nbytes.values())))
     costs: list[dict[int, UnitCost]] = [{} for _ in range(n)]
+
+    def median(series: str, b: int, group: list[int]) -> float | None:
+        pooled = [s for smp in samples for i in group for s in getattr(smp, series).get(b, [[]] * n)[i]]
+        return statistics.median(pooled) if pooled else None
+
     for b, members in groups.items():
         for group in members:
-            fwd = statistics.median(s for smp in samples for i in group for s in smp.forward[b][i])
-            bwd = statistics.median(s for smp in samples for i in group for s in smp.backward[b][i])
+            fwd, bwd = median("forward", b, group), median("backward", b, group)
+            assert fwd is not None and bwd is not None, f"no samples at micro-batch size {b}"
+            b_half, w_half = median("backward_input", b, group), median("backward_weight", b, group)
+            if b_half is None or w_half is None:
+                b_half = w_half = None
             for i in group:
-                costs[i][b] = UnitCost(fwd, bwd, *nbytes[b][i])
+                costs[i][b] = UnitCost(fwd, bwd, *nbytes[b][i], b_half, w_half)
     return costs
 
 

@@ -23,6 +23,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -32,8 +33,10 @@ from ..model import LoadedModel, input_grads, next_token_loss
 from ..pipeline.optim import AliasedOptimizer
 from ..pipeline.stage import compute_dtype
 from ..sim.profile import UnitCost, UnitProfile
+from .split import SplitBackward
 
 Log = Callable[[str], None]
+T = TypeVar("T")
 
 
 def sync(device: torch.device) -> None:
@@ -121,7 +124,7 @@ def probe(
     with torch.no_grad():
         out = unit(x)
     forward = _training_forward(unit, x, out if last else None, device, dtype, input_grad)
-    return Probe(out.numel() * out.element_size(), _saved_bytes(unit, forward), out.detach())
+    return Probe(out.numel() * out.element_size(), _saved_bytes(unit, lambda: forward()[1]), out.detach())
 
 
 def _training_forward(
@@ -131,18 +134,20 @@ def _training_forward(
     device: torch.device,
     dtype: str,
     input_grad: bool = True,
-) -> Callable[[], torch.Tensor]:
-    """A forward of ``unit`` on ``x`` as training runs it; with ``logits`` (the last unit) it returns the loss
-    against random targets of their shape. ``input_grad``: whether ``x`` needs a gradient (as at a stage)."""
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """A forward of ``unit`` on ``x`` as training runs it: ``(input, output)``, the input a fresh leaf.
+
+    With ``logits`` (the last unit) the output is the loss against random targets of their shape.
+    ``input_grad``: whether ``x`` needs a gradient (as at a stage)."""
     targets = None if logits is None else torch.randint(0, logits.shape[-1], logits.shape[:-1], device=device)
 
-    def forward() -> torch.Tensor:
+    def forward() -> tuple[torch.Tensor, torch.Tensor]:
         inp = _like(x, unit)
         inp = inp.detach().requires_grad_(input_grad) if inp.is_floating_point() else inp
         y = unit(inp)
         if targets is not None:
-            return next_token_loss(y, targets)
-        return y
+            return inp, next_token_loss(y, targets)
+        return inp, y
 
     return forward
 
@@ -164,26 +169,45 @@ def measure_unit(
     under-predicts a pipeline stage (see :mod:`paci_tune.calibrate`); calibration uses the stage
     pattern and keeps this for quick checks and as a fallback. ``input_grad``: whether the input needs
     a gradient (a unit before it trains); a unit whose output then needs none runs no backward (0 s).
+    Each pass also times the backward split into its input and weight halves (:mod:`.split`) on a
+    second forward, so the two are measured beside the whole backward.
     """
     seen = probe(unit, x, last=last, device=device, dtype=dtype, input_grad=input_grad)
     grad = None if last else torch.randn_like(seen.output)
     forward = _training_forward(unit, x, seen.output if last else None, device, dtype, input_grad)
-    fwd, bwd = [], []
+    params = [p for p in unit.parameters() if p.requires_grad]
+    fwd, bwd, b_half, w_half = [], [], [], []
     for r in range(warmup + repeats):
         sync(device)
         t0 = time.perf_counter()
-        out = forward()
+        inp, out = forward()
         sync(device)
         t1 = time.perf_counter()
         if out.requires_grad:  # else nothing in or before this unit trains: no backward
             out.backward(grad)
         sync(device)
         t2 = time.perf_counter()
+        inp, out = forward()
+        split = SplitBackward(out, inp if inp.is_floating_point() else None, params, grad)
+        b_s = timed(split.input_half, device)[0] if split.has_input_half else 0.0
+        w_s = timed(split.weight_half, device)[0] if split.has_weight_half else 0.0
         if r >= warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1 if out.requires_grad else 0.0)
-        del out
-    return UnitCost(statistics.median(fwd), statistics.median(bwd), seen.activation_bytes, seen.saved_bytes)
+            b_half.append(b_s)
+            w_half.append(w_s)
+        del inp, out, split
+    med = statistics.median
+    return UnitCost(med(fwd), med(bwd), seen.activation_bytes, seen.saved_bytes, med(b_half), med(w_half))
+
+
+def timed(fn: Callable[[], T], device: torch.device) -> tuple[float, T]:
+    """Seconds ``fn()`` takes (the device synchronised on both sides), and what it returned."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t0, out
 
 
 def measure_optimizer(unit: nn.Module, *, device: torch.device, repeats: int, warmup: int = 2) -> float:
