@@ -27,8 +27,8 @@ from ..errors import ConfigError
 from ..model import load_model
 from ..pipeline.checks import check_model_and_data
 from ..pipeline.factory import unit_costs
-from ..pipeline.planning import check_profile, plan_partition
-from ..schedule import INTERLEAVED, SCHEDULES, balanced_partition, check_depth
+from ..pipeline.planning import check_profile, interleaved_cut, plan_partition
+from ..schedule import INTERLEAVED, SCHEDULES, check_depth
 from ..sim import simulator
 from ..sim.plot import plot_timelines
 from ..sim.profile import Profile
@@ -136,7 +136,7 @@ def predict_schedules(
                 raise
             errors[name] = e.allowed
             continue
-        layout = dataclasses.replace(p.layout, schedule=name, partition=tuple(sizes))
+        layout = dataclasses.replace(p.layout, schedule=name, partition=tuple(sizes), chunks=1)
         results[name] = simulator.simulate(layout, profile, batches, optimizer=cfg.optimizer.name,
                                  backward_weights=p.backward_weights)  # fmt: skip
     if not results:
@@ -153,8 +153,7 @@ def _interleaved(cfg: RunConfig, profile: Profile, batches: int, chunks: int, me
     if not isinstance(chunks, int) or chunks < 1 or pieces > profile.n_units:
         raise ConfigError("--chunks", chunks, f"1..{profile.n_units // p.stages}: {p.stages} stages x chunks "
                           f"pieces of the model's {profile.n_units} units")  # fmt: skip
-    per_unit = [c.forward_s + c.backward_s for c in profile.at(layout.microbatch_size)]
-    layout = layout.with_partition(balanced_partition(per_unit, pieces))
+    layout = layout.with_partition(interleaved_cut(layout, [1.0] * profile.n_units, profile))
     res = simulator.simulate(layout, profile, batches, optimizer=cfg.optimizer.name)
     if memory_bytes is not None and res.peak_memory_bytes > memory_bytes:
         need = res.peak_memory_bytes / 2**20

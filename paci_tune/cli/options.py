@@ -17,8 +17,13 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "--schedule",
         "pipeline.schedule",
-        {"type": click.Choice(["paci", "1f1b", "gpipe"]), "help": "Pipeline schedule."},
+        {
+            "type": click.Choice(["paci", "1f1b", "gpipe", "interleaved", "zb-h1"]),
+            "help": "Pipeline schedule. interleaved and zb-h1 train 1f1b's numbers, timed by the simulator "
+            "(sim/rst clocks only).",
+        },
     ),
+    ("--chunks", "pipeline.chunks", {"type": int, "help": "Model chunks per stage of interleaved (v >= 2)."}),
     ("--stages", "pipeline.stages", {"type": int, "help": "Pipeline depth P (stages)."}),
     ("--window", "pipeline.window", {"type": int, "help": "Accumulation window a (micro-batches per global batch)."}),
     (

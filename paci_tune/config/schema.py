@@ -24,6 +24,16 @@ from typing import Any, Literal
 from ..errors import ConfigError
 from .layout import Layout
 
+Schedule = Literal["paci", "1f1b", "gpipe", "interleaved", "zb-h1"]
+TimedSchedule = Literal["interleaved", "zb-h1"]
+TIMED_SCHEDULES: tuple[str, ...] = typing.get_args(TimedSchedule)
+"""Schedules a run trains with 1F1B-flush's numerics and times by simulating their own action lists
+(:mod:`paci_tune.schedule.synchronous`): interleaved 1F1B and ZB-H1. Not run for real yet, so only
+on a profile clock (``sim``, ``rst``) and the emulated runtime."""
+TIMED_ONLY = "not run for real yet: timed by the simulator on the sim/rst clocks"
+DEFAULT_CHUNKS = 2
+"""``pipeline.chunks`` of an interleaved run that does not say (v = 2, Megatron's usual)."""
+
 BackwardWeights = Literal["forward", "current"]
 BACKWARD_WEIGHTS: tuple[str, ...] = typing.get_args(BackwardWeights)
 """``pipeline.backward_weights``'s values, the one list every layer checks against: what an in-flight
@@ -139,7 +149,7 @@ class TrainingConfig:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    schedule: Literal["paci", "1f1b", "gpipe"] = "paci"
+    schedule: Schedule = "paci"
     stages: int = 1
     window: int = 4  # in a file: derived from microbatch_size, 4 when neither is given
     microbatch_size: int = 8  # in a file: training.global_batch / (data_parallel * window)
@@ -153,19 +163,27 @@ class PipelineConfig:
     # PACI: what an in-flight micro-batch's backward reads -- the weights its forward used (one copy per
     # version still needed, as the reference code's autocast casts did), or the current ones (no copy).
     backward_weights: BackwardWeights = "forward"
+    # v model chunks per stage of interleaved 1F1B; null: DEFAULT_CHUNKS under interleaved, 1 otherwise.
+    chunks: int | None = None
 
     def __post_init__(self) -> None:
         self.check("pipeline")
 
     def check(self, key: str) -> None:
         self.layout.check()
+        if self.chunks not in (None, 1) and self.schedule != "interleaved":
+            why = f"null or 1 for schedule {self.schedule} (only interleaved runs several chunks per stage)"
+            raise ConfigError(f"{key}.chunks", self.chunks, why)
+        if self.schedule in TIMED_SCHEDULES and self.runtime != "emulated":
+            raise ConfigError(f"{key}.runtime", self.runtime, f"emulated for schedule {self.schedule} ({TIMED_ONLY})")
 
     @property
     def layout(self) -> Layout:
         """This pipeline's :class:`~.layout.Layout` (its cut None while ``partition: auto``)."""
         sizes = tuple(self.partition) if isinstance(self.partition, list) else None
+        chunks = self.chunks if self.chunks is not None else DEFAULT_CHUNKS if self.schedule == "interleaved" else 1
         return Layout(self.schedule, self.stages, self.data_parallel, self.window, self.microbatch_size,
-                      self.inflight, sizes)  # fmt: skip
+                      self.inflight, sizes, chunks)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -181,6 +199,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         self.pipeline.layout.check(self.training.global_batch)
+        schedule, clock = self.pipeline.schedule, self.training.clock
+        if schedule in TIMED_SCHEDULES and clock == "wall":
+            raise ConfigError("training.clock", clock, f"rst or sim for pipeline.schedule {schedule} ({TIMED_ONLY})")
 
     @property
     def layout(self) -> Layout:

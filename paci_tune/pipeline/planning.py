@@ -11,8 +11,13 @@ Data parallelism changes what one device holds only through the micro-batch: eac
 devices holds one stage of one replica at micro-batch ``b``, so the cut and the per-device check
 are those of one replica (the partitioner also weighs each stage's gradient all-reduce). The
 emulated runtime holds all D replicas in one process, so its one-device check counts D copies of
-every stage. May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`,
-:mod:`paci_tune.config`, :mod:`paci_tune.errors`, torch.
+every stage.
+
+Interleaved 1F1B (``pipeline.chunks`` v > 1) cuts the model into ``v * P`` pieces, stage ``s``
+holding pieces ``s, s + P, ...`` (:func:`interleaved_cut`): balanced on the profile's forward plus
+backward per unit, as ``paci-tune simulate`` cuts it, or on the FLOP estimates without a profile.
+May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`,
+:mod:`paci_tune.errors`, torch.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from collections.abc import Sequence
 
 import torch
 
+from ..config.layout import Layout
 from ..config.schema import RunConfig
 from ..errors import ConfigError
-from ..schedule import check_partition, inflight_cap, resolve_partition, stage_units
+from ..schedule import balanced_partition, check_partition, inflight_cap, resolve_partition, stage_units
 from ..sim.memory import GIB, stage_copies, stage_memory
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
@@ -93,14 +99,30 @@ def plan_partition(
     ``schedule`` overrides the config's (the simulator cuts each schedule it compares).
     """
     p = cfg.pipeline
+    name = schedule or p.schedule
+    layout = dataclasses.replace(p.layout, schedule=name, chunks=p.layout.chunks if name == p.schedule else 1)
     if isinstance(p.partition, list):
-        return check_partition(p.partition, p.stages, len(unit_costs))
+        return check_partition(p.partition, layout.virtual_stages, len(unit_costs))
+    if layout.chunks > 1:
+        return interleaved_cut(layout, unit_costs, profile)
     if profile is None:
         return resolve_partition("auto", unit_costs, p.stages)
-    layout = dataclasses.replace(p.layout, schedule=schedule or p.schedule)
     return profile_partition(
         profile, layout, memory_bytes=memory_bytes, optimizer=cfg.optimizer.name, backward_weights=p.backward_weights
     ).sizes
+
+
+def interleaved_cut(layout: Layout, unit_costs: Sequence[float], profile: Profile | None) -> list[int]:
+    """The ``v * P`` pieces of an interleaved layout, balanced on the profile's forward plus backward per
+    unit at the layout's micro-batch size (on ``unit_costs`` without a profile); refused naming
+    ``pipeline.chunks`` when the model has fewer units than pieces."""
+    n, pieces = len(unit_costs), layout.virtual_stages
+    if pieces > n:
+        raise ConfigError("pipeline.chunks", layout.chunks, f"at most {n // layout.stages}: {layout.stages} stages x "
+                          f"chunks pieces of the model's {n} units")  # fmt: skip
+    if profile is not None:
+        unit_costs = [c.forward_s + c.backward_s for c in profile.at(layout.microbatch_size)]
+    return balanced_partition(unit_costs, pieces)
 
 
 def choose_partition(

@@ -27,7 +27,7 @@ from .partition import (
 )
 from .program import Program, build, needs_snapshot, stage_actions
 from .replay import Placer, Timeline, drift_per_microbatch, inflight_per_chunk, peak_inflight, replay
-from .synchronous import INTERLEAVED, SYNCHRONOUS, ZB_H1, sync_stage_actions, unsupported
+from .synchronous import INTERLEAVED, SYNCHRONOUS, ZB_H1, check_layout, sync_stage_actions, unsupported
 
 __all__ = [
     "INTERLEAVED",
@@ -42,6 +42,7 @@ __all__ = [
     "balanced_partition",
     "build",
     "check_depth",
+    "check_layout",
     "check_partition",
     "copies_bound",
     "dependency",

@@ -22,13 +22,14 @@ work, which is all the simulator needs to time them.
 
 These are the orders torch 2.13's ``ScheduleInterleaved1F1B`` and ``ScheduleInterleavedZeroBubble``
 (with one chunk per rank) compute; ``tests/test_sync_schedules.py`` checks that they agree. May
-import: :mod:`.actions` and the standard library (no torch).
+import: :mod:`.actions`, :mod:`paci_tune.errors` and the standard library (no torch).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..errors import ConfigError
 from .actions import Action, Op
 
 INTERLEAVED = "interleaved"
@@ -56,6 +57,15 @@ def unsupported(schedule: str, stages: int, window: int, chunks: int) -> tuple[s
             f"{n} rounds, which must divide {window} (e.g. a window that is a multiple of {stages})"
         )
     return None
+
+
+def check_layout(schedule: str, stages: int, window: int, chunks: int) -> None:
+    """Refuse a layout ``schedule`` cannot run (:func:`unsupported`), naming ``pipeline.chunks`` or
+    ``pipeline.window`` and the reason: what the simulator and a training run on these schedules say."""
+    refused = unsupported(schedule, stages, window, chunks)
+    if refused is not None:
+        setting, why = refused
+        raise ConfigError(f"pipeline.{setting}", chunks if setting == "chunks" else window, why)
 
 
 def _one_f_one_b(

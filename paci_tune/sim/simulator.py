@@ -73,11 +73,11 @@ from ..schedule import (
     Action,
     Op,
     build,
+    check_layout,
     check_partition,
     drift_bound,
     inflight_per_chunk,
     stage_units,
-    unsupported,
 )
 from ..schedule.replay import StageTimes, Timeline, drift_per_microbatch, peak_inflight, replay
 from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, chunked_activations, stage_memory
@@ -292,10 +292,7 @@ def simulate(
         raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SIMULATED))
     layout.check()
     chunks = layout.chunks
-    refused = unsupported(schedule, stages, window, chunks)
-    if refused is not None:
-        value = chunks if refused[0] == "chunks" else window
-        raise ConfigError(f"pipeline.{refused[0]}", value, refused[1])
+    check_layout(schedule, stages, window, chunks)
     if isinstance(n_batches, bool) or not isinstance(n_batches, int) or n_batches < 1:
         raise ConfigError("batches", n_batches, "a positive integer")
     if layout.partition is None:

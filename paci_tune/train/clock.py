@@ -11,7 +11,9 @@
 
 Profile clocks time each segment by replaying the segment's own action lists
 (:func:`paci_tune.sim.simulate`), so the fill and drain at evaluation points are paid for, and
-the reading at global batch k is when the last stage closes batch k. With ``data_parallel = D``
+the reading at global batch k is when the last stage closes batch k. A schedule the simulator
+times but the runtime does not run (interleaved 1F1B, ZB-H1: :mod:`.timed`) is timed from its own
+lists and cut, while the runtime computes 1F1B's numbers. With ``data_parallel = D``
 the simulated layout is D replicas of the pipeline on P x D devices: each stage's step also pays
 its dp group's gradient all-reduce (:mod:`paci_tune.sim.simulator`); D = 1 reads exactly as before.
 PACI with ``pipeline.backward_weights: forward`` also pays, at each step that keeps a weight version
@@ -148,6 +150,7 @@ class SegmentPlan:
     model_end: tuple[float, ...]
     makespan: float
     busy: tuple[float, ...] = ()  # per stage: seconds of training compute in the segment
+    analytic_bubble: float = 0.0  # the schedule's textbook bubble on this profile (SimResult.analytic_bubble_fraction)
 
 
 class ProfileClock:
@@ -187,7 +190,8 @@ class ProfileClock:
             steps = [[end for act, _, end in st.intervals if act.op is Op.STEP] for st in res.timeline.stages]
             model = tuple(max(per[i] for per in steps) for i in range(n_batches))
             busy = tuple(st.busy for st in res.timeline.stages)
-            self._plans[n_batches] = SegmentPlan(tuple(steps[-1]), model, res.timeline.makespan, busy)
+            self._plans[n_batches] = SegmentPlan(tuple(steps[-1]), model, res.timeline.makespan, busy,
+                                                 res.analytic_bubble_fraction)  # fmt: skip
         return self._plans[n_batches]
 
     def begin_segment(self, n_batches: int | None) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..config.layout import Layout
 from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..pipeline.evaluation import EvalPlan, EvalResult
@@ -26,6 +27,7 @@ from . import checkpoint
 from .clock import Clock, ProfileClock, WallClock
 from .lr import lr_factor, peak_lr, step_progress
 from .metrics import RecordSink
+from .timed import NUMERICS, is_timed, numerics_run
 
 # Settings that change how a run executes but not its numbers: a run may resume under others.
 _EXECUTION_ONLY = {
@@ -87,11 +89,20 @@ class Trainer:
             raise ConfigError("training.profile", None, f"a cost profile for the {t.clock} clock (see resolve_run)")
         self.clock: Clock = WallClock()
         self._segment_first = 0
-        self.setup: Setup = build_setup(run, self.lr_at, distributed=distributed)
+        # A schedule the simulator times trains 1F1B's numbers on its runtime; its clock times its own lists.
+        self.setup: Setup = build_setup(numerics_run(run), self.lr_at, distributed=distributed)
         self.runtime: Runtime = self.setup.runtime
         self.tokens_per_batch = t.global_batch * self.setup.seq_len
         self.state = LoopState(timing=[dataclasses.asdict(StageTiming()) for _ in range(p.stages)])
         self.ckpt_root = Path(t.checkpoint_dir) if t.checkpoint_dir else None
+
+    @property
+    def layout(self) -> Layout:
+        """The run's own layout, its cut pinned: a timed schedule's (:mod:`.timed`) is its own, the runtime's
+        (1F1B's, ``self.setup.partition``) is another; every other run's are one."""
+        if is_timed(self.cfg):
+            return self.cfg.layout
+        return self.cfg.layout.with_partition(self.setup.partition)
 
     # ------------------------------------------------------------------ schedule over the budget
     def make_clock(self, offset: float) -> Clock:
@@ -102,7 +113,7 @@ class Trainer:
         return ProfileClock(
             t.clock,
             self.setup.profile,
-            self.cfg.layout.with_partition(self.setup.partition),
+            self.layout,
             sync_steps=p.schedule != "paci" and bool(self.cfg.optimizer.grad_clip),
             backward_weights=p.backward_weights,
             offset=offset,
@@ -335,6 +346,8 @@ class Trainer:
             {
                 "event": "start",
                 "schedule": c.pipeline.schedule,
+                "chunks": c.layout.chunks,
+                "numerics_schedule": NUMERICS if is_timed(c) else c.pipeline.schedule,
                 "n_stages": c.pipeline.stages,
                 "data_parallel": c.pipeline.data_parallel,
                 "window": c.pipeline.window,
@@ -343,7 +356,7 @@ class Trainer:
                 "runtime": c.pipeline.runtime,
                 "device": str(s.device),
                 "precision": s.precision,
-                "partition": s.partition,
+                "partition": list(self.layout.partition or ()),
                 "n_units": s.n_units,
                 "steps": c.training.steps,
                 "seconds": c.training.seconds,
@@ -374,6 +387,8 @@ class Trainer:
         if c.pipeline.schedule == "paci":  # fills and drains once per segment (at checkpoints)
             fill = st.segments * (p - 1)
             analytic = fill / (m * st.batches_done + fill) if st.batches_done else 0.0
+        elif is_timed(c) and isinstance(self.clock, ProfileClock):  # its own formula, on the profile's costs
+            analytic = self.clock.plan(1).analytic_bubble
         else:
             analytic = (p - 1) / (m + p - 1)
         mfu_flops = self.setup.flops_per_token
@@ -385,13 +400,18 @@ class Trainer:
         return {
             "event": "summary",
             "schedule": c.pipeline.schedule,
+            "chunks": c.layout.chunks,
+            # The schedule the runtime ran: a timed one's (interleaved, zb-h1) numbers are 1F1B's, and so
+            # are the runtime's own figures below (tokens_per_s, bubble_fraction, stages); its clock_*
+            # figures are its own schedule's simulated timeline.
+            "numerics_schedule": NUMERICS if is_timed(c) else c.pipeline.schedule,
             "runtime": c.pipeline.runtime,
             "n_stages": p,
             "data_parallel": c.pipeline.data_parallel,  # replicas; tokens and tokens/s count the whole global batch
             "window": m,
             "microbatch_size": c.pipeline.microbatch_size,
             "global_batch": c.training.global_batch,
-            "partition": self.setup.partition,
+            "partition": list(self.layout.partition or ()),  # the run's own cut (a timed schedule's, v * P pieces)
             "device": str(self.setup.device),
             "precision": self.setup.precision,
             "steps": st.batches_done,

@@ -23,6 +23,7 @@ from ..errors import ConfigError
 from ..pipeline.backend import choose_backend, shares_gpus, visible_gpus
 from ..pipeline.factory import ResolvedRun, resolve_pieces
 from .failure import first_failure
+from .timed import is_timed, resolve_timed
 
 Log = Callable[[str], None]
 
@@ -55,7 +56,8 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
     the launcher resolved) and by a trial's process. The sim clock without a profile gets this
     machine's, measured once and cached; the stage cut (``partition: auto``) is computed here, with
     every check that can refuse the run (data, model, depth, partition, memory), so distributed
-    workers and a later resume all run the same cut.
+    workers and a later resume all run the same cut. A schedule the simulator times (interleaved,
+    ZB-H1) gets its own cut and trains 1F1B's numbers (:mod:`.timed`).
     """
     t = cfg.training
     if t.init_from:
@@ -65,6 +67,8 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
     if t.clock == "sim" and not t.profile:
         _, path = measured_profile(cfg, log=log)
         cfg = dataclasses.replace(cfg, training=dataclasses.replace(t, profile=str(path)))
+    if is_timed(cfg):
+        return resolve_timed(cfg)
     return resolve_pieces(cfg, distributed=cfg.pipeline.runtime == "distributed")
 
 

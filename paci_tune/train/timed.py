@@ -1,0 +1,81 @@
+"""Runs of the schedules the simulator times: interleaved 1F1B and ZB-H1 train 1F1B-flush's numbers.
+
+Every synchronous schedule computes exactly 1F1B-flush's gradients -- plain gradient accumulation
+over the window, every stage stepping together after the drain -- and differs from it only in when
+each stage does its work (:mod:`paci_tune.schedule.synchronous`). So a run of one is two layouts:
+
+- the **timing layout**, the run's own config: the schedule, its chunks, and its own cut (``v * P``
+  pieces for interleaved, stage ``s`` holding pieces ``s, s + P, ...``; ZB-H1's cut by the
+  memory-aware partitioner with its own in-flight count). The profile clock simulates its action
+  lists (:class:`~paci_tune.train.clock.ProfileClock`), so time to target, the LR schedule over a
+  budget in seconds and evaluation points on the clock's grid all follow the schedule's timeline.
+  Records, summaries, checkpoints' fingerprints and best.yaml name it.
+- the **numerics layout** (:func:`numerics_config`): 1f1b on the same P, D, a, b, the runtime's
+  stages cut contiguously -- for interleaved, numerics stage ``s`` holds the ``v`` consecutive
+  pieces ``s*v .. s*v+v-1`` of the timing cut (any contiguous cut gives flush's numbers). The
+  emulated runtime is built from it (:func:`numerics_run`).
+
+The losses of such a run therefore equal a 1f1b run's of the same (P, D, a, b), seed and data on
+a budget in steps; only the clock differs. Not run for real yet: the config refuses the wall clock
+and the distributed runtime (:data:`paci_tune.config.schema.TIMED_SCHEDULES`). May import:
+:mod:`paci_tune.pipeline`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`,
+:mod:`paci_tune.errors`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config.schema import TIMED_SCHEDULES, RunConfig
+from ..errors import ConfigError
+from ..pipeline.factory import ResolvedRun, resolve_pieces, unit_costs
+from ..pipeline.planning import plan_partition
+from ..schedule import check_layout
+
+NUMERICS = "1f1b"
+"""The schedule whose numerics a timed schedule trains."""
+
+
+def is_timed(cfg: RunConfig) -> bool:
+    """Whether ``cfg``'s schedule is timed by the simulator while 1f1b computes its numbers."""
+    return cfg.pipeline.schedule in TIMED_SCHEDULES
+
+
+def numerics_config(cfg: RunConfig) -> RunConfig:
+    """The config the runtime runs for ``cfg``: ``cfg`` itself, or for a timed schedule 1f1b on the
+    same P, D, a, b, its pinned cut merged ``v`` pieces to a stage (module docstring)."""
+    if not is_timed(cfg):
+        return cfg
+    p = cfg.pipeline
+    partition = p.partition
+    if isinstance(partition, list):
+        v = p.layout.chunks
+        partition = [sum(partition[s * v : (s + 1) * v]) for s in range(p.stages)]
+    return dataclasses.replace(cfg, pipeline=dataclasses.replace(p, schedule=NUMERICS, chunks=None,
+                                                                 partition=partition))  # fmt: skip
+
+
+def numerics_run(run: ResolvedRun) -> ResolvedRun:
+    """``run`` as the runtime builds it: its config's numerics layout (:func:`numerics_config`)."""
+    numerics = numerics_config(run.config)
+    return run if numerics is run.config else dataclasses.replace(run, config=numerics)
+
+
+def resolve_timed(cfg: RunConfig) -> ResolvedRun:
+    """The resolved run of a timed schedule: its config with the timing cut pinned, every check of the
+    numerics run it trains passed (data, model, profile, memory) on the cut the runtime will use.
+
+    Refuses, naming the key, a layout the schedule cannot run (``pipeline.chunks``, ``pipeline.window``)
+    and an interleaved model with fewer units than ``v * P`` pieces.
+    """
+    p = cfg.pipeline
+    layout = p.layout
+    check_layout(p.schedule, p.stages, p.window, layout.chunks)
+    auto = dataclasses.replace(cfg, pipeline=dataclasses.replace(p, partition="auto"))
+    first = resolve_pieces(numerics_config(auto), distributed=False)  # the model, data and profile
+    if first.profile is None:  # the config requires one for rst; resolve_run measures sim's first
+        raise ConfigError("training.profile", None, f"a cost profile to time schedule {p.schedule} on")
+    sizes = plan_partition(cfg, unit_costs(first.model), first.profile)
+    timed = dataclasses.replace(cfg, pipeline=dataclasses.replace(p, partition=sizes))
+    run = resolve_pieces(numerics_config(timed), distributed=False)
+    return ResolvedRun(timed, run.source, run.model, run.profile)
