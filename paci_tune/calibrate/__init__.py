@@ -24,8 +24,8 @@ ran alone. What is measured, and how:
   what a zero-bubble schedule runs apart -- ``B``, the input gradient (``torch.autograd.grad`` with
   respect to the unit's input only, keeping the graph), and ``W``, the weight gradient (then with
   respect to the unit's trainable parameters, from the gradients ``B`` left at the layers that use
-  them), as torch.distributed.pipelining splits a stage's backward (:mod:`.split`). Global batches
-  of whole and of split backwards alternate, so both are timed on the same machine state;
+  them), as torch.distributed.pipelining splits a stage's backward (:mod:`.split`). Micro-batches
+  with whole and with split backwards alternate, so both are timed on the same machine state;
   ``backward_s`` stays the whole backward, what the other schedules run. ``B + W`` exceeds it by
   what splitting costs (a walk of the unit's autograd graph, a second autograd pass per parameter
   group): 1.1-1.35x per block of the tiny GPT on a 2-core CPU, more for units of a few hundred

@@ -10,13 +10,14 @@ Per-unit times come from timestamps between the units' forwards and, in the back
 on the tensors at the unit boundaries.
 
 **The backward's two halves** (``B``, the input gradient, and ``W``, the weight gradient: what a
-zero-bubble schedule runs apart, :mod:`.split`) are timed in the same run: every measured global
-batch of whole backwards is followed by one whose micro-batches are *split*, each unit's input a
+zero-bubble schedule runs apart, :mod:`.split`) are timed in the same run: every measured
+micro-batch with a whole backward is followed by one whose backward is *split*, each unit's input a
 leaf of its own, the backward run unit by unit as all the ``B`` halves (last unit first), then all
-the ``W`` halves. The two kinds of batch alternate, and share the micro-batches in flight, so both
-are timed on the same machine state; ``backward_s`` stays the whole backward's time, what every
-other schedule runs. May import: :mod:`paci_tune.pipeline`,
-:mod:`paci_tune.model`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, torch.
+the ``W`` halves. The two kinds alternate micro-batch by micro-batch in one 1F1B stream (the
+optimizer stepping every ``window`` backwards of either kind), so both are timed on the same
+machine state; ``backward_s`` stays the whole backward's time, what every other schedule runs.
+May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.model`, :mod:`paci_tune.sim`,
+:mod:`paci_tune.config`, torch.
 """
 
 from __future__ import annotations
@@ -301,15 +302,16 @@ class StagePattern:
     ) -> None:
         """``warmup`` untimed then ``repeats`` timed global batches at size ``b``, drained at the end.
 
-        ``split``: each global batch of whole backwards is followed by one of split backwards
+        ``split``: each micro-batch with a whole backward is followed by one with a split backward
         (module docstring), so both are timed as often, side by side.
         """
         for k in range(warmup + repeats):
-            for mode in (False, True) if split else (False,):
-                for _ in range(self.window):
-                    self.microbatch(b, record=k >= warmup, split=mode)
-                if on_batch:
-                    on_batch()
+            for _ in range(self.window):
+                self.microbatch(b, record=k >= warmup)
+                if split:
+                    self.microbatch(b, record=k >= warmup, split=True)
+            if on_batch:
+                on_batch()
         self.drain()
 
 
