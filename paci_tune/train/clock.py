@@ -55,6 +55,11 @@ class Clock(Protocol):
     last_busy: list[float]
     """Per stage: the clock's seconds of training compute in the last segment (empty: the clock has none)."""
 
+    @property
+    def analytic_bubble(self) -> float | None:
+        """The schedule's textbook bubble on the clock's costs (None: the clock has no costs, wall)."""
+        ...
+
     def now(self) -> float:
         """The reading now: at a segment's start, between segments, or mid-segment on a measured clock."""
         ...
@@ -113,6 +118,11 @@ class WallClock:
 
     def now(self) -> float:
         return self.offset + time.perf_counter() - self._start - self._excluded
+
+    @property
+    def analytic_bubble(self) -> None:
+        """Wall time has no costs to put in a formula."""
+        return None
 
     def exclude(self, seconds: float) -> None:
         self._excluded += seconds
@@ -178,6 +188,11 @@ class ProfileClock:
 
     def now(self) -> float:
         return self.reading
+
+    @property
+    def analytic_bubble(self) -> float:
+        """The layout's textbook bubble on the profile's costs (:attr:`SegmentPlan.analytic_bubble`)."""
+        return self.plan(1).analytic_bubble
 
     def exclude(self, seconds: float) -> None:
         """Evaluation never advances a profile clock."""

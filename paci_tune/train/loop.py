@@ -387,8 +387,8 @@ class Trainer:
         if c.pipeline.schedule == "paci":  # fills and drains once per segment (at checkpoints)
             fill = st.segments * (p - 1)
             analytic = fill / (m * st.batches_done + fill) if st.batches_done else 0.0
-        elif is_timed(c) and isinstance(self.clock, ProfileClock):  # its own formula, on the profile's costs
-            analytic = self.clock.plan(1).analytic_bubble
+        elif is_timed(c) and self.clock.analytic_bubble is not None:  # its own formula, on the profile's costs
+            analytic = self.clock.analytic_bubble
         else:
             analytic = (p - 1) / (m + p - 1)
         mfu_flops = self.setup.flops_per_token
