@@ -110,16 +110,20 @@ def calibrate(
     )
     profile.save(out)
     table = Table(title=f"{profile.device} · {profile.dtype} · {profile.threads} thread(s) · seq {profile.seq_len}")
-    for col in ("unit", "params", "step", *[f"F+B @{b}" for b in profile.microbatch_sizes], "saved/mb"):
-        table.add_column(col, justify="right")
     b_max = profile.microbatch_sizes[-1]
+    halves = f"B | W @{b_max}"  # the backward's input and weight halves (what zero-bubble schedules run apart)
+    for col in ("unit", "params", "step", *[f"F+B @{b}" for b in profile.microbatch_sizes], halves, "saved/mb"):
+        table.add_column(col, justify="right")
     for u in profile.units:
+        big = u.costs[b_max]
+        b_in, b_w = big.split(1.0)  # measured by calibrate (never derived here)
         table.add_row(
             u.name,
             fmt_bytes(u.param_bytes),
             _fmt_seconds(u.optimizer_s),
             *[_fmt_seconds(u.costs[b].forward_s + u.costs[b].backward_s) for b in profile.microbatch_sizes],
-            f"{fmt_bytes(u.costs[b_max].saved_bytes)} @{b_max}",
+            f"{_fmt_seconds(b_in)} | {_fmt_seconds(b_w)}",
+            f"{fmt_bytes(big.saved_bytes)} @{b_max}",
         )
     table.caption = (
         f"p2p {profile.p2p.backend}: latency {_fmt_seconds(profile.p2p.latency_s)}, "
