@@ -23,6 +23,7 @@ from helpers.oracles import CONSTANT_LR, numerics_doc, plain_training
 from helpers.profiles import FREE, make_profile
 
 from paci_tune.cli import main
+from paci_tune.cli.ui import summary_table
 from paci_tune.config.schema import TIMED_SCHEDULES
 from paci_tune.schedule import SYNCHRONOUS
 
@@ -122,6 +123,8 @@ def test_records_name_the_schedule_and_its_cut(tmp_path: Path) -> None:
         assert rec["partition"] == [1, 1, 1, 1]  # v * P pieces, stage s holding pieces s and s + P
     assert summary["analytic_bubble_fraction"] == pytest.approx(1 / (2 * 4 + 1))
     assert len(summary["stages"]) == 2  # the runtime's stages (1F1B's numbers)
+    caption = str(summary_table(summary).caption)  # what `paci-tune train` prints at the end
+    assert "interleaved's bubble" in caption and "rst clock" in caption and "ran 1f1b's numbers" in caption
     zb = summary_of(run_in_process(timed_doc(tmp_path, "zb-h1")))
     f, b, w = 2 * F, 2 * B_IN, 2 * B_W
     assert (zb["schedule"], zb["chunks"], zb["numerics_schedule"]) == ("zb-h1", 1, "1f1b")

@@ -129,10 +129,17 @@ def summary_table(s: dict[str, Any]) -> Table:
             else "nothing to train",
             fmt_bytes(st["peak_memory_bytes"]),
         )
+    numerics = s.get("numerics_schedule", s["schedule"])
+    if numerics != s["schedule"]:  # timed by the simulator: its bubble is the clock's; the stages ran 1F1B
+        bubble = (
+            f"{s['schedule']}'s bubble {s['clock_bubble_fraction']:.1%} on the {s['clock_name']} clock "
+            f"(analytic {s['analytic_bubble_fraction']:.1%}), the stages above ran {numerics}'s numbers"
+        )
+    else:
+        bubble = f"bubble {s['bubble_fraction']:.1%} (analytic {s['analytic_bubble_fraction']:.1%})"
     t.caption = (
         f"{s['steps']} steps, {s['tokens']:,} tokens, {s['tokens_per_s']:,.0f} tokens/s (pipeline), "
-        f"bubble {s['bubble_fraction']:.1%} (analytic {s['analytic_bubble_fraction']:.1%}), "
-        f"train loss {s['train_loss']:.4f}"
+        f"{bubble}, train loss {s['train_loss']:.4f}"
         if s.get("train_loss") is not None
         else ""
     )
