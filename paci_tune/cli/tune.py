@@ -112,7 +112,7 @@ def _outcome(best: dict[str, Any], schedule: str, search_ttt: float | None) -> s
 
 
 def _print_best(best: dict[str, Any], path: Path) -> None:
-    from ..tune.space import DEFAULT_BACKWARD_WEIGHTS
+    from ..tune.choices import DEFAULT_BACKWARD_WEIGHTS
 
     r, e = best["recommended"], best["evidence"]
     bw = r.get("backward_weights")

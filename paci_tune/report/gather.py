@@ -19,8 +19,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..errors import ConfigError
 from ..tune.bestfile import BestFile, read_best
+from ..tune.point import TrialParams
 from ..tune.record import StudyRecord, TrialRecord
-from ..tune.space import TrialParams
 from ..tune.study import open_storage
 from ..verdict.best import params_of, trial_counts
 

@@ -25,8 +25,9 @@ from ..config import RunConfig, derive_run
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
 from .extra import confirm_seeds
+from .point import TrialParams
 from .search import Search
-from .space import SearchSpace, TrialParams
+from .space import SearchSpace
 from .study import storage_file
 
 MAX_POINTS = 20_000

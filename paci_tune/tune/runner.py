@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 from ..base.files import write_yaml
 from ..base.processes import Child, follow
 from .objective import Progress, grid_step
-from .space import TrialParams
+from .point import TrialParams
 
 OnEval = Callable[[int, Progress], bool]  # (grid step, progress so far) -> prune now?
 OnRecord = Callable[[dict[str, Any]], None]

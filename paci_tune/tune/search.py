@@ -30,11 +30,12 @@ from ..config.tune import TuneConfig
 from . import extra, record
 from .extra import confirm_seeds
 from .objective import Progress
+from .point import TrialParams
 from .record import Outcome, PointAttrs, TrialRecord
 from .rounds import current_round
 from .runner import TrialJob, TrialResult, TrialRunner
 from .setup import trial_runtime
-from .space import SearchSpace, TrialParams
+from .space import SearchSpace
 from .study import HOST, Heartbeat, claim, counted, reap_dead, running_elsewhere
 from .warm import WarmStart, trial_overrides
 

@@ -162,7 +162,7 @@ def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) 
         return
     if space.fixed_batch is None and p.window not in space.window:
         return
-    from .space import TrialParams
+    from .point import TrialParams
 
     a = space.window_of(p.stages, p.microbatch_size) if space.fixed_batch is not None else p.window
     if space.lr_scale is not None:

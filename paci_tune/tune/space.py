@@ -28,7 +28,8 @@ feasible values and the grid is finite:
   (:func:`skip_tied`: PACI refuses one split across stages, and a trial's cut is chosen when it starts).
 The file's values are parsed by :mod:`.choices`. May import: optuna, :mod:`paci_tune.base`,
 :mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the :class:`~paci_tune.config.layout.Layout`),
-:mod:`paci_tune.errors` and the tune layer's :mod:`.choices`.
+:mod:`paci_tune.errors` and the tune layer's :mod:`.choices` and :mod:`.point` (a point,
+:class:`~.point.TrialParams`, which this module re-exports for callers that build one beside a space).
 """
 
 from __future__ import annotations
@@ -47,52 +48,14 @@ from ..base.shipped import resolve_path, shipped, shipped_names
 from ..config.layout import Layout
 from ..errors import ConfigError
 from ..schedule import drift_bound
-from .choices import DEFAULT_BACKWARD_WEIGHTS, backward_weights_choices, int_choices, keep, lr_space
+from .choices import backward_weights_choices, int_choices, keep, lr_space
+from .point import TrialParams
+
+__all__ = ["SCHEDULES", "SearchSpace", "TrialParams", "load_space", "restrict", "skip_stale", "skip_tied"]
 
 SCHEDULES = ("paci", "1f1b")
 _KEYS = ("description", "schedules", "global_batch", "stages", "microbatch_size", "window", "lr_scale",
          "backward_weights")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class TrialParams:
-    """One point of the space: everything a trial changes in the run configuration."""
-
-    schedule: str
-    stages: int
-    window: int
-    microbatch_size: int
-    lr_scale: float = 1.0
-    data_parallel: int = 1
-    backward_weights: str | None = None  # PACI's pipeline.backward_weights; None: the run's own (flush: always)
-
-    @property
-    def layout(self) -> Layout:
-        """The point's pipeline layout (its cut chosen when the trial's run is resolved)."""
-        return Layout(self.schedule, self.stages, self.data_parallel, self.window, self.microbatch_size)
-
-    @property
-    def global_batch(self) -> int:
-        return self.layout.global_batch
-
-    @property
-    def devices(self) -> int:
-        return self.layout.devices
-
-    def overrides(self) -> dict[str, Any]:
-        """Dotted run-config overrides (``pipeline.window`` ...) that make a run this point."""
-        out = self.layout.overrides()
-        if self.backward_weights is not None:
-            out["pipeline.backward_weights"] = self.backward_weights
-        return out
-
-    def label(self) -> str:
-        """``paci P=4 D=2 a=8 b=4 w=current lr x0.5``: D, the backward's weights and the LR scale only where
-        they are not the default (D=1, ``forward`` or the run's own, x1)."""
-        lr = f" lr x{self.lr_scale:.2g}" if self.lr_scale != 1.0 else ""
-        bw = self.backward_weights
-        w = f" w={bw}" if bw is not None and bw != DEFAULT_BACKWARD_WEIGHTS else ""
-        return f"{self.layout.label()}{w}{lr}"
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,11 @@ from .. import __version__
 from ..config.layout import Layout
 from ..errors import ConfigError
 from ..tune.bestfile import EVIDENCE, RECOMMENDED
+from ..tune.choices import DEFAULT_BACKWARD_WEIGHTS
 from ..tune.extra import search_trials
+from ..tune.point import TrialParams
 from ..tune.record import TrialRecord
 from ..tune.rounds import LEVEL
-from ..tune.space import DEFAULT_BACKWARD_WEIGHTS, TrialParams
 from . import confirm, transfer
 from .confirm import Confirmed
 

@@ -27,9 +27,9 @@ import optuna
 from optuna.trial import TrialState
 
 from ..tune.extra import retried_numbers
+from ..tune.point import TrialParams
 from ..tune.record import StudyRecord, TrialRecord
 from ..tune.rounds import BOOTSTRAP_DRAWS, paired_ratio
-from ..tune.space import TrialParams
 
 
 @dataclass

@@ -48,8 +48,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ..tune.extra import retried_numbers
+from ..tune.point import TrialParams
 from ..tune.record import StudyRecord, TrialRecord
-from ..tune.space import TrialParams
 
 
 # --------------------------------------------------------------------------------- Spearman

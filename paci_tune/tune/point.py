@@ -1,0 +1,58 @@
+"""One point of a search space: the schedule and layout a trial runs, and what it changes in the run.
+
+A point is what a study's sampler proposes and what a trial, the verdict and the report read back;
+it knows how to say itself (a label) and how to become a run (dotted overrides), and nothing about
+which points a space allows (:mod:`.space`). It lives apart from the space so that readers of a
+search's results (the verdict, the report) need not import the space's parsing. May import:
+:mod:`paci_tune.config` (the :class:`~paci_tune.config.layout.Layout`) and the tune layer's
+:mod:`.choices`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..config.layout import Layout
+from .choices import DEFAULT_BACKWARD_WEIGHTS
+
+
+@dataclass(frozen=True)
+class TrialParams:
+    """One point of the space: everything a trial changes in the run configuration."""
+
+    schedule: str
+    stages: int
+    window: int
+    microbatch_size: int
+    lr_scale: float = 1.0
+    data_parallel: int = 1
+    backward_weights: str | None = None  # PACI's pipeline.backward_weights; None: the run's own (flush: always)
+
+    @property
+    def layout(self) -> Layout:
+        """The point's pipeline layout (its cut chosen when the trial's run is resolved)."""
+        return Layout(self.schedule, self.stages, self.data_parallel, self.window, self.microbatch_size)
+
+    @property
+    def global_batch(self) -> int:
+        return self.layout.global_batch
+
+    @property
+    def devices(self) -> int:
+        return self.layout.devices
+
+    def overrides(self) -> dict[str, Any]:
+        """Dotted run-config overrides (``pipeline.window`` ...) that make a run this point."""
+        out = self.layout.overrides()
+        if self.backward_weights is not None:
+            out["pipeline.backward_weights"] = self.backward_weights
+        return out
+
+    def label(self) -> str:
+        """``paci P=4 D=2 a=8 b=4 w=current lr x0.5``: D, the backward's weights and the LR scale only where
+        they are not the default (D=1, ``forward`` or the run's own, x1)."""
+        lr = f" lr x{self.lr_scale:.2g}" if self.lr_scale != 1.0 else ""
+        bw = self.backward_weights
+        w = f" w={bw}" if bw is not None and bw != DEFAULT_BACKWARD_WEIGHTS else ""
+        return f"{self.layout.label()}{w}{lr}"
