@@ -26,6 +26,7 @@ Format (every time in seconds, every size in bytes)::
           16: {forward_s: 0.002, backward_s: 0.004, activation_bytes: 1048576, saved_bytes: 16384}
     p2p: {latency_s: 5.0e-05, bandwidth_Bps: 2.0e+09}   # one point-to-point send: latency + bytes / bandwidth
     allreduce: {latency_s: 1.0e-04, bandwidth_Bps: 1.0e+09, backend: gloo}   # optional: one ring step (below)
+    tied: [{units: [0, 5], bytes: 131072}]   # optional: units sharing trainable parameters (:mod:`.tied`)
 
 ``forward_s`` / ``backward_s`` are one micro-batch through the unit (the last unit includes the
 cross-entropy loss, as the real last stage computes it). ``activation_bytes`` is the unit's
@@ -76,8 +77,8 @@ measured sizes, and extrapolated along the line through the two nearest measured
 either end (clamped at zero); with a single measured size, costs are taken proportional to the
 micro-batch size. Compute time is close to linear in the micro-batch size once a kernel is large
 enough to fill the device, and activation sizes are exactly linear, so this is accurate between
-measured sizes and a fair guess a little beyond them. May import: PyYAML, :mod:`.costs`, :mod:`paci_tune.base`,
-:mod:`paci_tune.errors`.
+measured sizes and a fair guess a little beyond them. May import: PyYAML, :mod:`.costs`, :mod:`.tied`,
+:mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -94,9 +95,11 @@ from ..base.files import atomic_write_text, read_mapping
 from ..base.shipped import resolve_path
 from ..errors import ConfigError
 from .costs import UnitCost, UnitProfile
+from .tied import TiedGroup, parse_tied
 
 FORMAT = "paci-tune-profile/1"
-_TOP_KEYS = ("format", "machine", "device", "torch", "dtype", "date", "threads", "seq_len", "units", "p2p", "allreduce")
+_TOP_KEYS = ("format", "machine", "device", "torch", "dtype", "date", "threads", "seq_len", "units", "p2p",
+             "allreduce", "tied")  # fmt: skip
 _UNIT_KEYS = ("name", "param_bytes", "trainable_bytes", "optimizer_s", "copy_s", "microbatch")
 _COST_KEYS = ("forward_s", "backward_s", "activation_bytes", "saved_bytes")
 _SPLIT_KEYS = ("backward_input_s", "backward_weight_s")
@@ -163,6 +166,7 @@ class Profile:
     date: str = "unknown"
     machine: dict[str, str] = field(default_factory=dict)
     allreduce_cost: AllReduceCost | None = None  # None: derived from ``p2p`` (module docstring)
+    tied: tuple[TiedGroup, ...] = ()  # units sharing trainable parameters (:mod:`.tied`); () for old profiles
 
     @property
     def allreduce(self) -> AllReduceCost:
@@ -261,6 +265,8 @@ class Profile:
         out["p2p"] = self.p2p.to_dict()
         if self.allreduce_cost is not None:
             out["allreduce"] = self.allreduce_cost.to_dict()
+        if self.tied:
+            out["tied"] = [g.to_dict() for g in self.tied]
         return out
 
     def dumps(self) -> str:
@@ -306,6 +312,7 @@ class Profile:
             torch_version=str(data.get("torch", "unknown")),
             date=str(data.get("date", "unknown")),
             machine={str(k): str(v) for k, v in machine.items()},
+            tied=parse_tied(f"{where}.tied", data.get("tied"), len(units)),
         )
 
     @classmethod
