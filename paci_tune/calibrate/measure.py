@@ -24,6 +24,7 @@ from ..errors import ConfigError
 from ..model import LoadedModel, input_grads, load_model
 from ..pipeline.factory import resolve_device, resolve_precision
 from ..pipeline.optim import release_masters
+from ..pipeline.tied import tied_groups
 from ..sim.profile import AllReduceCost, P2PCost, Profile, UnitCost, UnitProfile
 from .allreduce import measure_allreduce
 from .corun import co_run_pattern
@@ -203,6 +204,7 @@ def calibrate(
     n_procs = processes or default_processes(stages, n_threads, dev)
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     model = load_model(cfg.model, source.vocab_size, cfg.training.seed)
+    tied = tuple(tied_groups(model))  # the units sharing trainable parameters, before any is moved or cast
     vocab = model.gpt.vocab_size if model.gpt is not None else source.vocab_size
     units = [to_compute(model.units[i], dev, dtype) for i in range(model.n_units)]
     needs_grad = input_grads(model.trainable)  # per unit: whether its input needs a gradient, as at a stage
@@ -274,6 +276,7 @@ def calibrate(
         units=unit_profiles,
         p2p=p2p,
         allreduce_cost=allreduce or None,
+        tied=tied,
         seq_len=model.block_size,
         device=device_name(dev),
         dtype=dtype,

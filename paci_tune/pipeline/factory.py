@@ -31,7 +31,7 @@ from .emulated import EmulatedRuntime
 from .mesh import check_world
 from .planning import choose_partition, load_profile
 from .stage import Stage, compute_dtype
-from .tied import tied_across_stages, untie
+from .tied import tied_across_stages, tied_groups, untie
 
 
 @dataclass
@@ -105,7 +105,7 @@ def resolve_pieces(cfg: RunConfig, *, distributed: bool) -> ResolvedRun:
     auto``) is chosen here and pinned in the returned run's config.
     """
     source, meta = check_model_and_data(cfg)  # every stage is built on this machine (either runtime)
-    profile = load_profile(cfg, meta.n_units, meta.block_size)
+    profile = load_profile(cfg, meta.n_units, meta.block_size, tied_groups(meta))
     sizes = choose_partition(cfg, unit_costs(meta), profile, resolve_device(cfg.pipeline.device), distributed)
     check_shared_parameters(meta, sizes, cfg.pipeline.schedule)
     if cfg.pipeline.partition != sizes:

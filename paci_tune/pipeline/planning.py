@@ -35,10 +35,20 @@ from ..schedule import balanced_partition, check_partition, inflight_cap, resolv
 from ..sim.memory import GIB, stage_copies, stage_memory
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
+from ..sim.tied import TiedGroup
 
 
-def check_profile(profile: Profile, n_units: int, seq_len: int, key: str, where: str) -> Profile:
-    """A profile is only good for the model it was measured on: its units and its sequence length."""
+def check_profile(
+    profile: Profile, n_units: int, seq_len: int, key: str, where: str, tied: Sequence[TiedGroup] | None = None
+) -> Profile:
+    """A profile is only good for the model it was measured on: its units and its sequence length.
+
+    ``tied``: the model's own tied groups (:func:`.tied.tied_groups`), which replace the profile's in the
+    profile returned. Which units share a parameter is a fact of the model in hand, not of the machine
+    the costs were measured on, and the model is what will run: an old profile without ``tied``, or one
+    of an earlier version of the model, must not time the holders' all-reduce as free (or charge one that
+    no longer exists). So the model wins, silently; the profile's record serves where no model is at hand.
+    """
     if profile.n_units != n_units:
         raise ConfigError(key, where, f"a profile of this model's {n_units} units (it has {profile.n_units})")
     if profile.seq_len != seq_len:
@@ -46,15 +56,16 @@ def check_profile(profile: Profile, n_units: int, seq_len: int, key: str, where:
             key, where,
             f"a profile measured at this model's sequence length {seq_len} (it was measured at {profile.seq_len})",
         )  # fmt: skip
-    return profile
+    return profile if tied is None else dataclasses.replace(profile, tied=tuple(tied))
 
 
-def load_profile(cfg: RunConfig, n_units: int, seq_len: int) -> Profile | None:
-    """The run's cost profile (``training.profile``), checked against the model it is used for."""
+def load_profile(cfg: RunConfig, n_units: int, seq_len: int, tied: Sequence[TiedGroup] | None = None) -> Profile | None:
+    """The run's cost profile (``training.profile``), checked against the model it is used for (its tied
+    groups the model's: :func:`check_profile`)."""
     path = cfg.training.profile
     if not path:
         return None
-    return check_profile(Profile.load(path, key="training.profile"), n_units, seq_len, "training.profile", path)
+    return check_profile(Profile.load(path, key="training.profile"), n_units, seq_len, "training.profile", path, tied)
 
 
 def memory_available(device: torch.device, processes_here: int) -> float:

@@ -22,8 +22,9 @@ One mechanism, two transports, the same arithmetic (the holders' gradients summe
 :func:`sum_tied` in one process (emulated), :class:`TiedAllReduce` over a process group of the
 replica's holder ranks (distributed). Two holders sum two terms, which is the same in either order,
 so the runtimes agree bit for bit. A frozen tied parameter is never stepped, so its copies stay equal
-with nothing to sum. May import: torch, :mod:`paci_tune.model`, :mod:`paci_tune.schedule`,
-:mod:`.stage`, :mod:`.mesh`.
+with nothing to sum. What a profile records of it (:func:`tied_groups`) lets the simulator charge the
+holders' all-reduce (:mod:`paci_tune.sim.tied`). May import: torch, :mod:`paci_tune.model`,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.sim`, :mod:`.stage`, :mod:`.mesh`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from torch import nn
 
 from ..model import LoadedModel, shared_parameters
 from ..schedule import stage_units
+from ..sim.tied import TiedGroup
 from .mesh import rank_of
 from .stage import Stage
 
@@ -87,6 +89,24 @@ def tied_across_stages(meta: LoadedModel, sizes: Sequence[int]) -> list[TiedPara
             trainable = meta.units[units[0]].get_parameter(names[0]).requires_grad
             out.append(TiedParameter(local, held, trainable))
     return out
+
+
+def tied_groups(meta: LoadedModel) -> list[TiedGroup]:
+    """The model's units sharing trainable parameters, as a profile records them (:mod:`paci_tune.sim.tied`).
+
+    The detection :func:`tied_across_stages` uses, before any cut: per set of units, the fp32 gradient
+    bytes (4 per element) of the trainable parameters they share. Frozen ones are left out (nothing is
+    summed), and so is a parameter one unit holds under two names. The built-in GPT ties nothing.
+    """
+    if meta.gpt is not None:
+        return []
+    out: dict[tuple[int, ...], int] = {}
+    for units, names in shared_parameters([meta.units[i] for i in range(meta.n_units)]):
+        param = meta.units[units[0]].get_parameter(names[0])
+        key = tuple(sorted(set(units)))
+        if param.requires_grad and len(key) > 1:
+            out[key] = out.get(key, 0) + 4 * param.numel()
+    return [TiedGroup(k, b) for k, b in out.items()]
 
 
 def untie(built: dict[int, list[nn.Module]], tied: Sequence[TiedParameter]) -> None:
