@@ -28,6 +28,7 @@ from ..model import load_model
 from ..pipeline.checks import check_model_and_data
 from ..pipeline.factory import unit_costs
 from ..pipeline.planning import check_profile, interleaved_cut, plan_partition
+from ..pipeline.tied import tied_groups
 from ..schedule import INTERLEAVED, SCHEDULES, check_depth
 from ..sim import simulator
 from ..sim.plot import plot_timelines
@@ -44,7 +45,7 @@ class Prediction:
     profile_path: str
     cached: bool  # measured here (or found in the cache) rather than given
     results: dict[str, SimResult]
-    not_fitting: dict[str, str]  # schedule -> why no cut fits the device
+    not_fitting: dict[str, str]  # schedule -> why no cut fits the device (or why it is refused: tied parameters)
     memory_bytes: float | None
 
     def draw_timelines(self, path: str) -> str:
@@ -114,7 +115,7 @@ def predict_schedules(
 
         profile, cache_path = cache.measured_profile(cfg, threads=threads, log=log)
         where, cached = str(cache_path), True
-    check_profile(profile, meta.n_units, meta.block_size, "--profile", where)
+    profile = check_profile(profile, meta.n_units, meta.block_size, "--profile", where, tied_groups(meta))
     p = cfg.pipeline
     check_depth(p.stages, profile.n_units)
     costs = unit_costs(meta)
@@ -137,8 +138,13 @@ def predict_schedules(
             errors[name] = e.allowed
             continue
         layout = dataclasses.replace(p.layout, schedule=name, partition=tuple(sizes), chunks=1)
-        results[name] = simulator.simulate(layout, profile, batches, optimizer=cfg.optimizer.name,
-                                 backward_weights=p.backward_weights)  # fmt: skip
+        try:
+            results[name] = simulator.simulate(layout, profile, batches, optimizer=cfg.optimizer.name,
+                                               backward_weights=p.backward_weights)  # fmt: skip
+        except ConfigError as e:  # PACI on a cut splitting tied parameters: refused, as its runtime does
+            if len(schedules) == 1 or e.key != "pipeline.schedule":
+                raise
+            errors[name] = f"{e.key}: {e.allowed}"
     if not results:
         raise ConfigError("pipeline.stages", p.stages, "; ".join(f"{n}: {msg}" for n, msg in errors.items()))
     return Prediction(cfg, profile, where, cached, results, errors, memory_bytes)

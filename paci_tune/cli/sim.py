@@ -260,7 +260,8 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
             f"{r.max_drift} (bound {max(s.drift_bound for s in r.per_stage)})" if name == "paci" else str(r.max_drift),
         )
     for name, msg in errors.items():
-        table.add_row(name, "-", "-", "-", "-", "-", "-", "[red]does not fit[/red]", "-")
+        why = "refused" if msg.startswith("pipeline.schedule") else "does not fit"
+        table.add_row(name, "-", "-", "-", "-", "-", "-", f"[red]{why}[/red]", "-")
         stderr(f"{name}: {msg}")
     notes = [
         f"analytic flush bubble (P-1)/(m+P-1) = {(doc['n_stages'] - 1) / (doc['window'] + doc['n_stages'] - 1):.1%}"
@@ -273,6 +274,9 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
     for name, r in results.items():
         if name not in ("paci", "1f1b", "gpipe"):
             notes.append(f"{name}: analytic bubble {r.analytic_bubble_fraction:.1%}")
+    for name, r in results.items():
+        if tied := max(st.tied_allreduce_s for st in r.per_stage):
+            notes.append(f"{name}: tied parameters summed among their stages, {_fmt_seconds(tied)} a step (all-reduce)")
     if "zb-h1" in results and results["zb-h1"].backward_split == "derived":
         notes.append("zb-h1: the profile has no B/W split, derived as W = backward/2 (trainable units)")
     notes.append(f"profile {prof['path']}")

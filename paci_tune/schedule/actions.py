@@ -133,7 +133,10 @@ def step_barrier(action: Action, stage: int, stages: int, window: int) -> list[t
 
 
 def execution_order(
-    lists: list[list[Action]], sync_steps: int | None = None, chunks: int = 1
+    lists: list[list[Action]],
+    sync_steps: int | None = None,
+    chunks: int = 1,
+    step_groups: Sequence[Sequence[int]] = (),
 ) -> list[tuple[int, Action]]:
     """A global order of all actions that respects every stage's order and every dependency.
 
@@ -141,14 +144,26 @@ def execution_order(
     far as it can (:func:`sweep`), which keeps in-flight activations close to a real pipeline's.
     ``sync_steps`` (any true value) makes every STEP(k) wait until each other stage has done
     everything before its own STEP(k): all of batch k's gradients exist (:func:`step_barrier`).
-    ``chunks``: model chunks per stage (:func:`dependency`). Raises ``RuntimeError`` if the lists
-    deadlock (a schedule bug, never a user error).
+    ``chunks``: model chunks per stage (:func:`dependency`). ``step_groups``: sets of stages whose
+    STEP(k)s wait the same way for each other only (a collective among them: tied parameters' holders,
+    :func:`step_partners`). Raises ``RuntimeError`` if the lists deadlock (a schedule bug, never a user error).
     """
-    return list(sweep([iter(x) for x in lists], sync_steps, chunks))
+    return list(sweep([iter(x) for x in lists], sync_steps, chunks, step_groups))
+
+
+def step_partners(stages: int, sync_steps: int | None, step_groups: Sequence[Sequence[int]]) -> list[frozenset[int]]:
+    """Per stage, the other stages its STEP(k) waits for: all of them with ``sync_steps``, else those
+    sharing a step group with it (none for a stage in no group: PACI's and most flush stages' case)."""
+    if sync_steps:
+        return [frozenset(range(stages)) - {s} for s in range(stages)]
+    return [frozenset(o for g in step_groups if s in g for o in g) - {s} for s in range(stages)]
 
 
 def sweep(
-    programs: Sequence[Iterator[Action]], sync_steps: int | None = None, chunks: int = 1
+    programs: Sequence[Iterator[Action]],
+    sync_steps: int | None = None,
+    chunks: int = 1,
+    step_groups: Sequence[Sequence[int]] = (),
 ) -> Iterator[tuple[int, Action]]:
     """:func:`execution_order` over stage programs that are generated as they run (one process).
 
@@ -160,6 +175,7 @@ def sweep(
     has reached, every action before it done (what a synchronised step waits for).
     """
     n = len(programs)
+    partners = step_partners(n, sync_steps, step_groups)
     done = {(op, c): [-1] * n for op in Op for c in range(chunks)}
     held: list[Action | None] = [None] * n
     finished = [False] * n
@@ -169,8 +185,8 @@ def sweep(
         dep = dependency(act, s, n, chunks)
         if dep is not None and done[dep[1].op, dep[1].chunk][dep[0]] < act.mb:
             return False
-        if sync_steps and act.op is Op.STEP:
-            return all(arrived[o] >= act.mb for o in range(n) if o != s)
+        if act.op is Op.STEP:
+            return all(arrived[o] >= act.mb for o in partners[s])
         return True
 
     while not all(finished):

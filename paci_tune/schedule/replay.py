@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .actions import Action, Op, dependency, execution_order
+from .actions import Action, Op, dependency, execution_order, step_partners
 
 Duration = Callable[[int, Action], float]
 Latency = Callable[[int, int, Action], float]
@@ -60,12 +60,15 @@ class Placer:
     it, so a run of any length is timed in constant memory (finish times are dropped once the
     action that waits for them is placed). ``keep=True`` keeps every interval (for pictures and the
     simulator's statistics). Evaluation actions are not training time and are never placed. With
-    ``sync_steps`` the order must be :func:`~.actions.sweep`'s (see ``_arrival`` below).
+    ``sync_steps`` or ``step_groups`` the order must be :func:`~.actions.sweep`'s with the same
+    arguments (see ``_arrival`` below).
     """
 
     def __init__(self, stages: int, latency: Latency | None = None, sync_steps: int | None = None,
-                 keep: bool = False, chunks: int = 1) -> None:  # fmt: skip
-        self.n, self.latency, self.sync_steps, self.chunks = stages, latency, sync_steps, chunks
+                 keep: bool = False, chunks: int = 1, step_groups: Sequence[Sequence[int]] = (),
+                 lead: Duration | None = None) -> None:  # fmt: skip
+        self.n, self.latency, self.sync_steps, self.chunks, self.lead = stages, latency, sync_steps, chunks, lead
+        self.partners = step_partners(stages, sync_steps, step_groups)
         self.free = [0.0] * stages
         self.busy = [0.0] * stages
         self.per_stage = [StageTimes() for _ in range(stages)] if keep else None
@@ -73,27 +76,36 @@ class Placer:
         # A synchronised STEP(k) at stage s waits until every other stage has finished all it does
         # before its own STEP(k). The caller's order is :func:`~.actions.sweep`'s, which holds STEP(k)
         # back until every stage has reached it: a stage that has not placed its STEP(k) yet is
-        # then free at exactly that moment; one that has placed it left its arrival here.
-        self._arrival: dict[tuple[int, int], float] = {}  # (stage, batch) -> end of its last action before STEP
+        # then free at exactly that moment; one that has placed it left its arrival here. A step group
+        # (tied parameters' holders) waits the same way among its stages, each arriving ``lead`` into
+        # its step (its own all-reduce before the collective one: :meth:`place`).
+        self._arrival: dict[tuple[int, int], float] = {}  # (stage, batch) -> its arrival at STEP(batch)
 
     @property
     def makespan(self) -> float:
         return max(self.free, default=0.0)
 
     def place(self, s: int, act: Action, duration: float) -> tuple[float, float]:
-        """Start and end of ``act`` at stage ``s``: when the stage is free and its input has arrived."""
+        """Start and end of ``act`` at stage ``s``: when the stage is free and its input has arrived.
+
+        A STEP of a stage with partners (``sync_steps``, ``step_groups``) also waits for them: its
+        first ``lead(s, step)`` seconds (0 without ``lead``; a data-parallel all-reduce before a tied
+        one) are the stage's own, what follows starts once every partner has done its own lead.
+        """
         assert act.op is not Op.EVAL, "evaluation is not training time"
         start = self.free[s]
         dep = dependency(act, s, self.n, self.chunks)
         if dep is not None:
             arrive = self._finished.pop((dep[0], dep[1].op, dep[1].mb, dep[1].chunk))
             start = max(start, arrive + (self.latency(dep[0], s, act) if self.latency else 0.0))
-        if self.sync_steps and act.op is Op.STEP:
-            others = [self._arrival.get((o, act.mb), self.free[o]) for o in range(self.n) if o != s]
-            self._arrival[(s, act.mb)] = self.free[s]
-            start = max([start, *others])
-            if sum(1 for o in range(self.n) if (o, act.mb) in self._arrival) == self.n:
-                for o in range(self.n):  # every stage has stepped: the arrivals are no longer needed
+        if self.partners[s] and act.op is Op.STEP:
+            lead = [self.lead(o, act) if self.lead else 0.0 for o in range(self.n)]
+            others = [self._arrival.get((o, act.mb), self.free[o] + lead[o]) for o in self.partners[s]]
+            self._arrival[(s, act.mb)] = self.free[s] + lead[s]
+            start = max(start, max(others) - lead[s])
+            synced = [o for o in range(self.n) if self.partners[o]]
+            if all((o, act.mb) in self._arrival for o in synced):
+                for o in synced:  # every synchronised stage has stepped: the arrivals are no longer needed
                     del self._arrival[(o, act.mb)]
         end = start + duration
         if self._consumed(s, act):
@@ -120,16 +132,19 @@ def replay(
     latency: Latency | None = None,
     sync_steps: int | None = None,
     chunks: int = 1,
+    step_groups: Sequence[Sequence[int]] = (),
+    lead: Duration | None = None,
 ) -> Timeline:
     """Place every action of ``lists`` in time; see the module docstring.
 
     ``sync_steps=a``: steps wait for every stage's gradients of their batch (global-norm clipping
     in flush schedules, see :func:`~paci_tune.schedule.actions.step_barrier`). ``chunks``: model
-    chunks per stage (interleaved schedules). Evaluation actions are skipped: they cost no
-    training time.
+    chunks per stage (interleaved schedules). ``step_groups``: stages whose steps meet in a collective
+    (tied parameters' holders), ``lead(s, step)`` the part of a step before it (:meth:`Placer.place`).
+    Evaluation actions are skipped: they cost no training time.
     """
-    placer = Placer(len(lists), latency, sync_steps, keep=True, chunks=chunks)
-    for s, act in execution_order(lists, sync_steps, chunks):
+    placer = Placer(len(lists), latency, sync_steps, keep=True, chunks=chunks, step_groups=step_groups, lead=lead)
+    for s, act in execution_order(lists, sync_steps, chunks, step_groups):
         if act.op is not Op.EVAL:
             placer.place(s, act, duration(s, act))
     assert placer.per_stage is not None

@@ -21,7 +21,9 @@ is not overlapped with the backward (the runtimes all-reduce at the step). With 
 (flush with global-norm clipping) the all-reduce is counted after the cross-stage barrier, though a
 runtime may run it before: a little pessimistic for that one case. D = 1 adds exactly 0.
 Memory is per device: each device holds one stage of one replica at micro-batch ``b``, so the
-memory prediction does not depend on D.
+memory prediction does not depend on D. **Tied parameters** split across stages (the profile's
+``tied``, :mod:`.tied`): each holder's step also pays the ring all-reduce among the holders, after its
+dp all-reduce, and the holders' steps meet there (a collective); PACI refuses such a cut, as its runtime.
 
 **Weight copies** (PACI with ``backward_weights="forward"``, :mod:`paci_tune.pipeline.versions`): a
 stage clones its weights at a step that would overwrite a version an in-flight micro-batch still
@@ -48,10 +50,9 @@ input-gradient half of the stage's backward and a ``W`` the weight-gradient half
 (:mod:`.costs`; ``backward_split`` in the JSON says which). Their memory is counted off the lists
 (:mod:`.memory`).
 
-PACI never drains inside a segment, so a short simulation would be dominated by its fill and
-drain; it is simulated over at least ``4 * P`` global batches, and the steady-state step time
-(measured between optimizer steps in the middle of the run) is reported next to the average. May
-import: :mod:`.memory`, :mod:`.profile`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the layout
+PACI never drains inside a segment: it is simulated over at least ``4 * P`` global batches, and the
+steady-state step time (between optimizer steps mid-run) is reported next to the average. May
+import: :mod:`.memory`, :mod:`.profile`, :mod:`.tied`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the layout
 and the backward-weights values), :mod:`paci_tune.errors`.
 """
 
@@ -82,6 +83,7 @@ from ..schedule import (
 from ..schedule.replay import StageTimes, Timeline, drift_per_microbatch, peak_inflight, replay
 from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, chunked_activations, stage_memory
 from .profile import Profile
+from .tied import tied_steps
 
 SIMULATED = SCHEDULES + SYNCHRONOUS
 """Every schedule the simulator times: the runtimes' and the synchronous ones only it runs."""
@@ -104,6 +106,7 @@ class StageResult:
     drift_bound: int
     drift_histogram: dict[int, int] = field(default_factory=dict)
     allreduce_s: float = 0.0  # one gradient all-reduce in the stage's dp group (0 when D = 1)
+    tied_allreduce_s: float = 0.0  # one step's all-reduces of tied parameters among their holders
     weight_copies_made: int = 0  # forward mode: steps that cloned the weights (module docstring)
     weight_copies_peak: int = 0  # forward mode: most weight copies held at once
     copy_s: float = 0.0  # one clone of the stage's weights (the profile's ``copy_s``)
@@ -129,6 +132,7 @@ class StageResult:
             "drift_bound": self.drift_bound,
             "drift_histogram": {str(k): v for k, v in sorted(self.drift_histogram.items())},
             "allreduce_s": self.allreduce_s,
+            "tied_allreduce_s": self.tied_allreduce_s,
             "weight_copies_made": self.weight_copies_made,
             "weight_copies_peak": self.weight_copies_peak,
             "copy_s": self.copy_s,
@@ -156,11 +160,12 @@ class SimResult:
 
     @property
     def allreduce_fraction(self) -> float:
-        """Share of the run each stage spends in gradient all-reduces, averaged over stages (0 when D = 1)."""
+        """Share of the run each stage spends in gradient all-reduces (dp and tied), averaged over stages."""
         span = self.timeline.makespan
         if span <= 0:
             return 0.0
-        return sum(st.allreduce_s * self.n_batches for st in self.per_stage) / (span * len(self.per_stage))
+        reduce = sum(st.allreduce_s + st.tied_allreduce_s for st in self.per_stage)
+        return reduce * self.n_batches / (span * len(self.per_stage))
 
     @property
     def tokens_per_s(self) -> float:
@@ -319,7 +324,14 @@ def simulate(
     trains = [profile.trains(u) for u in units]  # else: no step, nothing to reduce, copy or drift
     reduce = [profile.allreduce.ring_s(profile.gradient_bytes(u), data_parallel) if t else 0.0
               for u, t in zip(units, trains, strict=True)]  # fmt: skip
-    opt = [sum(profile.units[i].optimizer_s for i in u) + ar for u, ar in zip(units, reduce, strict=True)]
+    tied = tied_steps(profile.tied, units)  # holder stages -> bytes they sum at each step
+    if tied and schedule == "paci":
+        raise ConfigError("pipeline.schedule", schedule, f"1f1b or gpipe for this cut {sizes}: stages {list(tied)} "
+                          "hold units sharing trainable parameters (the profile's tied), whose copies PACI's "
+                          "unsynchronised steps would let diverge; or a cut keeping them on one stage")  # fmt: skip
+    tied_s = [sum(profile.allreduce.ring_s(b, len(h)) for h, b in tied.items() if s in h) for s in range(stages)]
+    opt = [sum(profile.units[i].optimizer_s for i in u) + ar + t
+           for u, ar, t in zip(units, reduce, tied_s, strict=True)]  # fmt: skip
     link = [profile.p2p.transfer_s(costs[r[-1]].activation_bytes) for r in pieces]
     # Across the cut after piece j a real gradient goes back only if a unit up to j trains.
     grad_link = [link[j] if profile.trains(range(r.stop)) else profile.p2p.transfer_s(0)
@@ -340,7 +352,8 @@ def simulate(
         j = act.chunk * stages + dst  # the receiving piece; the cut is after the piece that sends forward
         return grad_link[j] if act.op is Op.BACKWARD else link[j - 1]
 
-    timeline = replay(lists, duration, latency, sync_steps=window if sync_steps else None, chunks=chunks)
+    timeline = replay(lists, duration, latency, sync_steps=window if sync_steps else None, chunks=chunks,
+                      step_groups=list(tied), lead=lambda s, _: reduce[s] if tied_s[s] else 0.0)  # fmt: skip
     span = timeline.makespan
     if span <= 0:
         raise ConfigError("profile", "all costs zero", "a profile with some positive forward or backward time")
@@ -382,6 +395,7 @@ def simulate(
                 drift_bound=drift_bound(s, stages, window) if schedule == "paci" and trains[s] else 0,
                 drift_histogram=dict(Counter(drift.values())),
                 allreduce_s=reduce[s],
+                tied_allreduce_s=tied_s[s],
                 weight_copies_made=len(kept[s][0]),
                 weight_copies_peak=kept[s][1],
                 copy_s=copy[s],
