@@ -2,7 +2,11 @@
 
 A search file is a run configuration (model, data, training, optimizer, lr_schedule, pipeline)
 plus these four sections. ``paci-tune train`` accepts the same file and ignores them (after
-checking them), so one file describes both the search and the run it tunes. May import:
+checking them), so one file describes both the search and the run it tunes. A space whose
+``schedules`` names one the simulator only times (``zb-h1``, ``interleaved``:
+:data:`~.schema.TIMED_SCHEDULES`) is refused here unless the trials run on a profile clock and the
+emulated runtime, before any trial starts (the space's other values are :mod:`paci_tune.tune.space`'s
+to check). May import:
 :mod:`.schema`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
@@ -12,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..base.files import read_yaml
 from ..base.shipped import resolve_path, shipped, shipped_names
 from ..errors import ConfigError
-from .schema import RunConfig, from_dict, load_run_config
+from .schema import TIMED_ONLY, TIMED_SCHEDULES, RunConfig, from_dict, load_run_config
 
 TUNE_SECTIONS = ("target", "budget", "hardware", "search")
 MAX_CONFIRM = 1000
@@ -265,9 +270,30 @@ class TuneConfig:
 
 def space_exists(name: str) -> bool:
     """What :func:`paci_tune.tune.space.resolve_space_path` finds: a file, or a shipped space's name."""
+    return _space_file(name) is not None
+
+
+def _space_file(name: str) -> Path | None:
     p = resolve_path(name)
-    return bool(name.strip()) and (p.is_file() or (p.suffix not in (".yaml", ".yml") and shipped("search_spaces", name)
-                                                   is not None))  # fmt: skip
+    if not name.strip():
+        return None
+    return p if p.is_file() else shipped("search_spaces", name) if p.suffix not in (".yaml", ".yml") else None
+
+
+def check_timed_schedules(search: SearchConfig, budget: BudgetConfig, hardware: HardwareConfig) -> None:
+    """Refuse a space that names zb-h1 or interleaved for trials on the wall clock or the distributed
+    runtime: those schedules train 1F1B-flush's numbers on the emulated runtime and are timed by the
+    simulator only (module docstring). A space file that does not parse is left to the space's loader."""
+    path = _space_file(search.space)
+    doc = read_yaml(path, "search.space") if path is not None else None
+    schedules = doc.get("schedules") if isinstance(doc, dict) else None
+    timed = [s for s in schedules if s in TIMED_SCHEDULES] if isinstance(schedules, list) else []
+    if not timed:
+        return
+    where = f"budget.clock is {budget.clock}" if budget.clock == "wall" else "hardware.runtime is distributed"
+    if budget.clock == "wall" or hardware.runtime == "distributed":
+        raise ConfigError("space.schedules", schedules, f"{', '.join(timed)} only with budget.clock rst or sim and "
+                          f"the emulated runtime ({TIMED_ONLY}); {where}")  # fmt: skip
 
 
 def split_tune_sections(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -293,6 +319,7 @@ def parse_tune_sections(tune: dict[str, Any], *, require: bool) -> dict[str, Any
     out["search"].check("search")
     out["target"].check("target", require)
     out["budget"].check("budget", require)
+    check_timed_schedules(out["search"], out["budget"], out["hardware"])
     if require and out["hardware"].devices is None:
         allowed = "the device budget of every trial, a positive integer (P x D = devices), e.g. 4"
         raise ConfigError("hardware.devices", None, allowed)

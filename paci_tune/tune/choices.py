@@ -1,4 +1,5 @@
-"""A search-space file's values, parsed: integer lists and ranges, LR scales, PACI's ``backward_weights``.
+"""A search-space file's values, parsed: integer lists and ranges, LR scales, PACI's ``backward_weights``,
+interleaved's ``chunks``.
 
 Each parser takes the value as the file gives it and returns the choices :mod:`.space` binds, or
 raises a ConfigError naming the ``space.KEY``, the value and what is allowed. ``backward_weights``'
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config.schema import BACKWARD_WEIGHTS, PipelineConfig
+from ..config.schema import BACKWARD_WEIGHTS, DEFAULT_CHUNKS, PipelineConfig
 from ..errors import ConfigError
 
 MAX_CHOICES = 10_000
@@ -67,6 +68,21 @@ def backward_weights_choices(spec: Any) -> tuple[str, ...]:
     if not isinstance(spec, list) or not spec or any(not isinstance(v, str) or v not in BACKWARD_WEIGHTS for v in spec):
         raise ConfigError("space.backward_weights", spec, allowed)
     return tuple(v for v in BACKWARD_WEIGHTS if v in spec)
+
+
+def chunks_choices(spec: Any, schedules: list[str]) -> tuple[int, ...]:
+    """The space's ``chunks`` (interleaved's v choices): absent -- ``[2]``, :data:`DEFAULT_CHUNKS` -- or
+    integers >= 2, only with ``interleaved`` among the schedules (the key changes no other study)."""
+    if spec is None:
+        return (DEFAULT_CHUNKS,)
+    if "interleaved" not in schedules:
+        raise ConfigError("space.chunks", spec, f"absent: only schedule interleaved has chunks, and schedules "
+                          f"is {schedules}")  # fmt: skip
+    values = int_choices("space.chunks", spec)
+    if min(values) < 2:
+        raise ConfigError("space.chunks", spec, "integers >= 2 (v model chunks per stage of interleaved 1F1B; "
+                          "v = 1 is 1f1b)")  # fmt: skip
+    return tuple(values)
 
 
 def lr_space(spec: Any) -> tuple[Any, bool]:

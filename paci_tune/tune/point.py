@@ -28,11 +28,13 @@ class TrialParams:
     lr_scale: float = 1.0
     data_parallel: int = 1
     backward_weights: str | None = None  # PACI's pipeline.backward_weights; None: the run's own (flush: always)
+    chunks: int = 1  # v model chunks per stage (pipeline.chunks): > 1 under interleaved only
 
     @property
     def layout(self) -> Layout:
         """The point's pipeline layout (its cut chosen when the trial's run is resolved)."""
-        return Layout(self.schedule, self.stages, self.data_parallel, self.window, self.microbatch_size)
+        return Layout(self.schedule, self.stages, self.data_parallel, self.window, self.microbatch_size,
+                      chunks=self.chunks)  # fmt: skip
 
     @property
     def global_batch(self) -> int:
@@ -50,8 +52,9 @@ class TrialParams:
         return out
 
     def label(self) -> str:
-        """``paci P=4 D=2 a=8 b=4 w=current lr x0.5``: D, the backward's weights and the LR scale only where
-        they are not the default (D=1, ``forward`` or the run's own, x1)."""
+        """``paci P=4 D=2 a=8 b=4 w=current lr x0.5``: D, v (``interleaved P=2 v=2 ...``), the backward's
+        weights and the LR scale only where they are not the default (D=1, v=1, ``forward`` or the run's
+        own, x1)."""
         lr = f" lr x{self.lr_scale:.2g}" if self.lr_scale != 1.0 else ""
         bw = self.backward_weights
         w = f" w={bw}" if bw is not None and bw != DEFAULT_BACKWARD_WEIGHTS else ""

@@ -248,16 +248,26 @@ class Search:
         )  # fmt: skip
 
     def _predicted_memory(self, params: TrialParams, partition: Any) -> list[int] | None:
-        """Predicted peak bytes per stage (to stand next to the measured ones)."""
+        """Predicted peak bytes per stage (to stand next to the measured ones).
+
+        A schedule only the simulator times (zb-h1, interleaved) is predicted by the simulator's memory
+        model, off its own action lists: an interleaved cut is ``v * P`` pieces, stage ``s`` holding
+        pieces ``s, s + P, ...`` (its stage rows ran 1f1b's numbers on ``P`` contiguous stages).
+        """
         if not self.profile or not isinstance(partition, list):
             return None
+        from ..config.schema import TIMED_SCHEDULES
         from ..pipeline.planning import predicted_memory
         from ..sim.profile import Profile
+        from ..sim.simulator import simulate
 
         try:
             if self._profile is None:
                 self._profile = Profile.load(self.profile)  # read once per search, not per trial
             cfg = derive_run(self.trial_doc(params))
+            if params.schedule in TIMED_SCHEDULES:
+                res = simulate(cfg.layout.with_partition(partition), self._profile, 1, optimizer=cfg.optimizer.name)
+                return [int(st.peak_memory_bytes) for st in res.per_stage]
             return [int(x) for x in predicted_memory(cfg, self._profile, partition)]
         except Exception:
             return None
@@ -324,6 +334,8 @@ class Search:
         )
         over.update({k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v})
         over.update(trial_overrides(self.warm))
+        if params.chunks == 1 and "chunks" in (t.run_doc.get("pipeline") or {}):
+            over["pipeline.chunks"] = None  # the run file's v belongs to its own schedule, not this point's
         if seed is not None:
             over["training.seed"] = seed
         if b.clock != "wall":

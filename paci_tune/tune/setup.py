@@ -174,7 +174,10 @@ def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) 
         bws = space.backward_weights_of(schedule)
         bw = p.backward_weights if p.backward_weights in bws else bws[0]
         tuned = {"backward_weights": bw} if space.tunes_backward_weights(schedule) else {}
-        params = TrialParams(schedule, p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages), bw)
+        vs = space.chunks_of(schedule)  # interleaved's v: the file's when the space has it, else the first
+        v = p.layout.chunks if p.layout.chunks in vs else vs[0]
+        tuned = {**tuned, "chunks": v} if schedule == "interleaved" else tuned
+        params = TrialParams(schedule, p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages), bw, v)
         # not a point under the device budget, or (PACI) too stale: that study starts from the sampler
         if not study.get_trials(deepcopy=False) and space.why_not(params) is None:
             study.enqueue_trial({**point, **tuned}, skip_if_exists=True)

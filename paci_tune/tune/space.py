@@ -7,6 +7,14 @@ is ``free``, the window ``a``; optionally an LR scale. Each is a list of choices
 too: two make a categorical dimension of the PACI study, one fixes it for every PACI trial, absent
 leaves the run's own value; flush studies never get it (it changes nothing under a flush).
 
+``schedules`` names the studies: ``paci`` and the synchronous baselines ``1f1b`` (flush), ``zb-h1``
+and ``interleaved`` (default ``[paci, 1f1b]``). The last two train 1F1B-flush's numbers and are timed
+by the simulator, on the sim and rst clocks only (:mod:`paci_tune.config.tune` refuses them on the
+wall clock). ``interleaved`` adds ``chunks`` (v model chunks per stage, a list of integers >= 2,
+default ``[2]``), a dimension of its own study only. A point a schedule cannot run is not a point of
+its study: interleaved's rounds must divide the window (:func:`paci_tune.schedule.unsupported`),
+and its ``v * P`` pieces must not outnumber the model's units (:meth:`SearchSpace.why_not`).
+
 Constraints are applied once, when the space is bound to a run, so the sampler only ever sees
 feasible values and the grid is finite:
 
@@ -28,7 +36,7 @@ feasible values and the grid is finite:
   (:func:`skip_tied`: PACI refuses one split across stages, and a trial's cut is chosen when it starts).
 The file's values are parsed by :mod:`.choices`. May import: optuna, :mod:`paci_tune.base`,
 :mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the :class:`~paci_tune.config.layout.Layout`),
-:mod:`paci_tune.errors` and the tune layer's :mod:`.choices` and :mod:`.point` (a point,
+:mod:`paci_tune.errors` and the tune layer's :mod:`.budget`, :mod:`.choices` and :mod:`.point` (a point,
 :class:`~.point.TrialParams`, which this module re-exports for callers that build one beside a space).
 """
 
@@ -46,16 +54,20 @@ import optuna
 from ..base.files import read_mapping
 from ..base.shipped import resolve_path, shipped, shipped_names
 from ..config.layout import Layout
+from ..config.schema import DEFAULT_CHUNKS
 from ..errors import ConfigError
-from ..schedule import drift_bound
-from .choices import backward_weights_choices, int_choices, keep, lr_space
+from ..schedule import INTERLEAVED, ZB_H1, drift_bound, unsupported
+from .budget import budget_points
+from .choices import backward_weights_choices, chunks_choices, int_choices, keep, lr_space
 from .point import TrialParams
 
-__all__ = ["SCHEDULES", "SearchSpace", "TrialParams", "load_space", "restrict", "skip_stale", "skip_tied"]
-
-SCHEDULES = ("paci", "1f1b")
+SCHEDULES = ("paci", "1f1b", ZB_H1, INTERLEAVED)
+"""A space's schedules: PACI, then the synchronous baselines (:data:`SYNCHRONOUS`)."""
+SYNCHRONOUS = SCHEDULES[1:]
+"""The schedules with flush's numerics: best.yaml's baseline is the best of those searched."""
+DEFAULT_SCHEDULES = ("paci", "1f1b")
 _KEYS = ("description", "schedules", "global_batch", "stages", "microbatch_size", "window", "lr_scale",
-         "backward_weights")  # fmt: skip
+         "backward_weights", "chunks")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,12 @@ class SearchSpace:
     paci_max_drift: int | None = None  # PACI skips the points whose drift bound is above it (:func:`skip_stale`)
     backward_weights: tuple[str, ...] = ()  # PACI's choices, in BACKWARD_WEIGHTS order; empty: the run's own
     paci_tied: str | None = None  # the model's units share this parameter: PACI skips P >= 2 (:func:`skip_tied`)
+    chunks: tuple[int, ...] = (DEFAULT_CHUNKS,)  # interleaved's v choices (its study's dimension)
+    n_units: int | None = None  # the model's units: an interleaved point needs v * P of them at most
+
+    def chunks_of(self, schedule: str) -> list[int]:
+        """The v values ``schedule``'s points take: the space's choices for interleaved, else [1]."""
+        return list(self.chunks) if schedule == INTERLEAVED else [1]
 
     def backward_weights_of(self, schedule: str) -> list[str | None]:
         """The values ``schedule``'s points take: the space's choices for PACI, else [None] (the run's own)."""
@@ -101,6 +119,8 @@ class SearchSpace:
             return f"{params.label()}: {why}"
         if params.schedule == "paci" and (why := self._tied(params.stages)):
             return f"{params.label()}: {why}"
+        if params.window and (why := self._unrunnable(params)):
+            return f"{params.label()}: {why}"
         if not self.points or key in self.points:
             return None
         if params.window == 0:
@@ -108,6 +128,32 @@ class SearchSpace:
             return (f"P={params.stages} D={d} b={params.microbatch_size}: a = {self.fixed_batch}/({d}*"
                     f"{params.microbatch_size}) is not a whole number")  # fmt: skip
         return f"{params.label()} was dropped when the space was bound (see the search's dropped points)"
+
+    def without_unrunnable(self) -> SearchSpace:
+        """This space with the points zb-h1 or interleaved cannot run listed in ``dropped`` (a proposal of
+        one is answered unrun); a schedule left with none is a ConfigError: its study could run nothing."""
+        dropped: list[str] = []
+        for s in (x for x in self.schedules if x in (ZB_H1, INTERLEAVED)):
+            points = [TrialParams(s, p, a, b, 1.0, self.data_parallel(p), None, v)
+                      for p, a, b in sorted(self.points) for v in self.chunks_of(s)]  # fmt: skip
+            refused = [f"{q.label()}: {why}" for q in points if (why := self._unrunnable(q))]
+            if len(refused) == len(points):
+                key, value = ("space.chunks", list(self.chunks)) if s == INTERLEAVED else ("space.stages", self.stages)
+                raise ConfigError(key, value, f"values that leave {s} a point it can run; none is left: "
+                                  + "; ".join(refused))  # fmt: skip
+            dropped += refused
+        return dataclasses.replace(self, dropped=self.dropped + tuple(dropped)) if dropped else self
+
+    def _unrunnable(self, params: TrialParams) -> str | None:
+        """Why ``params.schedule`` cannot run this layout (the simulator's and the run's own refusals), or None."""
+        refused = unsupported(params.schedule, params.stages, params.window, params.chunks)
+        if refused is not None:
+            return refused[1]
+        pieces = params.layout.virtual_stages
+        if self.n_units is not None and pieces > self.n_units:
+            return (f"{params.stages} stages x {params.chunks} chunks = {pieces} pieces, more than the model's "
+                    f"{self.n_units} units")  # fmt: skip
+        return None
 
     def _stale(self, stages: int, window: int) -> str | None:
         bound = drift_bound(0, stages, window)
@@ -140,7 +186,10 @@ class SearchSpace:
         (bw, *more) = self.backward_weights_of(schedule)
         if more:
             bw = str(trial.suggest_categorical("backward_weights", [bw, *more]))
-        return TrialParams(schedule, stages, a, b, lr, self.data_parallel(stages), bw)
+        v = 1
+        if schedule == INTERLEAVED:  # one choice too: the trial's params then name its v
+            v = int(trial.suggest_categorical("chunks", self.chunks_of(schedule)))
+        return TrialParams(schedule, stages, a, b, lr, self.data_parallel(stages), bw, v)
 
     def grid(self, schedule: str | None = None) -> list[TrialParams]:
         """Every feasible point (of one schedule, or all); a continuous LR range has no grid."""
@@ -149,15 +198,17 @@ class SearchSpace:
         lrs = list(self.lr_scale) if self.lr_scale is not None else [1.0]
         out = []
         for s in [schedule] if schedule else self.schedules:
-            for p, b, lr, bw in itertools.product(self.stages, self.microbatch_size, lrs, self.backward_weights_of(s)):
+            bws, vs = self.backward_weights_of(s), self.chunks_of(s)
+            dims = itertools.product(self.stages, self.microbatch_size, lrs, bws, vs)
+            for p, b, lr, bw, v in dims:
                 windows = [self.window_of(p, b)] if self.fixed_batch is not None else list(self.window)
-                points = [TrialParams(s, p, a, b, float(lr), self.data_parallel(p), bw) for a in windows]
+                points = [TrialParams(s, p, a, b, float(lr), self.data_parallel(p), bw, v) for a in windows]
                 out += [q for q in points if self.why_not(q) is None]
         return out
 
     def grid_params(self, schedule: str = "paci") -> dict[str, list[Any]]:
         """``schedule``'s study space in the form ``optuna.samplers.GridSampler`` takes (only PACI's has
-        ``backward_weights``, and only with two choices)."""
+        ``backward_weights``, and only with two choices; only interleaved's has ``chunks``)."""
         if self.lr_is_range:
             raise ConfigError("search.sampler", "grid", "a space whose lr_scale is a list of choices, not a range")
         out: dict[str, list[Any]] = {"stages": list(self.stages), "microbatch_size": list(self.microbatch_size)}
@@ -167,6 +218,8 @@ class SearchSpace:
             out["lr_scale"] = list(self.lr_scale)
         if self.tunes_backward_weights(schedule):
             out["backward_weights"] = list(self.backward_weights)
+        if schedule == INTERLEAVED:
+            out["chunks"] = self.chunks_of(schedule)
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -193,6 +246,8 @@ class SearchSpace:
             out["lr_scale"] = dict(zip(keys, lr, strict=True)) if self.lr_is_range else list(lr)
         if self.backward_weights:
             out["backward_weights"] = list(self.backward_weights)
+        if INTERLEAVED in self.schedules:  # absent otherwise: an older search's fingerprint stays the same
+            out["chunks"] = list(self.chunks)
         return out
 
 
@@ -228,9 +283,11 @@ def load_space(
             raise ConfigError(f"space.{k}", v, "one of: " + ", ".join(_KEYS))
     if not isinstance(doc.get("description", ""), str):
         raise ConfigError("space.description", doc["description"], "a string")
-    schedules = doc.get("schedules", list(SCHEDULES))
-    if not isinstance(schedules, list) or not schedules or any(s not in SCHEDULES for s in schedules):
-        raise ConfigError("space.schedules", schedules, "a non-empty list of: " + ", ".join(SCHEDULES))
+    schedules = doc.get("schedules", list(DEFAULT_SCHEDULES))
+    if (not isinstance(schedules, list) or not schedules or any(s not in SCHEDULES for s in schedules)
+            or len(set(schedules)) < len(schedules)):  # fmt: skip
+        raise ConfigError("space.schedules", schedules, "a non-empty list without repeats of: " + ", ".join(SCHEDULES))
+    chunks = chunks_choices(doc.get("chunks"), schedules)
     mode = doc.get("global_batch", "fixed")
     if mode not in ("fixed", "free"):
         raise ConfigError("space.global_batch", mode, "fixed (a * micro-batch size = training.global_batch) or free")
@@ -270,7 +327,7 @@ def load_space(
     lr, lr_range = lr_space(doc.get("lr_scale"))
     backward_weights = backward_weights_choices(doc.get("backward_weights"))
     given_windows = windows_given if mode == "fixed" and "window" in doc else None
-    points, dropped = _budget_points(stages, sorted(set(sizes)), windows, fixed, devices, given_windows)
+    points, dropped = budget_points(stages, sorted(set(sizes)), windows, fixed, devices, given_windows)
     if not points:
         raise ConfigError("hardware.devices", devices, "a budget that leaves a point of the space; none is left: "
                           + "; ".join(dropped))  # fmt: skip
@@ -287,53 +344,24 @@ def load_space(
         points=frozenset(points),
         dropped=tuple(dropped),
         backward_weights=backward_weights,
-    )
+        chunks=chunks,
+        n_units=n_units,
+    ).without_unrunnable()
 
 
-def _budget_points(
-    stages: list[int], sizes: list[int], windows: list[int], fixed: int | None, devices: int | None,
-    given_windows: list[int] | None,
-) -> tuple[set[tuple[int, int, int]], list[str]]:  # fmt: skip
-    """Feasible (P, a, b) under the device budget, and a reason for every (P[, b]) dropped."""
-    points: set[tuple[int, int, int]] = set()
-    dropped: list[str] = []
-    for p in stages:
-        d = Layout.data_parallel_for(devices, p)
-        if not d:
-            dropped.append(f"P={p}: {devices} devices are not a whole number of {p}-stage pipelines")
-            continue
-        if fixed is None:
-            points |= {(p, a, b) for a in windows for b in sizes}
-            continue
-        if fixed % d:
-            dropped.append(f"P={p} D={d}: global batch {fixed} does not split over {d} replicas")
-            continue
-        per = fixed // d
-        if given_windows is not None:  # the space lists windows: b follows from a
-            for a in given_windows:
-                if per % a:
-                    dropped.append(f"P={p} D={d} a={a}: b = {fixed}/({d}*{a}) is not a whole number")
-                else:
-                    points.add((p, a, per // a))
-            continue
-        for b in sizes:
-            if per % b:
-                dropped.append(f"P={p} D={d} b={b}: a = {fixed}/({d}*{b}) is not a whole number")
-            else:
-                points.add((p, per // b, b))
-    return points, dropped
 
 
 def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -> SearchSpace:
     """``space`` less the points ``why_not`` refuses (it returns the reason; None keeps the point).
 
     The setup's memory check uses it; a check that leaves nothing is a ConfigError on
-    ``hardware.devices`` listing every reason. A point is asked with the space's first schedule and,
+    ``hardware.devices`` listing every reason. A point is asked with the space's first schedule the
+    runtimes run (not one only the simulator times: their memory is the simulator's) and,
     for PACI, its lightest ``backward_weights`` (``current`` holds no weight copy when it is a choice):
     a point stays when it fits one way; a heavier choice that does not fit is refused by its trial's
     own check.
     """
-    schedule = space.schedules[0]
+    schedule = next((s for s in space.schedules if s not in (ZB_H1, INTERLEAVED)), space.schedules[0])
     bws = space.backward_weights_of(schedule)
     bw = "current" if "current" in bws else bws[0]
     kept, dropped = set(), list(space.dropped)

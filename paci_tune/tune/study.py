@@ -1,7 +1,8 @@
 """Optuna plumbing: storage URLs, samplers, pruners, one study per schedule, dead-worker recovery.
 
-One search is a pair of Optuna studies in one storage, ``NAME.paci`` and ``NAME.1f1b``: each
-schedule gets its own sampler model and the same number of trials, so the flush baseline is tuned
+One search is one Optuna study per schedule of its space in one storage, ``NAME.paci``,
+``NAME.1f1b`` (and ``NAME.zb-h1``, ``NAME.interleaved`` where the space names them): each schedule
+gets its own sampler model and the same number of trials, so every synchronous baseline is tuned
 as hard as PACI. Any number of workers (``paci-tune search`` processes, on any machines that
 reach the storage) can run the same search; each takes the next trial of whichever schedule is
 furthest from its quota.
@@ -173,6 +174,8 @@ def enqueue_grid(study: optuna.Study, space: SearchSpace, schedule: str, seed: i
             params["lr_scale"] = p.lr_scale
         if space.tunes_backward_weights(schedule):
             params["backward_weights"] = p.backward_weights
+        if schedule == "interleaved":
+            params["chunks"] = p.chunks
         study.enqueue_trial(params, skip_if_exists=True)
 
 

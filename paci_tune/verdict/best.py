@@ -108,7 +108,8 @@ def params_of(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialPa
     d = int(p.get("data_parallel", 1 if r.data_parallel is None else r.data_parallel))
     a = Layout.window_for(fixed_batch, d, b) if fixed_batch is not None else int(p["window"])
     bw = p.get("backward_weights", r.backward_weights) if schedule == "paci" else None
-    return TrialParams(schedule, int(p["stages"]), a, b, float(p.get("lr_scale", 1.0)), d, bw)
+    v = int(p.get("chunks", 1))  # interleaved's v (its study's parameter); 1 for every other schedule
+    return TrialParams(schedule, int(p["stages"]), a, b, float(p.get("lr_scale", 1.0)), d, bw, v)
 
 
 def build_best(

@@ -1,0 +1,118 @@
+"""A search space names the stronger synchronous baselines: ``zb-h1`` and ``interleaved`` (with ``chunks``).
+
+Oracles written out here, not taken from the code under test: the Cartesian product of a small
+space's choices (what a grid must visit), torch's rule for interleaved 1F1B (``rounds = max(1, m // P)``
+must divide ``m``) and the count of pieces (``v * P`` at most the model's units), and the contract that
+these schedules are timed by the simulator only, so a search on the wall clock or the distributed
+runtime is refused naming ``space.schedules``. No training here (``test_search_baselines`` runs one).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from helpers.configs import make_config
+
+from paci_tune.config.tune import load_tune_config
+from paci_tune.errors import ConfigError
+from paci_tune.tune.point import TrialParams
+from paci_tune.tune.space import SearchSpace, load_space
+from paci_tune.verdict.best import params_of
+
+ALL = ["paci", "1f1b", "zb-h1", "interleaved"]
+
+
+def _space(tmp_path: Path, n_units: int = 4, global_batch: int = 8, **keys: Any) -> SearchSpace:
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({"schedules": ALL, "stages": [1, 2], "microbatch_size": [1, 2, 4], **keys}))
+    return load_space(str(path), global_batch=global_batch, n_units=n_units, max_stages=None)
+
+
+def _pieces_ok(p: int, a: int, v: int, n_units: int) -> bool:
+    """torch's interleaved rule and the model's units, written out independently of the code."""
+    rounds = max(1, a // p)
+    return a % rounds == 0 and v * p <= n_units
+
+
+def test_grid_is_the_product_less_what_each_schedule_cannot_run(tmp_path: Path) -> None:
+    space = _space(tmp_path, chunks=[2, 3])
+    for schedule in ("paci", "1f1b", "zb-h1"):
+        got = {(q.stages, q.window, q.microbatch_size, q.chunks) for q in space.grid(schedule)}
+        assert got == {(p, 8 // b, b, 1) for p, b in itertools.product([1, 2], [1, 2, 4])}, schedule
+    got = {(q.stages, q.window, q.microbatch_size, q.chunks) for q in space.grid("interleaved")}
+    product = itertools.product([1, 2], [1, 2, 4], [2, 3])
+    want = {(p, 8 // b, b, v) for p, b, v in product if _pieces_ok(p, 8 // b, v, 4)}
+    assert got == want and len(want) == 9  # P=2 v=3 needs 6 pieces of 4 units: dropped for every b
+    assert space.grid_params("interleaved")["chunks"] == [2, 3]
+    assert "chunks" not in space.grid_params("zb-h1") and "chunks" not in space.grid_params("1f1b")
+    assert sum("6 pieces, more than the model's 4 units" in d for d in space.dropped) == 3
+
+
+def test_window_interleaved_cannot_run_is_refused_with_torchs_reason(tmp_path: Path) -> None:
+    space = _space(tmp_path, global_batch=10, stages=[2], microbatch_size=[1, 2], n_units=8)
+    assert _pieces_ok(2, 10, 2, 8) and not _pieces_ok(2, 5, 2, 8)  # a = 5 on P = 2: 2 rounds do not divide 5
+    assert space.why_not(TrialParams("interleaved", 2, 10, 1, chunks=2)) is None
+    why = space.why_not(TrialParams("interleaved", 2, 5, 2, chunks=2))
+    assert why is not None and "rounds" in why
+    assert space.why_not(TrialParams("1f1b", 2, 5, 2)) is None and space.why_not(TrialParams("zb-h1", 2, 5, 2)) is None
+    assert any(d.startswith("interleaved P=2 v=2 a=5 b=2") for d in space.dropped)
+
+
+def test_suggest_names_v_only_in_interleaved_study(tmp_path: Path) -> None:
+    space = _space(tmp_path, chunks=[2])
+    for schedule in ALL:
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        trial = study.ask()
+        q = space.suggest(trial, schedule)
+        assert ("chunks" in trial.params) == (schedule == "interleaved"), schedule
+        assert q.chunks == (2 if schedule == "interleaved" else 1)
+        study.tell(trial, 1.0)
+        back = params_of(study.trials[0], schedule, 8)  # best.yaml reads the point back from the storage
+        assert back == q
+        assert ("pipeline.chunks" in q.overrides()) == (schedule == "interleaved")
+
+
+@pytest.mark.parametrize(
+    ("keys", "key"),
+    [
+        ({"chunks": [1]}, "space.chunks"),
+        ({"chunks": [2, 1]}, "space.chunks"),
+        ({"schedules": ["paci", "1f1b"], "chunks": [2]}, "space.chunks"),
+        ({"schedules": ["paci", "zb-h1", "zb-h1"]}, "space.schedules"),
+        ({"schedules": ["paci", "gpipe"]}, "space.schedules"),
+        ({"chunks": [3, 4], "stages": [2]}, "space.chunks"),  # no point leaves interleaved a run on 4 units
+    ],
+)
+def test_bad_spaces_name_the_key(tmp_path: Path, keys: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _space(tmp_path, **keys)
+    assert e.value.key == key
+
+
+@pytest.mark.parametrize(
+    ("sections", "refused"),
+    [
+        ({"budget": {"clock": "wall", "seconds": 1.0}}, True),
+        ({"budget": {"clock": "sim", "seconds": 1.0}, "hardware": {"devices": 2, "runtime": "distributed"}}, True),
+        ({"budget": {"clock": "sim", "seconds": 1.0}}, False),
+    ],
+)
+@pytest.mark.parametrize("schedule", ["zb-h1", "interleaved"])
+def test_timed_schedules_only_on_the_profile_clocks(
+    tmp_path: Path, sections: dict[str, Any], refused: bool, schedule: str
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"schedules": ["paci", schedule], "stages": [2], "microbatch_size": [2]}))
+    doc = {**make_config(), "target": {"value": 2.0}, "hardware": {"devices": 2},
+           "search": {"space": str(space)}, **sections}  # fmt: skip
+    if not refused:
+        load_tune_config(doc)
+        return
+    with pytest.raises(ConfigError) as e:
+        load_tune_config(doc)
+    assert e.value.key == "space.schedules" and schedule in str(e.value) and "simulator" in str(e.value)
