@@ -428,7 +428,7 @@ def _space_loader(tmp_path: Path) -> Callable[[Any], Any]:
 
 SPACE_BASE = {"description": "a space", "schedules": ["paci"], "global_batch": "fixed", "stages": [1, 2],
               "microbatch_size": [2, 4], "lr_scale": [0.5, 1.0],
-              "backward_weights": ["forward", "current"]}  # fmt: skip
+              "backward_weights": ["forward", "current"], "chunks": [2, 3]}  # fmt: skip
 
 
 def test_space_keys_are_the_parsers(tmp_path: Path) -> None:
@@ -527,7 +527,7 @@ UNIT = {"name": "embed", "param_bytes": 1024, "trainable_bytes": 512, "optimizer
         "microbatch": {4: COST}}
 PROFILE_BASE = {"format": "paci-tune-profile/1", "machine": {"node": "h"}, "device": "cpu", "torch": "2.0",
                 "dtype": "bf16", "date": "2026-01-01", "threads": 2, "seq_len": 16, "units": [UNIT], "p2p": LINK,
-                "allreduce": LINK}  # fmt: skip
+                "allreduce": LINK, "tied": []}  # fmt: skip
 PROFILE_TABLES: dict[str, tuple[type, ...]] = {
     "top level": (prof.Profile,), "units[i]": (prof.UnitProfile,), "units[i].microbatch[b]": (prof.UnitCost,),
     "p2p": (prof.P2PCost,), "allreduce": (prof.AllReduceCost,),

@@ -82,7 +82,6 @@ def test_suggest_names_v_only_in_interleaved_study(tmp_path: Path) -> None:
     [
         ({"chunks": [1]}, "space.chunks"),
         ({"chunks": [2, 1]}, "space.chunks"),
-        ({"schedules": ["paci", "1f1b"], "chunks": [2]}, "space.chunks"),
         ({"schedules": ["paci", "zb-h1", "zb-h1"]}, "space.schedules"),
         ({"schedules": ["paci", "gpipe"]}, "space.schedules"),
         ({"chunks": [3, 4], "stages": [2]}, "space.chunks"),  # no point leaves interleaved a run on 4 units

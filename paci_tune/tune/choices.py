@@ -70,14 +70,12 @@ def backward_weights_choices(spec: Any) -> tuple[str, ...]:
     return tuple(v for v in BACKWARD_WEIGHTS if v in spec)
 
 
-def chunks_choices(spec: Any, schedules: list[str]) -> tuple[int, ...]:
+def chunks_choices(spec: Any) -> tuple[int, ...]:
     """The space's ``chunks`` (interleaved's v choices): absent -- ``[2]``, :data:`DEFAULT_CHUNKS` -- or
-    integers >= 2, only with ``interleaved`` among the schedules (the key changes no other study)."""
+    integers >= 2. Like ``backward_weights`` (PACI's only), it is a dimension of one study and changes
+    no other: a space without ``interleaved`` may carry it unused, as a shipped space may."""
     if spec is None:
         return (DEFAULT_CHUNKS,)
-    if "interleaved" not in schedules:
-        raise ConfigError("space.chunks", spec, f"absent: only schedule interleaved has chunks, and schedules "
-                          f"is {schedules}")  # fmt: skip
     values = int_choices("space.chunks", spec)
     if min(values) < 2:
         raise ConfigError("space.chunks", spec, "integers >= 2 (v model chunks per stage of interleaved 1F1B; "

@@ -287,7 +287,7 @@ def load_space(
     if (not isinstance(schedules, list) or not schedules or any(s not in SCHEDULES for s in schedules)
             or len(set(schedules)) < len(schedules)):  # fmt: skip
         raise ConfigError("space.schedules", schedules, "a non-empty list without repeats of: " + ", ".join(SCHEDULES))
-    chunks = chunks_choices(doc.get("chunks"), schedules)
+    chunks = chunks_choices(doc.get("chunks"))
     mode = doc.get("global_batch", "fixed")
     if mode not in ("fixed", "free"):
         raise ConfigError("space.global_batch", mode, "fixed (a * micro-batch size = training.global_batch) or free")
