@@ -109,10 +109,10 @@ def test_paci_refuses_a_cut_splitting_a_tie_and_keeps_one_on_a_stage() -> None:
 def test_a_profile_without_tied_loads_unchanged_and_tied_round_trips() -> None:
     old = doc(4)
     prof = Profile.from_dict(old)
-    assert prof.tied == () and "tied" not in prof.to_dict()
+    assert prof.tied == [] and "tied" not in prof.to_dict()
     assert Profile.from_dict(prof.to_dict()) == prof
     tied = Profile.from_dict(doc(4, [{"units": [3, 0], "bytes": TIED_BYTES}]))
-    assert tied.tied == (TiedGroup((0, 3), TIED_BYTES),)
+    assert tied.tied == [TiedGroup((0, 3), TIED_BYTES)]
     assert tied.to_dict()["tied"] == [{"units": [0, 3], "bytes": TIED_BYTES}]
     assert Profile.from_dict(tied.to_dict()) == tied
     assert tied.scale(2.0).tied == tied.tied
@@ -148,7 +148,7 @@ def test_the_models_ties_replace_an_old_profiles_for_a_run(tmp_path) -> None:
     path = tmp_path / "old.yaml"
     Profile.from_dict({**doc(6), "seq_len": 32}).save(path)  # the guide model's 6 units, no tied key
     pred = predict_schedules(cfg, schedules=["paci", "1f1b"], profile_path=str(path), batches=4)
-    assert pred.profile.tied == (TiedGroup((0, 5), 4 * 64 * 32),)  # tok.weight: vocab 64 x d_model 32
+    assert pred.profile.tied == [TiedGroup((0, 5), 4 * 64 * 32)]  # tok.weight: vocab 64 x d_model 32
     assert [st.tied_allreduce_s for st in pred.results["1f1b"].per_stage] == pytest.approx([ring(4 * 64 * 32, 2)] * 2)
     assert set(pred.results) == {"1f1b"} and pred.not_fitting["paci"].startswith("pipeline.schedule")
 
@@ -162,5 +162,5 @@ def test_calibrate_records_the_tied_embedding(tmp_path) -> None:
     prof = calibrate(cfg, microbatch_sizes=[2], repeats=1, warmup=0, threads=1, processes=1,
                      p2p=P2PCost(0.0, math.inf), allreduce=False)  # fmt: skip
     assert prof.n_units == 3
-    assert prof.tied == (TiedGroup((0, 2), 4 * 64 * 32),)
+    assert prof.tied == [TiedGroup((0, 2), 4 * 64 * 32)]
     assert Profile.from_dict(prof.to_dict()).tied == prof.tied

@@ -204,7 +204,7 @@ def calibrate(
     n_procs = processes or default_processes(stages, n_threads, dev)
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     model = load_model(cfg.model, source.vocab_size, cfg.training.seed)
-    tied = tuple(tied_groups(model))  # the units sharing trainable parameters, before any is moved or cast
+    tied = tied_groups(model)  # the units sharing trainable parameters, before any is moved or cast
     vocab = model.gpt.vocab_size if model.gpt is not None else source.vocab_size
     units = [to_compute(model.units[i], dev, dtype) for i in range(model.n_units)]
     needs_grad = input_grads(model.trainable)  # per unit: whether its input needs a gradient, as at a stage

@@ -56,7 +56,7 @@ def check_profile(
             key, where,
             f"a profile measured at this model's sequence length {seq_len} (it was measured at {profile.seq_len})",
         )  # fmt: skip
-    return profile if tied is None else dataclasses.replace(profile, tied=tuple(tied))
+    return profile if tied is None else dataclasses.replace(profile, tied=list(tied))
 
 
 def load_profile(cfg: RunConfig, n_units: int, seq_len: int, tied: Sequence[TiedGroup] | None = None) -> Profile | None:

@@ -166,7 +166,7 @@ class Profile:
     date: str = "unknown"
     machine: dict[str, str] = field(default_factory=dict)
     allreduce_cost: AllReduceCost | None = None  # None: derived from ``p2p`` (module docstring)
-    tied: tuple[TiedGroup, ...] = ()  # units sharing trainable parameters (:mod:`.tied`); () for old profiles
+    tied: list[TiedGroup] = field(default_factory=list)  # units sharing trainable parameters (:mod:`.tied`)
 
     @property
     def allreduce(self) -> AllReduceCost:

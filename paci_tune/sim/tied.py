@@ -42,10 +42,10 @@ class TiedGroup:
         return {"units": list(self.units), "bytes": int(self.bytes)}
 
 
-def parse_tied(key: str, raw: Any, n_units: int) -> tuple[TiedGroup, ...]:
+def parse_tied(key: str, raw: Any, n_units: int) -> list[TiedGroup]:
     """A profile's ``tied`` list, validated; ``None`` (the key absent) is nothing tied."""
     if raw is None:
-        return ()
+        return []
     if not isinstance(raw, list):
         raise ConfigError(key, raw, "a list of {units: [i, j, ...], bytes: N}, one per set of units sharing parameters")
     out = []
@@ -64,7 +64,7 @@ def parse_tied(key: str, raw: Any, n_units: int) -> tuple[TiedGroup, ...]:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 < nbytes < 2**63:
             raise ConfigError(f"{where}.bytes", nbytes, "a positive integer: 4 bytes per shared trainable parameter")
         out.append(TiedGroup(tuple(sorted(units)), nbytes))
-    return tuple(out)
+    return out
 
 
 def tied_steps(groups: Sequence[TiedGroup], stage_units: Sequence[Sequence[int]]) -> dict[tuple[int, ...], int]:
