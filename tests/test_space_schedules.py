@@ -9,6 +9,7 @@ runtime is refused naming ``space.schedules``. No training here (``test_search_b
 
 from __future__ import annotations
 
+import copy
 import itertools
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,17 @@ import optuna
 import pytest
 import yaml
 from helpers.configs import make_config
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
 
+from paci_tune.config import derive_doc
 from paci_tune.config.tune import load_tune_config
 from paci_tune.errors import ConfigError
+from paci_tune.tune.apply import apply_run
+from paci_tune.tune.bestfile import read_best, write_best
 from paci_tune.tune.point import TrialParams
 from paci_tune.tune.space import SearchSpace, load_space
-from paci_tune.verdict.best import params_of
+from paci_tune.verdict.best import build_best, params_of
 
 ALL = ["paci", "1f1b", "zb-h1", "interleaved"]
 
@@ -115,3 +121,58 @@ def test_timed_schedules_only_on_the_profile_clocks(
     with pytest.raises(ConfigError) as e:
         load_tune_config(doc)
     assert e.value.key == "space.schedules" and schedule in str(e.value) and "simulator" in str(e.value)
+
+
+# --------------------------------------------------------------------------------- best.yaml and apply
+def _study(schedule: str, value: float, partition: list[int], chunks: int | None = None) -> optuna.Study:
+    """A study of one finished search trial at P=2, b=2 (a = 8/2 = 4) that reached the target at ``value``."""
+    params: dict[str, Any] = {"stages": 2, "microbatch_size": 2}
+    dists: dict[str, Any] = {"stages": CategoricalDistribution([2]), "microbatch_size": CategoricalDistribution([2])}
+    if chunks is not None:
+        params["chunks"], dists["chunks"] = chunks, CategoricalDistribution([chunks])
+    attrs = {"time_to_target": value, "best_val_loss": 1.0, "partition": partition, "steps": 4}
+    study = optuna.create_study(study_name=f"t.{schedule}", direction="minimize")
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=value, params=params, distributions=dists,
+                                 user_attrs=attrs))  # fmt: skip
+    return study
+
+
+@pytest.mark.parametrize("winner", ["zb-h1", "interleaved"])
+def test_best_yaml_names_the_strongest_baseline_and_apply_trains_it(tmp_path: Path, winner: str) -> None:
+    # Hand-chosen scores: the winner 2.0 beats PACI 3.0, which beats 1F1B-flush 4.0 (the other baseline 5.0),
+    # each gap above the time to target's resolution (2.0 s / 4 validations = 0.5 s).
+    other = "interleaved" if winner == "zb-h1" else "zb-h1"
+    scores = {"paci": 3.0, "1f1b": 4.0, winner: 2.0, other: 5.0}
+    studies = {s: _study(s, v, [1, 1, 1, 1] if s == "interleaved" else [2, 2], 2 if s == "interleaved" else None)
+               for s, v in scores.items()}  # fmt: skip
+    run = make_config(training={"steps": 4}, pipeline={"window": 4, "runtime": "emulated"})
+    sim = {"training.clock": "sim", "training.profile": "profiles/tiny-gpt.yaml"}
+    doc = build_best(
+        studies, run_doc_for=lambda p: derive_doc(copy.deepcopy(run), {**p.overrides(), **sim}), base_lr=1e-3,
+        fixed_batch=8, target={"metric": "val_loss", "value": 3.0}, budget={"clock": "sim", "seconds": 2.0, "grid": 4},
+        provenance={"study_name": "t"},
+    )  # fmt: skip
+    assert doc["recommended"]["schedule"] == winner and doc["baseline_schedule"] == winner
+    assert doc["baseline"]["schedule"] == winner and doc["baseline"]["score"] == 2.0
+    assert doc["speedup_vs_flush"] == 2.0 and doc["speedup_vs_baseline"] == 1.0  # 4/2 and 2/2
+    assert doc["paci_speedup_vs_baseline"] == pytest.approx(2 / 3, abs=1e-4) and doc["verdict"] == "flush"
+    assert doc["paci_speedup_vs_flush"] == pytest.approx(4 / 3, abs=1e-4) and doc["verdict_vs_flush"] == "paci"
+    assert doc["paci_won"] is False
+    path = tmp_path / "best.yaml"
+    write_best(path, doc)
+    best = read_best(path)
+    assert best.baseline_schedule == winner
+    cfg = apply_run(path, {})
+    assert cfg.pipeline.schedule == winner and cfg.training.clock == "sim"
+    assert cfg.layout.chunks == (2 if winner == "interleaved" else 1)
+    assert best.recommended.extra.get("chunks") == (2 if winner == "interleaved" else None)
+
+
+def test_a_flush_only_comparison_keeps_its_keys(tmp_path: Path) -> None:
+    """A [paci, 1f1b] search: the baseline is flush, and no key of another baseline is written."""
+    doc = build_best({"paci": _study("paci", 2.0, [2, 2]), "1f1b": _study("1f1b", 4.0, [2, 2])},
+                     run_doc_for=lambda p: derive_doc(make_config(), p.overrides()), base_lr=1e-3, fixed_batch=8,
+                     target={}, budget={"seconds": 5.0, "grid": 4}, provenance={})  # fmt: skip
+    assert doc["baseline_schedule"] == "1f1b" and doc["paci_speedup_vs_flush"] == 2.0 and doc["verdict"] == "paci"
+    others = {"speedup_vs_baseline", "paci_speedup_vs_baseline", "paci_baseline_interval", "verdict_vs_flush"}
+    assert not others & set(doc)

@@ -144,6 +144,9 @@ class SearchView:
             f"best {s}: " + (f"{_fmt(v)} to target" if v <= self.budget else f"missed (score {v:.3g})") + f" ({pt})"
             for s, (v, pt) in sorted(self.best.items())
         ]
-        if "paci" in self.best and "1f1b" in self.best:
-            bits.append(f"PACI vs flush: {self.best['1f1b'][0] / self.best['paci'][0]:.2f}x")
+        sync = [s for s in self.best if s != "paci"]
+        if "paci" in self.best and sync:  # against the strongest synchronous baseline so far
+            base = min(sync, key=lambda s: self.best[s][0])
+            name = "flush" if base == "1f1b" else base
+            bits.append(f"PACI vs {name}: {self.best[base][0] / self.best['paci'][0]:.2f}x")
         return "  |  ".join(bits) if bits else "no finished trial yet"

@@ -20,7 +20,7 @@ from .gather import Evidence, TrialRow
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-COLOURS = {"paci": "#4477AA", "1f1b": "#CC6611"}
+COLOURS = {"paci": "#4477AA", "1f1b": "#CC6611", "zb-h1": "#228833", "interleaved": "#AA3377"}
 
 
 def pyplot() -> Any:

@@ -1,11 +1,11 @@
 """What a report shows, read once: ``best.yaml`` (when there is one) and the study pair behind it.
 
 A search leaves two things: the recommendation (``best.yaml``, with the verdict, the confirmation
-and the provenance naming its storage and study) and the Optuna studies ``NAME.paci`` /
-``NAME.1f1b`` holding every trial. The report reads both and nothing else, so it can be made on
-any machine that reaches the storage, long after the search, and it shows the same numbers the
-recommendation was made from. May import: optuna, :mod:`paci_tune.verdict`, :mod:`paci_tune.tune`,
-:mod:`paci_tune.errors`.
+and the provenance naming its storage and study) and the Optuna studies ``NAME.<schedule>`` (``paci``,
+``1f1b`` and any other synchronous baseline the space named) holding every trial. The report reads
+both and nothing else, so it can be made on any machine that reaches the storage, long after the
+search, and it shows the same numbers the recommendation was made from. May import: optuna,
+:mod:`paci_tune.verdict`, :mod:`paci_tune.tune`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from ..errors import ConfigError
 from ..tune.bestfile import BestFile, read_best
 from ..tune.point import TrialParams
 from ..tune.record import StudyRecord, TrialRecord
+from ..tune.space import SCHEDULES
 from ..tune.study import open_storage
 from ..verdict.best import params_of, trial_counts
-
-SCHEDULES = ("paci", "1f1b")
 
 
 @dataclass(frozen=True)
@@ -68,13 +67,17 @@ class Evidence:
     budget: float | None
     clock: str
 
+    @property
+    def baseline_schedule(self) -> str:
+        return baseline_schedule(self.best)
+
     def winner(self, schedule: str) -> TrialRow | None:
         """The schedule's chosen search trial: best.yaml's (confirmed) pick, else its best single draw."""
         wanted = None
         if self.best is not None:
             if self.best.recommended.schedule == schedule:
                 wanted = _trial_number(self.best.evidence.trial if self.best.evidence else None)
-            elif schedule == "1f1b" and self.best.baseline:
+            elif self.best.baseline and self.best.baseline.get("schedule", "1f1b") == schedule:
                 wanted = _trial_number(self.best.baseline.get("trial"))
             elif (rows := (self.best.confirmation or {}).get(schedule)) and rows:
                 wanted = min(rows, key=lambda r: r["mean"])["trial"]
@@ -99,6 +102,12 @@ class Evidence:
                 key = f"failed: {head.split(':')[0]}" if r.state == "failed" else head
                 out[key] = out.get(key, 0) + 1
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def baseline_schedule(best: BestFile | None) -> str:
+    """The synchronous schedule PACI is compared with: best.yaml's (files before the key: 1f1b)."""
+    named = (best.baseline_schedule or (best.baseline or {}).get("schedule")) if best is not None else None
+    return str(named or "1f1b")
 
 
 def gather(best_path: str | Path | None, storage: str | None, study_name: str | None) -> Evidence:

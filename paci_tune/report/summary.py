@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gather import Evidence
+from .gather import Evidence, baseline_schedule
 
 
 @dataclass(frozen=True)
@@ -42,21 +42,31 @@ def _verdict(ev: Evidence) -> str:
     bw = r.backward_weights
     w = f" w={bw}" if bw not in (None, "forward") else ""  # as a trial's label: only the non-default value
     point = f"{r.schedule} P={r.stages}{where} a={r.window} b={r.microbatch_size}{w} lr={r.lr:.3g}"
-    sp, iv, verdict = best.paci_speedup_vs_flush, best.paci_speedup_interval, best.verdict
+    v = f" v={r.extra['chunks']}" if r.extra.get("chunks") else ""
+    point = point.replace(f" P={r.stages}", f" P={r.stages}{v}", 1)
+    base = baseline_schedule(best)
+    flush = base == "1f1b"  # another baseline has its own keys; the flush ones stay the paper's comparison
+    sp = best.paci_speedup_vs_flush if flush else best.paci_speedup_vs_baseline
+    iv = best.paci_speedup_interval if flush else best.paci_baseline_interval
+    verdict, name = best.verdict, "flush" if flush else base
     if sp is None:
-        return f"Recommended {point}; no flush baseline finished, so there is no comparison."
+        return f"Recommended {point}; no synchronous baseline finished, so there is no comparison."
     if best.verdict_reason:  # undecided: a compared run missed the target
         ratio = f"{sp:.3g}x" + (f" (95% interval {iv[0]:.3g}-{iv[1]:.3g})" if iv else "")
         return (
-            f"Verdict: undecided -- {best.verdict_reason}. The score ratio flush/PACI, {ratio}, is shown as a "
+            f"Verdict: undecided -- {best.verdict_reason}. The score ratio {name}/PACI, {ratio}, is shown as a "
             f"comparison of those penalties only. Recommended: {point} on the {ev.clock} clock."
         )
     if iv:
-        how = f"{sp:.3g}x flush's time to target (95% interval {iv[0]:.3g}-{iv[1]:.3g}, confirmed seeds)"
+        how = f"{sp:.3g}x {name}'s time to target (95% interval {iv[0]:.3g}-{iv[1]:.3g}, confirmed seeds)"
     else:
-        how = f"{sp:.3g}x flush's time to target (single draws, no interval)"
-    said = {"paci": "PACI wins", "flush": "flush wins", "tie": "a tie"}.get(verdict or "", str(verdict))
-    return f"Verdict: {said} -- PACI's best runs at {how}. Recommended: {point} on the {ev.clock} clock."
+        how = f"{sp:.3g}x {name}'s time to target (single draws, no interval)"
+    said = {"paci": "PACI wins", "flush": f"{name} wins", "tie": "a tie"}.get(verdict or "", str(verdict))
+    paper = ""
+    if not flush and best.verdict_vs_flush is not None and best.paci_speedup_vs_flush is not None:
+        paper = (f" Against 1F1B-flush (the paper's baseline): {best.verdict_vs_flush}, "
+                 f"{best.paci_speedup_vs_flush:.3g}x.")  # fmt: skip
+    return f"Verdict: {said} -- PACI's best runs at {how}.{paper} Recommended: {point} on the {ev.clock} clock."
 
 
 def chosen_points(ev: Evidence) -> Table:

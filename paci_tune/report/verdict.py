@@ -65,7 +65,7 @@ def draw_timelines(ev: Evidence, path: Path) -> tuple[Path | None, str]:
     """PACI's winner above flush's on one axis; (None, why) when they cannot be simulated."""
     from ..sim.plot import plot_timelines
 
-    results = [r for s in ("paci", "1f1b") if (w := ev.winner(s)) is not None and (r := simulated(ev, w))]
+    results = [r for s in ("paci", ev.baseline_schedule) if (w := ev.winner(s)) is not None and (r := simulated(ev, w))]
     if not results:
         why = "no cost profile (a wall-clock search)" if profile_path(ev) is None else "no finished trial"
         return None, why
@@ -120,33 +120,39 @@ def draw_drift(ev: Evidence) -> Figure | None:
 
 
 def seed_ratios(ev: Evidence) -> dict[int, float]:
-    """Flush's score over PACI's, per paired confirmation seed of the two chosen points."""
+    """The baseline's score over PACI's, per paired confirmation seed of the two chosen points."""
     conf = (ev.best.confirmation if ev.best else None) or {}
     picks = {}
-    for s in ("paci", "1f1b"):
+    base = ev.baseline_schedule
+    for s in ("paci", base):
         rows = conf.get(s) or []
         if rows:
             picks[s] = min(rows, key=lambda r: r["mean"])["seeds"]
     if len(picks) < 2:
         return {}
-    seeds = sorted(set(picks["paci"]) & set(picks["1f1b"]), key=int)
-    return {int(k): picks["1f1b"][k]["score"] / picks["paci"][k]["score"] for k in seeds}
+    seeds = sorted(set(picks["paci"]) & set(picks[base]), key=int)
+    return {int(k): picks[base][k]["score"] / picks["paci"][k]["score"] for k in seeds}
 
 
 def draw_speedup(ev: Evidence) -> Figure | None:
-    """The speedup with its interval; None when best.yaml has no PACI-vs-flush figure."""
-    if ev.best is None or (point := ev.best.paci_speedup_vs_flush) is None:
+    """PACI's speedup over the baseline with its interval; None when best.yaml has no such figure."""
+    if ev.best is None:
         return None
-    best = ev.best
+    best, base = ev.best, ev.baseline_schedule
+    flush = base == "1f1b"  # another baseline has its own keys (the flush ones stay the paper's comparison)
+    point = best.paci_speedup_vs_flush if flush else best.paci_speedup_vs_baseline
+    interval = best.paci_speedup_interval if flush else best.paci_baseline_interval
+    name = "flush" if flush else base
+    if point is None:
+        return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 2.6))
     ratios = seed_ratios(ev)
     if ratios:
-        ax.scatter(list(ratios.values()), [0.15] * len(ratios), color="grey", label="one seed (flush / PACI)")
+        ax.scatter(list(ratios.values()), [0.15] * len(ratios), color="grey", label=f"one seed ({name} / PACI)")
         for i, (seed, r) in enumerate(ratios.items()):  # staggered: equal ratios must stay legible
             ax.annotate(f"seed {seed}", (r, 0.15), textcoords="offset points", xytext=(0, 6 + 9 * (i % 3)),
                         ha="center", fontsize=7)  # fmt: skip
-    interval = best.paci_speedup_interval
     if interval:
         label = f"ratio of means, 95% interval [{interval[0]:.3g}, {interval[1]:.3g}]"
         ax.errorbar([point], [0], xerr=[[point - interval[0]], [interval[1] - point]], fmt="o", color="black",
@@ -156,7 +162,7 @@ def draw_speedup(ev: Evidence) -> Figure | None:
     ax.axvline(1.0, color="#CC6611", ls="--", lw=1, label="1 = tie")
     ax.set_yticks([])
     ax.set_ylim(-0.5, 0.6)
-    ax.set_xlabel("PACI speedup over flush (flush's score / PACI's; > 1: PACI faster)")
+    ax.set_xlabel(f"PACI speedup over {name} ({name}'s score / PACI's; > 1: PACI faster)")
     ax.set_title(f"verdict: {best.verdict}")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()

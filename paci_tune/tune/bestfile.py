@@ -54,10 +54,15 @@ INFORMATIVE: dict[str, tuple[type, ...]] = {
     "confirmation": (dict,),
     "transfer_check": (dict,),
     "baseline": (dict,),
+    "baseline_schedule": (str,),
     "speedup_vs_flush": (int, float),
+    "speedup_vs_baseline": (int, float),
     "paci_speedup_vs_flush": (int, float),
     "paci_speedup_interval": (list,),
+    "paci_speedup_vs_baseline": (int, float),
+    "paci_baseline_interval": (list,),
     "verdict": (str,),
+    "verdict_vs_flush": (str,),
     "verdict_reason": (str,),
     "paci_won": (bool,),
     "speedup_note": (str,),
@@ -143,10 +148,15 @@ class BestFile:
     confirmation: dict[str, Any] | None = None
     transfer_check: dict[str, Any] | None = None
     baseline: dict[str, Any] | None = None
+    baseline_schedule: str | None = None  # the synchronous schedule of the baseline (absent in older files: 1f1b)
     speedup_vs_flush: float | None = None
+    speedup_vs_baseline: float | None = None
     paci_speedup_vs_flush: float | None = None
     paci_speedup_interval: list[float] | None = None
+    paci_speedup_vs_baseline: float | None = None
+    paci_baseline_interval: list[float] | None = None
     verdict: str | None = None
+    verdict_vs_flush: str | None = None
     verdict_reason: str | None = None
     paci_won: bool | None = None
     speedup_note: str | None = None
@@ -250,7 +260,7 @@ def _check_recommended(rec: dict[str, Any], run: RunConfig | None) -> None:
             if k in rec and (type(v) is bool or v != want):
                 raise ConfigError(f"best.yaml.recommended.{k}", v, f"{want!r}, what the run apply trains says")
     part = rec.get("partition")
-    stages = p.stages if p is not None else None
+    stages = p.layout.virtual_stages if p is not None else None  # interleaved: v * P pieces
     if part is not None and (not isinstance(part, list) or (stages is not None and len(part) != stages)
                              or any(type(n) is not int or not 1 <= n <= MAX_UNITS for n in part)):  # fmt: skip
         raise ConfigError("best.yaml.recommended.partition", part, f"null or {stages or 'P'} positive unit counts")

@@ -2,17 +2,18 @@
 
 The confirmation starts with ``search.confirm.seeds`` seeds (the minimum). Once every queued run of
 every schedule's planned points has finished, each schedule's best confirmed point (the lowest mean
-score over the seeds so far) is compared with the other's, flush's mean over PACI's with a paired
-bootstrap interval (:func:`paired_ratio`). The confirmation stops when that interval excludes 1
-(``excludes_1``), or is narrower than ``search.confirm.tolerance`` relative to its point estimate
-(``narrow``: the answer is known to that precision, even if it is "about equal"), or when
-``search.confirm.max_seeds`` is reached (``max_seeds``); otherwise one more seed is added, for every
-planned point of every schedule, so the seeds stay paired. One seed decides nothing: its bootstrap
-"interval" is a single point. Nothing is spent where the answer is
+score over the seeds so far) is found, and PACI's is compared with the strongest synchronous
+schedule's (the baseline: the lowest mean among ``1f1b``, ``zb-h1``, ``interleaved`` searched), the
+baseline's mean over PACI's with a paired bootstrap interval (:func:`paired_ratio`). The confirmation
+stops when that interval excludes 1 (``excludes_1``), or is narrower than ``search.confirm.tolerance``
+relative to its point estimate (``narrow``: the answer is known to that precision, even if it is
+"about equal"), or when ``search.confirm.max_seeds`` is reached (``max_seeds``); otherwise one more
+seed is added, for every planned point of every schedule, so the seeds stay paired. One seed decides
+nothing: its bootstrap "interval" is a single point. Nothing is spent where the answer is
 already clear, and every worker and every resume computes the same count from the stored trials.
 
-A search without both schedules has nothing to decide: it runs the minimum. May import: optuna,
-numpy and the tune layer's :mod:`.record`, :mod:`.extra`.
+A search without PACI or without a synchronous schedule has nothing to decide: it runs the minimum.
+May import: optuna, numpy and the tune layer's :mod:`.record`, :mod:`.extra`.
 """
 
 from __future__ import annotations
@@ -104,13 +105,16 @@ def current_round(
     one more per undecided round up to ``maximum``."""
     n = minimum
     while True:
-        if "paci" not in studies or "1f1b" not in studies:
+        sync = [s for s in studies if s != "paci"]
+        if "paci" not in studies or not sync:
             return Round(n, None)
         seeds = confirm_seeds(base_seed, n)
-        tables = {s: _scores(studies[s], seeds) for s in ("paci", "1f1b")}
+        tables = {s: _scores(studies[s], seeds) for s in ("paci", *sync)}
         if not all(done for _, done in tables.values()):
             return Round(n, None)  # this round is still running (or not planned yet)
-        point, low, high = paired_ratio(_best(tables["1f1b"][0]), _best(tables["paci"][0]))
+        bests = {s: _best(tables[s][0]) for s in sync}
+        base = min(sync, key=lambda s: (float(np.mean(list(bests[s].values()))), sync.index(s)))
+        point, low, high = paired_ratio(bests[base], _best(tables["paci"][0]))
         why = decided(point, low, high, tolerance) if n >= 2 else None  # one seed's "interval" is its point
         if why is not None:
             return Round(n, why)
