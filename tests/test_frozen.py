@@ -22,14 +22,13 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from helpers import REPO
 from helpers.bf16 import plain_bf16_training
 from helpers.cli import check_ok, cli_env, read_metrics, run_cli, run_in_process, summary_of, train_losses
 from helpers.configs import write_config
 from helpers.guide_models import PYTHONPATH, SMALL
 from helpers.oracles import CONSTANT_LR, numerics_doc, plain_training
-from helpers.searches import run, search_cmd
+from helpers.searches import guide_model_search, quick_search, run, search_cmd
 from torch import nn
 
 from paci_tune.config import OptimizerConfig
@@ -472,26 +471,8 @@ def test_schedule_paci_with_a_stage_that_trains_nothing_equals_plain_training(tm
 def test_a_search_on_a_frozen_prefix_model_trains_every_point(tmp_path: Path):
     """bench/search_seeds.py's quick search (rst clock on a hand-written profile, 0.6 s per trial) on the
     guide's frozen-prefix model: every trial of both schedules completes, no internal error."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        from search_seeds import QUICK, QUICK_PROFILE
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    profile = copy.deepcopy(QUICK_PROFILE)
-    profile["seq_len"] = SMALL["block_size"]
-    profile["units"] = [dict(profile["units"][0], name=f"u{i}") for i in range(6)]
-    for i in PREFIX:
-        profile["units"][i].update(trainable_bytes=0, optimizer_s=0.0)
-    (tmp_path / "profile.yaml").write_text(yaml.safe_dump(profile))
-    space = {"schedules": ["paci", "1f1b"], "stages": [2, 4], "microbatch_size": [2, 4]}
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    doc = copy.deepcopy(QUICK)
-    doc["model"] = model(frozen=list(PREFIX), vocab_size=QUICK["data"]["vocab_size"])
-    doc["budget"] = {**doc["budget"], "seconds": 0.6, "profile": str(tmp_path / "profile.yaml")}
-    doc["hardware"] = {"devices": 4}
-    doc["search"] = {**doc["search"], "trials": 3, "space": str(tmp_path / "space.yaml"), "confirm": {"top": 0}}
-    config = tmp_path / "model.yaml"
-    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    vocab = quick_search().QUICK["data"]["vocab_size"]
+    config = guide_model_search(tmp_path, model(frozen=list(PREFIX), vocab_size=vocab), [2, 4], frozen=PREFIX)
     proc = run(search_cmd(config, tmp_path), env=_env())
     check_ok(proc)
     assert "internal error" not in proc.stdout + proc.stderr

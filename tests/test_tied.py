@@ -18,13 +18,11 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
-from helpers import REPO
 from helpers.bf16 import plain_bf16_training
 from helpers.cli import check_ok, invoke_in, run_in_process, summary_of, train_losses
 from helpers.configs import write_config
 from helpers.guide_models import SMALL
-from helpers.searches import run, search_cmd
+from helpers.searches import guide_model_search, quick_search, run, search_cmd
 from test_bf16 import torch_threads
 from test_frozen import _distributed, _env, assert_plain, doc_for, model
 
@@ -192,27 +190,7 @@ def test_a_search_space_skips_paci_points_that_split_a_tied_parameter():
 
 def _search_config(tmp_path: Path, stages: list[int]) -> Path:
     """bench/search_seeds.py's quick search (rst clock, hand-written profile) on the tied model."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        from search_seeds import QUICK, QUICK_PROFILE
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    profile = copy.deepcopy(QUICK_PROFILE)
-    profile["seq_len"] = SMALL["block_size"]
-    profile["units"] = [dict(profile["units"][0], name=f"u{i}") for i in range(6)]
-    (tmp_path / "profile.yaml").write_text(yaml.safe_dump(profile))
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"schedules": ["paci", "1f1b"], "stages": stages,
-                                                         "microbatch_size": [2, 4]}))  # fmt: skip
-    doc = copy.deepcopy(QUICK)
-    doc["model"] = model(TIED, vocab_size=QUICK["data"]["vocab_size"])
-    doc["budget"] = {**doc["budget"], "seconds": 0.6, "profile": str(tmp_path / "profile.yaml")}
-    doc["hardware"] = {"devices": 4}
-    doc["search"] = {**doc["search"], "trials": 3, "space": str(tmp_path / "space.yaml"), "confirm": {"top": 0}}
-    config = tmp_path / "model.yaml"
-    config.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return config
+    return guide_model_search(tmp_path, model(TIED, vocab_size=quick_search().QUICK["data"]["vocab_size"]), stages)
 
 
 @pytest.mark.slow

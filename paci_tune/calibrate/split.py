@@ -57,22 +57,20 @@ def _reaching(succ: dict[Node, list[Node]], targets: set[Node]) -> set[Node]:
     for node, nexts in succ.items():
         for m in nexts:
             preds[m].append(node)
-    seen = {t for t in targets if t in succ}
-    stack = list(seen)
-    while stack:
-        for node in preds[stack.pop()]:
-            if node not in seen:
-                seen.add(node)
-                stack.append(node)
-    return seen
+    return _closure(preds, [t for t in targets if t in succ])
 
 
 def _successors_many(succ: dict[Node, list[Node]], starts: list[Node]) -> set[Node]:
     """Every node reachable from ``starts`` (themselves included), in the graph ``succ``."""
+    return _closure(succ, starts)
+
+
+def _closure(edges: dict[Node, list[Node]], starts: list[Node]) -> set[Node]:
+    """``starts`` and every node reachable from them along ``edges`` (one traversal for both directions)."""
     seen = set(starts)
-    stack = list(starts)
+    stack = list(seen)
     while stack:
-        for m in succ[stack.pop()]:
+        for m in edges.get(stack.pop(), ()):
             if m not in seen:
                 seen.add(m)
                 stack.append(m)

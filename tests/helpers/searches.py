@@ -146,3 +146,31 @@ def search_with_model(
     env = cli_env()
     env["PYTHONPATH"] = f"{tmp}{os.pathsep}{env.get('PYTHONPATH', '')}"
     return run(search_cmd(config, tmp), env=env, timeout=timeout)
+
+
+def guide_model_search(tmp: Path, model: dict[str, Any], stages: list[int], frozen: tuple[int, ...] = ()) -> Path:
+    """``tmp/model.yaml``: bench/search_seeds.py's QUICK search (rst clock on a hand-written profile,
+    0.6 s per trial, 4 devices, 3 trials per schedule, no confirmation) on one of the guide's 6-unit
+    models (``model``, a ``model:`` section), PACI against flush at ``stages``; the units in
+    ``frozen`` train nothing in the profile too."""
+    import copy
+
+    from helpers.guide_models import SMALL
+
+    seeds = quick_search()
+    profile = copy.deepcopy(seeds.QUICK_PROFILE)
+    profile["seq_len"] = SMALL["block_size"]
+    profile["units"] = [dict(profile["units"][0], name=f"u{i}") for i in range(6)]
+    for i in frozen:
+        profile["units"][i].update(trainable_bytes=0, optimizer_s=0.0)
+    (tmp / "profile.yaml").write_text(yaml.safe_dump(profile))
+    space = {"schedules": ["paci", "1f1b"], "stages": stages, "microbatch_size": [2, 4]}
+    (tmp / "space.yaml").write_text(yaml.safe_dump(space))
+    doc = copy.deepcopy(seeds.QUICK)
+    doc["model"] = model
+    doc["budget"] = {**doc["budget"], "seconds": 0.6, "profile": str(tmp / "profile.yaml")}
+    doc["hardware"] = {"devices": 4}
+    doc["search"] = {**doc["search"], "trials": 3, "space": str(tmp / "space.yaml"), "confirm": {"top": 0}}
+    config = tmp / "model.yaml"
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return config
