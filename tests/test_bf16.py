@@ -19,7 +19,6 @@ a device, so ``tests/test_gpu.py`` runs the same checks on CUDA.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import pytest
@@ -34,6 +33,7 @@ from helpers.bf16 import (
     check_memory_does_not_grow_beyond_activations,
     check_saves_weights_by_reference,
     plain_bf16_training,
+    torch_threads,
     weight_copies,
 )
 from helpers.cli import check_ok, read_metrics, run_cli, run_in_process, summary_of, train_losses
@@ -245,16 +245,6 @@ def test_bf16_tracks_fp32_over_50_steps():
     assert max(abs(a - b) for a, b in zip(fp32, bf16, strict=True)) < GAP_TOL
     assert abs(s16["final_val_loss"] - s32["final_val_loss"]) < GAP_TOL
     assert fp32[0] - fp32[-1] > 1.0, "the run must learn for the gap to mean something"
-
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.slow

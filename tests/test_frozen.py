@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,10 +23,10 @@ import pytest
 import torch
 from helpers import REPO
 from helpers.bf16 import plain_bf16_training
-from helpers.cli import check_ok, cli_env, read_metrics, run_cli, run_in_process, summary_of, train_losses
+from helpers.cli import check_ok, run_cli, run_in_process, summary_of, train_losses
 from helpers.configs import write_config
-from helpers.guide_models import PYTHONPATH, SMALL
-from helpers.oracles import CONSTANT_LR, numerics_doc, plain_training
+from helpers.guide_models import SMALL
+from helpers.guide_runs import assert_plain, doc_for, guide_env, model, run_distributed
 from helpers.searches import guide_model_search, quick_search, run, search_cmd
 from torch import nn
 
@@ -42,31 +41,8 @@ from paci_tune.sim.simulator import simulate
 PREFIX = (0, 1, 2)  # embedding and the first two blocks: a frozen backbone under trainable blocks and head
 
 
-def model(entry: str = "build_frozen", **kwargs: Any) -> dict[str, Any]:
-    """``model:`` naming one of the guide's models at the tests' size."""
-    return {"entry": f"helpers.guide_models:{entry}", "kwargs": {**SMALL, **kwargs}, "block_size": SMALL["block_size"]}
-
-
-def doc_for(schedule: str, partition: list[int], steps: int = 4, entry: str = "build_frozen", **kw: Any) -> dict:
-    """numerics_doc's run (constant LR, a = 4) of a guide model cut as ``partition``."""
-    pipeline = {k: kw.pop(k) for k in ("precision", "data_parallel", "window") if k in kw}
-    doc = numerics_doc(schedule, len(partition), CONSTANT_LR, partition=partition, **pipeline)
-    doc["training"]["steps"] = steps
-    doc["model"] = model(entry, **kw)
-    return doc
-
-
 def trains(records: list[dict[str, Any]]) -> list[bool]:
     return [st["trains"] for st in summary_of(records)["stages"]]
-
-
-def assert_plain(doc: dict[str, Any], records: list[dict[str, Any]]) -> float:
-    """The run's losses and final validation loss equal plain training's; the largest loss difference."""
-    want, want_val, _ = plain_training(doc)
-    got = train_losses(records)
-    assert got == pytest.approx(want, abs=1e-5, rel=0)
-    assert summary_of(records)["final_val_loss"] == pytest.approx(want_val, abs=1e-5, rel=0)
-    return max(abs(g - w) for g, w in zip(got, want, strict=True))
 
 
 def assert_nothing_to_drift(records: list[dict[str, Any]]) -> None:
@@ -343,27 +319,11 @@ def test_the_guides_model_code_is_what_the_tests_run():
 # ------------------------------------------------------------------------------ processes (slow)
 
 
-def _env() -> dict[str, str]:
-    env = cli_env()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PYTHONPATH, env.get("PYTHONPATH")) if p)
-    return env
-
-
-def _distributed(tmp_path: Path, doc: dict[str, Any]) -> list[dict[str, Any]]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "paci_tune.cli", "train", str(write_config(tmp_path, doc)), "--no-live",
-         "--runtime", "distributed", "--metrics", str(tmp_path / "m.jsonl")],
-        capture_output=True, text=True, timeout=300, cwd=REPO, env=_env(), check=False,
-    )  # fmt: skip
-    check_ok(proc)
-    return read_metrics(tmp_path / "m.jsonl")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("schedule", "cut", "replicas"), [("1f1b", [1, 1, 2, 2], 1), ("gpipe", [3, 3], 2)])
 def test_distributed_flush_with_frozen_units_equals_plain_training(tmp_path, schedule, cut, replicas):
     doc = doc_for(schedule, cut, frozen=list(PREFIX), data_parallel=replicas, window=4 // replicas)
-    records = _distributed(tmp_path, doc)
+    records = run_distributed(tmp_path, doc)
     single = copy.deepcopy(doc)
     single["pipeline"].update(window=4, data_parallel=1)
     assert_plain(single, records)
@@ -377,7 +337,7 @@ def test_distributed_paci_with_frozen_units_equals_emulated(tmp_path: Path):
     """PACI with two stages that train nothing and two that cross updates: the runtimes agree."""
     doc = doc_for("paci", [1, 1, 2, 2], steps=6, frozen=list(PREFIX), window=2)
     doc["training"]["eval_every"] = 3  # evaluations inside the run: the target news rides the empty gradients
-    got, want = _distributed(tmp_path, doc), run_in_process(doc)
+    got, want = run_distributed(tmp_path, doc), run_in_process(doc)
     assert train_losses(got) == pytest.approx(train_losses(want), abs=1e-5, rel=0)
     evals = [[r["val_loss"] for r in rs if r["event"] == "eval"] for rs in (got, want)]
     assert len(evals[0]) == 2 and evals[0] == pytest.approx(evals[1], abs=1e-5, rel=0)
@@ -446,7 +406,7 @@ def test_schedule_paci_with_a_stage_that_trains_nothing_equals_plain_training(tm
         str(script),
         str(tmp_path),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=_env(), check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=guide_env(), check=False)
     check_ok(proc)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["updates"] == 0 and ranks[0]["max_drift"] == 0 and ranks[1]["updates"] == 4
@@ -473,7 +433,7 @@ def test_a_search_on_a_frozen_prefix_model_trains_every_point(tmp_path: Path):
     guide's frozen-prefix model: every trial of both schedules completes, no internal error."""
     vocab = quick_search().QUICK["data"]["vocab_size"]
     config = guide_model_search(tmp_path, model(frozen=list(PREFIX), vocab_size=vocab), [2, 4], frozen=PREFIX)
-    proc = run(search_cmd(config, tmp_path), env=_env())
+    proc = run(search_cmd(config, tmp_path), env=guide_env())
     check_ok(proc)
     assert "internal error" not in proc.stdout + proc.stderr
     import optuna

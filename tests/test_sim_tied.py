@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from helpers.configs import write_config
+from helpers.guide_runs import doc_for
 from helpers.profiles import FREE, unit
-from test_frozen import doc_for
 
 from paci_tune.config.layout import Layout
 from paci_tune.errors import ConfigError

@@ -18,13 +18,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.bf16 import plain_bf16_training
+from helpers.bf16 import plain_bf16_training, torch_threads
 from helpers.cli import check_ok, invoke_in, run_in_process, summary_of, train_losses
 from helpers.configs import write_config
 from helpers.guide_models import SMALL
+from helpers.guide_runs import assert_plain, doc_for, guide_env, model, run_distributed
 from helpers.searches import guide_model_search, quick_search, run, search_cmd
-from test_bf16 import torch_threads
-from test_frozen import _distributed, _env, assert_plain, doc_for, model
 
 from paci_tune.base.processes import threads_per_process
 from paci_tune.errors import ConfigError
@@ -195,7 +194,7 @@ def _search_config(tmp_path: Path, stages: list[int]) -> Path:
 
 @pytest.mark.slow
 def test_a_search_of_only_split_points_refuses_paci_up_front(tmp_path: Path):
-    proc = run(search_cmd(_search_config(tmp_path, [2, 4]), tmp_path), env=_env())
+    proc = run(search_cmd(_search_config(tmp_path, [2, 4]), tmp_path), env=guide_env())
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.startswith("error: space.schedules: got ['paci', '1f1b']; allowed: schedules without paci")
     assert not (tmp_path / "work" / "trials").exists()
@@ -204,7 +203,7 @@ def test_a_search_of_only_split_points_refuses_paci_up_front(tmp_path: Path):
 @pytest.mark.slow
 def test_a_search_on_a_tied_model_trains_flush_and_single_stage_paci(tmp_path: Path):
     """PACI's split points are answered unrun; no trial that runs fails, flush at P = 2 included."""
-    proc = run(search_cmd(_search_config(tmp_path, [1, 2]), tmp_path), env=_env())
+    proc = run(search_cmd(_search_config(tmp_path, [1, 2]), tmp_path), env=guide_env())
     check_ok(proc)
     assert "internal error" not in proc.stdout + proc.stderr
     import optuna
@@ -242,7 +241,7 @@ def test_distributed_flush_with_a_tied_head_equals_plain_training(tmp_path, sche
     doc = tied_doc(schedule, cut, data_parallel=replicas, window=4 // replicas)
     doc["optimizer"]["grad_clip"] = 0.5
     doc["training"].update(checkpoint_every=4, checkpoint_dir=str(tmp_path / "ckpt"))
-    records = _distributed(tmp_path, doc)
+    records = run_distributed(tmp_path, doc)
     assert_plain(one_process(doc), records)
     first, last = copies_of_the_tied_weight(tmp_path / "ckpt" / "batch_00000004")
     assert torch.equal(first, last)
@@ -259,4 +258,4 @@ def test_distributed_bf16_with_a_tied_head_equals_emulated(tmp_path: Path):
     doc = tied_doc("1f1b", [3, 3], precision="bf16")
     with torch_threads(threads_per_process(2)):
         emulated = run_in_process(doc)
-    assert train_losses(_distributed(tmp_path, doc)) == pytest.approx(train_losses(emulated), abs=1e-5, rel=0)
+    assert train_losses(run_distributed(tmp_path, doc)) == pytest.approx(train_losses(emulated), abs=1e-5, rel=0)

@@ -99,15 +99,8 @@ def calibrate(
     cfg = load_config(config, overrides_from({"stages": stages}))
     sizes = parse_sizes(microbatch_sizes, "--microbatch-sizes")
     _check_calibrate_options(cfg, sizes, repeats, threads, out)
-    profile = run_calibration(
-        cfg,
-        microbatch_sizes=sizes,
-        device=device,
-        precision=precision,
-        repeats=repeats,
-        threads=threads,
-        log=lambda m: stderr(f"measuring {m}"),
-    )
+    profile = run_calibration(cfg, microbatch_sizes=sizes, device=device, precision=precision, repeats=repeats,
+                              threads=threads, log=lambda m: stderr(f"measuring {m}"))  # fmt: skip
     profile.save(out)
     table = Table(title=f"{profile.device} · {profile.dtype} · {profile.threads} thread(s) · seq {profile.seq_len}")
     b_max = profile.microbatch_sizes[-1]

@@ -201,15 +201,8 @@ def stage_actions(
     return list(Program(schedule, stage, stages, window, first_batch, first_batch + n_batches - 1, inflight=inflight))
 
 
-def build(
-    schedule: str,
-    stages: int,
-    window: int,
-    first_batch: int,
-    n_batches: int,
-    inflight: int | None = None,
-    chunks: int = 1,
-) -> list[list[Action]]:
+def build(schedule: str, stages: int, window: int, first_batch: int, n_batches: int,
+          inflight: int | None = None, chunks: int = 1) -> list[list[Action]]:  # fmt: skip
     """Every stage's action list for one segment of the run (``chunks``: model chunks per stage)."""
     return [stage_actions(schedule, s, stages, window, first_batch, n_batches, inflight, chunks)
             for s in range(stages)]  # fmt: skip
