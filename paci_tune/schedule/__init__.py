@@ -14,7 +14,6 @@ from .actions import (
     drift_bound,
     execution_order,
     inflight_cap,
-    step_barrier,
     sweep,
 )
 from .partition import (
@@ -58,7 +57,6 @@ __all__ = [
     "resolve_partition",
     "stage_actions",
     "stage_units",
-    "step_barrier",
     "sweep",
     "sync_stage_actions",
     "unsupported",

@@ -117,21 +117,6 @@ def dependency(action: Action, stage: int, stages: int, chunks: int = 1) -> tupl
     return None
 
 
-def step_barrier(action: Action, stage: int, stages: int, window: int) -> list[tuple[int, Action]]:
-    """With a synchronised step, STEP(k) waits for every other stage's last backward of batch k.
-
-    Flush schedules clip the *global* gradient norm like single-process training, so a stage can
-    only step once all stages' gradients of the batch exist. PACI never synchronises its steps.
-    This names the barrier of the one-chunk schedules without ``W``; in general (interleaved, zero
-    bubble) STEP(k) waits until every other stage has done all it does before its own STEP(k),
-    which is how :func:`sweep` and :class:`~paci_tune.schedule.replay.Placer` apply it.
-    """
-    if action.op is not Op.STEP:
-        return []
-    last = Action(Op.BACKWARD, action.mb * window + window - 1)
-    return [(s, last) for s in range(stages) if s != stage]
-
-
 def execution_order(
     lists: list[list[Action]],
     sync_steps: int | None = None,
@@ -143,7 +128,8 @@ def execution_order(
     Any such order gives the same numerics; this one sweeps the stages round-robin and runs each as
     far as it can (:func:`sweep`), which keeps in-flight activations close to a real pipeline's.
     ``sync_steps`` (any true value) makes every STEP(k) wait until each other stage has done
-    everything before its own STEP(k): all of batch k's gradients exist (:func:`step_barrier`).
+    everything before its own STEP(k): all of batch k's gradients exist (global-norm clipping, as
+    single-process training clips; PACI never synchronises its steps).
     ``chunks``: model chunks per stage (:func:`dependency`). ``step_groups``: sets of stages whose
     STEP(k)s wait the same way for each other only (a collective among them: tied parameters' holders,
     :func:`step_partners`). Raises ``RuntimeError`` if the lists deadlock (a schedule bug, never a user error).

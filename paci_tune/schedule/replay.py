@@ -138,7 +138,7 @@ def replay(
     """Place every action of ``lists`` in time; see the module docstring.
 
     ``sync_steps=a``: steps wait for every stage's gradients of their batch (global-norm clipping
-    in flush schedules, see :func:`~paci_tune.schedule.actions.step_barrier`). ``chunks``: model
+    in flush schedules, see :func:`~paci_tune.schedule.actions.step_partners`). ``chunks``: model
     chunks per stage (interleaved schedules). ``step_groups``: stages whose steps meet in a collective
     (tied parameters' holders), ``lead(s, step)`` the part of a step before it (:meth:`Placer.place`).
     Evaluation actions are skipped: they cost no training time.
