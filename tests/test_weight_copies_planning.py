@@ -110,6 +110,22 @@ def test_planning_prediction_follows_the_configs_backward_weights() -> None:
     assert need("forward", "1f1b") == need("current", "1f1b")  # a flush never copies
 
 
+def test_planning_prediction_of_an_interleaved_cut_counts_each_stages_chunks() -> None:
+    """An interleaved cut has v * P pieces, stage s holding pieces s, s + P: its prediction is per
+    stage (P entries), and stage 0's activations are its warm-up plus one chunk activations,
+    (v - 1) r + 2 (P - 1) + 1 = 5 at P = 2, v = 2, m = 4 (r = 2), each one 2-unit piece's."""
+    prof = profile([unit() for _ in range(8)])
+    pipeline = {"schedule": "interleaved", "chunks": 2, "stages": 2, "window": 4, "microbatch_size": 1,
+                "device": "cpu"}  # fmt: skip
+    cfg = derive_run(make_config(training={"global_batch": 4, "clock": "sim"}, pipeline=pipeline))
+    need = predicted_memory(cfg, prof, [2, 2, 2, 2])
+    sim = simulate(cfg.layout.with_partition([2, 2, 2, 2]), prof, 4)
+    assert need == [st.memory.total for st in sim.per_stage]
+    piece = 300 + 300 + 100  # one micro-batch on a 2-unit piece: both units' saved tensors and its output
+    stage0 = stage_memory(prof, [0, 1, 4, 5], 1, 1, last=False, activations=5 * piece)
+    assert need[0] == stage0.total
+
+
 # --------------------------------------------------------------------------------------- partitioner
 
 

@@ -31,8 +31,16 @@ import torch
 from ..config.layout import Layout
 from ..config.schema import RunConfig
 from ..errors import ConfigError
-from ..schedule import balanced_partition, check_partition, inflight_cap, resolve_partition, stage_units
-from ..sim.memory import GIB, stage_copies, stage_memory
+from ..schedule import (
+    balanced_partition,
+    check_partition,
+    inflight_cap,
+    inflight_per_chunk,
+    resolve_partition,
+    stage_actions,
+    stage_units,
+)
+from ..sim.memory import GIB, chunked_activations, stage_copies, stage_memory
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
 from ..sim.tied import TiedGroup
@@ -78,20 +86,34 @@ def memory_available(device: torch.device, processes_here: int) -> float:
 
 def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[int]:
     """Peak bytes per stage (per device: one stage of one replica): weights, gradients, optimizer state,
-    in-flight activations, and under PACI with ``pipeline.backward_weights: forward`` the weight copies."""
+    in-flight activations, and under PACI with ``pipeline.backward_weights: forward`` the weight copies.
+
+    ``sizes`` is the run's cut: ``v * P`` pieces under interleaved 1F1B, stage ``s`` holding pieces
+    ``s, s + P, ...``, whose activations are counted chunk by chunk off the stage's own action list
+    (:func:`~paci_tune.sim.memory.chunked_activations`), as the simulator does.
+    """
     p = cfg.pipeline
+    v = p.layout.chunks
+    pieces = [list(r) for r in stage_units(sizes)]
     out = []
-    for s, units in enumerate(stage_units(sizes)):
+    for s in range(p.stages):
+        held = [pieces[c * p.stages + s] for c in range(v)]
         inflight = inflight_cap(p.schedule, s, p.stages, p.window, p.inflight)
+        activations = None
+        if v > 1:
+            lst = stage_actions(p.schedule, s, p.stages, p.window, 0, 2, chunks=v)
+            last = [c * p.stages + s == len(pieces) - 1 for c in range(v)]
+            activations = chunked_activations(profile, held, p.microbatch_size, inflight_per_chunk(lst), last=last)
         copies = stage_copies(p.schedule, s, p.stages, p.window, p.inflight, backward_weights=p.backward_weights)
         mem = stage_memory(
             profile,
-            list(units),
+            [u for units in held for u in units],
             p.microbatch_size,
             inflight,
             last=s == p.stages - 1,
             optimizer=cfg.optimizer.name,
             copies=copies,
+            activations=activations,
         )
         out.append(mem.total)
     return out
