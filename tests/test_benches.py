@@ -53,7 +53,7 @@ def test_dp_budget_quick(tmp_path: Path) -> None:
 
 
 def test_paper_scaled_quick(tmp_path: Path) -> None:
-    """Both batches, both schedules, every window and seed; the bench asserts PACI's simulated step is
+    """Both batches, PACI, flush and ZB-H1, every window and seed; the bench asserts PACI's simulated step is
     never longer than flush's at the same (P, a, b) and that the best flush reaches its own target."""
     out = _bench("bench/paper_scaled.py", "--quick", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path))
     doc = json.loads((tmp_path / "paper.json").read_text())
@@ -63,10 +63,14 @@ def test_paper_scaled_quick(tmp_path: Path) -> None:
         flush = [res["best_flush"] for res in doc["results"] if res["G"] == g]
         assert flush[0] == flush[1]
     for res in doc["results"]:
-        assert {(p["schedule"], p["a"]) for p in res["points"]} == {(s, a) for s in ("paci", "1f1b")
+        assert {(p["schedule"], p["a"]) for p in res["points"]} == {(s, a) for s in ("paci", "1f1b", "zb-h1")
                                                                      for a in (res["G"] // 2, res["G"])}  # fmt: skip
         for r in res["ratios"].values():
             assert r["low"] <= r["speedup"] <= r["high"] and r["verdict"] in ("paci", "flush", "tie")
+        # the strongest synchronous baseline is the lowest mean score of flush's and ZB-H1's points
+        sync = [p for p in res["points"] if p["schedule"] != "paci"]
+        strongest = min(sync, key=lambda p: (p["mean"], p["schedule"] != "1f1b"))
+        assert res["ratios"]["strongest"]["flush"] == strongest["label"]
     assert "Direction:" in out and (tmp_path / "paper.png").stat().st_size > 5_000
 
 
