@@ -119,7 +119,8 @@ def _reduced_example(scratch: Path) -> None:
     doc["data"] = {**example["data"], "max_bytes": 1_000_000}
     doc["training"] = {**example["training"], "steps": 6, "eval_every": 3, "eval_sequences": 16}
     doc["budget"] = {"clock": "rst", "seconds": 0.2, "grid": 2, "profile": "profile.yaml"}
-    doc["search"] = {**example["search"], "trials": 1, "confirm": {"top": 0}}
+    doc["search"] = {**example["search"], "trials": 1, "confirm": {"top": 0},
+                     "warm_start": {"steps": 4}}  # the example's warm start, shortened
     (scratch / "examples").mkdir()
     (scratch / "examples" / "tiny-gpt.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 
