@@ -2,26 +2,48 @@
 
 For each depth P: calibrate a cost profile of the config's model on this machine for a P-stage
 pipeline (``paci-tune calibrate --stages P``: the threads one stage process gets, and as many
-measuring processes at once as stages would compute at once; see paci_tune/calibrate/),
-run ``paci-tune train --runtime distributed`` for a few steps, and compare its measured pipeline
-time per global batch with the simulator's prediction for the very same segments (the ``rst``
-clock's reading on that profile). Prints the ratio per schedule.
+measuring processes at once as stages would compute at once, each unit's backward also timed as
+its input and weight halves B and W; see paci_tune/calibrate/), run ``paci-tune train --runtime
+distributed`` for a few steps, and compare its measured pipeline time per global batch with the
+simulator's prediction for the very same segments (the ``rst`` clock's reading on that profile).
+Prints the ratio per schedule.
+
+Schedules: ``paci`` and ``1f1b`` run on paci-tune's own distributed runtime; ``zb-h1`` runs for real
+through torch's own ``ScheduleInterleavedZeroBubble`` (paci_tune/pipeline/torch_schedules.py), timed
+against the simulation of its action list on the profile's measured B/W split; ``1f1b-torch`` is
+1F1B through torch's ``Schedule1F1B`` (``pipeline.torch_schedule: true``), the same machinery as
+zb-h1, so the two torch rows compare like with like.
 
 Short runs read low: the runtime's first few micro-batches (fresh memory for the micro-batches
 in flight, the optimizer's state) run up to several times slower than the steady state, a
 one-off cost a per-step profile does not predict; at 16 steps it is worth ~5% of the step time.
 
     python bench/sim_vs_measured.py --stages 2 4 --steps 24
+    python bench/sim_vs_measured.py --stages 2 --steps 24 --schedules 1f1b zb-h1 1f1b-torch
+    python bench/sim_vs_measured.py --quick     # a tiny model, P=2, a few steps: that it runs (CI)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import yaml
+
+SCHEDULES = ("paci", "1f1b", "zb-h1", "1f1b-torch")
+
+QUICK_CONFIG = {
+    "model": {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32},
+    "data": {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 50_000, "n_val": 5_000},
+    "training": {"global_batch": 8, "steps": 4, "seed": 0, "eval_sequences": 4},
+    "pipeline": {"schedule": "paci", "stages": 2, "window": 4, "runtime": "emulated", "device": "cpu"},
+}
+"""``--quick``'s run: the tests' tiny model, which calibrates and trains in seconds."""
 
 
 def run(cmd: list[str]) -> None:
@@ -31,7 +53,20 @@ def run(cmd: list[str]) -> None:
         sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
-def train(config: str, profile: Path, schedule: str, stages: int, args: argparse.Namespace, out: Path) -> dict:
+def config_for(config: str, sched: str, tmp: Path) -> tuple[str, str]:
+    """(config file, schedule) to train ``sched``: ``1f1b-torch`` is 1f1b on a copy of the config
+    that sets ``pipeline.torch_schedule: true`` (no command-line option sets it)."""
+    if sched != "1f1b-torch":
+        return config, sched
+    doc = yaml.safe_load(Path(config).read_text())
+    doc.setdefault("pipeline", {})["torch_schedule"] = True
+    path = tmp / "torch-1f1b.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path), "1f1b"
+
+
+def train(config: str, profile: Path, sched: str, stages: int, args: argparse.Namespace, out: Path) -> dict:
+    config, schedule = config_for(config, sched, out.parent)
     cmd = [
         sys.executable, "-m", "paci_tune.cli", "train", config, "--runtime", "distributed",
         "--schedule", schedule, "--stages", str(stages), "--window", str(args.window),
@@ -42,28 +77,47 @@ def train(config: str, profile: Path, schedule: str, stages: int, args: argparse
     return [json.loads(x) for x in out.read_text().splitlines() if '"summary"' in x][-1]
 
 
+def has_split(profile: Path) -> bool:
+    """Whether the profile has measured B/W halves (what ZB-H1's simulation needs to be fair)."""
+    from paci_tune.sim.profile import Profile
+
+    return Profile.load(str(profile)).split_measured
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="examples/tiny-gpt.yaml")
     ap.add_argument("--stages", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--window", type=int, default=4)
     ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--schedules", nargs="+", default=["paci", "1f1b"])
+    ap.add_argument("--schedules", nargs="+", default=["paci", "1f1b"], choices=SCHEDULES)
+    ap.add_argument("--quick", action="store_true", help="the tests' tiny model, P=2, 4 steps, 1f1b, zb-h1, 1f1b-torch")
     args = ap.parse_args()
     print(f"command: python bench/sim_vs_measured.py {' '.join(sys.argv[1:])}")
     with tempfile.TemporaryDirectory() as tmp:
+        calibrate_extra: list[str] = []
+        if args.quick:
+            args.config = str(Path(tmp) / "quick.yaml")
+            Path(args.config).write_text(yaml.safe_dump(QUICK_CONFIG, sort_keys=False))
+            args.stages, args.steps, args.window, args.schedules = [2], 4, 4, ["1f1b", "zb-h1", "1f1b-torch"]
+            calibrate_extra = ["--repeats", "1", "--microbatch-sizes", "2"]
         for p in args.stages:
             prof = Path(tmp) / f"profile-P{p}.yaml"
             calibrate = [sys.executable, "-m", "paci_tune.cli", "calibrate", args.config, "--stages", str(p)]
-            run([*calibrate, "--out", str(prof)])
+            run([*calibrate, "--out", str(prof), *calibrate_extra])
+            split = has_split(prof)
+            if "zb-h1" in args.schedules and not split:
+                print("note: the profile has no measured B/W split; zb-h1's simulation derives one (W = backward/2)")
             for sched in args.schedules:
                 s = train(args.config, prof, sched, p, args, Path(tmp) / f"{sched}{p}.jsonl")
                 measured = s["pipeline_seconds"] / s["steps"]
                 simulated = s["clock"] / s["steps"]
+                assert s["numerics_schedule"] == s["schedule"], s  # the schedule itself ran, not a stand-in
+                assert math.isfinite(simulated / measured) and simulated > 0, s
                 print(
-                    f"P={p} {sched:5s} measured {measured * 1e3:7.1f} ms/step  simulated {simulated * 1e3:7.1f} "
+                    f"P={p} {sched:10s} measured {measured * 1e3:7.1f} ms/step  simulated {simulated * 1e3:7.1f} "
                     f"ms/step  sim/measured {simulated / measured:.3f}  (bubble measured "
-                    f"{s['bubble_fraction']:.3f})"
+                    f"{s['bubble_fraction']:.3f}, simulated {s['clock_bubble_fraction']:.3f})"
                 )
 
 

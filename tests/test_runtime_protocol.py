@@ -19,6 +19,7 @@ from paci_tune.config.layout import Layout
 from paci_tune.pipeline.distributed import DistributedRuntime
 from paci_tune.pipeline.emulated import EmulatedRuntime
 from paci_tune.pipeline.runtime import Runtime
+from paci_tune.pipeline.torch_schedules import TorchScheduleRuntime
 from paci_tune.train import loop
 from paci_tune.train.clock import Clock, ProfileClock, WallClock
 
@@ -53,7 +54,7 @@ def _check(proto: type, cls: type, instance: object | None = None) -> None:
             assert isinstance(have, property) or not callable(have), f"{cls.__name__}.{name} is a method, not a value"
 
 
-@pytest.mark.parametrize("cls", [EmulatedRuntime, DistributedRuntime])
+@pytest.mark.parametrize("cls", [EmulatedRuntime, DistributedRuntime, TorchScheduleRuntime])
 def test_each_runtime_keeps_the_runtime_contract(cls: type) -> None:
     assert _members(Runtime), "the Protocol declares nothing"
     _check(Runtime, cls)

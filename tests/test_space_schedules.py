@@ -3,8 +3,10 @@
 Oracles written out here, not taken from the code under test: the Cartesian product of a small
 space's choices (what a grid must visit), torch's rule for interleaved 1F1B (``rounds = max(1, m // P)``
 must divide ``m``) and the count of pieces (``v * P`` at most the model's units), and the contract that
-these schedules are timed by the simulator only, so a search on the wall clock or the distributed
-runtime is refused naming ``space.schedules``. No training here (``test_search_baselines`` runs one).
+interleaved is timed by the simulator only, so a search on the wall clock or the distributed runtime
+is refused naming ``space.schedules``, and zb-h1 runs for real on the distributed runtime only, so a
+search of it on the wall clock and the emulated runtime is refused. No training here
+(``test_search_baselines`` runs one).
 """
 
 from __future__ import annotations
@@ -99,16 +101,25 @@ def test_bad_spaces_name_the_key(tmp_path: Path, keys: dict[str, Any], key: str)
     assert e.value.key == key
 
 
+WALL = {"budget": {"clock": "wall", "seconds": 1.0}}  # trials on the distributed runtime (hardware.runtime null)
+WALL_EMULATED = {"budget": {"clock": "wall", "seconds": 1.0}, "hardware": {"devices": 2, "runtime": "emulated"}}
+SIM_DISTRIBUTED = {"budget": {"clock": "sim", "seconds": 1.0}, "hardware": {"devices": 2, "runtime": "distributed"}}
+SIM = {"budget": {"clock": "sim", "seconds": 1.0}}
+
+
 @pytest.mark.parametrize(
-    ("sections", "refused"),
+    ("schedule", "sections", "refused"),
     [
-        ({"budget": {"clock": "wall", "seconds": 1.0}}, True),
-        ({"budget": {"clock": "sim", "seconds": 1.0}, "hardware": {"devices": 2, "runtime": "distributed"}}, True),
-        ({"budget": {"clock": "sim", "seconds": 1.0}}, False),
+        ("interleaved", WALL, True),
+        ("interleaved", SIM_DISTRIBUTED, True),
+        ("interleaved", SIM, False),
+        ("zb-h1", WALL_EMULATED, True),  # the emulated runtime trains 1F1B's numbers: only a profile clock times it
+        ("zb-h1", WALL, False),  # the distributed runtime runs it for real (torch's own class)
+        ("zb-h1", SIM_DISTRIBUTED, False),
+        ("zb-h1", SIM, False),
     ],
 )
-@pytest.mark.parametrize("schedule", ["zb-h1", "interleaved"])
-def test_timed_schedules_only_on_the_profile_clocks(
+def test_timed_schedules_only_where_their_trials_can_run(
     tmp_path: Path, sections: dict[str, Any], refused: bool, schedule: str
 ) -> None:
     space = tmp_path / "space.yaml"

@@ -133,8 +133,8 @@ def test_records_name_the_schedule_and_its_cut(tmp_path: Path) -> None:
 
 REFUSED = [
     ("zb-h1-wall", {"training": {"clock": "wall"}}, "training.clock", "'wall'", "not run for real yet"),
-    ("zb-h1-distributed", {"pipeline": {"runtime": "distributed"}}, "pipeline.runtime", "'distributed'",
-     "timed by the simulator on the sim/rst clocks"),
+    ("interleaved-distributed", {"pipeline": {"schedule": "interleaved", "runtime": "distributed"}},
+     "pipeline.runtime", "'distributed'", "timed by the simulator on the sim/rst clocks"),
     ("interleaved-one-chunk", {"pipeline": {"schedule": "interleaved", "chunks": 1}}, "pipeline.chunks", "1",
      "2 or more chunks"),
     ("interleaved-rounds", {"pipeline": {"schedule": "interleaved", "window": 5}, "training": {"global_batch": 10}},

@@ -44,7 +44,7 @@ def main(debug: bool) -> None:
 @click.option("--resume", is_flag=True, help="Resume from the newest checkpoint in the checkpoint folder.")
 @click.option("--live/--no-live", default=True, help="Rich live progress (default on a terminal) or plain lines.")
 def train(config: str, metrics: str | None, resume: bool, live: bool, **options: Any) -> None:
-    """Train the model of CONFIG with a pipeline schedule (paci, 1f1b, gpipe; interleaved, zb-h1 on sim/rst clocks)."""
+    """Train the model of CONFIG with a pipeline schedule (paci, 1f1b, gpipe, zb-h1; interleaved on sim/rst clocks)."""
     from ..config import load_config
     from ..train.run import prepare_run
 

@@ -27,10 +27,15 @@ from .layout import Layout
 Schedule = Literal["paci", "1f1b", "gpipe", "interleaved", "zb-h1"]
 TimedSchedule = Literal["interleaved", "zb-h1"]
 TIMED_SCHEDULES: tuple[str, ...] = typing.get_args(TimedSchedule)
-"""Schedules a run trains with 1F1B-flush's numerics and times by simulating their own action lists
-(:mod:`paci_tune.schedule.synchronous`): interleaved 1F1B and ZB-H1. Not run for real yet, so only
-on a profile clock (``sim``, ``rst``) and the emulated runtime."""
+"""Schedules the emulated runtime trains with 1F1B-flush's numerics while a profile clock (``sim``,
+``rst``) times their own action lists (:mod:`paci_tune.schedule.synchronous`): interleaved 1F1B and
+ZB-H1. ZB-H1 also runs for real on the distributed runtime, through torch's own schedule class
+(:data:`TORCH_RUN`); interleaved does not yet."""
 TIMED_ONLY = "not run for real yet: timed by the simulator on the sim/rst clocks"
+TORCH_RUN: tuple[str, ...] = ("zb-h1", "1f1b")
+"""Schedules the distributed runtime can run through torch's own classes: ``zb-h1`` always
+(``ScheduleInterleavedZeroBubble``, one chunk per rank), ``1f1b`` with ``pipeline.torch_schedule``
+(``Schedule1F1B``; paci-tune's own 1F1B otherwise)."""
 DEFAULT_CHUNKS = 2
 """``pipeline.chunks`` of an interleaved run that does not say (v = 2, Megatron's usual)."""
 
@@ -165,6 +170,8 @@ class PipelineConfig:
     backward_weights: BackwardWeights = "forward"
     # v model chunks per stage of interleaved 1F1B; null: DEFAULT_CHUNKS under interleaved, 1 otherwise.
     chunks: int | None = None
+    # Run the schedule through torch.distributed.pipelining's own class (distributed runtime; zb-h1 always does).
+    torch_schedule: bool = False
 
     def __post_init__(self) -> None:
         self.check("pipeline")
@@ -174,8 +181,36 @@ class PipelineConfig:
         if self.chunks not in (None, 1) and self.schedule != "interleaved":
             why = f"null or 1 for schedule {self.schedule} (only interleaved runs several chunks per stage)"
             raise ConfigError(f"{key}.chunks", self.chunks, why)
-        if self.schedule in TIMED_SCHEDULES and self.runtime != "emulated":
-            raise ConfigError(f"{key}.runtime", self.runtime, f"emulated for schedule {self.schedule} ({TIMED_ONLY})")
+        if self.schedule == "interleaved" and self.runtime != "emulated":
+            why = "torch's Interleaved1F1B needs v model chunks per rank, which the distributed runtime does not build"
+            raise ConfigError(f"{key}.runtime", self.runtime, f"emulated for schedule interleaved ({why}; "
+                              f"{TIMED_ONLY})")  # fmt: skip
+        if self.torch_schedule and not (self.runtime == "distributed" and self.schedule in TORCH_RUN):
+            why = f"false unless pipeline.runtime is distributed and the schedule one of {', '.join(TORCH_RUN)}"
+            raise ConfigError(f"{key}.torch_schedule", self.torch_schedule, f"{why} (torch's own classes)")
+        if self.runs_torch_schedule:
+            self._check_torch(key)
+
+    def _check_torch(self, key: str) -> None:
+        """What torch's schedule class would refuse at its first step, refused here with the reason."""
+        a, n = self.window, self.stages
+        if self.inflight is not None:
+            why = f"null for schedule {self.schedule} run by torch's class, which holds its own count in flight"
+            raise ConfigError(f"{key}.inflight", self.inflight, why)
+        if self.schedule == "1f1b" and a < n:
+            raise ConfigError(f"{key}.window", a, f"at least pipeline.stages ({n}): torch's Schedule1F1B needs as "
+                              "many micro-batches as stages")  # fmt: skip
+        rounds = max(1, a // n)
+        if self.schedule == "zb-h1" and a % rounds:
+            raise ConfigError(f"{key}.window", a, f"torch's zero-bubble schedule runs micro-batches in rounds: {a} "
+                              f"micro-batches on {n} stages make {rounds} rounds, which must divide {a} (e.g. a "
+                              f"window that is a multiple of {n}, or at most {n})")  # fmt: skip
+
+    @property
+    def runs_torch_schedule(self) -> bool:
+        """Whether the distributed runtime runs this schedule through torch's own class (:data:`TORCH_RUN`)."""
+        return self.runtime == "distributed" and (self.schedule == "zb-h1" or
+                                                  (self.schedule == "1f1b" and self.torch_schedule))  # fmt: skip
 
     @property
     def layout(self) -> Layout:
@@ -200,8 +235,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         self.pipeline.layout.check(self.training.global_batch)
         schedule, clock = self.pipeline.schedule, self.training.clock
-        if schedule in TIMED_SCHEDULES and clock == "wall":
-            raise ConfigError("training.clock", clock, f"rst or sim for pipeline.schedule {schedule} ({TIMED_ONLY})")
+        if schedule in TIMED_SCHEDULES and clock == "wall" and not self.pipeline.runs_torch_schedule:
+            real = " (zb-h1 runs for real with pipeline.runtime: distributed)" if schedule == "zb-h1" else ""
+            raise ConfigError("training.clock", clock, f"rst or sim for pipeline.schedule {schedule} on the "
+                              f"{self.pipeline.runtime} runtime ({TIMED_ONLY}){real}")  # fmt: skip
 
     @property
     def layout(self) -> Layout:

@@ -3,10 +3,10 @@
 A search file is a run configuration (model, data, training, optimizer, lr_schedule, pipeline)
 plus these four sections. ``paci-tune train`` accepts the same file and ignores them (after
 checking them), so one file describes both the search and the run it tunes. A space whose
-``schedules`` names one the simulator only times (``zb-h1``, ``interleaved``:
-:data:`~.schema.TIMED_SCHEDULES`) is refused here unless the trials run on a profile clock and the
-emulated runtime, before any trial starts (the space's other values are :mod:`paci_tune.tune.space`'s
-to check). May import:
+``schedules`` names one the simulator times (``zb-h1``, ``interleaved``:
+:data:`~.schema.TIMED_SCHEDULES`) is refused here, before any trial starts, where its trials could not
+run it: interleaved unless on a profile clock and the emulated runtime, zb-h1 on the wall clock on
+the emulated runtime (the space's other values are :mod:`paci_tune.tune.space`'s to check). May import:
 :mod:`.schema`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
@@ -281,19 +281,25 @@ def _space_file(name: str) -> Path | None:
 
 
 def check_timed_schedules(search: SearchConfig, budget: BudgetConfig, hardware: HardwareConfig) -> None:
-    """Refuse a space that names zb-h1 or interleaved for trials on the wall clock or the distributed
-    runtime: those schedules train 1F1B-flush's numbers on the emulated runtime and are timed by the
-    simulator only (module docstring). A space file that does not parse is left to the space's loader."""
+    """Refuse a space whose trials would run a schedule where it cannot run: interleaved on the wall clock
+    or the distributed runtime (it trains 1F1B-flush's numbers on the emulated runtime and is timed by
+    the simulator only), zb-h1 on the wall clock on the emulated runtime (it runs for real only on the
+    distributed runtime, through torch's own class). A space file that does not parse is left to the
+    space's loader."""
     path = _space_file(search.space)
     doc = read_yaml(path, "search.space") if path is not None else None
     schedules = doc.get("schedules") if isinstance(doc, dict) else None
     timed = [s for s in schedules if s in TIMED_SCHEDULES] if isinstance(schedules, list) else []
-    if not timed:
-        return
-    where = f"budget.clock is {budget.clock}" if budget.clock == "wall" else "hardware.runtime is distributed"
-    if budget.clock == "wall" or hardware.runtime == "distributed":
-        raise ConfigError("space.schedules", schedules, f"{', '.join(timed)} only with budget.clock rst or sim and "
+    wall = budget.clock == "wall"
+    runtime = hardware.runtime or ("distributed" if wall else "emulated")  # what a trial runs on
+    where = f"budget.clock is {budget.clock}" if wall else "hardware.runtime is distributed"
+    if "interleaved" in timed and (wall or runtime == "distributed"):
+        raise ConfigError("space.schedules", schedules, f"interleaved only with budget.clock rst or sim and "
                           f"the emulated runtime ({TIMED_ONLY}); {where}")  # fmt: skip
+    if "zb-h1" in timed and wall and runtime == "emulated":
+        raise ConfigError("space.schedules", schedules, "zb-h1 on the wall clock only on the distributed runtime "
+                          "(torch's own class runs it there; the emulated runtime trains 1F1B's numbers for it, timed "
+                          "by the simulator on the sim/rst clocks); hardware.runtime is emulated")  # fmt: skip
 
 
 def split_tune_sections(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

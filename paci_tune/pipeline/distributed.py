@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from ..schedule import Action, Op
+from ..schedule import Action, Op, Program
 from .backend import wire_device
 from .evaluation import EvalPlan
 from .mesh import build_mesh, rank_of, reporter_rank
@@ -125,13 +125,7 @@ class DistributedRuntime(RuntimeBase):
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
         """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), drained at the end."""
         program = self._program(self.s, first_batch, n_batches, plan)
-        self.runner.begin(program, self._agreed(plan))
-        if self.stage.is_last and self.n_replicas == 1:
-            self.runner.losses = BatchLosses(self.window, on_batch)
-        elif self.stage.is_last:
-            self.losses = LossAllReduce(self.mesh.dp_group, self.n_replicas, self.wire,
-                                        on_batch if self.is_reporter else None)  # fmt: skip
-            self.runner.losses = BatchLosses(self.window, self.losses.add)
+        self._begin(program, plan, on_batch)
         actions = iter(program)
         ahead: deque[Action] = deque()
         mine = StageTiming()
@@ -149,6 +143,20 @@ class DistributedRuntime(RuntimeBase):
             if self.grads is not None and act.op is Op.BACKWARD and (act.mb + 1) % self.window == 0:
                 self.grads.arm()  # the window's last backward: its buckets go out as they are done
             self.runner.run(act, mine)
+        return self._finish(program, first_batch, mine, t0)
+
+    def _begin(self, program: Program, plan: EvalPlan, on_batch: OnBatch) -> None:
+        """Start a segment: the runner on ``program``, and where the last stage's losses go."""
+        self.runner.begin(program, self._agreed(plan))
+        if self.stage.is_last and self.n_replicas == 1:
+            self.runner.losses = BatchLosses(self.window, on_batch)
+        elif self.stage.is_last:
+            self.losses = LossAllReduce(self.mesh.dp_group, self.n_replicas, self.wire,
+                                        on_batch if self.is_reporter else None)  # fmt: skip
+            self.runner.losses = BatchLosses(self.window, self.losses.add)
+
+    def _finish(self, program: Program, first_batch: int, mine: StageTiming, t0: float) -> SegmentReport:
+        """End a segment started at ``t0``: drained, its timing shared, the same report on every rank."""
         self.p2p.wait_all()
         if self.losses is not None:
             self.losses.collect()

@@ -172,8 +172,13 @@ def build_setup(
 
     runtime: object
     if distributed:
-        runtime = DistributedRuntime(make_stage(mine[0], replicas[0]), ranges, streams[0], val, p.schedule,
-                                     p.inflight, p.data_parallel, tied)  # fmt: skip
+        kind: type[DistributedRuntime] = DistributedRuntime
+        if p.runs_torch_schedule:  # zb-h1, or 1f1b with torch_schedule: torch's own class (:mod:`.torch_schedules`)
+            from .torch_schedules import TorchScheduleRuntime
+
+            kind = TorchScheduleRuntime
+        runtime = kind(make_stage(mine[0], replicas[0]), ranges, streams[0], val, p.schedule,
+                       p.inflight, p.data_parallel, tied)  # fmt: skip
     else:
         stages = [[make_stage(s, r) for s in mine] for r in replicas]
         runtime = EmulatedRuntime(stages, ranges, streams, val, p.schedule, p.inflight, tied)

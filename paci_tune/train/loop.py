@@ -27,11 +27,11 @@ from . import checkpoint
 from .clock import Clock, ProfileClock, WallClock
 from .lr import lr_factor, peak_lr, step_progress
 from .metrics import RecordSink
-from .timed import NUMERICS, is_timed, numerics_run
+from .timed import is_timed, numerics_config, numerics_run
 
 # Settings that change how a run executes but not its numbers: a run may resume under others.
 _EXECUTION_ONLY = {
-    "pipeline": {"runtime", "device", "backend"},
+    "pipeline": {"runtime", "device", "backend", "torch_schedule"},
     "training": {"checkpoint_every", "checkpoint_dir", "keep_checkpoints", "steps", "seconds", "init_from"},
 }
 
@@ -347,7 +347,7 @@ class Trainer:
                 "event": "start",
                 "schedule": c.pipeline.schedule,
                 "chunks": c.layout.chunks,
-                "numerics_schedule": NUMERICS if is_timed(c) else c.pipeline.schedule,
+                "numerics_schedule": numerics_config(c).pipeline.schedule,
                 "n_stages": c.pipeline.stages,
                 "data_parallel": c.pipeline.data_parallel,
                 "window": c.pipeline.window,
@@ -389,6 +389,8 @@ class Trainer:
             analytic = fill / (m * st.batches_done + fill) if st.batches_done else 0.0
         elif is_timed(c) and self.clock.analytic_bubble is not None:  # its own formula, on the profile's costs
             analytic = self.clock.analytic_bubble
+        elif c.pipeline.schedule == "zb-h1":  # run for real on the wall clock: the formula at F = B = W
+            analytic = (p - 1) / (3 * m + p - 1)
         else:
             analytic = (p - 1) / (m + p - 1)
         mfu_flops = self.setup.flops_per_token
@@ -401,10 +403,10 @@ class Trainer:
             "event": "summary",
             "schedule": c.pipeline.schedule,
             "chunks": c.layout.chunks,
-            # The schedule the runtime ran: a timed one's (interleaved, zb-h1) numbers are 1F1B's, and so
-            # are the runtime's own figures below (tokens_per_s, bubble_fraction, stages); its clock_*
-            # figures are its own schedule's simulated timeline.
-            "numerics_schedule": NUMERICS if is_timed(c) else c.pipeline.schedule,
+            # The schedule the runtime ran: a timed one's (interleaved, zb-h1 on the emulated runtime)
+            # numbers are 1F1B's, and so are the runtime's own figures below (tokens_per_s,
+            # bubble_fraction, stages); its clock_* figures are its own schedule's simulated timeline.
+            "numerics_schedule": numerics_config(c).pipeline.schedule,
             "runtime": c.pipeline.runtime,
             "n_stages": p,
             "data_parallel": c.pipeline.data_parallel,  # replicas; tokens and tokens/s count the whole global batch

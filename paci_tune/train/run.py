@@ -57,7 +57,8 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
     machine's, measured once and cached; the stage cut (``partition: auto``) is computed here, with
     every check that can refuse the run (data, model, depth, partition, memory), so distributed
     workers and a later resume all run the same cut. A schedule the simulator times (interleaved,
-    ZB-H1) gets its own cut and trains 1F1B's numbers (:mod:`.timed`).
+    ZB-H1 on the emulated runtime) gets its own cut and trains 1F1B's numbers (:mod:`.timed`); ZB-H1 on
+    the distributed runtime is resolved like any run, its cut its own.
     """
     t = cfg.training
     if t.init_from:
@@ -67,7 +68,7 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
     if t.clock == "sim" and not t.profile:
         _, path = measured_profile(cfg, log=log)
         cfg = dataclasses.replace(cfg, training=dataclasses.replace(t, profile=str(path)))
-    if is_timed(cfg):
+    if is_timed(cfg) and not cfg.pipeline.runs_torch_schedule:  # zb-h1 on the distributed runtime runs for real
         return resolve_timed(cfg)
     return resolve_pieces(cfg, distributed=cfg.pipeline.runtime == "distributed")
 

@@ -16,8 +16,12 @@ each stage does its work (:mod:`paci_tune.schedule.synchronous`). So a run of on
   emulated runtime is built from it (:func:`numerics_run`).
 
 The losses of such a run therefore equal a 1f1b run's of the same (P, D, a, b), seed and data on
-a budget in steps; only the clock differs. Not run for real yet: the config refuses the wall clock
-and the distributed runtime (:data:`paci_tune.config.schema.TIMED_SCHEDULES`). May import:
+a budget in steps; only the clock differs. That is the emulated runtime's case. On the distributed
+runtime ZB-H1 runs for real, through torch's own schedule class on its own cut
+(:mod:`paci_tune.pipeline.torch_schedules`): both layouts are then the run's own, so any clock --
+the wall clock too -- times the schedule that ran. Interleaved is not run for real yet: the config
+refuses the distributed runtime and the wall clock for it
+(:data:`paci_tune.config.schema.TIMED_SCHEDULES`). May import:
 :mod:`paci_tune.pipeline`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`,
 :mod:`paci_tune.errors`.
 """
@@ -42,9 +46,10 @@ def is_timed(cfg: RunConfig) -> bool:
 
 
 def numerics_config(cfg: RunConfig) -> RunConfig:
-    """The config the runtime runs for ``cfg``: ``cfg`` itself, or for a timed schedule 1f1b on the
-    same P, D, a, b, its pinned cut merged ``v`` pieces to a stage (module docstring)."""
-    if not is_timed(cfg):
+    """The config the runtime runs for ``cfg``: ``cfg`` itself (a schedule the runtime runs for real,
+    ZB-H1 on the distributed runtime included), or for a timed schedule 1f1b on the same P, D, a, b,
+    its pinned cut merged ``v`` pieces to a stage (module docstring)."""
+    if not is_timed(cfg) or cfg.pipeline.runs_torch_schedule:
         return cfg
     p = cfg.pipeline
     partition = p.partition

@@ -1,0 +1,204 @@
+"""Synchronous schedules run for real through torch's own classes, on the distributed runtime's stages.
+
+ZB-H1 splits each backward into its input half ``B`` and weight half ``W``; paci-tune's own runtimes
+have no split backward, so the emulated runtime trains 1F1B's numbers for it while the simulator
+times its action list (:mod:`paci_tune.train.timed`). On the distributed runtime it runs for real:
+this rank's :class:`~.stage.Stage` module is wrapped in torch's ``PipelineStage`` (its group: this
+replica's pipe group, :mod:`.mesh`) and every global batch is one ``step()`` of the class
+``torch.distributed.pipelining.schedules.get_schedule_class`` names -- ``InterleavedZeroBubble``
+with one chunk per rank for ``zb-h1`` (the list :mod:`paci_tune.schedule.synchronous` reproduces),
+``1F1B`` for ``1f1b`` with ``pipeline.torch_schedule: true`` (an A/B against paci-tune's own
+1F1B, and the same machinery as ZB-H1 when measuring the simulator against it). So ``--clock wall``
+measures the schedule itself, its transfers included.
+
+Everything around the step is the distributed runtime's (:class:`.distributed.DistributedRuntime`,
+subclassed): the mesh, the replicas' gradient average and tied parameters' sums at the step, the
+whole model's clip norm, the optimizer step through the stage's aliases, evaluations and their
+control messages, drained evaluation, checkpoints and the summary. The numerics are plain gradient
+accumulation, as 1F1B-flush's: the loss is divided by the window before its backward (torch's
+``scale_grads`` off), exactly as :meth:`.Stage.forward` does; in bf16 each ``W`` is folded into the
+fp32 master gradients as it completes (torch writes ``.grad`` by hand there, past the fold hook).
+
+Every compute call torch makes is recorded in order (:attr:`TorchScheduleRuntime.trace`, ``F``,
+``B``, ``W``, then ``STEP``), so a test can hold the run to the schedule's action list. News that a
+target was reached, which paci-tune's own runtime carries on gradients, is shared by a small
+all-reduce of the pipe group at each evaluation point instead. May import: torch, the pipeline
+layer's modules, :mod:`paci_tune.schedule`, :mod:`paci_tune.data`, :mod:`paci_tune.errors`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
+
+from ..data.stream import MicroBatchStream, ValidationSet
+from ..errors import ConfigError
+from ..schedule import Action, Op, Program
+from .distributed import DistributedRuntime
+from .evaluation import EvalPlan
+from .runtime import OnBatch, SegmentReport, StageTiming
+from .stage import Stage
+from .tied import TiedParameter
+
+TORCH_CLASSES: dict[str, str] = {"zb-h1": "InterleavedZeroBubble", "1f1b": "1F1B"}
+"""Schedules this runtime runs, and the name ``get_schedule_class`` knows each by."""
+
+TRACE_LIMIT = 100_000
+"""Actions :attr:`TorchScheduleRuntime.trace` keeps (the run's first ones): enough for any test."""
+
+
+class _TracedStage(PipelineStage):
+    """torch's stage over a :class:`Stage`'s module, recording each compute call and its seconds.
+
+    Chunk ids are torch's, 0..a-1 within the step; :attr:`first_mb` turns them into the run's
+    micro-batch numbers.
+    """
+
+    def __init__(self, owner: TorchScheduleRuntime, stage: Stage, group: dist.ProcessGroup) -> None:
+        super().__init__(stage.module, stage.index, stage.stages, stage.device, group=group)
+        self.owner, self.first_mb = owner, 0
+        self._fold = stage.optim.mixed  # bf16: W's gradients go to the fp32 masters as they are made
+
+    def _record(self, op: Op, chunk: int, t0: float) -> None:
+        self.owner.busy += time.perf_counter() - t0
+        if self.owner.tracing and len(self.owner.trace) < TRACE_LIMIT:
+            self.owner.trace.append(Action(op, self.first_mb + chunk))
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        self._record(Op.FORWARD, fwd_chunk_id, t0)
+        return out
+
+    def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        self._record(Op.BACKWARD, bwd_chunk_id, t0)  # whole (1F1B) or the input half B (its list says W)
+        return out
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
+        if self._fold:
+            self.owner.stage.optim.gradients()  # folds the bf16 .grad torch set by hand into the masters
+        self._record(Op.WEIGHT, bwd_chunk_id, t0)
+        return out
+
+
+class TorchScheduleRuntime(DistributedRuntime):
+    """This rank's stage replica, each global batch run by torch's schedule class (module docstring).
+
+    A :class:`~.runtime.Runtime`. Raises :class:`ConfigError` for a schedule it does not run and for
+    CUDA stages on gloo (torch's stages send from the stage's device, which gloo cannot).
+    """
+
+    def __init__(
+        self,
+        stage: Stage,
+        units: list[range],
+        stream: MicroBatchStream,
+        val: ValidationSet,
+        schedule: str,
+        inflight: int | None = None,
+        replicas: int = 1,
+        tied: list[TiedParameter] | None = None,
+    ) -> None:
+        if schedule not in TORCH_CLASSES:
+            raise ConfigError("pipeline.schedule", schedule, f"one of {sorted(TORCH_CLASSES)} for torch's schedules")
+        super().__init__(stage, units, stream, val, schedule, inflight, replicas, tied)
+        if self.wire != stage.device:
+            raise ConfigError("pipeline.backend", dist.get_backend(), f"nccl for schedule {schedule} on CUDA "
+                              "stages (torch's schedules send from the stage's device; gloo cannot)")  # fmt: skip
+        self.stream = stream
+        self.trace: list[Action] = []
+        self.tracing = True
+        self.busy = 0.0  # compute seconds inside torch's steps (forward, B, W calls), since the run started
+        self._losses: list[torch.Tensor] = []
+        self.pipe = _TracedStage(self, stage, self.mesh.pp_group)
+        cls = get_schedule_class(TORCH_CLASSES[schedule])
+        stages: Any = [self.pipe] if issubclass(cls, PipelineScheduleMulti) else self.pipe
+        self.torch_schedule = cls(stages, n_microbatches=self.window, loss_fn=self._loss, scale_grads=False)
+
+    def _loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The stage's loss divided by the window, as :meth:`.Stage.forward` does; keeps it unscaled."""
+        loss = self.stage.loss_fn(out, target)
+        self._losses.append(loss.detach())
+        return loss / self.window
+
+    def _torch_step(self, k: int, timing: StageTiming) -> None:
+        """Global batch ``k``: one ``step()`` of torch's schedule over its ``a`` micro-batches."""
+        st, a = self.stage, self.window
+        parts = [self.stream.get(m) for m in range(k * a, (k + 1) * a)]
+        args = (torch.cat([x for x, _ in parts]).to(st.device),) if st.is_first else ()
+        target = torch.cat([y for _, y in parts]).to(st.device) if st.is_last else None
+        self.pipe.first_mb, self._losses = k * a, []
+        busy0, t0 = self.busy, time.perf_counter()
+        self.torch_schedule.step(*args, target=target, return_outputs=False)
+        if st.device.type == "cuda":
+            torch.cuda.synchronize(st.device)
+        busy = self.busy - busy0
+        timing.busy += busy
+        timing.idle += time.perf_counter() - t0 - busy
+
+    def warmup(self) -> None:
+        """One untraced batch through torch's schedule (its shape inference and buffers included),
+        gradients dropped: numerically inert, and timing starts warm."""
+        self.tracing = False
+        try:
+            self._torch_step(0, StageTiming())
+        finally:
+            self.tracing = True
+        self.stage.optim.discard_grads()
+        self.busy = 0.0
+
+    def _batch_done(self, k: int) -> None:
+        """After batch ``k``'s step(): its losses out, the stage's backward and drift counts kept
+        (no update ever falls between a micro-batch's forward and backward here: drift 0)."""
+        st = self.stage
+        if st.is_last:
+            assert self.runner.losses is not None and len(self._losses) == self.window
+            for i, loss in enumerate(self._losses):
+                self.runner.losses.add(k * self.window + i, loss)
+        st.backwards += self.window
+        if st.trains:
+            for _ in range(self.window):
+                st.drift.add(0, 0)
+
+    def _share_news(self) -> None:
+        """Before an evaluation point: every stage of the pipe learns whether any heard the target was
+        reached (paci-tune's own runtime carries this on gradients, torch's steps carry nothing)."""
+        ev = self.runner.evaluator
+        flag = torch.tensor([int(ev.news)], device=self.wire)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.mesh.pp_group)
+        ev.news = bool(flag.item())
+
+    def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
+        """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), a torch step each.
+
+        1F1B-flush's program gives the segment's shape -- each batch drained, then ``STEP(k)`` and
+        maybe ``EVAL(k)``, and an end decided at an evaluation -- and its forwards and backwards are
+        replaced by the torch step at the batch's first forward.
+        """
+        end = None if n_batches is None else first_batch + n_batches - 1
+        program = Program("1f1b", self.s, self.stages, self.window, first_batch, end, eval_at=plan.eval_at)
+        self._begin(program, plan, on_batch)
+        mine = StageTiming()
+        t0 = time.perf_counter()
+        for act in program:
+            if act.op is Op.FORWARD and act.mb % self.window == 0:
+                k = act.mb // self.window
+                self._torch_step(k, mine)
+                self._batch_done(k)
+            elif act.op is Op.STEP:
+                if len(self.trace) < TRACE_LIMIT:
+                    self.trace.append(act)
+                self.runner.run(act, mine)
+            elif act.op is Op.EVAL:
+                self._share_news()
+                self.runner.run(act, mine)
+        return self._finish(program, first_batch, mine, t0)

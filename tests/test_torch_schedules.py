@@ -1,0 +1,184 @@
+"""ZB-H1 (and, opted in, 1F1B) run for real through torch's own schedule classes on the distributed runtime.
+
+Oracles written out here or in the helpers, not taken from the code under test: plain single-process
+gradient accumulation (:func:`helpers.oracles.plain_training`: every synchronous schedule computes
+its gradients, so the losses must equal it to 1e-5 in fp32); each stage's action list from
+:mod:`paci_tune.schedule` (checked against torch's own planner in ``test_sync_schedules``), which the
+order of the compute calls torch made on each rank must equal; and torch's rules for the layouts
+its classes refuse (``Schedule1F1B``: at least as many micro-batches as stages; the zero-bubble
+schedule: ``rounds = max(1, m // P)`` must divide ``m``), refused up front naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import REPO
+from helpers.cli import check_error, check_ok, cli_env, read_metrics, run_cli, summary_of, train_losses
+from helpers.configs import make_config, merge, write_config
+from helpers.oracles import plain_training
+
+from paci_tune.config import load_config
+from paci_tune.errors import ConfigError
+from paci_tune.schedule import stage_actions
+
+TRACE_WORKER = REPO / "tests" / "helpers" / "trace_worker.py"
+
+
+def run_doc(schedule: str, stages: int, **pipeline: Any) -> dict[str, Any]:
+    """8 steps of the tiny model, a window of 4, an evaluation at step 4 inside the run (a segment cut)."""
+    return make_config(
+        training={"steps": 8, "global_batch": 8, "eval_every": 4, "eval_sequences": 4},
+        optimizer={"lr": 3e-3},
+        pipeline={"schedule": schedule, "stages": stages, "window": 4, "runtime": "distributed", **pipeline},
+    )
+
+
+def assert_plain_numbers(records: list[dict[str, Any]], doc: dict[str, Any]) -> None:
+    losses, val_loss, _ = plain_training(doc)
+    assert train_losses(records) == pytest.approx(losses, abs=1e-5, rel=0)
+    assert summary_of(records)["final_val_loss"] == pytest.approx(val_loss, abs=1e-5, rel=0)
+    assert [r["step"] for r in records if r["event"] == "eval"] == [4, 8]
+
+
+def traced_run(tmp_path: Path, doc: dict[str, Any]) -> tuple[list[dict[str, Any]], list[list[str]]]:
+    """``doc`` trained by :mod:`helpers.trace_worker` under torchrun: its records and each rank's actions."""
+    p = doc["pipeline"]
+    n = p["stages"] * p.get("data_parallel", 1)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+           str(TRACE_WORKER), str(write_config(tmp_path, doc)), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=dict(cli_env(), OMP_NUM_THREADS="1"), check=False)  # fmt: skip
+    check_ok(proc)
+    traces = [json.loads((tmp_path / f"trace{r}.json").read_text()) for r in range(n)]
+    return read_metrics(tmp_path / "m.jsonl"), traces
+
+
+def expected_order(schedule: str, stage: int, stages: int, window: int, steps: int) -> list[str]:
+    return [repr(a) for a in stage_actions(schedule, stage, stages, window, 0, steps)]
+
+
+# ------------------------------------------------------------------------------------ refusals
+
+
+def refusal(tmp_path: Path, doc: dict[str, Any]) -> ConfigError:
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config(tmp_path, doc))
+    return e.value
+
+
+REFUSED = [
+    ("interleaved-distributed", {"pipeline": {"schedule": "interleaved"}}, "pipeline.runtime", "v model chunks"),
+    ("interleaved-wall", {"pipeline": {"schedule": "interleaved", "runtime": "emulated"}}, "training.clock",
+     "not run for real yet"),
+    ("zb-h1-emulated-wall", {"pipeline": {"runtime": "emulated"}}, "training.clock", "pipeline.runtime: distributed"),
+    ("zb-h1-rounds", {"pipeline": {"window": 5}, "training": {"global_batch": 10}}, "pipeline.window", "rounds"),
+    ("zb-h1-inflight", {"pipeline": {"inflight": 1}}, "pipeline.inflight", "torch's class"),
+    ("torch-1f1b-few-microbatches", {"pipeline": {"schedule": "1f1b", "torch_schedule": True, "window": 2,
+                                                  "stages": 4}}, "pipeline.window", "Schedule1F1B"),
+    ("torch-paci", {"pipeline": {"schedule": "paci", "torch_schedule": True}}, "pipeline.torch_schedule",
+     "zb-h1, 1f1b"),
+    ("torch-emulated", {"pipeline": {"schedule": "1f1b", "torch_schedule": True, "runtime": "emulated"}},
+     "pipeline.torch_schedule", "distributed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "change", "key", "why"), REFUSED, ids=[c[0] for c in REFUSED])
+def test_layouts_torch_cannot_run_are_refused_up_front(
+    tmp_path: Path, case: str, change: dict[str, Any], key: str, why: str
+) -> None:
+    err = refusal(tmp_path, merge(run_doc("zb-h1", 2), change))
+    assert err.key == key and why in str(err), str(err)
+
+
+def test_supported_combinations_load(tmp_path: Path) -> None:
+    """zb-h1 on the distributed runtime on the wall clock, a window of at most P or a multiple of it;
+    1f1b through torch's class on request."""
+    for doc in (run_doc("zb-h1", 2), run_doc("zb-h1", 4, window=2), run_doc("zb-h1", 2, window=6),
+                run_doc("1f1b", 2, torch_schedule=True)):  # fmt: skip
+        if doc["pipeline"]["window"] != 4:
+            doc["training"]["global_batch"] = 2 * doc["pipeline"]["window"]
+        cfg = load_config(write_config(tmp_path, doc))
+        assert cfg.pipeline.runs_torch_schedule and cfg.training.clock == "wall"
+
+
+def test_the_command_line_refuses_with_exit_2(tmp_path: Path) -> None:
+    doc = run_doc("zb-h1", 2, window=5)
+    doc["training"]["global_batch"] = 10
+    proc = run_cli(write_config(tmp_path, doc), "--metrics", tmp_path / "m.jsonl")
+    check_error(proc, tmp_path / "m.jsonl", "pipeline.window", "5")
+    assert "rounds" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------- real runs
+
+
+@pytest.mark.slow
+def test_zb_h1_through_the_cli_equals_plain_training(tmp_path: Path) -> None:
+    """``paci-tune train --schedule zb-h1 --runtime distributed --clock wall``: torch's zero-bubble
+    class on two stage processes trains plain gradient accumulation's numbers, evaluation included."""
+    doc = run_doc("zb-h1", 2)
+    proc = run_cli(write_config(tmp_path, doc), "--metrics", tmp_path / "m.jsonl")
+    check_ok(proc)
+    records = read_metrics(tmp_path / "m.jsonl")
+    assert_plain_numbers(records, doc)
+    summary = summary_of(records)
+    assert (summary["schedule"], summary["numerics_schedule"], summary["runtime"]) == ("zb-h1", "zb-h1",
+                                                                                        "distributed")  # fmt: skip
+    assert summary["clock_name"] == "wall" and summary["max_drift"] == 0
+    assert [st["updates"] for st in summary["stages"]] == [8, 8]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stages", [2, 4])
+def test_zb_h1_runs_its_action_list_in_order(tmp_path: Path, stages: int) -> None:
+    """Every rank's forwards, input halves B and weight halves W, and its steps, come in the order of
+    its zb-h1 action list; the run's losses are plain training's."""
+    doc = run_doc("zb-h1", stages)
+    records, traces = traced_run(tmp_path, doc)
+    for s in range(stages):
+        assert traces[s] == expected_order("zb-h1", s, stages, 4, 8), f"stage {s}"
+    assert any(a.startswith("W") for a in traces[0])
+    assert_plain_numbers(records, doc)
+
+
+@pytest.mark.slow
+def test_torch_1f1b_on_request_runs_1f1b_in_order(tmp_path: Path) -> None:
+    """``pipeline.torch_schedule: true`` runs 1f1b through torch's Schedule1F1B: 1F1B's order, plain numbers."""
+    doc = run_doc("1f1b", 2, torch_schedule=True)
+    records, traces = traced_run(tmp_path, doc)
+    for s in range(2):
+        assert traces[s] == expected_order("1f1b", s, 2, 4, 8), f"stage {s}"
+    assert_plain_numbers(records, doc)
+    assert summary_of(records)["numerics_schedule"] == "1f1b"
+
+
+@pytest.mark.slow
+def test_zb_h1_with_two_replicas_and_a_clip_equals_plain_training(tmp_path: Path) -> None:
+    """P=2 x D=2: each stage's replicas average their gradients at the step and the clip sees the whole
+    model's averaged norm, so the run is plain training on the D=1 stream with a window D times larger
+    (replica r reads micro-batch j * D + r of it)."""
+    doc = run_doc("zb-h1", 2, window=2, data_parallel=2)
+    doc["optimizer"]["grad_clip"] = 0.05
+    records, traces = traced_run(tmp_path, doc)
+    for rank in range(4):
+        assert traces[rank] == expected_order("zb-h1", rank % 2, 2, 2, 8), f"rank {rank}"
+    single = merge(doc, {"pipeline": {"window": 4, "data_parallel": 1}})
+    assert_plain_numbers(records, single)
+
+
+@pytest.mark.slow
+def test_the_sim_vs_measured_bench_runs_in_its_quick_mode() -> None:
+    """``bench/sim_vs_measured.py --quick``: calibrate, then 1f1b, zb-h1 and 1f1b through torch's class
+    trained on the distributed runtime, each row's measured and simulated step time printed."""
+    proc = subprocess.run([sys.executable, "bench/sim_vs_measured.py", "--quick"], capture_output=True, text=True,
+                          timeout=600, cwd=REPO, env=cli_env(), check=False)  # fmt: skip
+    check_ok(proc)
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("P=2 ")]
+    assert [ln.split()[1] for ln in rows] == ["1f1b", "zb-h1", "1f1b-torch"], proc.stdout
+    assert all("sim/measured" in ln for ln in rows)
