@@ -18,14 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from helpers import REPO
 from helpers.cli import check_error, check_ok, cli_env, read_metrics, run_cli, summary_of, train_losses
 from helpers.configs import make_config, merge, write_config
 from helpers.oracles import plain_training
 
 from paci_tune.config import load_config
+from paci_tune.config.tune import load_tune_config
 from paci_tune.errors import ConfigError
 from paci_tune.schedule import stage_actions
+from paci_tune.tune.point import TrialParams
+from paci_tune.tune.setup import bind_space
+from paci_tune.tune.space import load_space
 
 TRACE_WORKER = REPO / "tests" / "helpers" / "trace_worker.py"
 
@@ -182,3 +187,22 @@ def test_the_sim_vs_measured_bench_runs_in_its_quick_mode() -> None:
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("P=2 ")]
     assert [ln.split()[1] for ln in rows] == ["1f1b", "zb-h1", "1f1b-torch"], proc.stdout
     assert all("sim/measured" in ln for ln in rows)
+
+
+def test_a_search_on_the_distributed_runtime_drops_the_zb_h1_windows_torch_cannot_run(tmp_path: Path) -> None:
+    """Global batch 10 on 2 stages: b = 2 makes a = 5, whose 2 rounds do not divide it (torch's rule,
+    written out in the module docstring); b = 1 makes a = 10 in 5 rounds of 2. Only zb-h1 on the
+    distributed runtime is torch's class: the emulated runtime and 1f1b keep the point."""
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(yaml.safe_dump({"schedules": ["paci", "1f1b", "zb-h1"], "stages": [2],
+                                          "microbatch_size": [1, 2]}))  # fmt: skip
+    doc = {**make_config(training={"global_batch": 10}, pipeline={"window": 5}), "target": {"value": 2.0},
+           "budget": {"clock": "wall", "seconds": 1.0}, "hardware": {"devices": 2},
+           "search": {"space": str(space_file)}}  # fmt: skip
+    space = bind_space(load_tune_config(doc))  # trials on the wall clock: the distributed runtime
+    why = space.why_not(TrialParams("zb-h1", 2, 5, 2))
+    assert why is not None and "rounds" in why
+    assert space.why_not(TrialParams("zb-h1", 2, 10, 1)) is None and space.why_not(TrialParams("1f1b", 2, 5, 2)) is None
+    assert any(d.startswith("zb-h1 P=2") and "rounds" in d for d in space.dropped)
+    emulated = load_space(str(space_file), global_batch=10, n_units=4, max_stages=None, distributed=False)
+    assert emulated.why_not(TrialParams("zb-h1", 2, 5, 2)) is None

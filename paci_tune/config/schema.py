@@ -37,6 +37,20 @@ TORCH_RUN: tuple[str, ...] = ("zb-h1", "1f1b")
 (``ScheduleInterleavedZeroBubble``, one chunk per rank), ``1f1b`` with ``pipeline.torch_schedule``
 (``Schedule1F1B``; paci-tune's own 1F1B otherwise)."""
 DEFAULT_CHUNKS = 2
+
+
+def torch_window_refusal(schedule: str, stages: int, window: int) -> str | None:
+    """Why torch's class for ``schedule`` (:data:`TORCH_RUN`) cannot run ``window`` micro-batches on
+    ``stages`` stages, or None: the run refuses such a ``pipeline.window``, a search drops the point."""
+    a, n = window, stages
+    if schedule == "1f1b" and a < n:
+        return f"at least pipeline.stages ({n}): torch's Schedule1F1B needs as many micro-batches as stages"
+    rounds = max(1, a // n)
+    if schedule == "zb-h1" and a % rounds:
+        return (f"torch's zero-bubble schedule runs micro-batches in rounds: {a} micro-batches on {n} stages "
+                f"make {rounds} rounds, which must divide {a} (e.g. a window that is a multiple of {n}, or at "
+                f"most {n})")  # fmt: skip
+    return None
 """``pipeline.chunks`` of an interleaved run that does not say (v = 2, Megatron's usual)."""
 
 BackwardWeights = Literal["forward", "current"]
@@ -193,18 +207,12 @@ class PipelineConfig:
 
     def _check_torch(self, key: str) -> None:
         """What torch's schedule class would refuse at its first step, refused here with the reason."""
-        a, n = self.window, self.stages
         if self.inflight is not None:
             why = f"null for schedule {self.schedule} run by torch's class, which holds its own count in flight"
             raise ConfigError(f"{key}.inflight", self.inflight, why)
-        if self.schedule == "1f1b" and a < n:
-            raise ConfigError(f"{key}.window", a, f"at least pipeline.stages ({n}): torch's Schedule1F1B needs as "
-                              "many micro-batches as stages")  # fmt: skip
-        rounds = max(1, a // n)
-        if self.schedule == "zb-h1" and a % rounds:
-            raise ConfigError(f"{key}.window", a, f"torch's zero-bubble schedule runs micro-batches in rounds: {a} "
-                              f"micro-batches on {n} stages make {rounds} rounds, which must divide {a} (e.g. a "
-                              f"window that is a multiple of {n}, or at most {n})")  # fmt: skip
+        why_not = torch_window_refusal(self.schedule, self.stages, self.window)
+        if why_not is not None:
+            raise ConfigError(f"{key}.window", self.window, why_not)
 
     @property
     def runs_torch_schedule(self) -> bool:

@@ -23,7 +23,7 @@ Every compute call torch makes is recorded in order (:attr:`TorchScheduleRuntime
 ``B``, ``W``, then ``STEP``), so a test can hold the run to the schedule's action list. News that a
 target was reached, which paci-tune's own runtime carries on gradients, is shared by a small
 all-reduce of the pipe group at each evaluation point instead. May import: torch, the pipeline
-layer's modules, :mod:`paci_tune.schedule`, :mod:`paci_tune.data`, :mod:`paci_tune.errors`.
+layer's modules, :mod:`paci_tune.schedule`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -36,14 +36,12 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
 
-from ..data.stream import MicroBatchStream, ValidationSet
 from ..errors import ConfigError
 from ..schedule import Action, Op, Program
 from .distributed import DistributedRuntime
 from .evaluation import EvalPlan
 from .runtime import OnBatch, SegmentReport, StageTiming
 from .stage import Stage
-from .tied import TiedParameter
 
 TORCH_CLASSES: dict[str, str] = {"zb-h1": "InterleavedZeroBubble", "1f1b": "1F1B"}
 """Schedules this runtime runs, and the name ``get_schedule_class`` knows each by."""
@@ -97,30 +95,22 @@ class TorchScheduleRuntime(DistributedRuntime):
     CUDA stages on gloo (torch's stages send from the stage's device, which gloo cannot).
     """
 
-    def __init__(
-        self,
-        stage: Stage,
-        units: list[range],
-        stream: MicroBatchStream,
-        val: ValidationSet,
-        schedule: str,
-        inflight: int | None = None,
-        replicas: int = 1,
-        tied: list[TiedParameter] | None = None,
-    ) -> None:
-        if schedule not in TORCH_CLASSES:
-            raise ConfigError("pipeline.schedule", schedule, f"one of {sorted(TORCH_CLASSES)} for torch's schedules")
-        super().__init__(stage, units, stream, val, schedule, inflight, replicas, tied)
+    def __init__(self, stage: Stage, *args: Any, **kwargs: Any) -> None:
+        """The distributed runtime's arguments (:class:`.distributed.DistributedRuntime`), unchanged."""
+        super().__init__(stage, *args, **kwargs)
+        if self.schedule not in TORCH_CLASSES:
+            raise ConfigError("pipeline.schedule", self.schedule, f"one of {sorted(TORCH_CLASSES)} for torch's "
+                              "schedules")  # fmt: skip
         if self.wire != stage.device:
-            raise ConfigError("pipeline.backend", dist.get_backend(), f"nccl for schedule {schedule} on CUDA "
+            raise ConfigError("pipeline.backend", dist.get_backend(), f"nccl for schedule {self.schedule} on CUDA "
                               "stages (torch's schedules send from the stage's device; gloo cannot)")  # fmt: skip
-        self.stream = stream
+        self.stream = self.runner.stream
         self.trace: list[Action] = []
         self.tracing = True
         self.busy = 0.0  # compute seconds inside torch's steps (forward, B, W calls), since the run started
         self._losses: list[torch.Tensor] = []
         self.pipe = _TracedStage(self, stage, self.mesh.pp_group)
-        cls = get_schedule_class(TORCH_CLASSES[schedule])
+        cls = get_schedule_class(TORCH_CLASSES[self.schedule])
         stages: Any = [self.pipe] if issubclass(cls, PipelineScheduleMulti) else self.pipe
         self.torch_schedule = cls(stages, n_microbatches=self.window, loss_fn=self._loss, scale_grads=False)
 

@@ -44,7 +44,7 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
                                           "pipeline.partition": "auto"})  # fmt: skip
     meta = resolve_pieces(one_stage, distributed=True).model
     space = load_space(tune.search.space, global_batch=tune.run.training.global_batch, n_units=meta.n_units,
-                       max_stages=None, devices=devices)  # fmt: skip
+                       max_stages=None, devices=devices, distributed=trial_runtime(tune) == "distributed")  # fmt: skip
     return skip_tied(skip_stale(space, tune.search.paci_max_drift), _tied(meta))
 
 

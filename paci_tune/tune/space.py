@@ -8,12 +8,14 @@ too: two make a categorical dimension of the PACI study, one fixes it for every 
 leaves the run's own value; flush studies never get it (it changes nothing under a flush).
 
 ``schedules`` names the studies: ``paci`` and the synchronous baselines ``1f1b`` (flush), ``zb-h1``
-and ``interleaved`` (default ``[paci, 1f1b]``). The last two train 1F1B-flush's numbers and are timed
-by the simulator, on the sim and rst clocks only (:mod:`paci_tune.config.tune` refuses them on the
-wall clock). ``interleaved`` adds ``chunks`` (v model chunks per stage, a list of integers >= 2,
-default ``[2]``), a dimension of its own study only. A point a schedule cannot run is not a point of
-its study: interleaved's rounds must divide the window (:func:`paci_tune.schedule.unsupported`),
-and its ``v * P`` pieces must not outnumber the model's units (:meth:`SearchSpace.why_not`).
+and ``interleaved`` (default ``[paci, 1f1b]``). On the emulated runtime the last two train 1F1B-flush's
+numbers and are timed by the simulator, on the sim and rst clocks only; zb-h1 also runs for real on the
+distributed runtime, through torch's own class (:mod:`paci_tune.config.tune` refuses what cannot run).
+``interleaved`` adds ``chunks`` (v model chunks per stage, a list of integers >= 2, default ``[2]``), a
+dimension of its own study only. A point a schedule cannot run is not a point of its study:
+interleaved's rounds must divide the window (:func:`paci_tune.schedule.unsupported`), and its ``v * P``
+pieces must not outnumber the model's units (:meth:`SearchSpace.why_not`); on the distributed runtime
+zb-h1's rounds must divide the window too (torch's class, ``torch_window_refusal`` in the config schema).
 
 Constraints are applied once, when the space is bound to a run, so the sampler only ever sees
 feasible values and the grid is finite:
@@ -54,7 +56,7 @@ import optuna
 from ..base.files import read_mapping
 from ..base.shipped import resolve_path, shipped, shipped_names
 from ..config.layout import Layout
-from ..config.schema import DEFAULT_CHUNKS
+from ..config.schema import DEFAULT_CHUNKS, torch_window_refusal
 from ..errors import ConfigError
 from ..schedule import INTERLEAVED, ZB_H1, drift_bound, unsupported
 from .budget import budget_points
@@ -90,6 +92,7 @@ class SearchSpace:
     paci_tied: str | None = None  # the model's units share this parameter: PACI skips P >= 2 (:func:`skip_tied`)
     chunks: tuple[int, ...] = (DEFAULT_CHUNKS,)  # interleaved's v choices (its study's dimension)
     n_units: int | None = None  # the model's units: an interleaved point needs v * P of them at most
+    distributed: bool = False  # trials on the distributed runtime: zb-h1 runs torch's class, and its rule
 
     def chunks_of(self, schedule: str) -> list[int]:
         """The v values ``schedule``'s points take: the space's choices for interleaved, else [1]."""
@@ -149,6 +152,10 @@ class SearchSpace:
         refused = unsupported(params.schedule, params.stages, params.window, params.chunks)
         if refused is not None:
             return refused[1]
+        if self.distributed and params.schedule == ZB_H1:  # run by torch's own class (paci_tune.pipeline)
+            torch_refused = torch_window_refusal(params.schedule, params.stages, params.window)
+            if torch_refused is not None:
+                return torch_refused
         pieces = params.layout.virtual_stages
         if self.n_units is not None and pieces > self.n_units:
             return (f"{params.stages} stages x {params.chunks} chunks = {pieces} pieces, more than the model's "
@@ -270,11 +277,13 @@ def load_space(
     n_units: int,
     max_stages: int | None,
     devices: int | None = None,
+    distributed: bool = False,
 ) -> SearchSpace:
     """Read a space file and bind it to a run: apply every constraint, refuse an empty dimension.
 
     ``devices``: the search's device budget (module docstring); a budget that leaves no point is a
-    ConfigError on ``hardware.devices`` listing why each went.
+    ConfigError on ``hardware.devices`` listing why each went. ``distributed``: the trials run on the
+    distributed runtime, where zb-h1 is torch's own class and a window it cannot run is dropped.
     """
     path = resolve_space_path(name)
     doc = read_mapping(path, "search.space", "keys " + ", ".join(_KEYS))
@@ -346,6 +355,7 @@ def load_space(
         backward_weights=backward_weights,
         chunks=chunks,
         n_units=n_units,
+        distributed=distributed,
     ).without_unrunnable()
 
 
