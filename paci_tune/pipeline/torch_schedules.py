@@ -115,10 +115,14 @@ class TorchScheduleRuntime(DistributedRuntime):
         self.torch_schedule = cls(stages, n_microbatches=self.window, loss_fn=self._loss, scale_grads=False)
 
     def _loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The stage's loss divided by the window, as :meth:`.Stage.forward` does; keeps it unscaled."""
+        """The stage's loss divided by the window, as :meth:`.Stage.forward` does; keeps it unscaled.
+        Its time is compute (torch calls it after the forward), as the profile's last unit counts it."""
+        t0 = time.perf_counter()
         loss = self.stage.loss_fn(out, target)
         self._losses.append(loss.detach())
-        return loss / self.window
+        scaled = loss / self.window
+        self.busy += time.perf_counter() - t0
+        return scaled
 
     def _torch_step(self, k: int, timing: StageTiming) -> None:
         """Global batch ``k``: one ``step()`` of torch's schedule over its ``a`` micro-batches."""
