@@ -244,3 +244,16 @@ def test_zb_h1_in_bf16_equals_1f1b_in_bf16(tmp_path: Path) -> None:
     records = read_metrics(tmp_path / "m.jsonl")
     assert summary_of(records)["precision"] == "bf16"
     assert train_losses(records) == pytest.approx(train_losses(own_runtime_records(tmp_path, doc)), abs=1e-5, rel=0)
+
+
+def test_cuda_stages_on_gloo_are_refused_before_any_worker_starts(tmp_path: Path, monkeypatch) -> None:
+    """Two stage processes on one visible GPU share it over host-staged gloo, which paci-tune's own
+    transport does and torch's schedule classes cannot: refused up front naming pipeline.backend."""
+    from paci_tune.train import run as run_module
+
+    monkeypatch.setattr(run_module, "visible_gpus", lambda: 1)
+    cfg = load_config(write_config(tmp_path, run_doc("zb-h1", 2, device="auto")))
+    with pytest.raises(ConfigError) as e:
+        run_module._check_launch(cfg, False, None)
+    assert e.value.key == "pipeline.backend" and "nccl" in str(e.value)
+    run_module._check_launch(load_config(write_config(tmp_path, run_doc("1f1b", 2, device="auto"))), False, None)

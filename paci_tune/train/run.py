@@ -20,7 +20,7 @@ from ..base.processes import Record
 from ..calibrate.cache import measured_profile
 from ..config.schema import RunConfig
 from ..errors import ConfigError
-from ..pipeline.backend import choose_backend, shares_gpus, visible_gpus
+from ..pipeline.backend import choose_backend, shares_gpus, uses_cuda, visible_gpus
 from ..pipeline.factory import ResolvedRun, resolve_pieces
 from .failure import first_failure
 from .timed import is_timed, resolve_timed
@@ -96,6 +96,10 @@ def _check_launch(cfg: RunConfig, resume: bool, log: Log | None) -> None:
 
     p, n_gpus, n = cfg.pipeline, visible_gpus(), n_processes(cfg)
     backend = choose_backend(p.backend, p.device, n, n_gpus)  # all stage processes run on this machine
+    if p.runs_torch_schedule and backend == "gloo" and uses_cuda(p.device, n_gpus):
+        raise ConfigError("pipeline.backend", p.backend, f"nccl, with a GPU per stage process, for schedule "
+                          f"{p.schedule} on CUDA stages: torch's schedule classes send from the stage's device, "
+                          "which gloo cannot (pipeline.device: cpu runs it on gloo)")  # fmt: skip
     if shares_gpus(backend, p.device, n, n_gpus) and log:
         log(
             f"note: {n} stage processes share {n_gpus} GPU(s): NCCL needs a GPU per process, so they talk over "
