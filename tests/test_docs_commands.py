@@ -120,7 +120,7 @@ def _reduced_example(scratch: Path) -> None:
     doc["training"] = {**example["training"], "steps": 6, "eval_every": 3, "eval_sequences": 16}
     doc["budget"] = {"clock": "rst", "seconds": 0.2, "grid": 2, "profile": "profile.yaml"}
     doc["search"] = {**example["search"], "trials": 1, "confirm": {"top": 0},
-                     "warm_start": {"steps": 4}}  # the example's warm start, shortened
+                     "warm_start": {"steps": 8}}  # the example's warm start, shortened past its LR ramp
     (scratch / "examples").mkdir()
     (scratch / "examples" / "tiny-gpt.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 

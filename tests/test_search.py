@@ -83,7 +83,11 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     assert best["paci_speedup_interval"] == pytest.approx(sorted([f[1] / q[1], f[2] / q[2]]), abs=1e-3)
     low, high = best["paci_speedup_interval"]
     missed = any(v["time_to_target"] is None for s in per_seed for v in best["confirmation"][s][0]["seeds"].values())
-    assert best["verdict"] == ("undecided" if missed else "paci" if low > 1 else "flush" if high < 1 else "tie")
+    expected = "undecided" if missed else "paci" if low > 1 else "flush" if high < 1 else "tie"
+    spacing = (best["budget"].get("seconds") or 0.0) / (best["budget"].get("grid") or 1)  # one validation
+    if expected in ("paci", "flush") and abs(means["1f1b"] - means["paci"]) < spacing:
+        expected = "tie"  # an interval that excludes 1 by less than one validation is not resolved
+    assert best["verdict"] == expected
     assert ("verdict_reason" in best) is missed
     assert best["paci_won"] is (best["verdict"] == "paci")
     assert Path(best["provenance"]["plot"]).stat().st_size > 10_000  # the curves' picture

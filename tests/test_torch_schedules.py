@@ -189,6 +189,7 @@ def test_the_sim_vs_measured_bench_runs_in_its_quick_mode() -> None:
     assert all("sim/measured" in ln for ln in rows)
 
 
+@pytest.mark.whole_machine  # binds a wall-clock space of 2 devices: a core each
 def test_a_search_on_the_distributed_runtime_drops_the_zb_h1_windows_torch_cannot_run(tmp_path: Path) -> None:
     """Global batch 10 on 2 stages: b = 2 makes a = 5, whose 2 rounds do not divide it (torch's rule,
     written out in the module docstring); b = 1 makes a = 10 in 5 rounds of 2. Only zb-h1 on the

@@ -507,6 +507,24 @@ def test_bad_warm_start_is_refused_by_search_and_train(tmp_path: Path, monkeypat
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize(("steps", "refused"), [(4, True), (6, True), (7, False)])
+def test_a_warm_up_inside_the_lr_ramp_is_refused(tmp_path: Path, steps: int, refused: bool) -> None:
+    """The example ramps its LR over 0.02 x 300 = 6 global batches: a warm-up of 6 or fewer would
+    end below the peak every trial starts at, so ``search`` refuses it before any work; 7 passes."""
+    doc = yaml.safe_load((REPO / "examples" / "tiny-gpt.yaml").read_text())
+    assert doc["training"]["steps"] * doc["lr_schedule"]["warmup_fraction"] == pytest.approx(6)
+    doc["search"] = {**doc["search"], "warm_start": {"steps": steps}}
+    if refused:
+        (tmp_path / "in").mkdir()
+        (tmp_path / "in" / "model.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        args = ["search", "model.yaml", "--no-live"]
+        _refused_in_process(tmp_path / "in", args, "search.warm_start.steps", str(steps))
+    else:
+        from paci_tune.config.tune import load_tune_config
+
+        assert load_tune_config(doc).search.warm_start.steps == steps
+
+
 @pytest.mark.slow
 def test_bad_warm_start_end_to_end(tmp_path: Path) -> None:
     """As a process: exit 2, one error line, no traceback, no work folder and no best.yaml."""

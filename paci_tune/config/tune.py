@@ -338,4 +338,24 @@ def load_tune_config(doc: Any, path: str = "config") -> TuneConfig:
         raise ConfigError("config", path, "a YAML mapping with sections model, data, training, ..., target, budget")
     run_doc, tune = split_tune_sections(doc)
     run = load_run_config(run_doc)
-    return TuneConfig(run_doc=run_doc, run=run, **parse_tune_sections(tune, require=True))
+    sections = parse_tune_sections(tune, require=True)
+    check_warm_up_reaches_peak(run, sections["search"].warm_start)
+    return TuneConfig(run_doc=run_doc, run=run, **sections)
+
+
+def check_warm_up_reaches_peak(run: RunConfig, warm: WarmStartConfig) -> None:
+    """Refuse a warm-up that ends inside the run's LR ramp.
+
+    The warm-up ramps the LR as the run would (``warmup_fraction`` of ``training.steps``) and holds the
+    peak after (:func:`paci_tune.tune.warm.warm_up_doc`); every trial then starts at the peak. A
+    warm-up shorter than the ramp would hand the trials a checkpoint trained at a fraction of the
+    LR they jump to, which is not a point of the run being tuned.
+    """
+    steps, total = warm.steps, run.training.steps
+    if steps is None or total is None:  # no warm-up, or a budget in seconds: the ramp is the warm-up's own
+        return
+    ramp = run.lr_schedule.warmup_fraction * total
+    if ramp >= steps:
+        raise ConfigError("search.warm_start.steps", steps, f"more than the run's LR warm-up, {ramp:g} global "
+                          f"batches (lr_schedule.warmup_fraction {run.lr_schedule.warmup_fraction:g} x "
+                          f"training.steps {total}): the warm-up must reach the peak LR of the trials")  # fmt: skip

@@ -110,7 +110,7 @@ def warm_up_doc(tune: TuneConfig, folder: Path, runtime: str) -> dict[str, Any]:
         "training.checkpoint_every": max(1, steps // 4),
         "training.keep_checkpoints": 1,
         "lr_schedule.min_ratio": 1.0,
-        "lr_schedule.warmup_fraction": min(1.0, ramp),
+        "lr_schedule.warmup_fraction": ramp,  # < 1: config.tune.check_warm_up_reaches_peak
     }
     over.update({k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v})
     return derive_doc(copy.deepcopy(tune.run_doc), over)
