@@ -37,6 +37,7 @@ TORCH_RUN: tuple[str, ...] = ("zb-h1", "1f1b")
 (``ScheduleInterleavedZeroBubble``, one chunk per rank), ``1f1b`` with ``pipeline.torch_schedule``
 (``Schedule1F1B``; paci-tune's own 1F1B otherwise)."""
 DEFAULT_CHUNKS = 2
+"""``pipeline.chunks`` of an interleaved run that does not say (v = 2, Megatron's usual)."""
 
 
 def torch_window_refusal(schedule: str, stages: int, window: int) -> str | None:
@@ -51,7 +52,7 @@ def torch_window_refusal(schedule: str, stages: int, window: int) -> str | None:
                 f"make {rounds} rounds, which must divide {a} (e.g. a window that is a multiple of {n}, or at "
                 f"most {n})")  # fmt: skip
     return None
-"""``pipeline.chunks`` of an interleaved run that does not say (v = 2, Megatron's usual)."""
+
 
 BackwardWeights = Literal["forward", "current"]
 BACKWARD_WEIGHTS: tuple[str, ...] = typing.get_args(BackwardWeights)

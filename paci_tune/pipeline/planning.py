@@ -35,7 +35,6 @@ from ..schedule import (
     balanced_partition,
     check_partition,
     inflight_cap,
-    inflight_per_chunk,
     resolve_partition,
     stage_actions,
     stage_units,
@@ -97,17 +96,15 @@ def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> 
     pieces = [list(r) for r in stage_units(sizes)]
     out = []
     for s in range(p.stages):
-        held = [pieces[c * p.stages + s] for c in range(v)]
         inflight = inflight_cap(p.schedule, s, p.stages, p.window, p.inflight)
         activations = None
         if v > 1:
             lst = stage_actions(p.schedule, s, p.stages, p.window, 0, 2, chunks=v)
-            last = [c * p.stages + s == len(pieces) - 1 for c in range(v)]
-            activations = chunked_activations(profile, held, p.microbatch_size, inflight_per_chunk(lst), last=last)
+            activations = chunked_activations(profile, pieces, s, p.stages, p.microbatch_size, lst)
         copies = stage_copies(p.schedule, s, p.stages, p.window, p.inflight, backward_weights=p.backward_weights)
         mem = stage_memory(
             profile,
-            [u for units in held for u in units],
+            [u for units in pieces[s :: p.stages] for u in units],
             p.microbatch_size,
             inflight,
             last=s == p.stages - 1,

@@ -55,7 +55,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from ..config.schema import BACKWARD_WEIGHTS
-from ..schedule import copies_bound
+from ..schedule import Action, copies_bound, inflight_per_chunk
 from .profile import Profile
 
 MIB = 2**20
@@ -120,17 +120,16 @@ def inflight_bytes(profile: Profile, units: Sequence[int], microbatch_size: int,
 
 
 def chunked_activations(
-    profile: Profile, chunks: Sequence[Sequence[int]], microbatch_size: int, live: Sequence[Sequence[int]],
-    *, last: Sequence[bool],
+    profile: Profile, pieces: Sequence[Sequence[int]], stage: int, stages: int, microbatch_size: int,
+    actions: Sequence[Action],
 ) -> int:  # fmt: skip
-    """Peak activation bytes of a stage holding ``chunks`` (each a list of units): the largest, over the
-    stage's list, of the sum over chunks of micro-batches in flight (``live``, one tuple per moment,
-    :func:`paci_tune.schedule.inflight_per_chunk`) times that chunk's :func:`inflight_bytes`;
-    ``last[c]``: chunk ``c`` is the model's last piece."""
-    per = [
-        inflight_bytes(profile, units, microbatch_size, last=is_last)
-        for units, is_last in zip(chunks, last, strict=True)
-    ]
+    """Peak activation bytes of ``stage`` of an interleaved cut: ``pieces`` (each a list of units) in
+    ``v`` chunks a stage, stage ``s`` holding pieces ``s, s + P, ...``. The largest, over the stage's
+    ``actions``, of the sum over its chunks of micro-batches in flight
+    (:func:`paci_tune.schedule.inflight_per_chunk`) times that chunk's :func:`inflight_bytes`."""
+    mine = range(stage, len(pieces), stages)
+    per = [inflight_bytes(profile, list(pieces[j]), microbatch_size, last=j == len(pieces) - 1) for j in mine]
+    live = inflight_per_chunk(actions)
     return max((sum(n * b for n, b in zip(counts, per, strict=False)) for counts in live), default=0)
 
 

@@ -77,7 +77,6 @@ from ..schedule import (
     check_layout,
     check_partition,
     drift_bound,
-    inflight_per_chunk,
     stage_units,
 )
 from ..schedule.replay import StageTimes, Timeline, drift_per_microbatch, peak_inflight, replay
@@ -360,16 +359,13 @@ def simulate(
     steady_step, windows = _steady_state(timeline, n)
 
     out: list[StageResult] = []
-    last_piece = layout.virtual_stages - 1
     for s, (st, r) in enumerate(zip(timeline.stages, ranges, strict=True)):
         drift = drift_per_microbatch(lists[s]) if trains[s] else {}
         peak = peak_inflight(lists[s])
         t1, t2 = windows[s]
         activations = None
         if chunks > 1:
-            activations = chunked_activations(profile, [list(x) for x in held[s]], microbatch_size,
-                                              inflight_per_chunk(lists[s]),
-                                              last=[c * stages + s == last_piece for c in range(chunks)])  # fmt: skip
+            activations = chunked_activations(profile, pieces, s, stages, microbatch_size, lists[s])
         out.append(
             StageResult(
                 stage=s,

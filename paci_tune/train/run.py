@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..pipeline.backend import choose_backend, shares_gpus, uses_cuda, visible_gpus
 from ..pipeline.factory import ResolvedRun, resolve_pieces
 from .failure import first_failure
-from .timed import is_timed, resolve_timed
+from .timed import resolve_timed, trains_flush_for
 
 Log = Callable[[str], None]
 
@@ -68,7 +68,7 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
     if t.clock == "sim" and not t.profile:
         _, path = measured_profile(cfg, log=log)
         cfg = dataclasses.replace(cfg, training=dataclasses.replace(t, profile=str(path)))
-    if is_timed(cfg) and not cfg.pipeline.runs_torch_schedule:  # zb-h1 on the distributed runtime runs for real
+    if trains_flush_for(cfg):  # zb-h1 on the distributed runtime runs for real, resolved like any run
         return resolve_timed(cfg)
     return resolve_pieces(cfg, distributed=cfg.pipeline.runtime == "distributed")
 

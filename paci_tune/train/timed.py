@@ -45,11 +45,17 @@ def is_timed(cfg: RunConfig) -> bool:
     return cfg.pipeline.schedule in TIMED_SCHEDULES
 
 
+def trains_flush_for(cfg: RunConfig) -> bool:
+    """Whether the runtime trains 1f1b's numbers for ``cfg``'s schedule while the clock times its own
+    list: a timed schedule, except ZB-H1 on the distributed runtime (torch's class runs it for real)."""
+    return is_timed(cfg) and not cfg.pipeline.runs_torch_schedule
+
+
 def numerics_config(cfg: RunConfig) -> RunConfig:
     """The config the runtime runs for ``cfg``: ``cfg`` itself (a schedule the runtime runs for real,
     ZB-H1 on the distributed runtime included), or for a timed schedule 1f1b on the same P, D, a, b,
     its pinned cut merged ``v`` pieces to a stage (module docstring)."""
-    if not is_timed(cfg) or cfg.pipeline.runs_torch_schedule:
+    if not trains_flush_for(cfg):
         return cfg
     p = cfg.pipeline
     partition = p.partition
