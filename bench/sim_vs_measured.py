@@ -12,14 +12,16 @@ Schedules: ``paci`` and ``1f1b`` run on paci-tune's own distributed runtime; ``z
 through torch's own ``ScheduleInterleavedZeroBubble`` (paci_tune/pipeline/torch_schedules.py), timed
 against the simulation of its action list on the profile's measured B/W split; ``1f1b-torch`` is
 1F1B through torch's ``Schedule1F1B`` (``pipeline.torch_schedule: true``), the same machinery as
-zb-h1, so the two torch rows compare like with like.
+zb-h1, so the two torch rows compare like with like; ``interleaved`` runs for real through torch's
+``ScheduleInterleaved1F1B`` with ``--chunks`` model chunks per rank, timed against the simulation of
+its action lists on its own ``v * P``-piece cut.
 
 Short runs read low: the runtime's first few micro-batches (fresh memory for the micro-batches
 in flight, the optimizer's state) run up to several times slower than the steady state, a
 one-off cost a per-step profile does not predict; at 16 steps it is worth ~5% of the step time.
 
     python bench/sim_vs_measured.py --stages 2 4 --steps 24
-    python bench/sim_vs_measured.py --stages 2 --steps 24 --schedules 1f1b zb-h1 1f1b-torch
+    python bench/sim_vs_measured.py --stages 2 --steps 24 --schedules 1f1b zb-h1 1f1b-torch interleaved
     python bench/sim_vs_measured.py --quick     # a tiny model, P=2, a few steps: that it runs (CI)
 """
 
@@ -35,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-SCHEDULES = ("paci", "1f1b", "zb-h1", "1f1b-torch")
+SCHEDULES = ("paci", "1f1b", "zb-h1", "1f1b-torch", "interleaved")
 
 QUICK_CONFIG = {
     "model": {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32},
@@ -73,6 +75,8 @@ def train(config: str, profile: Path, sched: str, stages: int, args: argparse.Na
         "--steps", str(args.steps), "--eval-every", str(10**6), "--device", "cpu",
         "--clock", "rst", "--profile", str(profile), "--metrics", str(out), "--no-live",
     ]  # fmt: skip
+    if schedule == "interleaved":
+        cmd += ["--chunks", str(args.chunks)]
     run(cmd)
     return [json.loads(x) for x in out.read_text().splitlines() if '"summary"' in x][-1]
 
@@ -91,7 +95,9 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=4)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--schedules", nargs="+", default=["paci", "1f1b"], choices=SCHEDULES)
-    ap.add_argument("--quick", action="store_true", help="the tests' tiny model, P=2, 4 steps, 1f1b, zb-h1, 1f1b-torch")
+    ap.add_argument("--chunks", type=int, default=2, help="interleaved's model chunks per rank (v)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the tests' tiny model, P=2, 4 steps, 1f1b, zb-h1, 1f1b-torch, interleaved")  # fmt: skip
     args = ap.parse_args()
     print(f"command: python bench/sim_vs_measured.py {' '.join(sys.argv[1:])}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,7 +105,8 @@ def main() -> None:
         if args.quick:
             args.config = str(Path(tmp) / "quick.yaml")
             Path(args.config).write_text(yaml.safe_dump(QUICK_CONFIG, sort_keys=False))
-            args.stages, args.steps, args.window, args.schedules = [2], 4, 4, ["1f1b", "zb-h1", "1f1b-torch"]
+            args.stages, args.steps, args.window = [2], 4, 4
+            args.schedules, args.chunks = ["1f1b", "zb-h1", "1f1b-torch", "interleaved"], 2
             calibrate_extra = ["--repeats", "1", "--microbatch-sizes", "2"]
         for p in args.stages:
             prof = Path(tmp) / f"profile-P{p}.yaml"

@@ -150,6 +150,21 @@ def test_paci_refuses_a_tied_parameter_across_stages(tmp_path: Path):
     assert not (tmp_path / "m.jsonl").exists()
 
 
+def test_interleaved_on_the_distributed_runtime_refuses_a_tie_across_its_pieces(tmp_path: Path):
+    """Rank s of torch's interleaved 1F1B holds pieces s, s + P, ...; the runtime sums a tied parameter over
+    one stage per rank, so a tie across pieces is refused before any worker starts (exit 2, one line naming
+    the pieces). The emulated runtime, training 1F1B's numbers on P stages, keeps training it."""
+    doc = tied_doc("interleaved", [1, 2, 2, 1])
+    doc["pipeline"].update(stages=2, chunks=2, runtime="distributed")
+    write_config(tmp_path, doc)
+    r = invoke_in(tmp_path, ["train", "run.yaml", "--no-live", "--metrics", "m.jsonl"])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: pipeline.runtime: got 'distributed'; allowed: emulated for schedule interleaved")
+    assert "held by pieces 0, 3" in lines[0]
+    assert not (tmp_path / "m.jsonl").exists()
+
+
 def frozen_tied(**kwargs: Any) -> list[torch.nn.Module]:
     """The tied model with its embedding frozen: the shared weight never changes."""
     from helpers.guide_models import build_tied

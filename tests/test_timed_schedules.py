@@ -132,9 +132,10 @@ def test_records_name_the_schedule_and_its_cut(tmp_path: Path) -> None:
 
 
 REFUSED = [
-    ("zb-h1-wall", {"training": {"clock": "wall"}}, "training.clock", "'wall'", "not run for real yet"),
-    ("interleaved-distributed", {"pipeline": {"schedule": "interleaved", "runtime": "distributed"}},
-     "pipeline.runtime", "'distributed'", "timed by the simulator on the sim/rst clocks"),
+    ("zb-h1-wall", {"training": {"clock": "wall"}}, "training.clock", "'wall'",
+     "timed by the simulator on the sim/rst clocks"),
+    ("interleaved-emulated-wall", {"pipeline": {"schedule": "interleaved"}, "training": {"clock": "wall"}},
+     "training.clock", "'wall'", "runs for real with pipeline.runtime: distributed"),
     ("interleaved-one-chunk", {"pipeline": {"schedule": "interleaved", "chunks": 1}}, "pipeline.chunks", "1",
      "2 or more chunks"),
     ("interleaved-rounds", {"pipeline": {"schedule": "interleaved", "window": 5}, "training": {"global_batch": 10}},

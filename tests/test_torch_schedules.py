@@ -1,12 +1,14 @@
-"""ZB-H1 (and, opted in, 1F1B) run for real through torch's own schedule classes on the distributed runtime.
+"""ZB-H1, interleaved 1F1B (and, opted in, 1F1B) run for real through torch's own schedule classes on the
+distributed runtime.
 
 Oracles written out here or in the helpers, not taken from the code under test: plain single-process
 gradient accumulation (:func:`helpers.oracles.plain_training`: every synchronous schedule computes
 its gradients, so the losses must equal it to 1e-5 in fp32); each stage's action list from
 :mod:`paci_tune.schedule` (checked against torch's own planner in ``test_sync_schedules``), which the
-order of the compute calls torch made on each rank must equal; and torch's rules for the layouts
-its classes refuse (``Schedule1F1B``: at least as many micro-batches as stages; the zero-bubble
-schedule: ``rounds = max(1, m // P)`` must divide ``m``), refused up front naming the key.
+order of the compute calls torch made on each rank must equal, chunk by chunk under interleaved 1F1B;
+and torch's rules for the layouts its classes refuse (``Schedule1F1B``: at least as many
+micro-batches as stages; the zero-bubble and interleaved schedules: ``rounds = max(1, m // P)`` must
+divide ``m``), refused up front naming the key.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ def traced_run(tmp_path: Path, doc: dict[str, Any]) -> tuple[list[dict[str, Any]
     return read_metrics(tmp_path / "m.jsonl"), traces
 
 
-def expected_order(schedule: str, stage: int, stages: int, window: int, steps: int) -> list[str]:
-    return [repr(a) for a in stage_actions(schedule, stage, stages, window, 0, steps)]
+def expected_order(schedule: str, stage: int, stages: int, window: int, steps: int, chunks: int = 1) -> list[str]:
+    return [repr(a) for a in stage_actions(schedule, stage, stages, window, 0, steps, chunks=chunks)]
 
 
 # ------------------------------------------------------------------------------------ refusals
@@ -78,16 +80,17 @@ def refusal(tmp_path: Path, doc: dict[str, Any]) -> ConfigError:
 
 
 REFUSED = [
-    ("interleaved-distributed", {"pipeline": {"schedule": "interleaved"}}, "pipeline.runtime", "v model chunks"),
-    ("interleaved-wall", {"pipeline": {"schedule": "interleaved", "runtime": "emulated"}}, "training.clock",
-     "not run for real yet"),
+    ("interleaved-emulated-wall", {"pipeline": {"schedule": "interleaved", "runtime": "emulated"}}, "training.clock",
+     "pipeline.runtime: distributed"),
+    ("interleaved-rounds", {"pipeline": {"schedule": "interleaved", "window": 5, "partition": [1, 1, 1, 1]},
+                            "training": {"global_batch": 10}}, "pipeline.window", "rounds"),
     ("zb-h1-emulated-wall", {"pipeline": {"runtime": "emulated"}}, "training.clock", "pipeline.runtime: distributed"),
     ("zb-h1-rounds", {"pipeline": {"window": 5}, "training": {"global_batch": 10}}, "pipeline.window", "rounds"),
     ("zb-h1-inflight", {"pipeline": {"inflight": 1}}, "pipeline.inflight", "torch's class"),
     ("torch-1f1b-few-microbatches", {"pipeline": {"schedule": "1f1b", "torch_schedule": True, "window": 2,
                                                   "stages": 4}}, "pipeline.window", "Schedule1F1B"),
     ("torch-paci", {"pipeline": {"schedule": "paci", "torch_schedule": True}}, "pipeline.torch_schedule",
-     "zb-h1, 1f1b"),
+     "zb-h1, interleaved, 1f1b"),
     ("torch-emulated", {"pipeline": {"schedule": "1f1b", "torch_schedule": True, "runtime": "emulated"}},
      "pipeline.torch_schedule", "distributed"),
 ]  # fmt: skip
@@ -102,9 +105,10 @@ def test_layouts_torch_cannot_run_are_refused_up_front(
 
 
 def test_supported_combinations_load(tmp_path: Path) -> None:
-    """zb-h1 on the distributed runtime on the wall clock, a window of at most P or a multiple of it;
-    1f1b through torch's class on request."""
+    """zb-h1 and interleaved on the distributed runtime on the wall clock, a window of at most P or a
+    multiple of it; 1f1b through torch's class on request."""
     for doc in (run_doc("zb-h1", 2), run_doc("zb-h1", 4, window=2), run_doc("zb-h1", 2, window=6),
+                run_doc("interleaved", 2), run_doc("interleaved", 2, window=6, chunks=3),
                 run_doc("1f1b", 2, torch_schedule=True)):  # fmt: skip
         if doc["pipeline"]["window"] != 4:
             doc["training"]["global_batch"] = 2 * doc["pipeline"]["window"]
@@ -178,14 +182,80 @@ def test_zb_h1_with_two_replicas_and_a_clip_equals_plain_training(tmp_path: Path
 
 
 @pytest.mark.slow
+def test_interleaved_runs_each_chunks_actions_in_order(tmp_path: Path) -> None:
+    """P=2, v=2 on the tiny model's 4 units (a piece each, rank s holding pieces s and s + 2): every
+    rank's forwards and backwards, on their chunk, and its steps come in the order of its interleaved
+    action list; the losses and evaluations are plain training's."""
+    doc = run_doc("interleaved", 2, chunks=2)
+    records, traces = traced_run(tmp_path, doc)
+    for s in range(2):
+        assert traces[s] == expected_order("interleaved", s, 2, 4, 8, chunks=2), f"stage {s}"
+    assert any(a.endswith(".1") for a in traces[0])
+    assert_plain_numbers(records, doc)
+    summary = summary_of(records)
+    assert (summary["schedule"], summary["numerics_schedule"], summary["chunks"]) == ("interleaved",) * 2 + (2,)
+    assert summary["partition"] == [1, 1, 1, 1] and [st["stage"] for st in summary["stages"]] == [0, 1, 2, 3]
+    assert [st["pipe_stage"] for st in summary["stages"]] == [0, 1, 0, 1]  # rank s holds pieces s and s + 2
+    assert [st["updates"] for st in summary["stages"]] == [8] * 4
+    assert summary["analytic_bubble_fraction"] == pytest.approx(1 / (2 * 4 + 1))
+
+
+@pytest.mark.slow
+def test_interleaved_with_two_replicas_and_a_clip_equals_plain_training(tmp_path: Path) -> None:
+    """P=2 x D=2, v=2: each piece's replicas average their gradients and the clip sees the whole model's
+    norm, summed over every piece of every rank before any piece steps; plain training on the D=1
+    stream with a window D times larger."""
+    doc = run_doc("interleaved", 2, window=2, data_parallel=2, chunks=2)
+    doc["optimizer"]["grad_clip"] = 0.05
+    records, traces = traced_run(tmp_path, doc)
+    for rank in range(4):
+        assert traces[rank] == expected_order("interleaved", rank % 2, 2, 2, 8, chunks=2), f"rank {rank}"
+    assert_plain_numbers(records, merge(doc, {"pipeline": {"window": 4, "data_parallel": 1}}))
+
+
+@pytest.mark.slow
+def test_interleaved_checkpoints_move_to_and_from_other_layouts(tmp_path: Path) -> None:
+    """A distributed interleaved run saves one entry per piece and starts from a checkpoint of another
+    layout (``--init-from``): 4 steps of emulated 1F1B at P=2 continue as interleaved P=2 x v=2 to step 8,
+    whose checkpoint continues as emulated 1F1B at P=4 to step 12 -- every loss plain training's."""
+    doc = merge(run_doc("interleaved", 2, chunks=2), {"training": {"steps": 12, "eval_every": 1000}})
+    want, _, _ = plain_training(doc)
+    first = merge(doc, {"training": {"steps": 4, "checkpoint_dir": str(tmp_path / "a"), "checkpoint_every": 4},
+                        "pipeline": {"schedule": "1f1b", "runtime": "emulated", "chunks": None}})  # fmt: skip
+    check_ok(run_cli(write_config(tmp_path, first, "a.yaml"), "--metrics", tmp_path / "a.jsonl"))
+    middle = merge(doc, {"training": {"steps": 8, "checkpoint_dir": str(tmp_path / "b"), "checkpoint_every": 4,
+                                      "init_from": str(tmp_path / "a")}})  # fmt: skip
+    check_ok(run_cli(write_config(tmp_path, middle, "b.yaml"), "--metrics", tmp_path / "b.jsonl"))
+    four = {"schedule": "1f1b", "runtime": "emulated", "stages": 4, "chunks": None}
+    last = merge(doc, {"training": {"init_from": str(tmp_path / "b")}, "pipeline": four})
+    check_ok(run_cli(write_config(tmp_path, last, "c.yaml"), "--metrics", tmp_path / "c.jsonl"))
+    got = sorted((r["step"], r["loss"]) for x in "abc" for r in read_metrics(tmp_path / f"{x}.jsonl")
+                 if r["event"] == "train")  # fmt: skip
+    assert [step for step, _ in got] == list(range(1, 13))
+    assert [loss for _, loss in got] == pytest.approx(want, abs=1e-5, rel=0)
+
+
+@pytest.mark.slow
+def test_interleaved_in_bf16_equals_1f1b_in_bf16(tmp_path: Path) -> None:
+    """bf16 parameters with fp32 masters on v = 2 pieces per rank: the losses are paci-tune's own 1f1b's."""
+    doc = merge(run_doc("interleaved", 2, chunks=2), {"training": {"steps": 6}, "pipeline": {"precision": "bf16"}})
+    proc = run_cli(write_config(tmp_path, doc), "--metrics", tmp_path / "m.jsonl")
+    check_ok(proc)
+    records = read_metrics(tmp_path / "m.jsonl")
+    assert summary_of(records)["precision"] == "bf16"
+    own = own_runtime_records(tmp_path, merge(doc, {"pipeline": {"chunks": None}}))
+    assert train_losses(records) == pytest.approx(train_losses(own), abs=1e-5, rel=0)
+
+
+@pytest.mark.slow
 def test_the_sim_vs_measured_bench_runs_in_its_quick_mode() -> None:
-    """``bench/sim_vs_measured.py --quick``: calibrate, then 1f1b, zb-h1 and 1f1b through torch's class
-    trained on the distributed runtime, each row's measured and simulated step time printed."""
+    """``bench/sim_vs_measured.py --quick``: calibrate, then 1f1b, zb-h1, 1f1b through torch's class and
+    interleaved trained on the distributed runtime, each row's measured and simulated step time printed."""
     proc = subprocess.run([sys.executable, "bench/sim_vs_measured.py", "--quick"], capture_output=True, text=True,
                           timeout=600, cwd=REPO, env=cli_env(), check=False)  # fmt: skip
     check_ok(proc)
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("P=2 ")]
-    assert [ln.split()[1] for ln in rows] == ["1f1b", "zb-h1", "1f1b-torch"], proc.stdout
+    assert [ln.split()[1] for ln in rows] == ["1f1b", "zb-h1", "1f1b-torch", "interleaved"], proc.stdout
     assert all("sim/measured" in ln for ln in rows)
 
 

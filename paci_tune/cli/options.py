@@ -19,8 +19,8 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "pipeline.schedule",
         {
             "type": click.Choice(["paci", "1f1b", "gpipe", "interleaved", "zb-h1"]),
-            "help": "Pipeline schedule. interleaved (and zb-h1 on the emulated runtime) train 1f1b's numbers, "
-            "timed by the simulator (sim/rst clocks only); zb-h1 on the distributed runtime runs torch's own class.",
+            "help": "Pipeline schedule. interleaved and zb-h1 on the emulated runtime train 1f1b's numbers, "
+            "timed by the simulator (sim/rst clocks only); on the distributed runtime they run torch's own classes.",
         },
     ),
     ("--chunks", "pipeline.chunks", {"type": int, "help": "Model chunks per stage of interleaved (v >= 2)."}),

@@ -29,12 +29,14 @@ TimedSchedule = Literal["interleaved", "zb-h1"]
 TIMED_SCHEDULES: tuple[str, ...] = typing.get_args(TimedSchedule)
 """Schedules the emulated runtime trains with 1F1B-flush's numerics while a profile clock (``sim``,
 ``rst``) times their own action lists (:mod:`paci_tune.schedule.synchronous`): interleaved 1F1B and
-ZB-H1. ZB-H1 also runs for real on the distributed runtime, through torch's own schedule class
-(:data:`TORCH_RUN`); interleaved does not yet."""
-TIMED_ONLY = "not run for real yet: timed by the simulator on the sim/rst clocks"
-TORCH_RUN: tuple[str, ...] = ("zb-h1", "1f1b")
+ZB-H1. Both also run for real on the distributed runtime, through torch's own schedule classes
+(:data:`TORCH_RUN`)."""
+TIMED_ONLY = ("the emulated runtime trains 1F1B's numbers for it, timed by the simulator on the sim/rst clocks; "
+              "it runs for real with pipeline.runtime: distributed")  # fmt: skip
+TORCH_RUN: tuple[str, ...] = ("zb-h1", "interleaved", "1f1b")
 """Schedules the distributed runtime can run through torch's own classes: ``zb-h1`` always
-(``ScheduleInterleavedZeroBubble``, one chunk per rank), ``1f1b`` with ``pipeline.torch_schedule``
+(``ScheduleInterleavedZeroBubble``, one chunk per rank), ``interleaved`` always
+(``ScheduleInterleaved1F1B``, ``v`` chunks per rank), ``1f1b`` with ``pipeline.torch_schedule``
 (``Schedule1F1B``; paci-tune's own 1F1B otherwise)."""
 DEFAULT_CHUNKS = 2
 """``pipeline.chunks`` of an interleaved run that does not say (v = 2, Megatron's usual)."""
@@ -47,8 +49,9 @@ def torch_window_refusal(schedule: str, stages: int, window: int) -> str | None:
     if schedule == "1f1b" and a < n:
         return f"at least pipeline.stages ({n}): torch's Schedule1F1B needs as many micro-batches as stages"
     rounds = max(1, a // n)
-    if schedule == "zb-h1" and a % rounds:
-        return (f"torch's zero-bubble schedule runs micro-batches in rounds: {a} micro-batches on {n} stages "
+    if schedule in ("zb-h1", "interleaved") and a % rounds:
+        name = "zero-bubble" if schedule == "zb-h1" else "interleaved 1F1B"
+        return (f"torch's {name} schedule runs micro-batches in rounds: {a} micro-batches on {n} stages "
                 f"make {rounds} rounds, which must divide {a} (e.g. a window that is a multiple of {n}, or at "
                 f"most {n})")  # fmt: skip
     return None
@@ -196,10 +199,6 @@ class PipelineConfig:
         if self.chunks not in (None, 1) and self.schedule != "interleaved":
             why = f"null or 1 for schedule {self.schedule} (only interleaved runs several chunks per stage)"
             raise ConfigError(f"{key}.chunks", self.chunks, why)
-        if self.schedule == "interleaved" and self.runtime != "emulated":
-            why = "torch's Interleaved1F1B needs v model chunks per rank, which the distributed runtime does not build"
-            raise ConfigError(f"{key}.runtime", self.runtime, f"emulated for schedule interleaved ({why}; "
-                              f"{TIMED_ONLY})")  # fmt: skip
         if self.torch_schedule and not (self.runtime == "distributed" and self.schedule in TORCH_RUN):
             why = f"false unless pipeline.runtime is distributed and the schedule one of {', '.join(TORCH_RUN)}"
             raise ConfigError(f"{key}.torch_schedule", self.torch_schedule, f"{why} (torch's own classes)")
@@ -218,7 +217,7 @@ class PipelineConfig:
     @property
     def runs_torch_schedule(self) -> bool:
         """Whether the distributed runtime runs this schedule through torch's own class (:data:`TORCH_RUN`)."""
-        return self.runtime == "distributed" and (self.schedule == "zb-h1" or
+        return self.runtime == "distributed" and (self.schedule in ("zb-h1", "interleaved") or
                                                   (self.schedule == "1f1b" and self.torch_schedule))  # fmt: skip
 
     @property
@@ -245,9 +244,8 @@ class RunConfig:
         self.pipeline.layout.check(self.training.global_batch)
         schedule, clock = self.pipeline.schedule, self.training.clock
         if schedule in TIMED_SCHEDULES and clock == "wall" and not self.pipeline.runs_torch_schedule:
-            real = " (zb-h1 runs for real with pipeline.runtime: distributed)" if schedule == "zb-h1" else ""
             raise ConfigError("training.clock", clock, f"rst or sim for pipeline.schedule {schedule} on the "
-                              f"{self.pipeline.runtime} runtime ({TIMED_ONLY}){real}")  # fmt: skip
+                              f"{self.pipeline.runtime} runtime ({TIMED_ONLY})")  # fmt: skip
 
     @property
     def layout(self) -> Layout:

@@ -5,8 +5,8 @@ plus these four sections. ``paci-tune train`` accepts the same file and ignores 
 checking them), so one file describes both the search and the run it tunes. A space whose
 ``schedules`` names one the simulator times (``zb-h1``, ``interleaved``:
 :data:`~.schema.TIMED_SCHEDULES`) is refused here, before any trial starts, where its trials could not
-run it: interleaved unless on a profile clock and the emulated runtime, zb-h1 on the wall clock on
-the emulated runtime (the space's other values are :mod:`paci_tune.tune.space`'s to check). May import:
+run it: on the wall clock on the emulated runtime (both run for real on the distributed runtime, through
+torch's own classes; the space's other values are :mod:`paci_tune.tune.space`'s to check). May import:
 :mod:`.schema`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
@@ -281,25 +281,19 @@ def _space_file(name: str) -> Path | None:
 
 
 def check_timed_schedules(search: SearchConfig, budget: BudgetConfig, hardware: HardwareConfig) -> None:
-    """Refuse a space whose trials would run a schedule where it cannot run: interleaved on the wall clock
-    or the distributed runtime (it trains 1F1B-flush's numbers on the emulated runtime and is timed by
-    the simulator only), zb-h1 on the wall clock on the emulated runtime (it runs for real only on the
-    distributed runtime, through torch's own class). A space file that does not parse is left to the
-    space's loader."""
+    """Refuse a space whose trials would run a schedule where it cannot run: interleaved or zb-h1 on the
+    wall clock on the emulated runtime (it trains 1F1B-flush's numbers there, timed by the simulator on
+    the sim/rst clocks; both run for real only on the distributed runtime, through torch's own classes).
+    A space file that does not parse is left to the space's loader."""
     path = _space_file(search.space)
     doc = read_yaml(path, "search.space") if path is not None else None
     schedules = doc.get("schedules") if isinstance(doc, dict) else None
     timed = [s for s in schedules if s in TIMED_SCHEDULES] if isinstance(schedules, list) else []
     wall = budget.clock == "wall"
     runtime = hardware.runtime or ("distributed" if wall else "emulated")  # what a trial runs on
-    where = f"budget.clock is {budget.clock}" if wall else "hardware.runtime is distributed"
-    if "interleaved" in timed and (wall or runtime == "distributed"):
-        raise ConfigError("space.schedules", schedules, f"interleaved only with budget.clock rst or sim and "
-                          f"the emulated runtime ({TIMED_ONLY}); {where}")  # fmt: skip
-    if "zb-h1" in timed and wall and runtime == "emulated":
-        raise ConfigError("space.schedules", schedules, "zb-h1 on the wall clock only on the distributed runtime "
-                          "(torch's own class runs it there; the emulated runtime trains 1F1B's numbers for it, timed "
-                          "by the simulator on the sim/rst clocks); hardware.runtime is emulated")  # fmt: skip
+    if timed and wall and runtime == "emulated":
+        raise ConfigError("space.schedules", schedules, f"{' and '.join(timed)} on the wall clock only on the "
+                          f"distributed runtime ({TIMED_ONLY}); hardware.runtime is emulated")  # fmt: skip
 
 
 def split_tune_sections(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

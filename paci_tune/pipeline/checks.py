@@ -126,7 +126,7 @@ def check_units(meta: LoadedModel, vocab_size: int, entry: str) -> None:
                           f"for token ids of shape (1, {t})")  # fmt: skip
 
 
-def check_shared_parameters(meta: LoadedModel, sizes: Sequence[int], schedule: str) -> None:
+def check_shared_parameters(meta: LoadedModel, sizes: Sequence[int], schedule: str, chunked: bool = False) -> None:
     """Refuse PACI for a cut that puts units sharing a trainable parameter (tied weights) on different stages.
 
     Under a flush schedule each holder keeps a copy and the holders sum its gradient before their
@@ -135,7 +135,21 @@ def check_shared_parameters(meta: LoadedModel, sizes: Sequence[int], schedule: s
     the copies would diverge, and summing their gradients needs a synchronisation PACI does not
     have. So PACI refuses it up front, naming the parameter, the stages and what to do instead. A
     frozen shared parameter never changes, so its copies stay equal under every schedule.
+
+    ``chunked``: interleaved 1F1B run for real, ``sizes`` its ``v * P`` pieces, several to a rank. The
+    holders' sum is one all-reduce per rank, so a trainable parameter split across pieces is refused
+    too (the emulated runtime, training 1F1B's numbers on ``P`` stages, sums it).
     """
+    if chunked:
+        for t in tied_across_stages(meta, sizes):
+            if t.trainable:
+                raise ConfigError(
+                    "pipeline.runtime", "distributed",
+                    f"emulated for schedule interleaved with this cut {list(sizes)}: {t.label} are one trainable "
+                    f"parameter held by pieces {', '.join(map(str, t.stages))}, and the distributed runtime sums "
+                    "a tied parameter over one stage per rank; or a pipeline.partition keeping those units in one "
+                    "piece, or untie the parameter",
+                )  # fmt: skip
     if schedule != "paci":
         return
     for t in tied_across_stages(meta, sizes):

@@ -14,7 +14,15 @@ stage's loss sums, and stage 0's broadcast of replica 0's evaluation decision --
 never wait for each other. Replica 0 scores evaluations and writes checkpoints (the replicas are
 identical). Parameters tied across stages: after the replicas' average, this rank's copies are summed
 with the other holders of its replica in a small all-reduce of their own group (:mod:`.tied`), so a
-holder's step waits for the others' (a flush schedule's do anyway). May import: torch, the pipeline
+holder's step waits for the others' (a flush schedule's do anyway).
+
+Several model chunks per rank (interleaved 1F1B, run by torch's class in :mod:`.torch_schedules`):
+the rank holds ``v`` :class:`~.stage.Stage` pieces, virtual stages ``s, s + P, ...`` of ``v * P``,
+each with its own optimizer, evaluator and checkpoint entry (a piece is a stage to everything that
+steps, scores or saves it). The transport addresses virtual stages, each on rank ``j mod P``; at a
+step the pieces are averaged together and clipped on the whole model's norm, then step one after
+another. Evaluations visit the pieces in order (every message a piece needs comes from an earlier
+piece of the ring), so the rank's links keep one order. May import: torch, the pipeline
 layer's modules, :mod:`paci_tune.schedule`,
 :mod:`paci_tune.data`.
 """
@@ -24,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -51,7 +60,7 @@ class DistributedRuntime(RuntimeBase):
 
     def __init__(
         self,
-        stage: Stage,
+        stage: Stage | Sequence[Stage],
         units: list[range],
         stream: MicroBatchStream,
         val: ValidationSet,
@@ -60,40 +69,59 @@ class DistributedRuntime(RuntimeBase):
         replicas: int = 1,
         tied: list[TiedParameter] | None = None,
     ) -> None:
-        super().__init__(stage, units, val, schedule, inflight)
-        self.stage, self.rank, self.s = stage, dist.get_rank(), stage.index
-        self.wire = wire_device(dist.get_backend(), stage.device)
+        """``stage``: this rank's stage, or its pieces in chunk order (virtual stages ``s, s + P, ...``)."""
+        pieces = [stage] if isinstance(stage, Stage) else list(stage)
+        first = pieces[0]
+        super().__init__(first, units, val, schedule, inflight)
+        self.pieces = pieces
+        self.stages = first.stages // len(pieces)  # ranks in the pipe (pieces count v times as many stages)
+        self.stage, self.rank, self.s = first, dist.get_rank(), first.index
+        self.wire = wire_device(dist.get_backend(), first.device)
         self.mesh = build_mesh(self.stages, replicas, "cuda" if self.wire.type == "cuda" else "cpu")
         assert self.mesh.stage == self.s, f"rank {self.rank} holds stage {self.mesh.stage}, not {self.s}"
+        assert [p.index for p in pieces] == [self.s + c * self.stages for c in range(len(pieces))]
         self.replica, self.n_replicas = self.mesh.replica, replicas
-        self.p2p = P2P(self.mesh.pipe_ranks, stage.device)
-        self.runner = ActionRunner(stage, self.p2p, stream, val)
-        self.runner.evaluator.scores = self.replica == 0  # the replicas' weights are the same
+        ranks = self.mesh.pipe_ranks
+        self.p2p = P2P([ranks[j % self.stages] for j in range(first.stages)], first.device)
+        self.runners = [ActionRunner(p, self.p2p, stream, val) for p in pieces]
+        self.runner = self.runners[0]
+        for runner in self.runners:
+            runner.evaluator.scores = self.replica == 0  # the replicas' weights are the same
+        self._norm: tuple[int, float] | None = None  # (batch, the whole model's norm) at the step
         if self.clips_whole_model:
-            self.runner.global_grad_norm = self._global_grad_norm
-        self.grads: GradientAllReduce | None = None
+            for runner in self.runners:
+                runner.global_grad_norm = self._global_grad_norm
+        self.grads: dict[int, GradientAllReduce] = {}  # by piece index
         self.losses: LossAllReduce | None = None
-        if replicas > 1 and stage.trains:  # a stage with nothing to train all-reduces nothing
-            self.grads = GradientAllReduce(self.mesh.dp_group, replicas, self.wire, stage.optim)
-        mark_counted_elsewhere(stage, tied or [])
-        self.tied = TiedAllReduce(stage, tied or [], self.stages, replicas, self.replica, self.wire)
+        if replicas > 1:  # a piece with nothing to train all-reduces nothing
+            self.grads = {p.index: GradientAllReduce(self.mesh.dp_group, replicas, self.wire, p.optim)
+                          for p in pieces if p.trains}  # fmt: skip
+        tied = tied or []
+        if len(pieces) > 1 and any(t.trainable for t in tied):
+            raise ValueError("a trainable parameter tied across pieces needs one stage per rank (refused up front)")
+        for p in pieces:
+            mark_counted_elsewhere(p, tied)
+        self.tied = TiedAllReduce(first, tied, self.stages, replicas, self.replica, self.wire)
         if replicas > 1 or self.tied.parts:
-            self.runner.grad_sync = self._grad_sync
+            self.runner.grad_sync = self._grad_sync  # the first piece's step syncs them all
 
     def _grad_sync(self, batch: int) -> None:
-        """At this stage's step: average the window's gradients over the stage's replicas, sum its tied
-        parameters' over their holders; collect losses."""
-        if self.grads is not None:
-            self.grads.average()
+        """At this stage's step: average the window's gradients over the stage's replicas (every piece's),
+        sum its tied parameters' over their holders; collect losses."""
+        for grads in self.grads.values():
+            grads.average()
         self.tied.sum()
         if self.losses is not None:
             self.losses.collect()
 
     def _global_grad_norm(self, batch: int) -> float:
-        """The whole model's gradient norm: every stage of this replica adds its own (flush schedules step together)."""
-        sq = torch.tensor([self.stage.grad_sq_norm()], dtype=torch.float64, device=self.device)
-        dist.all_reduce(sq, group=self.mesh.pp_group)
-        return float(sq.item()) ** 0.5
+        """The whole model's gradient norm: every stage of this replica adds its own (flush schedules step
+        together); taken once per step, before the rank's first piece steps, for all its pieces."""
+        if self._norm is None or self._norm[0] != batch:
+            sq = torch.tensor([sum(p.grad_sq_norm() for p in self.pieces)], dtype=torch.float64, device=self.device)
+            dist.all_reduce(sq, group=self.mesh.pp_group)
+            self._norm = (batch, float(sq.item()) ** 0.5)
+        return self._norm[1]
 
     @property
     def is_reporter(self) -> bool:
@@ -102,7 +130,7 @@ class DistributedRuntime(RuntimeBase):
 
     @property
     def local_stages(self) -> list[int]:
-        return [self.s]
+        return [p.index for p in self.pieces]
 
     def warmup(self) -> None:
         for act in self._warmup_actions(self.s):
@@ -140,27 +168,31 @@ class DistributedRuntime(RuntimeBase):
             if not ahead:
                 break
             act = ahead.popleft()
-            if self.grads is not None and act.op is Op.BACKWARD and (act.mb + 1) % self.window == 0:
-                self.grads.arm()  # the window's last backward: its buckets go out as they are done
+            if self.s in self.grads and act.op is Op.BACKWARD and (act.mb + 1) % self.window == 0:
+                self.grads[self.s].arm()  # the window's last backward: its buckets go out as they are done
             self.runner.run(act, mine)
         return self._finish(program, first_batch, mine, t0)
 
     def _begin(self, program: Program, plan: EvalPlan, on_batch: OnBatch) -> None:
-        """Start a segment: the runner on ``program``, and where the last stage's losses go."""
-        self.runner.begin(program, self._agreed(plan))
-        if self.stage.is_last and self.n_replicas == 1:
-            self.runner.losses = BatchLosses(self.window, on_batch)
-        elif self.stage.is_last:
+        """Start a segment: the runners on ``program``, and where the last stage's losses go."""
+        agreed = self._agreed(plan)
+        for runner in self.runners:
+            runner.begin(program, agreed)
+        last = self.runners[-1]
+        if last.stage.is_last and self.n_replicas == 1:
+            last.losses = BatchLosses(self.window, on_batch)
+        elif last.stage.is_last:
             self.losses = LossAllReduce(self.mesh.dp_group, self.n_replicas, self.wire,
                                         on_batch if self.is_reporter else None)  # fmt: skip
-            self.runner.losses = BatchLosses(self.window, self.losses.add)
+            last.losses = BatchLosses(self.window, self.losses.add)
 
     def _finish(self, program: Program, first_batch: int, mine: StageTiming, t0: float) -> SegmentReport:
         """End a segment started at ``t0``: drained, its timing shared, the same report on every rank."""
         self.p2p.wait_all()
         if self.losses is not None:
             self.losses.collect()
-        mine.span = time.perf_counter() - t0 - self.runner.eval_seconds
+        eval_seconds = sum(r.eval_seconds for r in self.runners)
+        mine.span = time.perf_counter() - t0 - eval_seconds
         gathered: list[StageTiming | None] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         everyone = [t for t in gathered if t is not None]
@@ -169,7 +201,7 @@ class DistributedRuntime(RuntimeBase):
         for t in timings:
             t.idle = makespan - t.busy
         assert program.end is not None
-        return SegmentReport(program.end - first_batch + 1, mine.span, makespan, timings, self.runner.eval_seconds)
+        return SegmentReport(program.end - first_batch + 1, mine.span, makespan, timings, eval_seconds)
 
     def _announce(self, act: Action) -> None:
         """Post the receive ``act`` will need (activations and evaluations from the left, gradients from the right)."""
@@ -183,17 +215,19 @@ class DistributedRuntime(RuntimeBase):
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Pipeline the validation set forward in replica 0 (drained); its mean loss is shared with all ranks."""
-        st, s = self.stage, self.s
+        """Pipeline the validation set forward in replica 0 (drained), piece after piece; its mean loss is
+        shared with all ranks."""
         losses = []
-        for i in range(len(self.val) if self.replica == 0 else 0):
-            x, y = self.val.get(i)
-            h = x if st.is_first else self.p2p.recv(s - 1, s, "eval", -1 - i)[0]
-            out = st.evaluate(h, y if st.is_last else None)
-            if st.is_last:
-                losses.append(float(out))
-            else:
-                self.p2p.send(s, s + 1, "eval", -1 - i, out)
+        for st in self.pieces if self.replica == 0 else []:
+            j = st.index
+            for i in range(len(self.val)):
+                x, y = self.val.get(i)
+                h = x if st.is_first else self.p2p.recv(j - 1, j, "eval", -1 - i)[0]
+                out = st.evaluate(h, y if st.is_last else None)
+                if st.is_last:
+                    losses.append(float(out))
+                else:
+                    self.p2p.send(j, j + 1, "eval", -1 - i, out)
         self.p2p.wait_all()
         return float(self.share(self.val.mean_loss(losses) if self.is_reporter else None))
 
@@ -213,20 +247,27 @@ class DistributedRuntime(RuntimeBase):
         dist.barrier()
 
     def state_dicts(self) -> dict[int, dict]:
-        """This stage's state from replica 0 only: the replicas are identical, one file per stage is the checkpoint."""
-        return {self.s: self.stage.state_dict()} if self.replica == 0 else {}
+        """This rank's pieces' states from replica 0 only: the replicas are identical, one file per (virtual)
+        stage is the checkpoint."""
+        return {p.index: p.state_dict() for p in self.pieces} if self.replica == 0 else {}
 
     def load_state_dicts(self, states: dict[int, dict]) -> None:
-        self.stage.load_state_dict(states[self.s])
+        for p in self.pieces:
+            p.load_state_dict(states[p.index])
 
     def stats(self, timing: list[StageTiming], makespan: float) -> list[dict]:
-        """Every stage's summary entry (replica 0's: the replicas' drift is the same), the same list on each rank."""
-        mine = self._stage_entry(self.stage, timing[self.s], makespan)
-        if self.grads is not None:  # the all-reduce's exposed part, since the run (or resume) started
-            mine["allreduce_wait_s"] = round(self.grads.waited_s, 6)
-        out: list[dict | None] = [None] * dist.get_world_size()
+        """Every (virtual) stage's summary entry, in order (replica 0's: the replicas' drift is the same), the
+        same list on each rank. A piece's timing is its rank's: the rank's busy and idle are what it did."""
+        mine = [self._stage_entry(p, timing[self.s], makespan) for p in self.pieces]
+        if len(self.pieces) > 1:  # a piece's busy and idle are its rank's
+            for entry in mine:
+                entry["pipe_stage"] = self.s
+        for entry in mine:  # the all-reduce's exposed part, since the run (or resume) started
+            if entry["stage"] in self.grads:
+                entry["allreduce_wait_s"] = round(self.grads[entry["stage"]].waited_s, 6)
+        out: list[list[dict] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(out, mine)
-        return [o for o in out[: self.stages] if o is not None]
+        return sorted((e for o in out[: self.stages] if o is not None for e in o), key=lambda e: e["stage"])
 
     def close(self) -> None:
         self.p2p.wait_all()

@@ -107,7 +107,8 @@ def resolve_pieces(cfg: RunConfig, *, distributed: bool) -> ResolvedRun:
     source, meta = check_model_and_data(cfg)  # every stage is built on this machine (either runtime)
     profile = load_profile(cfg, meta.n_units, meta.block_size, tied_groups(meta))
     sizes = choose_partition(cfg, unit_costs(meta), profile, resolve_device(cfg.pipeline.device), distributed)
-    check_shared_parameters(meta, sizes, cfg.pipeline.schedule)
+    chunked = cfg.pipeline.runs_torch_schedule and cfg.layout.chunks > 1  # several pieces to a rank
+    check_shared_parameters(meta, sizes, cfg.pipeline.schedule, chunked)
     if cfg.pipeline.partition != sizes:
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, partition=sizes))
     return ResolvedRun(cfg, source, meta, profile)
@@ -131,7 +132,8 @@ def build_setup(
         replica, stage = divmod(dist.get_rank(), p.stages)  # the mesh's layout: rank = replica * P + stage
         replicas = [replica]
         device = resolve_device(p.device, int(os.environ.get("LOCAL_RANK", "0")))
-        mine = [stage]
+        # interleaved 1F1B: the rank's v pieces, virtual stages stage, stage + P, ... (:mod:`.distributed`)
+        mine = [stage + c * p.stages for c in range(p.layout.chunks)]
     else:
         device = resolve_device(p.device)
         mine = list(range(p.stages))
@@ -159,7 +161,7 @@ def build_setup(
     def make_stage(s: int, replica: int) -> Stage:
         return Stage(
             s,
-            p.stages,
+            len(ranges),  # P, or the v * P pieces of an interleaved cut run for real
             unit_copies[replica][s],
             window=p.window,
             optimizer=cfg.optimizer,
@@ -173,11 +175,11 @@ def build_setup(
     runtime: object
     if distributed:
         kind: type[DistributedRuntime] = DistributedRuntime
-        if p.runs_torch_schedule:  # zb-h1, or 1f1b with torch_schedule: torch's own class (:mod:`.torch_schedules`)
+        if p.runs_torch_schedule:  # zb-h1, interleaved, 1f1b with torch_schedule: torch's own class
             from .torch_schedules import TorchScheduleRuntime
 
             kind = TorchScheduleRuntime
-        runtime = kind(make_stage(mine[0], replicas[0]), ranges, streams[0], val, p.schedule,
+        runtime = kind([make_stage(s, replicas[0]) for s in mine], ranges, streams[0], val, p.schedule,
                        p.inflight, p.data_parallel, tied)  # fmt: skip
     else:
         stages = [[make_stage(s, r) for s in mine] for r in replicas]

@@ -1,15 +1,18 @@
 """Synchronous schedules run for real through torch's own classes, on the distributed runtime's stages.
 
-ZB-H1 splits each backward into its input half ``B`` and weight half ``W``; paci-tune's own runtimes
-have no split backward, so the emulated runtime trains 1F1B's numbers for it while the simulator
-times its action list (:mod:`paci_tune.train.timed`). On the distributed runtime it runs for real:
-this rank's :class:`~.stage.Stage` module is wrapped in torch's ``PipelineStage`` (its group: this
+ZB-H1 splits each backward into its input half ``B`` and weight half ``W``, and interleaved 1F1B cuts
+the model into ``v`` chunks per rank; paci-tune's own runtimes do neither, so the emulated runtime
+trains 1F1B's numbers for them while the simulator times their action lists
+(:mod:`paci_tune.train.timed`). On the distributed runtime they run for real: each of this rank's
+:class:`~.stage.Stage` modules is wrapped in torch's ``PipelineStage`` (its group: this
 replica's pipe group, :mod:`.mesh`) and every global batch is one ``step()`` of the class
 ``torch.distributed.pipelining.schedules.get_schedule_class`` names -- ``InterleavedZeroBubble``
 with one chunk per rank for ``zb-h1`` (the list :mod:`paci_tune.schedule.synchronous` reproduces),
-``1F1B`` for ``1f1b`` with ``pipeline.torch_schedule: true`` (an A/B against paci-tune's own
-1F1B, and the same machinery as ZB-H1 when measuring the simulator against it). So ``--clock wall``
-measures the schedule itself, its transfers included.
+``Interleaved1F1B`` for ``interleaved`` -- the rank's ``v`` pieces (virtual stages ``s, s + P, ...``,
+:mod:`.distributed`), a ``PipelineStage`` each, in one schedule -- and ``1F1B`` for ``1f1b`` with
+``pipeline.torch_schedule: true`` (an A/B against paci-tune's own 1F1B, and the same machinery as
+ZB-H1 when measuring the simulator against it). So ``--clock wall`` measures the schedule itself,
+its transfers included.
 
 Everything around the step is the distributed runtime's (:class:`.distributed.DistributedRuntime`,
 subclassed): the mesh, the replicas' gradient average and tied parameters' sums at the step, the
@@ -20,7 +23,7 @@ accumulation, as 1F1B-flush's: the loss is divided by the window before its back
 fp32 master gradients as it completes (torch writes ``.grad`` by hand there, past the fold hook).
 
 Every compute call torch makes is recorded in order (:attr:`TorchScheduleRuntime.trace`, ``F``,
-``B``, ``W``, then ``STEP``), so a test can hold the run to the schedule's action list. News that a
+``B``, ``W`` on their chunk, then ``STEP``), so a test can hold the run to the schedule's action list. News that a
 target was reached, which paci-tune's own runtime carries on gradients, is shared by a small
 all-reduce of the pipe group at each evaluation point instead. May import: torch, the pipeline
 layer's modules, :mod:`paci_tune.schedule`, :mod:`paci_tune.errors`.
@@ -43,7 +46,7 @@ from .evaluation import EvalPlan
 from .runtime import OnBatch, SegmentReport, StageTiming
 from .stage import Stage
 
-TORCH_CLASSES: dict[str, str] = {"zb-h1": "InterleavedZeroBubble", "1f1b": "1F1B"}
+TORCH_CLASSES: dict[str, str] = {"zb-h1": "InterleavedZeroBubble", "interleaved": "Interleaved1F1B", "1f1b": "1F1B"}
 """Schedules this runtime runs, and the name ``get_schedule_class`` knows each by."""
 
 TRACE_LIMIT = 100_000
@@ -51,21 +54,22 @@ TRACE_LIMIT = 100_000
 
 
 class _TracedStage(PipelineStage):
-    """torch's stage over a :class:`Stage`'s module, recording each compute call and its seconds.
+    """torch's stage over a :class:`Stage`'s module (piece ``chunk`` of its rank), recording each compute
+    call and its seconds.
 
-    Chunk ids are torch's, 0..a-1 within the step; :attr:`first_mb` turns them into the run's
+    Micro-batch ids are torch's, 0..a-1 within the step; :attr:`first_mb` turns them into the run's
     micro-batch numbers.
     """
 
-    def __init__(self, owner: TorchScheduleRuntime, stage: Stage, group: dist.ProcessGroup) -> None:
+    def __init__(self, owner: TorchScheduleRuntime, stage: Stage, chunk: int, group: dist.ProcessGroup) -> None:
         super().__init__(stage.module, stage.index, stage.stages, stage.device, group=group)
-        self.owner, self.first_mb = owner, 0
+        self.owner, self.piece, self.chunk, self.first_mb = owner, stage, chunk, 0
         self._fold = stage.optim.mixed  # bf16: W's gradients go to the fp32 masters as they are made
 
-    def _record(self, op: Op, chunk: int, t0: float) -> None:
+    def _record(self, op: Op, mb: int, t0: float) -> None:
         self.owner.busy += time.perf_counter() - t0
         if self.owner.tracing and len(self.owner.trace) < TRACE_LIMIT:
-            self.owner.trace.append(Action(op, self.first_mb + chunk))
+            self.owner.trace.append(Action(op, self.first_mb + mb, self.chunk))
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
@@ -83,7 +87,7 @@ class _TracedStage(PipelineStage):
         t0 = time.perf_counter()
         out = super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
         if self._fold:
-            self.owner.stage.optim.gradients()  # folds the bf16 .grad torch set by hand into the masters
+            self.piece.optim.gradients()  # folds the bf16 .grad torch set by hand into the masters
         self._record(Op.WEIGHT, bwd_chunk_id, t0)
         return out
 
@@ -95,13 +99,13 @@ class TorchScheduleRuntime(DistributedRuntime):
     CUDA stages on gloo (torch's stages send from the stage's device, which gloo cannot).
     """
 
-    def __init__(self, stage: Stage, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, stage: Stage | list[Stage], *args: Any, **kwargs: Any) -> None:
         """The distributed runtime's arguments (:class:`.distributed.DistributedRuntime`), unchanged."""
         super().__init__(stage, *args, **kwargs)
         if self.schedule not in TORCH_CLASSES:
             raise ConfigError("pipeline.schedule", self.schedule, f"one of {sorted(TORCH_CLASSES)} for torch's "
                               "schedules")  # fmt: skip
-        if self.wire != stage.device:
+        if self.wire != self.stage.device:
             raise ConfigError("pipeline.backend", dist.get_backend(), f"nccl for schedule {self.schedule} on CUDA "
                               "stages (torch's schedules send from the stage's device; gloo cannot)")  # fmt: skip
         self.stream = self.runner.stream
@@ -109,9 +113,9 @@ class TorchScheduleRuntime(DistributedRuntime):
         self.tracing = True
         self.busy = 0.0  # compute seconds inside torch's steps (forward, B, W calls), since the run started
         self._losses: list[torch.Tensor] = []
-        self.pipe = _TracedStage(self, stage, self.mesh.pp_group)
+        self.pipes = [_TracedStage(self, p, c, self.mesh.pp_group) for c, p in enumerate(self.pieces)]
         cls = get_schedule_class(TORCH_CLASSES[self.schedule])
-        stages: Any = [self.pipe] if issubclass(cls, PipelineScheduleMulti) else self.pipe
+        stages: Any = self.pipes if issubclass(cls, PipelineScheduleMulti) else self.pipes[0]
         self.torch_schedule = cls(stages, n_microbatches=self.window, loss_fn=self._loss, scale_grads=False)
 
     def _loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -129,8 +133,10 @@ class TorchScheduleRuntime(DistributedRuntime):
         st, a = self.stage, self.window
         parts = [self.stream.get(m) for m in range(k * a, (k + 1) * a)]
         args = (torch.cat([x for x, _ in parts]).to(st.device),) if st.is_first else ()
-        target = torch.cat([y for _, y in parts]).to(st.device) if st.is_last else None
-        self.pipe.first_mb, self._losses = k * a, []
+        target = torch.cat([y for _, y in parts]).to(st.device) if self.pieces[-1].is_last else None
+        for pipe in self.pipes:
+            pipe.first_mb = k * a
+        self._losses = []
         busy0, t0 = self.busy, time.perf_counter()
         self.torch_schedule.step(*args, target=target, return_outputs=False)
         if st.device.type == "cuda":
@@ -147,36 +153,40 @@ class TorchScheduleRuntime(DistributedRuntime):
             self._torch_step(0, StageTiming())
         finally:
             self.tracing = True
-        self.stage.optim.discard_grads()
+        for p in self.pieces:
+            p.optim.discard_grads()
         self.busy = 0.0
 
     def _batch_done(self, k: int) -> None:
-        """After batch ``k``'s step(): its losses out, the stage's backward and drift counts kept
+        """After batch ``k``'s step(): its losses out, each piece's backward and drift counts kept
         (no update ever falls between a micro-batch's forward and backward here: drift 0)."""
-        st = self.stage
-        if st.is_last:
-            assert self.runner.losses is not None and len(self._losses) == self.window
+        last = self.runners[-1]
+        if last.stage.is_last:
+            assert last.losses is not None and len(self._losses) == self.window
             for i, loss in enumerate(self._losses):
-                self.runner.losses.add(k * self.window + i, loss)
-        st.backwards += self.window
-        if st.trains:
-            for _ in range(self.window):
-                st.drift.add(0, 0)
+                last.losses.add(k * self.window + i, loss)
+        for st in self.pieces:
+            st.backwards += self.window
+            if st.trains:
+                for _ in range(self.window):
+                    st.drift.add(0, 0)
 
     def _share_news(self) -> None:
         """Before an evaluation point: every stage of the pipe learns whether any heard the target was
         reached (paci-tune's own runtime carries this on gradients, torch's steps carry nothing)."""
-        ev = self.runner.evaluator
-        flag = torch.tensor([int(ev.news)], device=self.wire)
+        evaluators = [r.evaluator for r in self.runners]
+        flag = torch.tensor([int(any(ev.news for ev in evaluators))], device=self.wire)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.mesh.pp_group)
-        ev.news = bool(flag.item())
+        for ev in evaluators:
+            ev.news = bool(flag.item())
 
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
         """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), a torch step each.
 
         1F1B-flush's program gives the segment's shape -- each batch drained, then ``STEP(k)`` and
         maybe ``EVAL(k)``, and an end decided at an evaluation -- and its forwards and backwards are
-        replaced by the torch step at the batch's first forward.
+        replaced by the torch step at the batch's first forward. A step and an evaluation visit the
+        rank's pieces in order.
         """
         end = None if n_batches is None else first_batch + n_batches - 1
         program = Program("1f1b", self.s, self.stages, self.window, first_batch, end, eval_at=plan.eval_at)
@@ -191,8 +201,10 @@ class TorchScheduleRuntime(DistributedRuntime):
             elif act.op is Op.STEP:
                 if len(self.trace) < TRACE_LIMIT:
                     self.trace.append(act)
-                self.runner.run(act, mine)
+                for runner in self.runners:
+                    runner.run(act, mine)
             elif act.op is Op.EVAL:
                 self._share_news()
-                self.runner.run(act, mine)
+                for runner in self.runners:
+                    runner.run(act, mine)
         return self._finish(program, first_batch, mine, t0)

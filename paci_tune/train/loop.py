@@ -391,6 +391,8 @@ class Trainer:
             analytic = self.clock.analytic_bubble
         elif c.pipeline.schedule == "zb-h1":  # run for real on the wall clock: the formula at F = B = W
             analytic = (p - 1) / (3 * m + p - 1)
+        elif c.pipeline.schedule == "interleaved":  # run for real on the wall clock: v times shorter fill and drain
+            analytic = (p - 1) / (c.layout.chunks * m + p - 1)
         else:
             analytic = (p - 1) / (m + p - 1)
         mfu_flops = self.setup.flops_per_token

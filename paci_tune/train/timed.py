@@ -17,11 +17,9 @@ each stage does its work (:mod:`paci_tune.schedule.synchronous`). So a run of on
 
 The losses of such a run therefore equal a 1f1b run's of the same (P, D, a, b), seed and data on
 a budget in steps; only the clock differs. That is the emulated runtime's case. On the distributed
-runtime ZB-H1 runs for real, through torch's own schedule class on its own cut
-(:mod:`paci_tune.pipeline.torch_schedules`): both layouts are then the run's own, so any clock --
-the wall clock too -- times the schedule that ran. Interleaved is not run for real yet: the config
-refuses the distributed runtime and the wall clock for it
-(:data:`paci_tune.config.schema.TIMED_SCHEDULES`). May import:
+runtime both run for real, through torch's own schedule classes on their own cut -- interleaved's
+``v * P`` pieces, ``v`` to a rank (:mod:`paci_tune.pipeline.torch_schedules`): both layouts are then
+the run's own, so any clock -- the wall clock too -- times the schedule that ran. May import:
 :mod:`paci_tune.pipeline`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`,
 :mod:`paci_tune.errors`.
 """

@@ -9,13 +9,15 @@ leaves the run's own value; flush studies never get it (it changes nothing under
 
 ``schedules`` names the studies: ``paci`` and the synchronous baselines ``1f1b`` (flush), ``zb-h1``
 and ``interleaved`` (default ``[paci, 1f1b]``). On the emulated runtime the last two train 1F1B-flush's
-numbers and are timed by the simulator, on the sim and rst clocks only; zb-h1 also runs for real on the
-distributed runtime, through torch's own class (:mod:`paci_tune.config.tune` refuses what cannot run).
+numbers and are timed by the simulator, on the sim and rst clocks only; both also run for real on the
+distributed runtime, through torch's own classes (:mod:`paci_tune.config.tune` refuses what cannot run).
 ``interleaved`` adds ``chunks`` (v model chunks per stage, a list of integers >= 2, default ``[2]``), a
 dimension of its own study only. A point a schedule cannot run is not a point of its study:
 interleaved's rounds must divide the window (:func:`paci_tune.schedule.unsupported`), and its ``v * P``
 pieces must not outnumber the model's units (:meth:`SearchSpace.why_not`); on the distributed runtime
 zb-h1's rounds must divide the window too (torch's class, ``torch_window_refusal`` in the config schema).
+A trainable parameter tied across interleaved pieces is refused by the run on the distributed runtime
+(the trial fails with the reason).
 
 Constraints are applied once, when the space is bound to a run, so the sampler only ever sees
 feasible values and the grid is finite:
@@ -152,7 +154,7 @@ class SearchSpace:
         refused = unsupported(params.schedule, params.stages, params.window, params.chunks)
         if refused is not None:
             return refused[1]
-        if self.distributed and params.schedule == ZB_H1:  # run by torch's own class (paci_tune.pipeline)
+        if self.distributed and params.schedule in (ZB_H1, INTERLEAVED):  # torch's own class (paci_tune.pipeline)
             torch_refused = torch_window_refusal(params.schedule, params.stages, params.window)
             if torch_refused is not None:
                 return torch_refused
