@@ -155,6 +155,21 @@ def test_single_stage_on_nccl(tmp_path: Path):
     assert train_losses(read_metrics(metrics)) == pytest.approx(train_losses(want), abs=1e-5, rel=1e-5)
 
 
+@pytest.mark.parametrize(("schedule", "chunks"), [("zb-h1", None), ("interleaved", 2)])
+def test_torch_schedules_on_nccl_equal_flush_on_cuda(tmp_path: Path, schedule: str, chunks: int | None):
+    """torch's own schedule classes on CUDA stages over NCCL (one stage per GPU: P = the GPUs, at most 2;
+    interleaved with its 2 pieces per rank), against paci-tune's own 1F1B on the emulated runtime on
+    CUDA: the same flush numbers (fp32, 1e-5)."""
+    stages = min(visible_gpus(), 2)
+    doc = cuda_config(schedule=schedule, stages=stages, window=4, backend="nccl", chunks=chunks)
+    metrics = tmp_path / "m.jsonl"
+    check_ok(run_cli(write_config(tmp_path, doc), "--runtime", "distributed", "--metrics", metrics))
+    got = read_metrics(metrics)
+    assert summary_of(got)["numerics_schedule"] == schedule and summary_of(got)["device"].startswith("cuda")
+    want = run_in_process(cuda_config(schedule="1f1b", stages=stages, window=4))
+    assert train_losses(got) == pytest.approx(train_losses(want), abs=1e-5, rel=1e-5)
+
+
 def test_explicit_nccl_with_more_stages_than_gpus_is_refused(tmp_path: Path):
     n = visible_gpus()
     doc = cuda_config(schedule="paci", stages=n + 1, window=4, backend="nccl")

@@ -108,6 +108,35 @@ def test_zb_h1_is_tuned_like_flush_and_the_strongest_baseline_is_named(tmp_path:
         assert reached["zb-h1"] is not None and reached["zb-h1"] <= reached["1f1b"] + 1e-9
 
 
+@pytest.mark.whole_machine  # wall-clock trials of 2 stage processes: a core each
+def test_a_wall_clock_search_trains_zb_h1_and_interleaved_for_real(tmp_path: Path) -> None:
+    """``schedules: [paci, zb-h1, interleaved]`` on the wall clock: every trial runs on the
+    distributed runtime (2 stage processes), zb-h1 and interleaved through torch's own classes -- each
+    trial's summary names the schedule it ran as its numerics (not 1F1B standing in), interleaved on
+    its 4 pieces, 2 per rank -- and each study trains the same number of search trials."""
+    schedules = ["paci", "zb-h1", "interleaved"]  # 1f1b: the same runtime as paci, tested elsewhere
+    config = _config(
+        tmp_path,
+        {"schedules": schedules, "stages": [2], "microbatch_size": [2], "chunks": [2]},
+        budget={"clock": "wall", "seconds": 0.5},
+        target={"value": 3.3},
+        search={"trials": 1, "pruner": "none", "confirm": {"top": 0}},
+    )
+    proc = run(search_cmd(config, tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for s in schedules:
+        path = tmp_path / "work" / "trials" / f"quick.{s}" / "trial-0000" / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        summary = next(r for r in rows if r.get("event") == "summary")
+        assert (summary["runtime"], summary["clock_name"]) == ("distributed", "wall"), s
+        assert summary["numerics_schedule"] == summary["schedule"] == s
+        assert len(summary["stages"]) == (4 if s == "interleaved" else 2), s
+    storage = f"sqlite:///{tmp_path / 'work' / 'study.db'}"
+    counts = {s: sum(t.state.is_finished() for t in optuna.load_study(study_name=f"quick.{s}", storage=storage).trials)
+              for s in schedules}  # fmt: skip
+    assert counts == dict.fromkeys(schedules, 1), counts
+
+
 @pytest.mark.parametrize(
     ("space", "sections", "key"),
     [

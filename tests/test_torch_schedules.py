@@ -201,6 +201,18 @@ def test_interleaved_runs_each_chunks_actions_in_order(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_interleaved_on_one_rank_hands_its_pieces_messages_over_in_memory(tmp_path: Path) -> None:
+    """P=1, v=2: both pieces on rank 0, whose evaluations pass from piece 0 to piece 1 without gloo (a
+    process cannot send to itself); every loss and evaluation is plain training's."""
+    doc = run_doc("interleaved", 1, chunks=2)
+    proc = run_cli(write_config(tmp_path, doc), "--metrics", tmp_path / "m.jsonl")
+    check_ok(proc)
+    records = read_metrics(tmp_path / "m.jsonl")
+    assert_plain_numbers(records, doc)
+    assert [st["pipe_stage"] for st in summary_of(records)["stages"]] == [0, 0]
+
+
+@pytest.mark.slow
 def test_interleaved_with_two_replicas_and_a_clip_equals_plain_training(tmp_path: Path) -> None:
     """P=2 x D=2, v=2: each piece's replicas average their gradients and the clip sees the whole model's
     norm, summed over every piece of every rank before any piece steps; plain training on the D=1

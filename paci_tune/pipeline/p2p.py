@@ -19,7 +19,9 @@ of silently training on the wrong data. The first message of each kind on a link
 along a gradient (the target was reached; see :mod:`.evaluation`).
 
 On gloo, which sends host memory only, CUDA tensors are staged through the CPU on both ends
-(:mod:`paci_tune.pipeline.backend`); on NCCL they go GPU to GPU. May import: torch, :mod:`.backend`.
+(:mod:`paci_tune.pipeline.backend`); on NCCL they go GPU to GPU. Two stages on the same rank (the
+pieces of interleaved 1F1B on a pipe of one rank) hand messages over in memory, in order: a process
+cannot send to itself over gloo. May import: torch, :mod:`.backend`.
 """
 
 from __future__ import annotations
@@ -67,9 +69,14 @@ class P2P:
         self._layout: dict[tuple[int, str], tuple[torch.dtype, list[int]]] = {}
         self._plan: dict[int, deque[tuple[str, int]]] = {}  # per source: (kind, mb) in arrival order
         self._posted: dict[int, deque[_Posted]] = {}
+        self._me = dist.get_rank()
+        self._local: dict[int, deque[tuple[str, int, torch.Tensor, int]]] = {}  # per source on this rank
 
     # ------------------------------------------------------------------------------------ send
     def send(self, src: int, dst: int, kind: str, mb: int, tensor: torch.Tensor, flag: int = 0) -> None:
+        if self.rank_of[dst] == self._me:  # a stage of this rank: in memory (module docstring)
+            self._local.setdefault(src, deque()).append((kind, mb, tensor.detach().clone(), flag))
+            return
         tensor = tensor.contiguous().to(self.wire)
         if tensor.dim() > _HEADER - 5:
             raise ValueError(f"cannot send a {tensor.dim()}-d tensor between stages (at most {_HEADER - 5})")
@@ -85,6 +92,8 @@ class P2P:
     # ------------------------------------------------------------------------------------ recv
     def expect(self, src: int, items: Iterable[tuple[str, int]]) -> None:
         """Announce the messages (kind, micro-batch) that will arrive from ``src``, in order; post the first."""
+        if self.rank_of[src] == self._me:
+            return  # handed over in memory: nothing to post
         self._plan.setdefault(src, deque()).extend(items)
         self._post(src)
 
@@ -106,6 +115,12 @@ class P2P:
 
     def recv(self, src: int, dst: int, kind: str, mb: int) -> tuple[torch.Tensor, int]:
         """The next message from ``src``, which must be ``kind`` of ``mb``; (tensor, flag)."""
+        if self.rank_of[src] == self._me:
+            got_kind, got_mb, tensor, flag = self._local[src].popleft()
+            if (got_kind, got_mb) != (kind, mb):
+                raise RuntimeError(f"stage {dst} expected {kind} of micro-batch {mb} from stage {src}, got "
+                                   f"{got_kind} of {got_mb}")  # fmt: skip
+            return tensor.to(self.device), flag
         posted = self._posted.get(src)
         if posted:
             p = posted.popleft()
@@ -151,5 +166,6 @@ class P2P:
             work, _ = self._sends.popleft()
             work.wait()
         leftover = {k: list(v) for k, v in self._plan.items() if v}
+        leftover |= {k: [(kind, mb) for kind, mb, _, _ in v] for k, v in self._local.items() if v}
         if leftover or any(self._posted.values()):
             raise RuntimeError(f"receives announced but never taken: {leftover}")
