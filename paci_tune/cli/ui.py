@@ -118,7 +118,7 @@ def summary_table(s: dict[str, Any]) -> Table:
         t.add_column(col, justify="right")
     for st in s["stages"]:
         t.add_row(
-            f"{st['stage']} (rank {st['pipe_stage']})" if "pipe_stage" in st else str(st["stage"]),
+            f"{st['stage']} (r{st['pipe_stage']})" if "pipe_stage" in st else str(st["stage"]),  # r: its rank
             f"{st['units'][0]}..{st['units'][1] - 1}",
             f"{st['busy_s']:.2f}",
             f"{st['idle_s']:.2f}",

@@ -259,7 +259,7 @@ class DistributedRuntime(RuntimeBase):
         """Every (virtual) stage's summary entry, in order (replica 0's: the replicas' drift is the same), the
         same list on each rank. A piece's timing is its rank's: the rank's busy and idle are what it did."""
         mine = [self._stage_entry(p, timing[self.s], makespan) for p in self.pieces]
-        if len(self.pieces) > 1:  # a piece's busy and idle are its rank's
+        if len(self.pieces) > 1:  # which rank ran the piece
             for entry in mine:
                 entry["pipe_stage"] = self.s
         for entry in mine:  # the all-reduce's exposed part, since the run (or resume) started
