@@ -32,6 +32,7 @@ layer's modules, :mod:`paci_tune.schedule`, :mod:`paci_tune.errors`.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -99,7 +100,7 @@ class TorchScheduleRuntime(DistributedRuntime):
     CUDA stages on gloo (torch's stages send from the stage's device, which gloo cannot).
     """
 
-    def __init__(self, stage: Stage | list[Stage], *args: Any, **kwargs: Any) -> None:
+    def __init__(self, stage: Stage | Sequence[Stage], *args: Any, **kwargs: Any) -> None:
         """The distributed runtime's arguments (:class:`.distributed.DistributedRuntime`), unchanged."""
         super().__init__(stage, *args, **kwargs)
         if self.schedule not in TORCH_CLASSES:

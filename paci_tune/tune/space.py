@@ -154,7 +154,8 @@ class SearchSpace:
         refused = unsupported(params.schedule, params.stages, params.window, params.chunks)
         if refused is not None:
             return refused[1]
-        if self.distributed and params.schedule in (ZB_H1, INTERLEAVED):  # torch's own class (paci_tune.pipeline)
+        # torch's own class on the distributed runtime (interleaved's rounds rule is unsupported()'s, above)
+        if self.distributed and params.schedule == ZB_H1:
             torch_refused = torch_window_refusal(params.schedule, params.stages, params.window)
             if torch_refused is not None:
                 return torch_refused
