@@ -7,7 +7,8 @@ calibrator (timing processes that co-run like pipeline stages). They share one m
 progress as JSON lines appended to an events file, which the parent tails, and is killed with its
 whole group on every exit path of the parent (an exception, Ctrl-C, a prune). The child side asks
 the kernel for a signal when its parent dies (:func:`die_with_parent`), so even SIGKILL of the
-parent leaves nothing running. May import: the standard library only.
+parent leaves nothing running. No child gets the study's storage URL: :mod:`.credentials` takes it out of
+their environment. May import: the standard library only.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from .credentials import child_environment
 
 _PR_SET_PDEATHSIG = 1
 
@@ -49,6 +52,28 @@ def physical_memory_bytes() -> int | None:
 def threads_per_process(n_processes: int) -> int:
     """Threads each of ``n_processes`` compute processes gets when they share this machine's CPUs."""
     return max(1, cpu_count() // max(n_processes, 1))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the OS's pick; another process may take it before it is used)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def loopback_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with gloo's connections on the loopback interface, for processes that all run on this machine.
+
+    Gloo listens on the address the host name resolves to, often the machine's network address;
+    ``GLOO_SOCKET_IFNAME=lo`` keeps it on loopback. A user's own setting wins; where there is no
+    ``lo`` (not Linux) nothing is set.
+    """
+    out = dict(env)
+    if "GLOO_SOCKET_IFNAME" not in out and Path("/sys/class/net/lo").exists():
+        out["GLOO_SOCKET_IFNAME"] = "lo"
+    return out
 
 
 def worker_env(threads: int | None, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -123,7 +148,7 @@ class Child:
         self, cmd: Sequence[str], *, log: Path, events: Path, env: dict[str, str] | None = None, stdin: bool = False
     ) -> None:
         self.cmd, self.log_path, self.events_path = list(cmd), Path(log), Path(events)
-        self.env, self.stdin = env, stdin
+        self.env, self.stdin = child_environment(os.environ if env is None else env), stdin
         self.proc: subprocess.Popen[str] | None = None
         self._tail: EventTail | None = None
         self._log_size = -1

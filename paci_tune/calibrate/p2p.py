@@ -3,14 +3,13 @@
 Two gloo processes on loopback ping-pong tensors of a few sizes; the fastest one-way time of each
 size is fitted to ``latency + bytes / bandwidth``. This is the transport the distributed runtime
 uses on a CPU; for a real interconnect, measure there or edit the profile's ``p2p`` by hand. May
-import: :mod:`paci_tune.sim`, torch.
+import: :mod:`paci_tune.sim`, :mod:`paci_tune.base`, torch.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,16 +20,12 @@ from typing import Any
 
 import torch
 
+from ..base.credentials import child_environment
+from ..base.processes import free_port, loopback_env
 from ..sim.profile import P2PCost
 
 P2P_SIZES = (4 * 1024, 256 * 1024, 4 * 2**20)
 P2P_TIMEOUT_S = 120.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure_in_group(rank: int, world: int, port: int, timeout_s: float, out_path: str,
@@ -134,8 +129,8 @@ def run_ranks(what: str, ranks: int, code: Callable[[int, int, str], str], timeo
     children's last output. Used by the point-to-point, the all-reduce and the links measurements."""
     with tempfile.TemporaryDirectory(prefix=f"paci-{what.replace(' ', '-')}-") as tmp:
         out = os.path.join(tmp, "result.json")
-        port = _free_port()
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        port = free_port()
+        env = {**loopback_env(child_environment(os.environ)), "OMP_NUM_THREADS": "1"}
         procs, logs = [], []
         for rank in range(ranks):
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")  # noqa: SIM115 -- closed below

@@ -48,7 +48,7 @@ def train(config: str, metrics: str | None, resume: bool, live: bool, **options:
     from ..config import load_config
     from ..train.run import prepare_run
 
-    run = prepare_run(load_config(config, overrides_from(options)), metrics=metrics, log=stderr)
+    run = prepare_run(load_config(config, overrides_from(options)), metrics=metrics, resume=resume, log=stderr)
     train_with_view(run, metrics=metrics, resume=resume, live=live)
 
 

@@ -9,9 +9,11 @@ with ``paci-tune --debug`` (or ``PACI_TUNE_DEBUG=1``):
   (unreachable, locked, another schema version), running out of memory, and bugs: one line naming
   what failed, exit 1.
 
-Why one handler: each command catching its own errors is how some paths ended in tracebacks. May
-import: :mod:`paci_tune.errors`, click, and the standard library (the storage's error types are
-recognised by their module, so nothing here loads optuna or SQLAlchemy).
+Why one handler: each command catching its own errors is how some paths ended in tracebacks. The
+line and the traceback are scrubbed of every password a storage was opened with
+(:func:`paci_tune.base.credentials.scrub`): a database driver's message may quote its URL. May
+import: :mod:`paci_tune.errors`, :mod:`paci_tune.base`, click, and the standard library (the storage's error
+types are recognised by their module, so nothing here loads optuna or SQLAlchemy).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, NoReturn
 
 import click
 
+from ..base.credentials import scrub
 from ..errors import ConfigError, Failure
 
 DEBUG_ENV = "PACI_TUNE_DEBUG"
@@ -116,6 +119,6 @@ def _fail(line: str, e: BaseException, debug: bool) -> NoReturn:
     if debug:
         import traceback
 
-        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
-    click.echo(f"error: {line}", err=True)
+        sys.stderr.write(scrub("".join(traceback.format_exception(type(e), e, e.__traceback__))))
+    click.echo(f"error: {scrub(line)}", err=True)
     sys.exit(exit_code_of(e))

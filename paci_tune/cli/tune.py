@@ -2,7 +2,7 @@
 
 The work is the tune and verdict layers' (:mod:`paci_tune.tune.session`, :mod:`paci_tune.verdict.recommend`,
 :mod:`paci_tune.tune.apply`); this module parses options and shows progress and the result. May import:
-:mod:`paci_tune.tune`, :mod:`paci_tune.verdict`, click, rich.
+:mod:`paci_tune.tune`, :mod:`paci_tune.verdict`, :mod:`paci_tune.base`, click, rich.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from ..base.credentials import STORAGE_ENV
 from .common import stderr, train_with_view
 from .options import overrides_from, run_options
 
@@ -29,8 +30,11 @@ from .options import overrides_from, run_options
 @click.option(
     "--storage",
     default=None,
+    envvar=STORAGE_ENV,
+    show_envvar=True,
     help="Optuna storage URL: sqlite:///f.db (default: WORKDIR/study.db), postgresql://..., "
-    "mysql://..., or a journal file (journal:///f.log, or a path ending in .log).",
+    "mysql://..., or a journal file (journal:///f.log, or a path ending in .log). A URL with a password "
+    "belongs in the environment variable, not on the command line (which every user can read).",
 )
 @click.option("--study-name", default=None, help="Study name (default: search.study_name, else the config's stem).")
 @click.option(
@@ -60,6 +64,7 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
     """
     import optuna
 
+    from ..base.credentials import shown
     from ..tune.session import open_search
     from ..verdict.recommend import recommend
     from .search_view import SearchView
@@ -74,7 +79,7 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
     view.seed(_existing_rows(session.studies, session.space.fixed_batch))
     srch = session.search(view.on_event)
     stderr(f"study {session.name} ({', '.join(session.space.schedules)}; {tune.search.trials} trials each) in "
-           f"{session.storage_url}; trial logs in {session.workdir / 'trials'}")  # fmt: skip
+           f"{shown(session.storage_url)}; trial logs in {session.workdir / 'trials'}")  # fmt: skip
     with view:  # Ctrl-C: exit 130 from the one handler (.failures); finished trials stay in the storage
         srch.run()
     out_path = Path(out)

@@ -22,7 +22,8 @@ each with its own optimizer, evaluator and checkpoint entry (a piece is a stage 
 steps, scores or saves it). The transport addresses virtual stages, each on rank ``j mod P``; at a
 step the pieces are averaged together and clipped on the whole model's norm, then step one after
 another. Evaluations visit the pieces in order (every message a piece needs comes from an earlier
-piece of the ring), so the rank's links keep one order. May import: torch, the pipeline
+piece of the ring), so the rank's links keep one order. What the ranks share besides tensors (timings,
+summary entries, a decision) travels as JSON (:mod:`.records`), never pickled. May import: torch, the pipeline
 layer's modules, :mod:`paci_tune.schedule`,
 :mod:`paci_tune.data`.
 """
@@ -43,6 +44,7 @@ from .backend import wire_device
 from .evaluation import EvalPlan
 from .mesh import build_mesh, rank_of, reporter_rank
 from .p2p import P2P
+from .records import all_gather_json, broadcast_json
 from .replicas import GradientAllReduce, LossAllReduce
 from .runtime import ActionRunner, BatchLosses, OnBatch, RuntimeBase, SegmentReport, StageTiming, run_warmup_action
 from .stage import Stage
@@ -193,9 +195,7 @@ class DistributedRuntime(RuntimeBase):
             self.losses.collect()
         eval_seconds = sum(r.eval_seconds for r in self.runners)
         mine.span = time.perf_counter() - t0 - eval_seconds
-        gathered: list[StageTiming | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
-        everyone = [t for t in gathered if t is not None]
+        everyone = [StageTiming(**t) for t in all_gather_json(dataclasses.asdict(mine))]
         makespan = max(t.span for t in everyone)  # the slowest replica sets the pace of the global batch
         timings = [everyone[rank_of(0, s, self.stages)] for s in range(self.stages)]  # replica 0's stages
         for t in timings:
@@ -233,9 +233,7 @@ class DistributedRuntime(RuntimeBase):
 
     def share(self, value: object) -> object:
         """The reporting rank's ``value``, on every rank."""
-        box = [value]
-        dist.broadcast_object_list(box, src=reporter_rank(self.stages))
-        return box[0]
+        return broadcast_json(value, src=reporter_rank(self.stages))
 
     def agree(self, flag: bool) -> bool:
         """True on every rank if it is true on any (e.g. the time budget ran out somewhere)."""
@@ -265,9 +263,8 @@ class DistributedRuntime(RuntimeBase):
         for entry in mine:  # the all-reduce's exposed part, since the run (or resume) started
             if entry["stage"] in self.grads:
                 entry["allreduce_wait_s"] = round(self.grads[entry["stage"]].waited_s, 6)
-        out: list[list[dict] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, mine)
-        return sorted((e for o in out[: self.stages] if o is not None for e in o), key=lambda e: e["stage"])
+        out = all_gather_json(mine)
+        return sorted((e for o in out[: self.stages] for e in o), key=lambda e: e["stage"])
 
     def close(self) -> None:
         self.p2p.wait_all()

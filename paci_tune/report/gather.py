@@ -4,12 +4,17 @@ A search leaves two things: the recommendation (``best.yaml``, with the verdict,
 and the provenance naming its storage and study) and the Optuna studies ``NAME.<schedule>`` (``paci``,
 ``1f1b`` and any other synchronous baseline the space named) holding every trial. The report reads
 both and nothing else, so it can be made on any machine that reaches the storage, long after the
-search, and it shows the same numbers the recommendation was made from. May import: optuna,
-:mod:`paci_tune.verdict`, :mod:`paci_tune.tune`, :mod:`paci_tune.errors`.
+search, and it shows the same numbers the recommendation was made from.
+
+best.yaml keeps its storage's URL without a password: the report opens it with the password of
+``PACI_TUNE_STORAGE`` when that names the same storage (else libpq's ``PGPASSWORD`` or ``~/.pgpass``
+supply it), and shows it with the password hidden. May import: optuna, :mod:`paci_tune.verdict`,
+:mod:`paci_tune.tune`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from ..base.credentials import STORAGE_ENV, same_storage, shown
 from ..errors import ConfigError
 from ..tune.bestfile import BestFile, read_best
 from ..tune.point import TrialParams
@@ -115,11 +121,13 @@ def gather(best_path: str | Path | None, storage: str | None, study_name: str | 
 
     A best.yaml names its storage and study; ``storage`` / ``study_name`` given as well override
     them (the search ran elsewhere, its database moved). Without best.yaml the report shows the
-    studies as they stand, and says there is no recommendation yet.
+    studies as they stand, and says there is no recommendation yet. Without ``storage``, the URL in
+    ``PACI_TUNE_STORAGE`` is used when best.yaml names the same storage (it keeps no password) or
+    when there is no best.yaml.
     """
     best = read_best(best_path, trainable=False) if best_path is not None else None
     prov = (best.provenance if best is not None else None) or {}
-    storage = storage or prov.get("storage")
+    storage = storage or _with_password(prov.get("storage"))
     name = study_name or prov.get("study_name")
     if not storage or not name:
         raise ConfigError(
@@ -131,14 +139,23 @@ def gather(best_path: str | Path | None, storage: str | None, study_name: str | 
                if f"{name}.{s}" in names}  # fmt: skip
     if not studies:
         known = sorted({n.rsplit(".", 1)[0] for n in names})
-        raise ConfigError("--study-name", name, f"a search stored in {storage}: {', '.join(known) or 'none'}")
+        raise ConfigError("--study-name", name, f"a search stored in {shown(storage)}: {', '.join(known) or 'none'}")
     # The studies' fingerprint (tune.setup.fingerprint) holds the search's own target, budget and space.
     fp = next((f for st in studies.values() if (f := StudyRecord.read(st).fingerprint) is not None), {})
     batch = (fp.get("space") or {}).get("global_batch")
     fixed = int(batch) if isinstance(batch, int) else None
     rows = {s: [_row(t, s, fixed) for t in st.get_trials(deepcopy=False)] for s, st in studies.items()}
     clock, seconds, _ = fp.get("budget") or [prov.get("clock", "sim"), None, None]
-    return Evidence(name, storage, studies, rows, best, fp.get("target"), seconds, clock)
+    return Evidence(name, shown(storage), studies, rows, best, fp.get("target"), seconds, clock)
+
+
+def _with_password(kept: str | None) -> str | None:
+    """best.yaml's storage URL (kept without a password), or PACI_TUNE_STORAGE's when it names the same
+    storage; with no best.yaml, PACI_TUNE_STORAGE's."""
+    env = os.environ.get(STORAGE_ENV)
+    if env and (kept is None or same_storage(env, kept)):
+        return env
+    return kept
 
 
 def _row(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialRow:

@@ -6,13 +6,20 @@ then ``DIR/LATEST`` naming that folder. Each file is written to a temporary name
 finds a complete checkpoint. :func:`reshard` reads a checkpoint per model unit and parameter name
 (each stage file names its optimizer's parameter order) and gathers the units of another layout's
 stages, so ``training.init_from`` (``--init-from``) starts any layout from it. Several machines
-need ``DIR`` on a shared file system. May import:
+need ``DIR`` on a shared file system.
+
+A checkpoint is data from outside the process (another run, another person, a shared file system),
+so a stage file is unpickled only by torch's weights-only loader, which builds tensors and plain
+containers and refuses anything else; :func:`check_files` refuses a file holding anything else
+before any work, naming it, without unpickling it. Everything paci-tune writes is such data:
+tensors, dicts, lists, numbers and strings (the loop's state is JSON, ``meta.json``). May import:
 :mod:`paci_tune.base`, :mod:`paci_tune.errors`, torch.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,6 +31,44 @@ from ..errors import ConfigError
 
 INIT_FROM = "training.init_from"
 """The config key (``--init-from`` on the command line) errors about a checkpoint to start from name."""
+
+RESUME = "--resume"
+"""What errors about the checkpoint a run resumes from name."""
+
+_FOREIGN = ("a stage file paci-tune wrote: this one holds objects a paci-tune checkpoint never contains{what}, "
+            "so it was not loaded (unpickling them could run code)")
+
+
+def _refuse(path: Path, key: str, what: str = "") -> ConfigError:
+    return ConfigError(key, str(path), _FOREIGN.format(what=what))
+
+
+def read_stage_file(path: Path, key: str) -> dict:
+    """One stage file, unpickled by torch's weights-only loader (tensors and plain containers, nothing
+    that runs code); a file that needs anything else is refused as not paci-tune's (exit 2)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise _refuse(path, key) from None
+
+
+def check_files(folder: Path, key: str) -> None:
+    """Refuse, before any work, a checkpoint folder whose stage files hold anything but tensors and plain data.
+
+    torch lists the classes and functions a file's pickle names (without unpickling it, and without
+    reading its tensors); anything outside what the weights-only loader allows -- which covers all
+    that paci-tune writes -- is named in the refusal. A file that is not a torch checkpoint at all
+    (truncated, another format) is refused too.
+    """
+    for path in sorted(folder.glob("stage_*.pt")):
+        try:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except (ValueError, RuntimeError, pickle.UnpicklingError, EOFError):
+            raise ConfigError(key, str(path), "a stage file paci-tune wrote (this is not a file torch.save "
+                              "wrote: truncated, or another format)") from None  # fmt: skip
+        if unsafe:
+            shown = ", ".join(unsafe[:4]) + (", ..." if len(unsafe) > 4 else "")
+            raise _refuse(path, key, f" ({shown})")
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
@@ -63,9 +108,9 @@ def load(root: Path, stages: list[int]) -> tuple[dict, dict[int, dict]]:
     """Meta and the requested stages' states of the newest complete checkpoint."""
     folder = latest(root)
     if folder is None:
-        raise ConfigError("--resume", str(root), "a checkpoint folder holding a complete checkpoint (none found)")
+        raise ConfigError(RESUME, str(root), "a checkpoint folder holding a complete checkpoint (none found)")
     meta = json.loads((folder / "meta.json").read_text())
-    states = {s: torch.load(folder / f"stage_{s}.pt", map_location="cpu", weights_only=False) for s in stages}
+    states = {s: read_stage_file(folder / f"stage_{s}.pt", RESUME) for s in stages}
     return meta, states
 
 
@@ -98,7 +143,7 @@ def units_of(folder: Path) -> tuple[dict, dict[tuple[int, str], dict]]:
     units: dict[tuple[int, str], dict] = {}
     meta["updates"] = 0
     for s, rng in enumerate(_ranges(meta["partition"])):
-        st = torch.load(folder / f"stage_{s}.pt", map_location="cpu", weights_only=False)
+        st = read_stage_file(folder / f"stage_{s}.pt", INIT_FROM)
         if "opt_names" not in st:
             raise ConfigError(INIT_FROM, str(folder), "a checkpoint written by this version (no parameter index)")
         names = st["opt_names"]

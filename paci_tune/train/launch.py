@@ -6,8 +6,14 @@ The user never types torchrun. The run's config is written out resolved (every o
 the partition and profile pinned) so the workers run exactly what the launcher validated; the
 workers append their records to an events file, which the launcher tails for the live view
 (:class:`paci_tune.base.processes.Child`). torchrun is tethered to the launcher, so killing the
-launcher, even with SIGKILL, takes the workers down. May import: :mod:`paci_tune.base`,
-:mod:`paci_tune.config`.
+launcher, even with SIGKILL, takes the workers down.
+
+On one machine nothing needs the network, so the launch keeps off it where torch lets it: torchrun's
+static rendezvous on ``127.0.0.1`` (``--standalone``'s dynamic rendezvous unpickles its state from a
+store any host can reach; the static one exchanges no pickled state), and gloo's connections on the
+loopback interface (:func:`~paci_tune.base.processes.loopback_env`). torch's TCPStore itself still
+listens on every interface, on a port chosen for the run; it offers no bind address (README, known
+limitations). May import: :mod:`paci_tune.base`, :mod:`paci_tune.config`.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..base.files import write_yaml
-from ..base.processes import Child, Record, follow, tethered, threads_per_process, worker_env
+from ..base.processes import Child, Record, follow, free_port, loopback_env, tethered, threads_per_process, worker_env
 from ..config.schema import RunConfig
 
 WORKER_MODULE = "paci_tune.worker"
@@ -27,8 +33,14 @@ def n_processes(cfg: RunConfig) -> int:
     return cfg.layout.devices
 
 
+LOOPBACK = "127.0.0.1"
+
+
 def _torchrun_args(config_path: Path, n_procs: int, extra: list[str]) -> list[str]:
-    return ["--standalone", f"--nproc-per-node={n_procs}", "-m", WORKER_MODULE, str(config_path), *extra]
+    """One node, its static rendezvous on the loopback address at a free port (module docstring)."""
+    return ["--nnodes=1", "--node-rank=0", "--rdzv-backend=static", f"--master-addr={LOOPBACK}",
+            f"--master-port={free_port(LOOPBACK)}", f"--nproc-per-node={n_procs}", "-m", WORKER_MODULE,
+            str(config_path), *extra]  # fmt: skip
 
 
 def worker_command(config_path: Path, n_procs: int, extra: list[str]) -> list[str]:
@@ -37,7 +49,8 @@ def worker_command(config_path: Path, n_procs: int, extra: list[str]) -> list[st
 
 
 def torchrun_command(config_path: Path, n_procs: int) -> list[str]:
-    """What a user would type for the same launch (``apply --dry-run`` shows it)."""
+    """What a user would type for the same launch (``apply --dry-run`` shows it; run it with
+    ``GLOO_SOCKET_IFNAME=lo`` to keep gloo on the loopback interface too)."""
     return ["torchrun", *_torchrun_args(config_path, n_procs, [])]
 
 
@@ -68,7 +81,7 @@ def run_distributed(
         extra += ["--metrics", str(Path(metrics).resolve())]
     if resume:
         extra.append("--resume")
-    env = worker_env(threads_per_process(n_processes(cfg)))
+    env = loopback_env(worker_env(threads_per_process(n_processes(cfg))))
     cmd = worker_command(config_path, n_processes(cfg), extra)
     with Child(cmd, log=workdir / "workers.log", events=events, env=env) as child:
         follow(child, on_record, poll_s=poll_s)

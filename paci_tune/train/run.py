@@ -62,9 +62,9 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
     """
     t = cfg.training
     if t.init_from:
-        from .checkpoint import find
+        from .checkpoint import INIT_FROM, check_files, find
 
-        find(Path(t.init_from))  # refused now, not after the model is built
+        check_files(find(Path(t.init_from)), INIT_FROM)  # refused now, not after the model is built
     if t.clock == "sim" and not t.profile:
         _, path = measured_profile(cfg, log=log)
         cfg = dataclasses.replace(cfg, training=dataclasses.replace(t, profile=str(path)))
@@ -73,20 +73,26 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
     return resolve_pieces(cfg, distributed=cfg.pipeline.runtime == "distributed")
 
 
-def check_outputs(cfg: RunConfig, metrics: str | None) -> None:
-    """The files a run writes can be written: refused now, not after the first minutes of training."""
+def check_outputs(cfg: RunConfig, metrics: str | None, *, resume: bool = False) -> None:
+    """The files a run writes can be written, and the checkpoint it resumes from holds nothing but data:
+    refused now, not after the first minutes of training."""
     from ..base.files import check_writable
+    from .checkpoint import RESUME, check_files, latest
 
     if metrics is not None:
         check_writable(metrics, "--metrics")
     t = cfg.training
     if t.checkpoint_every and t.checkpoint_dir:
         check_writable(t.checkpoint_dir, "training.checkpoint_dir", folder=True)
+    start = latest(Path(t.checkpoint_dir)) if resume and t.checkpoint_dir else None
+    if start is not None:
+        check_files(start, RESUME)
 
 
-def prepare_run(cfg: RunConfig, *, metrics: str | None = None, log: Log | None = None) -> ResolvedRun:
-    """What a command does before it trains: its outputs checked writable, then the run resolved."""
-    check_outputs(cfg, metrics)
+def prepare_run(cfg: RunConfig, *, metrics: str | None = None, resume: bool = False,
+                log: Log | None = None) -> ResolvedRun:  # fmt: skip
+    """What a command does before it trains: its files checked, then the run resolved."""
+    check_outputs(cfg, metrics, resume=resume)
     return resolve_run(cfg, log=log)
 
 

@@ -132,7 +132,7 @@ def prepare_apply(
     """Everything ``apply`` does before it trains (module docstring); raises ConfigError before any work."""
     cfg, pending = warm_up_first(best, apply_run(best, overrides, until=until), dry_run=dry_run, log=log)
     check_writable(run_file_for(best), "best.yaml (apply writes its run beside it)")
-    check_outputs(cfg, metrics)
+    check_outputs(cfg, metrics, resume=resume)
     folder = cfg.training.checkpoint_dir
     if not dry_run and not resume and folder and checkpoint.latest(Path(folder)):
         raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {folder} already holds "

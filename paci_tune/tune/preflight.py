@@ -67,10 +67,7 @@ def check_trials(tune: TuneConfig, space: SearchSpace, profile: str | None) -> l
     from ..sim.profile import Profile
 
     check_model_and_data(tune.run)  # the run as written (each study's first point), as `train` checks it
-    if tune.run.training.init_from:  # as `train` refuses it: here, not in every trial in turn
-        from ..train.checkpoint import find
-
-        find(Path(tune.run.training.init_from))
+    check_start_checkpoints(tune)
     c = tune.search.confirm
     seeds: list[int | None] = [None, *(confirm_seeds(tune.run.training.seed, c.seeds) if c.enabled else [])]
     search = Search(tune, space, {}, None, Path("."), profile or tune.budget.profile)  # type: ignore[arg-type]
@@ -105,6 +102,19 @@ def check_trials(tune: TuneConfig, space: SearchSpace, profile: str | None) -> l
         prof = Profile.load(tune.budget.profile, "budget.profile")
         check_profile(prof, meta.n_units, meta.block_size, "budget.profile", tune.budget.profile)
     return runs
+
+
+def check_start_checkpoints(tune: TuneConfig) -> None:
+    """The checkpoints the trials start from (``training.init_from``, ``search.warm_start.checkpoint``)
+    exist and hold nothing but data (:func:`~paci_tune.train.checkpoint.check_files`): refused here, as
+    `train` refuses them, not in every trial in turn."""
+    from ..train.checkpoint import INIT_FROM, check_files, find
+
+    if tune.run.training.init_from:
+        check_files(find(Path(tune.run.training.init_from)), INIT_FROM)
+    key = "search.warm_start.checkpoint"
+    if tune.search.warm_start.checkpoint is not None:
+        check_files(find(Path(tune.search.warm_start.checkpoint), key), key)
 
 
 _FROM_POINT = {"optimizer.lr": "lr_scale", "pipeline.stages": "stages", "pipeline.window": "window",

@@ -14,6 +14,7 @@ from typing import Any
 
 import optuna
 
+from ..base.credentials import scrub, shown
 from ..base.files import read_mapping
 from ..base.shipped import resolve_path
 from ..config import derive_doc
@@ -85,7 +86,7 @@ def open_search(
     except (ConfigError, Failure):
         raise
     except Exception as e:  # the database: unreachable, locked, not a database, another schema version
-        raise Failure(f"opening the study storage {storage_url}", _storage_reason(e)) from e
+        raise Failure(f"opening the study storage {shown(storage_url)}", _storage_reason(e)) from e
     profile = profile_for(tune, space, work, log)
     space = drop_unfit(tune, space, profile)  # after the fingerprint: it depends on this machine's free memory
     if log:
@@ -97,7 +98,7 @@ def open_search(
 
 
 def _storage_reason(e: Exception) -> str:
-    text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    text = scrub(next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__))
     if "table schema" in text:
         return f"it was written by another Optuna schema version ({text[:200]})"
     return f"{type(e).__name__}: {text[:240]}"

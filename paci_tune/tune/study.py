@@ -11,8 +11,11 @@ Dead workers: a running trial carries its worker's host and pid and a heartbeat 
 refreshes every few seconds. A trial whose worker is gone (same host, pid dead) or whose
 heartbeat is stale (another host) is failed as ``interrupted`` and enqueued again with the same
 parameters, up to ``search.retries`` times. This works the same on SQLite, a journal file and a
-database server (Optuna's own heartbeat covers only RDB storages). May import: optuna,
-:mod:`paci_tune.config`, :mod:`paci_tune.errors`, :mod:`.space`, :mod:`.record`.
+database server (Optuna's own heartbeat covers only RDB storages).
+
+A storage URL may carry a password: it is remembered when the storage opens and never shown
+(:mod:`paci_tune.base.credentials`). May import: optuna, :mod:`paci_tune.config`,
+:mod:`paci_tune.base`, :mod:`paci_tune.errors`, :mod:`.space`, :mod:`.record`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
+from ..base.credentials import remember, scrub, shown
 from ..config.tune import SearchConfig
 from ..errors import ConfigError, Failure
 from .record import Claim, Retry, StudyRecord, TrialRecord, fail_interrupted
@@ -42,13 +46,14 @@ HOST = socket.gethostname()
 def open_storage(url: str) -> BaseStorage:
     """An Optuna storage from a URL: ``sqlite:///f.db``, ``postgresql://...``, ``mysql://...``, or
     a journal file (``journal:///path/f.log`` or any path ending in ``.log``/``.journal``)."""
+    remember(url)
     if url.startswith("journal://"):
         return _journal(url[len("journal://") :])
     if "://" not in url:
         if url.endswith((".log", ".journal")):
             return _journal(url)
         raise ConfigError(
-            "--storage", url, "an Optuna storage URL (sqlite:///f.db, postgresql://..., journal:///f.log)"
+            "--storage", shown(url), "an Optuna storage URL (sqlite:///f.db, postgresql://..., journal:///f.log)"
         )
     engine: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
@@ -60,7 +65,7 @@ def open_storage(url: str) -> BaseStorage:
         try:
             return RDBStorage(url, engine_kwargs=engine)
         except (ImportError, ModuleNotFoundError) as e:
-            raise ConfigError("--storage", url, f"a URL whose database driver is installed ({e})") from None
+            raise ConfigError("--storage", shown(url), f"a URL whose database driver is installed ({e})") from None
         except Exception as e:
             # Workers starting together on an empty database race to create Optuna's tables: the loser
             # sees a duplicate of what the winner made, and finds the tables in place when it tries again.
@@ -68,7 +73,7 @@ def open_storage(url: str) -> BaseStorage:
             if attempt + 1 < _CREATE_TRIES and _creation_race(e):
                 time.sleep(0.5 * (attempt + 1))
                 continue
-            raise Failure(f"opening the study storage {url}", f"{type(e).__name__}: {_first_line(e)}") from None
+            raise Failure(f"opening the study storage {shown(url)}", f"{type(e).__name__}: {_first_line(e)}") from None
     raise AssertionError("unreachable")
 
 
@@ -97,7 +102,8 @@ def _with_driver(url: str) -> str:
 
 
 def _first_line(e: BaseException) -> str:
-    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")[:240]
+    """The first line of a storage error, without the password a driver's message may quote."""
+    return scrub(next((ln.strip() for ln in str(e).splitlines() if ln.strip()), ""))[:240]
 
 
 def _creation_race(e: BaseException) -> bool:

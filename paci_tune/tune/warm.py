@@ -44,6 +44,7 @@ from ..base.files import atomic_write_text
 from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
+from ..train.checkpoint import check_files
 from .record import StudyRecord
 from .study import storage_file
 
@@ -162,6 +163,7 @@ def prepare(tune: TuneConfig, name: str, work: Path, storage_url: str, studies: 
         return WarmStart(str(folder), step, "checkpoint")
     folder = _claimed(folder_for(tune, name, work, storage_url, studies), studies)
     done = ensure(warm_up_doc(tune, folder, runtime), "search.warm_start.dir", log)
+    check_files(Path(done["checkpoint"]), "search.warm_start.dir")  # on a shared file system: anyone's
     for study in studies.values():
         StudyRecord.write_warm_start(study, {"folder": str(folder), "checkpoint": done["checkpoint"]})
     return WarmStart(done["checkpoint"], int(done["step"]), "warm-up", done.get("val_loss"), done["run"])

@@ -1,7 +1,8 @@
 """``paci-tune search``'s last step: the studies of a finished search turned into ``best.yaml`` and its picture.
 
-May import: :mod:`paci_tune.tune` (the session, the file's writer) and the verdict layer's :mod:`.best`,
-:mod:`.plot`.
+The provenance keeps the storage's URL without its password (:mod:`paci_tune.base.credentials`): best.yaml
+is the file users keep and share. May import: :mod:`paci_tune.tune` (the session, the file's writer),
+:mod:`paci_tune.base` and the verdict layer's :mod:`.best`, :mod:`.plot`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..base.credentials import without_password
 from ..tune.bestfile import write_best
 from ..tune.extra import confirm_seeds
 from ..tune.rounds import current_round
@@ -34,7 +36,7 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
         fixed_batch=session.space.fixed_batch,
         target={"metric": tune.target.metric, "value": tune.target.value},
         budget=budget,
-        provenance={"study_name": session.name, "storage": session.storage_url, "clock": b.clock,
+        provenance={"study_name": session.name, "storage": without_password(session.storage_url), "clock": b.clock,
                     "profile": session.profile, "space": session.space.describe(), "sampler": tune.search.sampler,
                     "pruner": tune.search.pruner, "seed": tune.search.seed,
                     "config": str(session.config.resolve())},
