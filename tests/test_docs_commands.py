@@ -56,7 +56,8 @@ class Command:
 # (pattern found in the command, why it is not run). The first match wins.
 SKIPPED: list[tuple[str, str]] = [
     (r"python -m pytest", "the test suite itself: .ci/run runs exactly this line (checked below)"),
-    (r"postgresql(\+psycopg)?://", "needs a PostgreSQL server: tests/test_postgres.py runs searches against a real one"),
+    (r"postgresql(\+psycopg)?://", "needs a PostgreSQL server: tests/test_postgres.py runs searches against a "
+     "real one"),
     (r"--study-name gpt2m-p8", "a worker of the several-machines search on a PostgreSQL server (its URL from the "
      "environment): tests/test_security.py runs one against a real server that requires a password"),
     (r"^torchrun .*--nnodes", "needs several machines: tests/test_runtimes.py runs a two-node launch on loopback"),
