@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simrun import first_reach, run_pool, train_sim
+from simrun import first_reach, run_pool, train_sim, warm_checkpoint, warm_overrides
 
 from paci_tune.calibrate import calibrate
 from paci_tune.calibrate.cache import measured_profile
@@ -78,10 +78,12 @@ QUICK: dict[str, Any] = {
 }
 
 
-def _one(base: dict[str, Any], profile: str, seconds: float, grid: int, task: dict[str, Any]) -> dict[str, Any]:
-    """One run (in a worker process of :func:`simrun.run_pool`)."""
+def _one(base: dict[str, Any], profile: str, seconds: float, grid: int, warm: dict[int, str],
+         task: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """One run (in a worker process of :func:`simrun.run_pool`), from the warm checkpoint of its batch if any."""
     run_base = {**base, "training": {**base["training"], "global_batch": task["G"]}}
     extra: dict[str, Any] = {"pipeline.backward_weights": task["bw"]} if "bw" in task else {}
+    extra.update(warm_overrides(warm.get(task["G"])))
     if task["schedule"] == "interleaved":
         extra["pipeline.chunks"] = 2
     row = train_sim(run_base, profile, task["schedule"], task["P"], 1, task["a"], seconds=seconds, grid=grid,
@@ -265,6 +267,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="Runs trained at once (one thread each).")
     ap.add_argument("--workdir", default="paci-bench-paper", help="The profile and the finished runs.")
     ap.add_argument("--out", default="runs/paper", help="Folder for paper.json, paper.md and paper.png.")
+    ap.add_argument("--warm-start", type=int, default=None, metavar="STEPS",
+                    help="Start every run from a checkpoint of STEPS global batches of 1F1B-flush at P = 1 (one "
+                         "per global batch, at the first LR), past the loss plateau, as a warm-started search does.")
     ap.add_argument("--quick", action="store_true", help="A tiny model on 4 stages, 2 seeds: a smoke run.")
     args = ap.parse_args()
     base = QUICK if args.quick else FULL
@@ -284,15 +289,20 @@ def main() -> None:
         prof.save(profile)
     else:
         _, profile = measured_profile(probe, microbatch_sizes=sizes, path=work / "profile.yaml", log=log)
+    warm: dict[int, str] = {}
+    for g in args.batches if args.warm_start else []:
+        run_base = {**base, "training": {**base["training"], "global_batch": g}}
+        folder = work / f"warm-G{g}-{args.warm_start}-lr{args.lrs[0]:g}"
+        warm[g] = warm_checkpoint(run_base, args.warm_start, folder, {"optimizer.lr": args.lrs[0]}, log)
     points = [(g, g // b) for g in args.batches for b in args.microbatch_sizes if g % b == 0 and g // b > 1]
     tasks = [{"G": g, "schedule": sched, "P": args.stages, "a": a, "lr": lr, "seed": seed}
              for sched in ["1f1b", *args.baselines]
              for g, a in points for lr in args.lrs for seed in args.seeds]  # fmt: skip
     tasks += [{"G": g, "schedule": "paci", "bw": bw, "P": args.stages, "a": a, "lr": lr, "seed": seed}
               for bw in args.backward_weights for g, a in points for lr in args.lrs for seed in args.seeds]  # fmt: skip
-    rows = run_pool(tasks, functools.partial(_one, base, str(profile), args.seconds, args.grid),
+    rows = run_pool(tasks, functools.partial(_one, base, str(profile), args.seconds, args.grid, warm),
                     log=work / "runs.jsonl", jobs=args.jobs, describe=_describe,
-                    depends=[base, profile.read_text(), args.seconds, args.grid])  # fmt: skip
+                    depends=[base, profile.read_text(), args.seconds, args.grid, args.warm_start])  # fmt: skip
     results = [analyse(rows, g, args.seconds, bw) for bw in args.backward_weights for g in args.batches]
     check(rows, results, args.seconds)
     out = Path(args.out)

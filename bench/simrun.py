@@ -79,6 +79,26 @@ def _worker(parent: int) -> None:
     torch.set_num_threads(1)
 
 
+def warm_checkpoint(base: dict[str, Any], steps: int, folder: Path, overrides: dict[str, Any] | None = None,
+                    log: Callable[[str], None] | None = None) -> str:  # fmt: skip
+    """The checkpoint of ``base`` trained ``steps`` global batches on 1F1B-flush (P = 1), trained once into
+    ``folder`` (found there afterwards): a warm-up past the loss plateau, as a warm-started search trains it
+    (:func:`paci_tune.tune.warm.warm_up_run`, LR held at its peak after its ramp). Each run then starts from
+    it with ``warm_overrides``, so a bench measures the long middle of a run, not the plateau escape."""
+    from paci_tune.config import derive_doc
+    from paci_tune.tune.warm import ensure, warm_up_run
+
+    doc = derive_doc(base, {"pipeline.stages": 1, "pipeline.partition": "auto", **(overrides or {})})
+    ramp = doc["lr_schedule"].get("warmup_fraction", 0.0)
+    done = ensure(warm_up_run(doc, steps, folder, "emulated", ramp), "--warm-start", log)
+    return str(done["checkpoint"])
+
+
+def warm_overrides(checkpoint: str | None) -> dict[str, Any]:
+    """What a run started from a warm checkpoint changes: it starts there, at its LR peak (no second ramp)."""
+    return {} if checkpoint is None else {"training.init_from": checkpoint, "lr_schedule.warmup_fraction": 0.0}
+
+
 def first_reach(curve: list[tuple[float, float]], target: float) -> float | None:
     """The (linearly interpolated) x -- step or clock -- where a validation curve first reaches ``target``."""
     prev = None

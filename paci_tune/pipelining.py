@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -118,7 +118,9 @@ class SchedulePACI:
     ``Schedule1F1B`` followed by ``optimizer.step()`` (no step ever finds a micro-batch in flight,
     so both ``backward_weights`` agree).
 
-    Optimizer: ``optimizer`` must be freshly built over this stage's trainable parameters, or be
+    Optimizer: ``optimizer`` must be freshly built over this stage's trainable parameters -- one torch
+    optimizer, or a list of them over disjoint parameters (``[torch.optim.Muon(matrices),
+    torch.optim.AdamW(rest)]``, stepped as one; ``lr_scheduler`` may then be a list too) -- or be
     ``None`` for a stage with nothing to train (every parameter frozen, ``requires_grad=False``, or
     none at all): that stage then takes no step, and its backward runs only where an earlier stage
     trains (the stages tell each other once, when the schedule is built: a collective over the
@@ -158,7 +160,7 @@ class SchedulePACI:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         *,
         window: int,
-        optimizer: torch.optim.Optimizer | None,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None,
         lr_scheduler: Any | None = None,
         flush: bool = False,
         backward_weights: str = "forward",
@@ -390,19 +392,28 @@ class SchedulePACI:
     def _optimizer_step(self) -> None:
         """:meth:`Stage.step` (through the aliases; the LR is the caller's), then the caller's scheduler."""
         self._stage.step()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+        schedulers = self.lr_scheduler if isinstance(self.lr_scheduler, list | tuple) else [self.lr_scheduler]
+        for scheduler in schedulers:
+            if scheduler is not None:
+                scheduler.step()
 
 
-def _check_optimizer(optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
-    """A fresh torch optimizer over this stage module's own parameters (they are rebound to aliases)."""
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
-    if optimizer.state:
+def _check_optimizer(optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], module: nn.Module) -> None:
+    """Fresh torch optimizers (one, or several over disjoint parameters: Muon's matrices and AdamW's rest)
+    over this stage module's own parameters (they are rebound to aliases)."""
+    optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else optimizer
+    if not isinstance(optimizers, Sequence) or not optimizers or not all(
+            isinstance(o, torch.optim.Optimizer) for o in optimizers):  # fmt: skip
+        raise ValueError("optimizer must be a torch.optim.Optimizer, a list of them (e.g. Muon and AdamW) or None, "
+                         f"got {type(optimizer).__name__}")  # fmt: skip
+    if any(o.state for o in optimizers):
         raise ValueError("optimizer must be fresh (no state yet): its parameters are rebound to aliases")
     own = {id(p) for p in module.parameters()}
-    if any(id(p) not in own for group in optimizer.param_groups for p in group["params"]):
+    held = [id(p) for o in optimizers for group in o.param_groups for p in group["params"]]
+    if any(i not in own for i in held):
         raise ValueError("optimizer holds parameters that are not the stage module's")
+    if len(set(held)) < len(held):
+        raise ValueError("the optimizers hold a parameter twice: give each parameter to one of them")
 
 
 def _stages_that_train(trains: bool, stages: int, group: Any, device: torch.device) -> list[bool]:

@@ -23,7 +23,8 @@ from optuna.trial import TrialState
 from paci_tune.base.processes import cpu_count
 from paci_tune.errors import ConfigError
 from paci_tune.sim.profile import P2PCost, Profile, UnitCost, UnitProfile
-from paci_tune.tune.space import TrialParams, load_space, restrict
+from paci_tune.tune.narrow import restrict
+from paci_tune.tune.space import TrialParams, load_space
 from paci_tune.tune.study import counted
 
 DOC: dict[str, Any] = merge(SEARCH_DOC, {

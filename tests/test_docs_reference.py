@@ -428,7 +428,9 @@ def _space_loader(tmp_path: Path) -> Callable[[Any], Any]:
 
 SPACE_BASE = {"description": "a space", "schedules": ["paci"], "global_batch": "fixed", "stages": [1, 2],
               "microbatch_size": [2, 4], "lr_scale": [0.5, 1.0],
-              "backward_weights": ["forward", "current"], "chunks": [2, 3]}  # fmt: skip
+              "backward_weights": ["forward", "current"], "chunks": [2, 3],
+              "optimizer": {"name": ["adamw", "nadam"], "betas": [[0.9, 0.95]]},
+              "staleness": {"predict_weights": [False, True]}}  # fmt: skip
 
 
 def test_space_keys_are_the_parsers(tmp_path: Path) -> None:
@@ -464,7 +466,9 @@ RUN = sim_config(data={"vocab_size": 32, "n_train": 20_000, "n_val": 2_000}, tra
                  optimizer={"lr": 6.0e-4}, pipeline={"schedule": "paci", "window": 2})  # fmt: skip
 RECOMMENDED_FOR_RUN = {"schedule": "paci", "stages": 2, "data_parallel": 1, "devices": 2, "window": 2,
                        "microbatch_size": 4, "partition": [2, 2], "global_batch": 8, "lr": 6.0e-4,
-                       "lr_scale": 1.0, "backward_weights": "forward"}  # fmt: skip
+                       "lr_scale": 1.0, "backward_weights": "forward",
+                       "optimizer": {"name": "adamw", "lr": 6.0e-4, "betas": [0.9, 0.95], "eps": 1.0e-8,
+                                     "weight_decay": 0.1, "grad_clip": None}}  # fmt: skip
 
 
 def _best_file(tmp_path: Path, **changes: Any) -> Path:
@@ -484,6 +488,8 @@ def _other(value: Any) -> Any:
         return "1f1b" if value != "1f1b" else "paci"
     if isinstance(value, list):
         return [*value[:-2], value[-2] + 1, value[-1] - 1]
+    if isinstance(value, dict):
+        return {**value, "name": "sgd"}
     return value * 2 if isinstance(value, float) else value + 1
 
 
@@ -524,10 +530,10 @@ COST = {"forward_s": 0.001, "backward_s": 0.002, "activation_bytes": 64, "saved_
         "backward_input_s": 0.0012, "backward_weight_s": 0.001}  # fmt: skip
 LINK = {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e9, "backend": "hand"}
 UNIT = {"name": "embed", "param_bytes": 1024, "trainable_bytes": 512, "optimizer_s": 0.0001, "copy_s": 0.00001,
-        "microbatch": {4: COST}}
+        "microbatch": {4: COST}, "optimizer_steps": {"muon": 0.0003}}
 PROFILE_BASE = {"format": "paci-tune-profile/1", "machine": {"node": "h"}, "device": "cpu", "torch": "2.0",
                 "dtype": "bf16", "date": "2026-01-01", "threads": 2, "seq_len": 16, "units": [UNIT], "p2p": LINK,
-                "allreduce": LINK, "tied": []}  # fmt: skip
+                "allreduce": LINK, "tied": [], "optimizer": "adamw", "optimizer_note": "timed alone"}  # fmt: skip
 PROFILE_TABLES: dict[str, tuple[type, ...]] = {
     "top level": (prof.Profile,), "units[i]": (prof.UnitProfile,), "units[i].microbatch[b]": (prof.UnitCost,),
     "p2p": (prof.P2PCost,), "allreduce": (prof.AllReduceCost,),

@@ -15,7 +15,8 @@ from helpers.searches import SEARCH_DOC
 
 from paci_tune.config.tune import PACI_MAX_DRIFT, load_tune_config
 from paci_tune.errors import ConfigError
-from paci_tune.tune.space import TrialParams, load_space, skip_stale
+from paci_tune.tune.narrow import skip_stale
+from paci_tune.tune.space import TrialParams, load_space
 
 # g = 32, no budget (D = 1): b in {1, 4, 16} gives a = 32, 8, 2. Bounds ceil((P-1)/a):
 #   P=2: 1 1 1;  P=4: 1 1 2;  P=8: 1 1 4;  P=16 -- beyond the model; P=8 a=2 is the only one above 3.

@@ -27,8 +27,9 @@ from helpers.searches import guide_model_search, quick_search, run, search_cmd
 
 from paci_tune.base.processes import threads_per_process
 from paci_tune.errors import ConfigError
+from paci_tune.tune.narrow import skip_tied
 from paci_tune.tune.record import FAIL_REASON, INFEASIBLE
-from paci_tune.tune.space import SearchSpace, skip_tied
+from paci_tune.tune.space import SearchSpace
 
 TIED = "build_tied"
 FLUSH_CUTS = [

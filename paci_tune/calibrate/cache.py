@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..config.optimizer import OptimizerConfig
 from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..sim.profile import FORMAT, Profile
@@ -21,7 +22,8 @@ from .measure import METHOD, calibrate, default_threads, device_name, resolve_ta
 Log = Callable[[str], None]
 
 
-def cache_key(cfg: RunConfig, device: torch.device, dtype: str, threads: int, microbatch_sizes: Sequence[int]) -> str:
+def cache_key(cfg: RunConfig, device: torch.device, dtype: str, threads: int, microbatch_sizes: Sequence[int],
+              optimizers: Sequence[str] = ()) -> str:  # fmt: skip
     """Hash of everything a quick profile depends on: model, data, device, dtype, threads, micro-batch sizes.
 
     Also the measurement method and the pipeline shape it reproduces (stages set the co-runners
@@ -41,6 +43,9 @@ def cache_key(cfg: RunConfig, device: torch.device, dtype: str, threads: int, mi
         "stages": cfg.pipeline.stages,
         "window": cfg.pipeline.window,
     }
+    timed = sorted({cfg.optimizer.timing_key, *optimizers})
+    if timed != ["adamw"]:  # the optimizers whose steps it times (absent for AdamW alone: older keys stay valid)
+        doc["optimizers"] = timed
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -57,6 +62,7 @@ def measured_profile(
     path: Path | None = None,
     threads: int | None = None,
     log: Log | None = None,
+    optimizers: Sequence[OptimizerConfig] = (),
 ) -> tuple[Profile, Path]:
     """A quick profile of ``cfg``, measured once and then read back: the program's one profile cache.
 
@@ -64,20 +70,25 @@ def measured_profile(
     its profile in its work folder, so a resumed search times its trials exactly as before -- and
     otherwise in the user cache under a key of everything it depends on (:func:`cache_key`). Quick
     means few repeats on the config's device: enough to rank schedules and cuts, not a benchmark.
-    The file is written atomically, so concurrent first calls cannot corrupt it.
+    The file is written atomically, so concurrent first calls cannot corrupt it. ``optimizers``: more
+    optimizers whose steps it times besides the config's (a search over optimizers).
     """
     dev, dtype = resolve_target(cfg, None, None)
     n_threads = threads or default_threads(cfg.pipeline.stages)
     sizes = sorted(set(microbatch_sizes or [cfg.pipeline.microbatch_size]))
     if path is None:
-        path = cache_dir() / f"{cache_key(cfg, dev, dtype, n_threads, sizes)}.yaml"
+        keys = [o.timing_key for o in optimizers]
+        path = cache_dir() / f"{cache_key(cfg, dev, dtype, n_threads, sizes, keys)}.yaml"
     if path.is_file():
         try:
-            return Profile.load(path), path
+            found = Profile.load(path)
+            if all(o.timing_key in found.timed_optimizers() for o in [cfg.optimizer, *optimizers]):
+                return found, path
         except ConfigError:
             pass  # a stale or foreign file: measure again and overwrite it
     if log:
         log(f"measuring the model once on this machine at micro-batch sizes {sizes}; kept as {path}")
-    profile = calibrate(cfg, microbatch_sizes=sizes, repeats=3, warmup=1, threads=n_threads, p2p_repeats=30, log=log)
+    profile = calibrate(cfg, microbatch_sizes=sizes, repeats=3, warmup=1, threads=n_threads, p2p_repeats=30, log=log,
+                        optimizers=optimizers)  # fmt: skip
     profile.save(path)
     return profile, path

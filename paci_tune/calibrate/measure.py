@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..base.processes import cpu_count, threads_per_process
+from ..config.optimizer import OptimizerConfig
 from ..config.schema import RunConfig
 from ..data import load_source
 from ..errors import ConfigError
@@ -31,7 +32,7 @@ from .corun import co_run_pattern
 from .links import measure_links
 from .p2p import P2P_SIZES, measure_p2p
 from .pattern import PatternSamples, StagePattern, pooled_costs, pooled_optimizer
-from .units import fp32_param_bytes, measure_copies, measure_units, signature, to_compute
+from .units import fp32_param_bytes, measure_copies, measure_optimizer, measure_units, signature, to_compute
 from .units import probe as probe_unit
 
 Log = Callable[[str], None]
@@ -172,6 +173,7 @@ def calibrate(
     allreduce: AllReduceCost | bool = True,
     processes: int | None = None,
     log: Log | None = None,
+    optimizers: Sequence[OptimizerConfig] = (),
 ) -> Profile:
     """Measure ``cfg``'s model on this machine, as a pipeline stage runs it (module docstring).
 
@@ -183,7 +185,8 @@ def calibrate(
     pattern (``window`` micro-batches and one optimizer step each). Pass ``p2p`` to reuse a known
     transfer cost and skip the two-process measurement; ``allreduce`` likewise (a known cost, True
     to measure it among two gloo processes, False to leave it out: the profile then derives it from
-    ``p2p``).
+    ``p2p``). The optimizer step timed in the pattern is ``cfg.optimizer``'s; ``optimizers`` are timed
+    too (a search that tunes the optimizer), each by :func:`other_optimizer_steps`.
     """
 
     def bad(value: object, minimum: int) -> bool:
@@ -239,11 +242,14 @@ def calibrate(
                 log("the whole model does not fit on the device: timing units one at a time instead")
             release_masters([p for u in units for p in u.parameters()])
             torch.cuda.empty_cache()
-            isolated = measure_units(model, vocab, sizes, device=dev, dtype=dtype, repeats=repeats, warmup=warmup)
+            isolated = measure_units(model, vocab, sizes, device=dev, dtype=dtype, repeats=repeats, warmup=warmup,
+                                     optimizer=cfg.optimizer)  # fmt: skip
             costs, optimizer_s = [u.costs for u in isolated], [u.optimizer_s for u in isolated]
             copy_s = [u.copy_s for u in isolated]
         else:
             copy_s = measure_copies(units, device=dev, repeats=repeats, warmup=warmup)
+        others, note = other_optimizer_steps(cfg.optimizer, optimizers, units, optimizer_s, device=dev,
+                                             repeats=repeats, warmup=warmup)  # fmt: skip
     finally:
         torch.set_num_threads(before)
     unit_profiles = [
@@ -254,6 +260,7 @@ def calibrate(
             costs[i],
             copy_s=copy_s[i],
             trainable_bytes=fp32_param_bytes(unit, trainable=True),
+            optimizer_steps=others[i],
         )
         for i, unit in enumerate(units)
     ]
@@ -288,4 +295,29 @@ def calibrate(
             "processor": platform.processor() or platform.machine(),
             "platform": platform.platform(),
         },
+        optimizer=cfg.optimizer.timing_key,
+        optimizer_note=note,
     )
+
+
+def other_optimizer_steps(
+    timed: OptimizerConfig, optimizers: Sequence[OptimizerConfig], units: Sequence[nn.Module],
+    optimizer_s: Sequence[float], *, device: torch.device, repeats: int, warmup: int,
+) -> tuple[list[dict[str, float]], str | None]:  # fmt: skip
+    """Per unit, the steps of ``optimizers`` other than ``timed`` (the pattern's): each timed alone on the
+    unit and scaled by what the pattern's step took over the same step alone there, so every optimizer is
+    charged in the pattern's conditions (caches, co-runners). Returns them and the note saying so."""
+    wanted = {o.timing_key: o for o in optimizers if o.timing_key != timed.timing_key}
+    out: list[dict[str, float]] = [{} for _ in units]
+    if not wanted:
+        return out, None
+    last = len(units) - 1
+    for i, unit in enumerate(units):
+        kw = {"device": device, "repeats": repeats, "warmup": warmup, "hidden": 0 < i < last}
+        alone = measure_optimizer(unit, optimizer=timed, **kw)
+        ratio = optimizer_s[i] / alone if alone > 0 else 1.0
+        for key, opt in wanted.items():
+            out[i][key] = measure_optimizer(unit, optimizer=opt, **kw) * ratio
+    note = (f"optimizer_steps of {', '.join(wanted)}: timed alone on each unit, x the {timed.timing_key} step's "
+            "stage-pattern time over its own time alone there")  # fmt: skip
+    return out, note

@@ -127,7 +127,9 @@ class StagePattern:
         self.window, self.inflight = max(window, 1), max(inflight, 1)
         params = [[p for p in u.parameters() if p.requires_grad] for u in self.units]
         self._params = params
-        self.optimizers = [AliasedOptimizer.from_config(ps, optimizer) if ps else None for ps in params]
+        last = len(self.units) - 1  # Muon takes the matrices of the units between the first and the last
+        self.optimizers = [AliasedOptimizer.from_config(ps, optimizer, [0 < i < last] * len(ps)) if ps else None
+                           for i, ps in enumerate(params)]  # fmt: skip
         self.samples = PatternSamples(optimizer=[[] for _ in self.units])
         self._pending: deque[_Pending | _SplitPending] = deque()
         self._backwards = 0
@@ -345,9 +347,9 @@ def pooled_costs(
 
 def pooled_optimizer(samples: Sequence[PatternSamples], units: Sequence[nn.Module]) -> list[float]:
     """Per unit: the median optimizer step over every process and every unit of the same structure."""
-    by_sig: dict[str, list[int]] = {}
-    for i, unit in enumerate(units):
-        by_sig.setdefault(unit_signature(unit), []).append(i)
+    by_sig: dict[tuple[str, bool], list[int]] = {}
+    for i, unit in enumerate(units):  # the first and last unit step otherwise under Muon: never pooled with a block
+        by_sig.setdefault((unit_signature(unit), 0 < i < len(units) - 1), []).append(i)
     out = [0.0] * len(units)
     for members in by_sig.values():
         pooled = [s for smp in samples for i in members for s in smp.optimizer[i]]

@@ -19,6 +19,7 @@ May import: :mod:`paci_tune.pipeline` (the stage's dtype and optimizer step),
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -210,8 +211,12 @@ def timed(fn: Callable[[], T], device: torch.device) -> tuple[float, T]:
     return time.perf_counter() - t0, out
 
 
-def measure_optimizer(unit: nn.Module, *, device: torch.device, repeats: int, warmup: int = 2) -> float:
-    """Median seconds of one AdamW step over ``unit``'s parameters alone (0 for a unit without any).
+def measure_optimizer(
+    unit: nn.Module, *, device: torch.device, repeats: int, warmup: int = 2, optimizer: OptimizerConfig | None = None,
+    hidden: bool = False,
+) -> float:  # fmt: skip
+    """Median seconds of one ``optimizer`` step (default AdamW) over ``unit``'s parameters alone (0 for a
+    unit without any); ``hidden``: the unit lies between the model's first and last (Muon steps its matrices).
 
     The stage's own step (:class:`~paci_tune.pipeline.optim.AliasedOptimizer`: fp32 masters for
     bf16 parameters), on clones so the unit's weights are untouched. Isolated, hence optimistic:
@@ -221,7 +226,8 @@ def measure_optimizer(unit: nn.Module, *, device: torch.device, repeats: int, wa
     if not params:
         return 0.0
     grads = [torch.randn_like(p) * 1e-3 for p in params]
-    opt = AliasedOptimizer.from_config(params, OptimizerConfig(lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1))
+    cfg = optimizer or OptimizerConfig(lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = AliasedOptimizer.from_config(params, dataclasses.replace(cfg, grad_clip=None), [hidden] * len(params))
     times = []
     for r in range(warmup + repeats):
         for p, g in zip(params, grads, strict=True):
@@ -281,8 +287,10 @@ def measure_units(
     repeats: int,
     warmup: int = 2,
     log: Log | None = None,
+    optimizer: OptimizerConfig | None = None,
 ) -> list[UnitProfile]:
-    """Profile every unit of ``model`` *in isolation* at each micro-batch size (identical units once).
+    """Profile every unit of ``model`` *in isolation* at each micro-batch size (identical units once);
+    ``optimizer``: whose step to time (default AdamW).
 
     The isolated measurement (see :func:`measure_unit`); :func:`calibrate` measures the stage
     pattern instead and uses this only where that does not fit on the device.
@@ -309,13 +317,15 @@ def measure_units(
                 with torch.no_grad():
                     x = unit(_like(x, unit))
     out: list[UnitProfile] = []
-    opt_seen: dict[str, float] = {}
+    opt_seen: dict[tuple[str, bool], float] = {}
     copy_s = measure_copies(units, device=device, repeats=repeats, warmup=warmup)
     for i, unit in enumerate(units):
         param_bytes = fp32_param_bytes(unit)
-        sig = unit_signature(unit)
+        hidden = 0 < i < len(units) - 1
+        sig = (unit_signature(unit), hidden)
         if sig not in opt_seen:
-            opt_seen[sig] = measure_optimizer(unit, device=device, repeats=repeats, warmup=warmup)
+            opt_seen[sig] = measure_optimizer(unit, device=device, repeats=repeats, warmup=warmup, optimizer=optimizer,
+                                              hidden=hidden)  # fmt: skip
         out.append(UnitProfile(model.names[i], param_bytes, opt_seen[sig], costs[i], copy_s=copy_s[i],
                                trainable_bytes=fp32_param_bytes(unit, trainable=True)))  # fmt: skip
     for unit in units:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from .layout import Layout
+from .optimizer import OptimizerConfig  # the optimizer section's own module
 
 Schedule = Literal["paci", "1f1b", "gpipe", "interleaved", "zb-h1"]
 TimedSchedule = Literal["interleaved", "zb-h1"]
@@ -61,35 +62,6 @@ BackwardWeights = Literal["forward", "current"]
 BACKWARD_WEIGHTS: tuple[str, ...] = typing.get_args(BackwardWeights)
 """``pipeline.backward_weights``'s values, the one list every layer checks against: what an in-flight
 micro-batch's backward reads under PACI (its forward's weights, or the current ones)."""
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    name: Literal["adamw", "sgd"] = "adamw"
-    lr: float = 6e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.1
-    eps: float = 1e-8
-    momentum: float = 0.9
-    grad_clip: float | None = None
-
-    def __post_init__(self) -> None:
-        self.check("optimizer")
-
-    def check(self, key: str) -> None:
-        _positive(f"{key}.lr", self.lr)
-        if self.lr > MAX_LR:
-            raise ConfigError(f"{key}.lr", self.lr, f"at most {MAX_LR:g} (a larger step turns every weight to inf)")
-        _positive(f"{key}.eps", self.eps)
-        if not 0.0 <= self.momentum < 1.0:
-            raise ConfigError(f"{key}.momentum", self.momentum, "a number in [0, 1)")
-        for i, b in enumerate(self.betas):
-            if not 0.0 <= b < 1.0:
-                raise ConfigError(f"{key}.betas[{i}]", b, "a number in [0, 1)")
-        if self.weight_decay < 0:
-            raise ConfigError(f"{key}.weight_decay", self.weight_decay, "a number >= 0")
-        if self.grad_clip is not None:
-            _positive(f"{key}.grad_clip", self.grad_clip)
 
 
 @dataclass(frozen=True)
@@ -170,6 +142,10 @@ class TrainingConfig:
             raise ConfigError(f"{key}.init_from", self.init_from, "null or a checkpoint folder (or root with LATEST)")
 
 
+STALENESS_KEYS = ("stage_momentum", "predict_weights", "stale_lr")
+"""PACI's per-stage staleness controls in ``pipeline`` (:mod:`paci_tune.pipeline.staleness`)."""
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     schedule: Schedule = "paci"
@@ -190,6 +166,10 @@ class PipelineConfig:
     chunks: int | None = None
     # Run the schedule through torch.distributed.pipelining's own class (distributed runtime; zb-h1 always does).
     torch_schedule: bool = False
+    # PACI's staleness controls (pipeline/staleness.py), each acting at stage s by its bound tau_s = ceil((P-s-1)/a):
+    stage_momentum: float | None = None  # beta1_max: beta1_s = beta1 + tau_s (beta1_max - beta1) / P; null: off
+    predict_weights: bool = False  # forwards run on W - lr tau_s Delta (the optimizer's last step, extrapolated)
+    stale_lr: float | None = None  # PipeMare's horizon T (a fraction of the budget): lr / tau_s^(1 - min(t/T, 1))
 
     def __post_init__(self) -> None:
         self.check("pipeline")
@@ -204,6 +184,28 @@ class PipelineConfig:
             raise ConfigError(f"{key}.torch_schedule", self.torch_schedule, f"{why} (torch's own classes)")
         if self.runs_torch_schedule:
             self._check_torch(key)
+        self._check_staleness(key)
+
+    def _check_staleness(self, key: str) -> None:
+        """PACI's staleness controls: valid values, and PACI only (a synchronous schedule's are never late)."""
+        if self.stage_momentum is not None and not 0.0 < self.stage_momentum < 1.0:
+            raise ConfigError(f"{key}.stage_momentum", self.stage_momentum, "null or a number in (0, 1): the momentum "
+                              "of the stalest stage's limit (0.99 in Ajanthan et al.)")  # fmt: skip
+        if self.stale_lr is not None and not 0.0 < self.stale_lr <= 1.0:
+            raise ConfigError(f"{key}.stale_lr", self.stale_lr, "null or a number in (0, 1]: PipeMare's horizon as a "
+                              "fraction of the budget")  # fmt: skip
+        if self.schedule != "paci":
+            for name in STALENESS_KEYS:
+                value = getattr(self, name)
+                if value not in (None, False):
+                    raise ConfigError(f"{key}.{name}", value, f"{'false' if name == 'predict_weights' else 'null'} for "
+                                      f"schedule {self.schedule}: a staleness control acts on PACI only (a "
+                                      "synchronous schedule's gradients are never late)")  # fmt: skip
+
+    @property
+    def staleness(self) -> dict[str, Any]:
+        """The staleness controls that are on (empty: none), by key."""
+        return {k: getattr(self, k) for k in STALENESS_KEYS if getattr(self, k) not in (None, False)}
 
     def _check_torch(self, key: str) -> None:
         """What torch's schedule class would refuse at its first step, refused here with the reason."""
@@ -242,6 +244,10 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         self.pipeline.layout.check(self.training.global_batch)
+        top = self.pipeline.stage_momentum
+        if top is not None and top <= self.optimizer.beta1:
+            raise ConfigError("pipeline.stage_momentum", top, f"null or above the optimizer's first-moment "
+                              f"coefficient {self.optimizer.beta1:g} (it raises that at the stale stages)")  # fmt: skip
         schedule, clock = self.pipeline.schedule, self.training.clock
         if schedule in TIMED_SCHEDULES and clock == "wall" and not self.pipeline.runs_torch_schedule:
             raise ConfigError("training.clock", clock, f"rst or sim for pipeline.schedule {schedule} on the "
@@ -266,8 +272,6 @@ class RunConfig:
 
 INT_LIMIT = 2**63
 """Integers in a config are 64-bit in every consumer (numpy, torch); a larger one cannot be used."""
-MAX_LR = 1e3
-"""A peak LR beyond this moves each weight by more than any model survives; it is a typo, not a setting."""
 SEED_LIMIT = 2**63
 """Seeds must be non-negative (the data stream's generator) and fit torch's 64-bit seed."""
 

@@ -63,7 +63,8 @@ class LoadedModel:
     ``n_units``/``names`` always describe the full model.
     ``flops`` is forward FLOPs per token per unit, or ``None`` for entry models (unknown cost:
     partition by unit count instead). ``gpt`` is ``None`` for entry models. ``trainable[i]``: whether
-    unit ``i`` has a parameter to train (every built-in GPT unit does).
+    unit ``i`` has a parameter to train (every built-in GPT unit does); ``matrices[i]``: whether it has
+    a 2-D one (what Muon steps, in the units between the first and the last).
     """
 
     units: dict[int, nn.Module]
@@ -73,11 +74,17 @@ class LoadedModel:
     block_size: int
     gpt: GPTConfig | None
     trainable: list[bool]
+    matrices: list[bool] = dataclasses.field(default_factory=list)
 
 
 def trains(unit: nn.Module) -> bool:
     """Whether ``unit`` has a parameter to train (``requires_grad``); a frozen or parameter-free one does not."""
     return any(p.requires_grad for p in unit.parameters())
+
+
+def trains_a_matrix(unit: nn.Module) -> bool:
+    """Whether ``unit`` has a 2-D parameter to train (a weight matrix: what Muon steps)."""
+    return any(p.requires_grad and p.dim() == 2 for p in unit.parameters())
 
 
 def input_grads(trainable: Sequence[bool]) -> list[bool]:
@@ -152,6 +159,7 @@ def _load_preset(spec: Mapping[str, Any], vocab_size: int, seed: int, indices: I
         block_size=cfg.block_size,
         gpt=cfg,
         trainable=[True] * n,
+        matrices=[True] * n,  # the embedding, every block's linear layers, the head
     )
 
 
@@ -246,4 +254,5 @@ def _load_entry(spec: Mapping[str, Any], seed: int, indices: Iterable[int] | Non
         block_size=block_size,
         gpt=None,
         trainable=[trains(u) for u in built],
+        matrices=[trains_a_matrix(u) for u in built],
     )

@@ -57,6 +57,7 @@ def check_model_and_data(
     if built_here:
         check_trainable_here(meta)
     check_depth(cfg.pipeline.stages, meta.n_units)
+    check_optimizer(cfg, meta)
     t = cfg.training
     check_fits_data(source, meta.block_size, t.global_batch, cfg.pipeline.microbatch_size, t.eval_sequences)
     for b in microbatch_sizes:
@@ -65,6 +66,18 @@ def check_model_and_data(
         except ConfigError as e:
             raise ConfigError(key, b, e.allowed) from None
     return source, meta
+
+
+def check_optimizer(cfg: RunConfig, meta: LoadedModel) -> None:
+    """Muon needs a matrix to step: a 2-D trainable parameter in a unit between the model's first and last.
+
+    Refused rather than run as AdamW: a run that says ``muon`` and trains with AdamW alone would
+    report the wrong optimizer's numbers under Muon's name.
+    """
+    if cfg.optimizer.name == "muon" and not any(meta.matrices[1:-1]):
+        raise ConfigError("optimizer.name", "muon", "an optimizer other than muon for this model: no unit between its "
+                          "first and last has a 2-D trainable parameter, and Muon steps only those (the first "
+                          "and last units' parameters go to AdamW)")  # fmt: skip
 
 
 def _described(out: object) -> str:

@@ -105,14 +105,14 @@ class StageEvaluator:
     def _drop(self, k: int) -> None:
         version = self._awaiting.pop(k)
         if self.scores:
-            self.stage.versions.release(version)
+            self.stage.versions.release(version, evaluation=True)
 
     def after_step(self, batch: int) -> None:
         """After the step closing ``batch``: an evaluation of it holds these weights until it runs."""
         if self.program is not None and self.program.evaluates(batch):
             self._awaiting[batch] = self.stage.updates
             if self.scores:
-                self.stage.versions.hold(self.stage.updates)
+                self.stage.versions.hold(self.stage.updates, evaluation=True)
 
     # ---------------------------------------------------------------------------- the action
     def run(self, k: int) -> None:

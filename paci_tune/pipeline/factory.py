@@ -31,6 +31,7 @@ from .emulated import EmulatedRuntime
 from .mesh import check_world
 from .planning import choose_partition, load_profile
 from .stage import Stage, compute_dtype
+from .staleness import prediction_steps, stage_lr, stage_optimizer
 from .tied import tied_across_stages, tied_groups, untie
 
 
@@ -119,8 +120,13 @@ def build_setup(
     lr_at: Callable[[int], float],
     *,
     distributed: bool = False,
+    progress: Callable[[int], float] | None = None,
 ) -> Setup:
-    """Build the runtime named by the run's ``pipeline.runtime`` for this process: fresh units for its stages."""
+    """Build the runtime named by the run's ``pipeline.runtime`` for this process: fresh units for its stages.
+
+    ``lr_at(k)``: the LR of a stage's k-th step; ``progress(k)``: how far through the budget that step
+    is (needed by ``pipeline.stale_lr``, :mod:`.staleness`, which scales each stage's LR by it).
+    """
     cfg = run.config
     p, t = cfg.pipeline, cfg.training
     if distributed:
@@ -164,12 +170,14 @@ def build_setup(
             len(ranges),  # P, or the v * P pieces of an interleaved cut run for real
             unit_copies[replica][s],
             window=p.window,
-            optimizer=cfg.optimizer,
-            lr_at=lr_at,
+            optimizer=stage_optimizer(cfg.optimizer, p, s),  # its own momentum under pipeline.stage_momentum
+            lr_at=stage_lr(lr_at, progress, p, s),
             device=device,
             dtype=dtype,
             backward_weights=p.backward_weights,
             input_grad=needs_grad[ranges[s].start],
+            hidden=[0 < i < model.n_units - 1 for i in ranges[s]],  # Muon's units: all but the first and last
+            predict=prediction_steps(p, s),
         )
 
     runtime: object

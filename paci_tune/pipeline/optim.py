@@ -27,7 +27,14 @@ by the drop-in :class:`~paci_tune.pipelining.SchedulePACI`.
 none, gets an :class:`AliasedOptimizer` over no parameters: it holds no torch optimizer (torch
 refuses an empty parameter list), and every method is the empty case of the general one -- no
 gradients, a norm of 0, a step that does nothing, an empty state -- so callers need no second path.
-May import: torch and :mod:`paci_tune.config`.
+**Weight prediction** (``predict``: PACI's ``pipeline.predict_weights``, SpecTrain / PipeOptim): a
+stage whose gradients arrive up to ``tau`` updates late runs its forwards on the weights extrapolated
+``tau`` steps along the optimizer's last step, ``W_hat = W + tau (W - W_prev) = W - lr tau Delta``.
+The parameters hold ``W_hat`` and the masters hold ``W`` (an fp32 copy, as for bf16: the one extra
+copy), so the gradients, taken at ``W_hat``, land on ``W``; after each step the new ``W_hat`` is
+written into the parameters in place, as a bf16 master is. Delta is whatever the optimizer did
+(AdamW's ``m_hat / (sqrt(v_hat) + eps) + lambda W``, Muon's orthogonalised momentum), read off the
+step itself. May import: torch and :mod:`paci_tune.config`.
 """
 
 from __future__ import annotations
@@ -37,29 +44,14 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..config.schema import OptimizerConfig
+from ..config.optimizer import OptimizerConfig
+from .optimizers import OptimizerChain, build_optimizer
 
 MASTER_DTYPES = (torch.bfloat16,)
 """Parameter dtypes that get an fp32 master copy (module docstring)."""
 
 _HOOKS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 """Parameter -> the hook folding its gradient into its master; the newest optimizer over it owns it."""
-
-
-def build_optimizer(params: Sequence[torch.Tensor], cfg: OptimizerConfig) -> torch.optim.Optimizer | None:
-    """AdamW (or SGD) with weight decay on matrices only, as GPT-2 recipes do; None with no parameter."""
-    if not params:
-        return None
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    groups = [g for g in groups if g["params"]]
-    if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
 
 
 def master_for(alias: torch.Tensor) -> torch.Tensor:
@@ -111,16 +103,20 @@ class AliasedOptimizer:
         self,
         params: Sequence[torch.Tensor],
         aliases: Sequence[torch.Tensor],
-        optimizer: torch.optim.Optimizer | None,
+        optimizer: torch.optim.Optimizer | OptimizerChain | None,
         grad_clip: float | None = None,
         masters: Sequence[torch.Tensor] | None = None,
+        predict: int = 0,
     ) -> None:
-        """``optimizer`` is None exactly when there is no parameter to train (module docstring)."""
+        """``optimizer`` is None exactly when there is no parameter to train (module docstring). ``predict``:
+        the steps ahead the parameters are extrapolated (0: none); every master is then its own copy."""
         if (optimizer is None) != (not params):
             raise ValueError("an AliasedOptimizer has a torch optimizer exactly when it has parameters to train")
         self.params, self.aliases = list(params), list(aliases)
         self.masters = list(masters) if masters is not None else list(self.aliases)
-        self.optimizer, self.grad_clip = optimizer, grad_clip
+        if predict and any(m is a for m, a in zip(self.masters, self.aliases, strict=True)):
+            raise ValueError("weight prediction needs a master copy of every parameter (from_config makes them)")
+        self.optimizer, self.grad_clip, self.predict = optimizer, grad_clip, predict
         for p, alias, master in zip(self.params, self.aliases, self.masters, strict=True):
             if master is not alias:
                 _own(p, master)
@@ -136,19 +132,31 @@ class AliasedOptimizer:
         return any(m is not a for m, a in zip(self.masters, self.aliases, strict=True))
 
     @classmethod
-    def from_config(cls, params: Sequence[torch.Tensor], cfg: OptimizerConfig) -> AliasedOptimizer:
+    def from_config(
+        cls, params: Sequence[torch.Tensor], cfg: OptimizerConfig, hidden: Sequence[bool] | None = None,
+        predict: int = 0,
+    ) -> AliasedOptimizer:  # fmt: skip
+        """The optimizer ``cfg`` names over ``params`` (``hidden``: which may go to Muon,
+        :func:`.optimizers.build_optimizer`), with ``predict`` steps of weight prediction (module docstring)."""
         aliases = [p.data for p in params]
         masters = [master_for(a) for a in aliases]
-        return cls(params, aliases, build_optimizer(masters, cfg), cfg.grad_clip, masters)
+        if predict:
+            masters = [m.detach().clone() if m is a else m for m, a in zip(masters, aliases, strict=True)]
+        return cls(params, aliases, build_optimizer(masters, cfg, hidden), cfg.grad_clip, masters, predict)
 
     @classmethod
-    def rebind(cls, optimizer: torch.optim.Optimizer | None, grad_clip: float | None = None) -> AliasedOptimizer:
+    def rebind(
+        cls, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None, grad_clip: float | None = None
+    ) -> AliasedOptimizer:
         """Point a fresh optimizer's param groups, in place, at aliases of their parameters (or fp32 masters).
 
-        ``None``: the stage has nothing to train (an optimizer over no parameters).
+        ``None``: the stage has nothing to train (an optimizer over no parameters). A sequence (Muon on
+        the matrices, AdamW on the rest) is stepped as one (:class:`.optimizers.OptimizerChain`).
         """
         if optimizer is None:
             return cls([], [], None, grad_clip)
+        if not isinstance(optimizer, (torch.optim.Optimizer, OptimizerChain)):
+            optimizer = OptimizerChain(list(optimizer))
         params: list[torch.Tensor] = []
         aliases: list[torch.Tensor] = []
         masters: list[torch.Tensor] = []
@@ -235,9 +243,12 @@ class AliasedOptimizer:
                 for master in self.masters:
                     if master.grad is not None:
                         master.grad.mul_(coef)
+        before = [m.detach().clone() for m in self.masters] if self.predict else None
         self.optimizer.step()
-        for p, alias, master in zip(self.params, self.aliases, self.masters, strict=True):
-            if master is not alias:
+        for i, (p, alias, master) in enumerate(zip(self.params, self.aliases, self.masters, strict=True)):
+            if before is not None:  # W_hat = W + tau (W - W_prev), into the parameter's storage in place
+                alias.copy_(master.detach() + self.predict * (master.detach() - before[i]))
+            elif master is not alias:
                 alias.copy_(master)  # in place into the bf16 storage: no version bump, no new tensor
             p.grad = None
             master.grad = None
@@ -262,10 +273,12 @@ class AliasedOptimizer:
 
     @torch.no_grad()
     def load_master_weights(self, weights: Sequence[torch.Tensor]) -> None:
-        """Restore :meth:`master_weights` in place, and the bf16 parameters from them."""
+        """Restore :meth:`master_weights` in place, and the bf16 parameters from them (under weight
+        prediction the parameters hold the extrapolated weights: the caller restores those)."""
         pairs = [(m, a) for m, a in zip(self.masters, self.aliases, strict=True) if m is not a]
         if len(weights) != len(pairs):
             raise ValueError(f"{len(weights)} master weights for {len(pairs)} bf16 parameters")
         for (master, alias), w in zip(pairs, weights, strict=True):
             master.copy_(w)
-            alias.copy_(master)
+            if not self.predict:
+                alias.copy_(master)

@@ -72,7 +72,9 @@ def load_profile(cfg: RunConfig, n_units: int, seq_len: int, tied: Sequence[Tied
     path = cfg.training.profile
     if not path:
         return None
-    return check_profile(Profile.load(path, key="training.profile"), n_units, seq_len, "training.profile", path, tied)
+    profile = check_profile(Profile.load(path, key="training.profile"), n_units, seq_len, "training.profile", path,
+                            tied)  # fmt: skip
+    return profile.for_optimizer(cfg.optimizer.timing_key, "training.profile", str(path))  # charged its own step
 
 
 def memory_available(device: torch.device, processes_here: int) -> float:

@@ -33,7 +33,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..config.schema import BACKWARD_WEIGHTS, OptimizerConfig
+from ..config.optimizer import OptimizerConfig
+from ..config.schema import BACKWARD_WEIGHTS
 from ..model.loss import next_token_loss
 from .optim import MASTER_DTYPES, AliasedOptimizer
 from .versions import WeightVersions
@@ -135,6 +136,8 @@ class Stage:
     schedule with no communication. ``dtype``: the parameters' and activations' dtype, fp32 or
     bf16 (module docstring). ``input_grad``: whether the stage's input needs a gradient, i.e.
     whether some unit before this stage trains (module docstring); False on the first stage.
+    ``hidden``: per unit, whether it lies between the model's first and last (Muon takes its
+    matrices); ``predict``: steps of weight prediction (:mod:`.optim`; 0: none).
     """
 
     def __init__(
@@ -151,6 +154,8 @@ class Stage:
         backward_weights: str = "current",
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = next_token_loss,
         input_grad: bool = True,
+        hidden: Sequence[bool] | None = None,
+        predict: int = 0,
     ) -> None:
         if backward_weights not in BACKWARD_WEIGHTS:
             raise ValueError(f"backward_weights must be one of {BACKWARD_WEIGHTS}, got {backward_weights!r}")
@@ -172,12 +177,14 @@ class Stage:
             named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
             self.param_names = [n for n, _ in named]
             self.params = [p for _, p in named]
-            self.optim = AliasedOptimizer.from_config(self.params, optimizer)
+            flags = [bool(hidden[int(n.split(".", 1)[0])]) for n in self.param_names] if hidden is not None else None
+            self.optim = AliasedOptimizer.from_config(self.params, optimizer, flags, predict)
             self.grad_clip = optimizer.grad_clip
         self.backward_weights = backward_weights
         # Indices in ``params`` of copies of a tied parameter whose gradient another stage's norm counts.
         self.counted_elsewhere: frozenset[int] = frozenset()
-        self.versions = WeightVersions(list(zip(self.param_names, self.params, strict=True)))
+        truth = self.optim.masters if self.optim.predict else None  # evaluations score the trained weights
+        self.versions = WeightVersions(list(zip(self.param_names, self.params, strict=True)), truth)
         self.backwards = 0
         self.drift = DriftStats()
         # The last micro-batches' reads, one record each; ``drift`` keeps the whole run's histograms.
@@ -319,6 +326,8 @@ class Stage:
         touching the module (:func:`torch.func.functional_call`), so training state is unchanged.
         """
         x = self._cast(inputs.to(self.device))
+        if weights is None:  # the live weights: under weight prediction, the trained ones (:mod:`.versions`)
+            weights = self.versions.weights(self.updates)
         out = self.module(x) if weights is None else torch.func.functional_call(self.module, weights, (x,))
         if self.is_last:
             assert targets is not None
@@ -341,6 +350,9 @@ class Stage:
         }
         if self.optim.mixed:
             state["masters"] = [m.detach() for m in self.optim.master_weights()]
+            # whose masters they are: bf16 parameters', or every one's under weight prediction (resharding)
+            state["master_names"] = [n for n, m, a in zip(self.param_names, self.optim.masters, self.optim.aliases,
+                                                          strict=True) if m is not a]  # fmt: skip
         return state
 
     def _optimizer_order(self) -> list[str]:

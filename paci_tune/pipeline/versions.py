@@ -25,7 +25,10 @@ keeps ``P - s`` casts; PipeDream-2BW keeps two versions for the same reason.
 
 Evaluation without a drain uses the same store: a pending evaluation holds its version
 (:meth:`hold`) and scores :meth:`weights` of it, the live parameters or the copy a later step made.
-May import: torch.
+Under weight prediction (:mod:`.optim`) the parameters hold the extrapolated weights the forwards
+run on, and the weights the optimizer trains are the fp32 masters (``truth``): an evaluation scores
+those -- the masters themselves, or their copy a later step made when an evaluation still held the
+version -- so a validation loss is the trained model's, never its extrapolation. May import: torch.
 """
 
 from __future__ import annotations
@@ -63,7 +66,10 @@ class _Layout:
 class WeightVersions:
     """The versions of one stage's weights still referenced, and the hooks that reference them."""
 
-    def __init__(self, named_params: Sequence[tuple[str, torch.Tensor]]) -> None:
+    def __init__(
+        self, named_params: Sequence[tuple[str, torch.Tensor]], truth: Sequence[torch.Tensor] | None = None
+    ) -> None:
+        """``truth``: per parameter, in order, the weights evaluations score instead (module docstring)."""
         self._storages: dict[int, torch.UntypedStorage] = {}
         self._layouts: dict[str, _Layout] = {}
         for name, p in named_params:
@@ -72,18 +78,31 @@ class WeightVersions:
             self._storages.setdefault(key, storage)
             self._layouts[name] = _Layout(key, p.dtype, p.size(), p.stride(), p.storage_offset())
         self.current = 0  # the version the parameters hold now (= the stage's updates)
+        self._truth = dict(zip([n for n, _ in named_params], truth, strict=True)) if truth is not None else None
+        self._dtypes = {n: p.dtype for n, p in named_params}
+        self._truth_copies: dict[int, dict[str, torch.Tensor]] = {}
+        self._evaluations: dict[int, int] = {}  # version -> pending evaluations holding it
         self._holders: dict[int, int] = {}
         self._copies: dict[int, dict[int, torch.UntypedStorage]] = {}
         self.copies_made = 0
         self.peak_copies = 0
 
     # ------------------------------------------------------------------------------- holders
-    def hold(self, version: int) -> None:
-        """Something (a micro-batch in flight, a pending evaluation) will read ``version`` later."""
+    def hold(self, version: int, evaluation: bool = False) -> None:
+        """Something (a micro-batch in flight, a pending ``evaluation``) will read ``version`` later."""
         self._holders[version] = self._holders.get(version, 0) + 1
+        if evaluation:
+            self._evaluations[version] = self._evaluations.get(version, 0) + 1
 
-    def release(self, version: int) -> None:
+    def release(self, version: int, evaluation: bool = False) -> None:
         """One holder of ``version`` is done; its copy is freed with the last one."""
+        if evaluation:
+            left = self._evaluations[version] - 1
+            if left:
+                self._evaluations[version] = left
+            else:
+                del self._evaluations[version]
+                self._truth_copies.pop(version, None)
         left = self._holders[version] - 1
         if left:
             self._holders[version] = left
@@ -94,6 +113,8 @@ class WeightVersions:
     def release_all(self) -> None:
         self._holders.clear()
         self._copies.clear()
+        self._evaluations.clear()
+        self._truth_copies.clear()
 
     # ---------------------------------------------------------------------------------- steps
     @torch.no_grad()
@@ -103,6 +124,8 @@ class WeightVersions:
             self._copies[self.current] = {k: s.clone() for k, s in self._storages.items()}
             self.copies_made += 1
             self.peak_copies = max(self.peak_copies, len(self._copies))
+        if self._truth is not None and self._evaluations.get(self.current) and self.current not in self._truth_copies:
+            self._truth_copies[self.current] = {n: t.detach().clone() for n, t in self._truth.items()}
 
     @property
     def copies(self) -> int:
@@ -151,7 +174,13 @@ class WeightVersions:
 
     # ---------------------------------------------------------------------------- evaluation
     def weights(self, version: int) -> dict[str, torch.Tensor] | None:
-        """The parameters at ``version`` by name; ``None`` while they are the live ones."""
+        """The parameters at ``version`` by name; ``None`` while they are the live ones. Under weight
+        prediction, the trained weights at ``version`` (module docstring), in the parameters' dtypes."""
+        if self._truth is not None:
+            held = self._truth if version == self.current else self._truth_copies.get(version)
+            if held is None:
+                raise RuntimeError(f"trained weights of version {version} were not kept (now at {self.current})")
+            return {n: t.detach().to(self._dtypes[n]) for n, t in held.items()}
         if version == self.current:
             return None
         return {

@@ -21,7 +21,7 @@ when a split was derived. May import: the standard library only.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -84,6 +84,7 @@ class UnitProfile:
     costs: dict[int, UnitCost]
     copy_s: float | None = None  # one clone of the weights (compute dtype); None: not measured, taken as 0
     trainable_bytes: int | None = None  # 4 per trainable parameter; None: every parameter trains
+    optimizer_steps: dict[str, float] = field(default_factory=dict)  # other optimizers' steps, by timing key
 
     @property
     def trained_bytes(self) -> int:
@@ -131,6 +132,8 @@ class UnitProfile:
         if self.trainable_bytes is not None:
             out["trainable_bytes"] = int(self.trainable_bytes)
         out["optimizer_s"] = float(self.optimizer_s)
+        if self.optimizer_steps:
+            out["optimizer_steps"] = {str(k): float(v) for k, v in self.optimizer_steps.items()}
         if self.copy_s is not None:
             out["copy_s"] = float(self.copy_s)
         out["microbatch"] = {int(b): c.to_dict() for b, c in sorted(self.costs.items())}

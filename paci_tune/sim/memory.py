@@ -63,8 +63,9 @@ GIB = 2**30
 DEFAULT_OVERHEAD_BYTES = 256 * MIB
 """Allocator slack and temporaries; on a GPU the CUDA context (several hundred MiB) comes on top."""
 
-OPTIMIZER_STATE_FACTOR = {"adamw": 2, "sgd": 1}
-"""Optimizer state in units of the fp32 weights: AdamW's two moments, SGD's momentum buffer."""
+OPTIMIZER_STATE_FACTOR = {"adamw": 2, "sgd": 1, "nadam": 2, "muon": 2}
+"""Optimizer state in units of the fp32 weights: AdamW's and NAdam's two moments, SGD's momentum buffer;
+Muon's is one buffer for its matrices and AdamW's two for the rest, counted at the larger (an upper bound)."""
 
 WEIGHT_BYTES = {"fp32": 4, "bf16": 2}
 """Bytes per parameter of the weights a stage computes with, by the profile's ``dtype``."""

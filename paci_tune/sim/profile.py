@@ -27,6 +27,11 @@ Format (every time in seconds, every size in bytes)::
     p2p: {latency_s: 5.0e-05, bandwidth_Bps: 2.0e+09}   # one point-to-point send: latency + bytes / bandwidth
     allreduce: {latency_s: 1.0e-04, bandwidth_Bps: 1.0e+09, backend: gloo}   # optional: one ring step (below)
     tied: [{units: [0, 5], bytes: 131072}]   # optional: units sharing trainable parameters (:mod:`.tied`)
+    optimizer: adamw                # optional: whose step optimizer_s is (default adamw); per unit, optionally,
+    optimizer_note: ...             # optimizer_steps: {nadam: 0.0002, muon: 0.0009}, other optimizers' steps
+
+A run is charged its own optimizer's step (:meth:`Profile.for_optimizer`; a profile that did not time
+it is refused). Profiles written before the key timed AdamW.
 
 ``forward_s`` / ``backward_s`` are one micro-batch through the unit (the last unit includes the
 cross-entropy loss, as the real last stage computes it). ``activation_bytes`` is the unit's
@@ -99,8 +104,8 @@ from .tied import TiedGroup, parse_tied
 
 FORMAT = "paci-tune-profile/1"
 _TOP_KEYS = ("format", "machine", "device", "torch", "dtype", "date", "threads", "seq_len", "units", "p2p",
-             "allreduce", "tied")  # fmt: skip
-_UNIT_KEYS = ("name", "param_bytes", "trainable_bytes", "optimizer_s", "copy_s", "microbatch")
+             "allreduce", "tied", "optimizer", "optimizer_note")  # fmt: skip
+_UNIT_KEYS = ("name", "param_bytes", "trainable_bytes", "optimizer_s", "copy_s", "microbatch", "optimizer_steps")
 _COST_KEYS = ("forward_s", "backward_s", "activation_bytes", "saved_bytes")
 _SPLIT_KEYS = ("backward_input_s", "backward_weight_s")
 _P2P_KEYS = ("latency_s", "bandwidth_Bps", "backend")
@@ -167,6 +172,26 @@ class Profile:
     machine: dict[str, str] = field(default_factory=dict)
     allreduce_cost: AllReduceCost | None = None  # None: derived from ``p2p`` (module docstring)
     tied: list[TiedGroup] = field(default_factory=list)  # units sharing trainable parameters (:mod:`.tied`)
+    optimizer: str = "adamw"  # the timing key of the optimizer whose step ``optimizer_s`` is
+    optimizer_note: str | None = None  # how the units' ``optimizer_steps`` were timed
+
+    def timed_optimizers(self) -> list[str]:
+        """The optimizers with a step time here: its own, then those every unit's ``optimizer_steps`` has."""
+        others = set.intersection(*(set(u.optimizer_steps) for u in self.units)) if self.units else set()
+        return [self.optimizer, *sorted(others - {self.optimizer})]
+
+    def for_optimizer(self, key: str, where: str = "profile", path: str = "") -> Profile:
+        """This profile charging optimizer ``key``'s step (module docstring); refused when it did not time it."""
+        if key == self.optimizer:
+            return self
+        if key not in self.timed_optimizers():
+            raise ConfigError(where, path or self.device, f"a profile that timed the {key} step (this one timed "
+                              f"{', '.join(self.timed_optimizers())}): paci-tune calibrate CONFIG, with "
+                              f"optimizer.name: {key.split()[0]} in CONFIG, measures one")  # fmt: skip
+        units = [replace(u, optimizer_s=u.optimizer_steps[key], optimizer_steps={
+            **{k: v for k, v in u.optimizer_steps.items() if k != key}, self.optimizer: u.optimizer_s})
+            for u in self.units]  # fmt: skip
+        return replace(self, units=units, optimizer=key)
 
     @property
     def allreduce(self) -> AllReduceCost:
@@ -239,6 +264,7 @@ class Profile:
             replace(
                 u,
                 optimizer_s=u.optimizer_s * factor,
+                optimizer_steps={k: v * factor for k, v in u.optimizer_steps.items()},
                 copy_s=None if u.copy_s is None else u.copy_s * factor,
                 costs={b: c.scaled(factor) for b, c in u.costs.items()},
             )
@@ -267,6 +293,9 @@ class Profile:
             out["allreduce"] = self.allreduce_cost.to_dict()
         if self.tied:
             out["tied"] = [g.to_dict() for g in self.tied]
+        out["optimizer"] = str(self.optimizer)
+        if self.optimizer_note:
+            out["optimizer_note"] = str(self.optimizer_note)
         return out
 
     def dumps(self) -> str:
@@ -313,6 +342,8 @@ class Profile:
             date=str(data.get("date", "unknown")),
             machine={str(k): str(v) for k, v in machine.items()},
             tied=parse_tied(f"{where}.tied", data.get("tied"), len(units)),
+            optimizer=str(data.get("optimizer", "adamw")),
+            optimizer_note=None if data.get("optimizer_note") is None else str(data["optimizer_note"]),
         )
 
     @classmethod
@@ -400,6 +431,9 @@ def _unit(key: str, raw: Any, index: int) -> UnitProfile:
         trainable = _int(f"{key}.trainable_bytes", trainable)
         if trainable > param_bytes:
             raise ConfigError(f"{key}.trainable_bytes", trainable, f"at most param_bytes ({param_bytes})")
+    steps = raw.get("optimizer_steps") or {}
+    if not isinstance(steps, Mapping):
+        raise ConfigError(f"{key}.optimizer_steps", steps, "a mapping of optimizer to the seconds of its step")
     return UnitProfile(
         name=str(raw.get("name", f"unit{index}")),
         param_bytes=param_bytes,
@@ -407,4 +441,5 @@ def _unit(key: str, raw: Any, index: int) -> UnitProfile:
         optimizer_s=_number(f"{key}.optimizer_s", raw.get("optimizer_s")),
         costs=costs,
         copy_s=None if raw.get("copy_s") is None else _number(f"{key}.copy_s", raw["copy_s"]),
+        optimizer_steps={str(k): _number(f"{key}.optimizer_steps.{k}", v) for k, v in steps.items()},
     )

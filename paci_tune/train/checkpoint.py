@@ -133,7 +133,8 @@ def units_of(folder: Path) -> tuple[dict, dict[tuple[int, str], dict]]:
     """Meta and the checkpoint keyed by (model unit, name within the unit): value and optimizer state.
 
     Replica 0's stages are the state (replicas are identical after each step). The value is fp32:
-    the master weight of a bf16 parameter, else the parameter itself. A frozen parameter (not in the
+    the master weight of a bf16 parameter (of every parameter under weight prediction, whose
+    parameters hold the extrapolated weights), else the parameter itself. A frozen parameter (not in the
     optimizer: ``opt_names``) has no optimizer state; a stage with nothing to train has an empty
     ``opt_names``. ``param_names`` tells frozen parameters from buffers (checkpoints written before it
     had no frozen parameters: every parameter was in the optimizer). ``meta["updates"]`` is the most
@@ -161,7 +162,10 @@ def units_of(folder: Path) -> tuple[dict, dict[tuple[int, str], dict]]:
             else:
                 entry["buffer"] = True
             units[(rng[int(i)], rest)] = entry
-        for key in [k for k in st["module"] if k in param_set and st["module"][k].dtype == torch.bfloat16]:
+        # whose masters: named (bf16 parameters, or all of them under weight prediction), else the bf16 ones
+        owners = st.get("master_names") or [k for k in st["module"] if k in param_set and
+                                            st["module"][k].dtype == torch.bfloat16]  # fmt: skip
+        for key in owners:
             i, rest = key.split(".", 1)
             units[(rng[int(i)], rest)]["value"] = next(masters)
         for alias, first in _ties(st["module"], param_set, all_params).items():

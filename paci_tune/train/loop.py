@@ -18,43 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from ..config.layout import Layout
-from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..pipeline.evaluation import EvalPlan, EvalResult
 from ..pipeline.factory import ResolvedRun, Setup, build_setup
 from ..pipeline.runtime import Runtime, StageTiming
 from . import checkpoint
 from .clock import Clock, ProfileClock, WallClock
+from .fingerprint import fingerprint, mismatch
 from .lr import lr_factor, peak_lr, step_progress
 from .metrics import RecordSink
 from .timed import is_timed, numerics_config, numerics_run
-
-# Settings that change how a run executes but not its numbers: a run may resume under others.
-_EXECUTION_ONLY = {
-    "pipeline": {"runtime", "device", "backend", "torch_schedule"},
-    "training": {"checkpoint_every", "checkpoint_dir", "keep_checkpoints", "steps", "seconds", "init_from"},
-}
-
-
-def fingerprint(cfg: RunConfig) -> dict[str, Any]:
-    """The part of a config a checkpoint must match to resume with the same numerics."""
-    doc = cfg.to_dict()
-    for section, keys in _EXECUTION_ONLY.items():
-        doc[section] = {k: v for k, v in doc[section].items() if k not in keys}
-    doc["budget"] = {"steps": cfg.training.steps, "seconds": cfg.training.seconds}
-    return doc
-
-
-def _mismatch(a: Any, b: Any, path: str = "") -> str | None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            m = _mismatch(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
-            if m:
-                return m
-        return None
-    a = list(a) if isinstance(a, tuple) else a
-    b = list(b) if isinstance(b, tuple) else b
-    return None if a == b else f"{path}: checkpoint has {a!r}, this run has {b!r}"
 
 
 @dataclasses.dataclass
@@ -90,11 +63,12 @@ class Trainer:
         self.clock: Clock = WallClock()
         self._segment_first = 0
         # A schedule the simulator times trains 1F1B's numbers on its runtime; its clock times its own lists.
-        self.setup: Setup = build_setup(numerics_run(run), self.lr_at, distributed=distributed)
+        self.setup: Setup = build_setup(numerics_run(run), self.lr_at, distributed=distributed, progress=self.progress)
         self.runtime: Runtime = self.setup.runtime
         self.tokens_per_batch = t.global_batch * self.setup.seq_len
         self.state = LoopState(timing=[dataclasses.asdict(StageTiming()) for _ in range(p.stages)])
         self.ckpt_root = Path(t.checkpoint_dir) if t.checkpoint_dir else None
+        self._init_optimizer: str | None = None  # set when --init-from could not move the optimizer's state
 
     @property
     def layout(self) -> Layout:
@@ -308,7 +282,7 @@ class Trainer:
         if checkpoint.latest(self.ckpt_root) is None:
             return  # nothing saved yet: a fresh start is the resume
         meta, states = checkpoint.load(self.ckpt_root, self.runtime.local_stages)
-        diff = _mismatch(meta["fingerprint"], fingerprint(self.cfg))
+        diff = mismatch(meta["fingerprint"], fingerprint(self.cfg))
         if diff is None and meta["partition"] != self.setup.partition:
             diff = f"partition: checkpoint has {meta['partition']}, this run has {self.setup.partition}"
         if diff:
@@ -325,17 +299,24 @@ class Trainer:
         continues at the checkpoint's step. Clock, records and timing start afresh, so a budget in
         seconds counts from the checkpoint. The data from there is drawn with this run's seed and
         batch: with the checkpoint's own, the run continues exactly the run that wrote it.
+
+        A checkpoint of another optimizer (AdamW's moments, for a NAdam or Muon run) gives its
+        weights and step count only: this run's optimizer starts its state afresh, as switching
+        optimizers mid-run does (the start record says so: ``init_optimizer``).
         """
         folder = checkpoint.find(path)
         meta, states = checkpoint.reshard(folder, self.setup.partition, self.runtime.local_stages)
         mine, theirs = fingerprint(self.cfg), meta["fingerprint"]
-        for section in ("model", "data", "optimizer"):
-            a, b = theirs.get(section, {}), mine.get(section, {})
-            if section == "optimizer":
-                a, b = a.get("name"), b.get("name")
-            diff = _mismatch(a, b, section)
+        for section in ("model", "data"):
+            diff = mismatch(theirs.get(section, {}), mine.get(section, {}), section)
             if diff:
                 raise ConfigError(checkpoint.INIT_FROM, str(folder), f"a checkpoint of the same {section} ({diff})")
+        was = (theirs.get("optimizer") or {}).get("name", "adamw")
+        if was != self.cfg.optimizer.name:
+            for st in states.values():
+                for entry in st["params"].values():
+                    entry["state"] = {}
+            self._init_optimizer = f"fresh: the checkpoint's {was} state is not {self.cfg.optimizer.name}'s"
         self.runtime.load_state_dicts(states)
         self.state.batches_done = self.state.last_checkpoint = meta["loop"]["batches_done"]
 
@@ -361,6 +342,7 @@ class Trainer:
                 "steps": c.training.steps,
                 "seconds": c.training.seconds,
                 "resumed_at": self.state.batches_done,
+                **({"init_optimizer": self._init_optimizer} if self._init_optimizer else {}),
                 "clock": self.clock.now(),
             }
         )

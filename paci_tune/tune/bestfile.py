@@ -12,7 +12,8 @@ than trained half-way). The purely informative sections (``provenance``, ``confi
 ``transfer_check``, ``baseline``, ...) need only be of the right shape: nothing reads their insides. A new field of
 the run's ``pipeline`` section is accepted in ``recommended`` too, so the file grows with the schema.
 ``recommended.backward_weights`` is null (flush) or PACI's value, the run's ``pipeline.backward_weights``;
-a file from before the key has none and trains the run as written. May import: :mod:`paci_tune.pipeline`
+``recommended.optimizer`` the run's optimizer and the settings it reads; a file from before either key
+has none and trains the run as written. May import: :mod:`paci_tune.pipeline`
 (its checks), :mod:`paci_tune.model`, :mod:`paci_tune.config`, :mod:`paci_tune.base`,
 :mod:`paci_tune.errors` and the tune layer's :mod:`.choices`.
 
@@ -44,7 +45,7 @@ EVIDENCE = (
 """A trial's figures ``best.yaml`` shows; the ``clock_`` ones are on the objective's clock."""
 
 RECOMMENDED = ("schedule", "stages", "data_parallel", "devices", "window", "microbatch_size", "partition",
-               "global_batch", "lr", "lr_scale", "backward_weights")  # fmt: skip
+               "global_batch", "lr", "lr_scale", "backward_weights", "optimizer")  # fmt: skip
 """The keys of ``best.yaml``'s ``recommended`` (``apply`` checks them against the run it trains)."""
 
 HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}`.\n"
@@ -89,6 +90,7 @@ class Recommended:
     lr: float | None = None
     lr_scale: float | None = None
     backward_weights: str | None = None
+    optimizer: dict[str, Any] | None = None  # the run's optimizer, its settings (absent before the key)
     extra: dict[str, Any] = field(default_factory=dict)
     keys: tuple[str, ...] = RECOMMENDED  # the keys present, in the file's order
 
@@ -267,6 +269,10 @@ def _check_recommended(rec: dict[str, Any], run: RunConfig | None) -> None:
     scale = rec.get("lr_scale")
     if scale is not None and not _number(scale, 1e3):
         raise ConfigError("best.yaml.recommended.lr_scale", scale, "a positive number up to 1000")
+    opt = rec.get("optimizer")  # absent in files written before the key: nothing to compare
+    if opt is not None and (not isinstance(opt, dict) or (run is not None and opt != run.optimizer.settings())):
+        want = f"{run.optimizer.settings()!r}, what the run apply trains says" if run is not None else "a mapping"
+        raise ConfigError("best.yaml.recommended.optimizer", opt, f"null or {want}")
     bw = rec.get("backward_weights")  # absent in files written before the key: nothing to compare
     if bw is not None and (not isinstance(bw, str) or bw not in BACKWARD_WEIGHTS
                            or (p is not None and bw != p.backward_weights)):  # fmt: skip

@@ -5,7 +5,7 @@ it knows how to say itself (a label) and how to become a run (dotted overrides),
 which points a space allows (:mod:`.space`). It lives apart from the space so that readers of a
 search's results (the verdict, the report) need not import the space's parsing. May import:
 :mod:`paci_tune.config` (the :class:`~paci_tune.config.layout.Layout`) and the tune layer's
-:mod:`.choices`.
+:mod:`.choices` and :mod:`.recipes`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from ..config.layout import Layout
 from .choices import DEFAULT_BACKWARD_WEIGHTS
+from .recipes import OFF, recipe_overrides
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class TrialParams:
     data_parallel: int = 1
     backward_weights: str | None = None  # PACI's pipeline.backward_weights; None: the run's own (flush: always)
     chunks: int = 1  # v model chunks per stage (pipeline.chunks): > 1 under interleaved only
+    optimizer: str | None = None  # an optimizer recipe (:mod:`.recipes`); None: the run's own optimizer
+    staleness: str | None = None  # PACI's staleness recipe; None: the run's own controls (flush: always)
 
     @property
     def layout(self) -> Layout:
@@ -49,13 +52,15 @@ class TrialParams:
         out = self.layout.overrides()
         if self.backward_weights is not None:
             out["pipeline.backward_weights"] = self.backward_weights
-        return out
+        return {**out, **recipe_overrides(self.optimizer, self.staleness)}
 
     def label(self) -> str:
-        """``paci P=4 D=2 a=8 b=4 w=current lr x0.5``: D, v (``interleaved P=2 v=2 ...``), the backward's
-        weights and the LR scale only where they are not the default (D=1, v=1, ``forward`` or the run's
-        own, x1)."""
+        """``paci P=4 D=2 a=8 b=4 w=current [nadam betas=0.99,0.999] +predict_weights lr x0.5``: D, v
+        (``interleaved P=2 v=2 ...``), the backward's weights, the optimizer and staleness recipes and the
+        LR scale only where they are not the default (D=1, v=1, ``forward`` or the run's own, x1)."""
         lr = f" lr x{self.lr_scale:.2g}" if self.lr_scale != 1.0 else ""
         bw = self.backward_weights
         w = f" w={bw}" if bw is not None and bw != DEFAULT_BACKWARD_WEIGHTS else ""
-        return f"{self.layout.label()}{w}{lr}"
+        opt = f" [{self.optimizer}]" if self.optimizer is not None else ""
+        stale = f" +{self.staleness.replace(' ', ' +')}" if self.staleness not in (None, OFF) else ""
+        return f"{self.layout.label()}{w}{opt}{stale}{lr}"

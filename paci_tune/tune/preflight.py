@@ -101,6 +101,8 @@ def check_trials(tune: TuneConfig, space: SearchSpace, profile: str | None) -> l
     if tune.budget.profile:
         prof = Profile.load(tune.budget.profile, "budget.profile")
         check_profile(prof, meta.n_units, meta.block_size, "budget.profile", tune.budget.profile)
+        for key in sorted({r.optimizer.timing_key for r in runs}):  # every optimizer a trial trains with, timed
+            prof.for_optimizer(key, "budget.profile", tune.budget.profile)
     return runs
 
 

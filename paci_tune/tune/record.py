@@ -25,6 +25,7 @@ REPEAT_OF = "repeat_of"  # answered from an earlier trial of the same point (its
 RERUN_OF = "rerun_of"  # a pruned point trained again because it now survives the pruner
 WORKER, HEARTBEAT = "worker", "heartbeat"  # {"host", "pid"} of the worker running it; its last sign of life
 LABEL, DATA_PARALLEL, DEVICES, BACKWARD_WEIGHTS = "label", "data_parallel", "devices", "backward_weights"
+OPTIMIZER, STALENESS = "optimizer", "staleness"  # a recipe the space fixes (one choice: no parameter)
 TIME_TO_TARGET, BEST_VAL_LOSS, CLOCK_USED = "time_to_target", "best_val_loss", "clock_used"
 WALL_SECONDS, CURVE = "wall_seconds", "curve"
 PRUNED_STEP, PRUNED_CLOCK = "pruned_step", "pruned_clock"
@@ -113,13 +114,17 @@ class PointAttrs:
     data_parallel: int
     devices: int
     backward_weights: str | None = None  # written only when set
+    optimizer: str | None = None  # the optimizer recipe (:mod:`.recipes`), written only when set
+    staleness: str | None = None  # PACI's staleness recipe, written only when set
 
     def write(self, trial: optuna.Trial) -> None:
         trial.set_user_attr(LABEL, self.label)
         trial.set_user_attr(DATA_PARALLEL, self.data_parallel)
         trial.set_user_attr(DEVICES, self.devices)
-        if self.backward_weights is not None:
-            trial.set_user_attr(BACKWARD_WEIGHTS, self.backward_weights)
+        for key, value in ((BACKWARD_WEIGHTS, self.backward_weights), (OPTIMIZER, self.optimizer),
+                           (STALENESS, self.staleness)):  # fmt: skip
+            if value is not None:
+                trial.set_user_attr(key, value)
 
 
 @dataclass(frozen=True)
@@ -204,6 +209,8 @@ class TrialRecord:
     label: str | None
     data_parallel: int | None
     backward_weights: str | None
+    optimizer: str | None
+    staleness: str | None
     time_to_target: float | None
     best_val_loss: float | None
     wall_seconds: float | None
@@ -225,6 +232,7 @@ class TrialRecord:
             retry_of=None if a.get(RETRY_OF) is None else int(a[RETRY_OF]), attempt=int(a.get(ATTEMPT, 0)),
             repeat_of=a.get(REPEAT_OF), worker=a.get(WORKER), heartbeat=a.get(HEARTBEAT), label=a.get(LABEL),
             data_parallel=a.get(DATA_PARALLEL), backward_weights=a.get(BACKWARD_WEIGHTS),
+            optimizer=a.get(OPTIMIZER), staleness=a.get(STALENESS),
             time_to_target=a.get(TIME_TO_TARGET), best_val_loss=a.get(BEST_VAL_LOSS), wall_seconds=a.get(WALL_SECONDS),
             curve=a.get(CURVE), pruned_step=a.get(PRUNED_STEP), pruned_clock=a.get(PRUNED_CLOCK),
             fail_reason=a.get(FAIL_REASON), infeasible=bool(a.get(INFEASIBLE)), attrs=a,

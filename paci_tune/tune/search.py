@@ -128,8 +128,10 @@ class Search:
         rec = TrialRecord.read(trial)
         seed, factor = rec.seed, rec.factor if rec.factor is not None else 1.0
         tag = f" seed {seed}" if seed is not None else (f" x{factor:g} budget" if factor != 1.0 else "")
-        # backward_weights: PACI with the space's backward_weights (a fixed one is no param); else not written
-        PointAttrs(params.label() + tag, params.data_parallel, params.devices, params.backward_weights).write(trial)
+        # backward_weights: PACI with the space's backward_weights (a fixed one is no param); else not written.
+        # The optimizer and staleness recipes likewise (the stored trial names what it trained with).
+        PointAttrs(params.label() + tag, params.data_parallel, params.devices, params.backward_weights,
+                   params.optimizer, params.staleness).write(trial)  # fmt: skip
         note = f"confirmation, seed {seed}" if seed is not None else (
             f"transfer check, {factor:g}x the budget" if factor != 1.0 else None)  # fmt: skip
         self.on_event(SearchEvent("start", schedule, trial.number, params, reason=note))

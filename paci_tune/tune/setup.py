@@ -3,7 +3,7 @@
 Shared by ``paci-tune search`` (:mod:`.session`) and the benchmark that replays searches against a
 full grid. May import: :mod:`paci_tune.calibrate`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.model`,
 :mod:`paci_tune.sim`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune
-layer's :mod:`.space` and :mod:`.study`.
+layer's :mod:`.space`, :mod:`.narrow`, :mod:`.point`, :mod:`.recipes` and :mod:`.study`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
     On the wall clock the budget's devices must exist here: each trial runs P x D processes.
     """
     from ..pipeline.factory import resolve_pieces
-    from .space import load_space, skip_stale, skip_tied
+    from .narrow import skip_incompatible, skip_stale, skip_tied
+    from .space import load_space
 
     devices = tune.hardware.devices
     if devices is None:
@@ -45,7 +46,8 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
     meta = resolve_pieces(one_stage, distributed=True).model
     space = load_space(tune.search.space, global_batch=tune.run.training.global_batch, n_units=meta.n_units,
                        max_stages=None, devices=devices, distributed=trial_runtime(tune) == "distributed")  # fmt: skip
-    return skip_tied(skip_stale(space, tune.search.paci_max_drift), _tied(meta))
+    space = skip_tied(skip_stale(space, tune.search.paci_max_drift), _tied(meta))
+    return skip_incompatible(space, tune.run_doc)
 
 
 def _tied(meta: Any) -> str | None:
@@ -77,7 +79,7 @@ def drop_unfit(tune: TuneConfig, space: SearchSpace, profile_path: str | None) -
     from ..pipeline.factory import resolve_device
     from ..pipeline.planning import memory_refusal
     from ..sim.profile import Profile
-    from .space import restrict
+    from .narrow import restrict
 
     profile = Profile.load(profile_path, "budget.profile")
     runtime = trial_runtime(tune)
@@ -110,8 +112,8 @@ def _devices(tune: TuneConfig) -> int:
 def profile_for(tune: TuneConfig, space: Any, work: Path, log: Log | None = None) -> str | None:
     """The cost profile every trial's sim/rst clock reads: given, or measured once per search.
 
-    Measured at every micro-batch size of the space and kept in the work folder, so a resumed
-    search times its trials exactly as before.
+    Measured at every micro-batch size of the space, with the step of every optimizer the space
+    names, and kept in the work folder, so a resumed search times its trials exactly as before.
     """
     b = tune.budget
     if b.clock == "wall":
@@ -122,9 +124,11 @@ def profile_for(tune: TuneConfig, space: Any, work: Path, log: Log | None = None
             raise ConfigError("budget.profile", b.profile, "an existing profile file (paci-tune calibrate)")
         return str(found.resolve())
     from ..calibrate.cache import measured_profile
+    from .recipes import recipe_overrides
 
+    optimizers = [derive_run(tune.run_doc, recipe_overrides(o, None)).optimizer for o in space.optimizers]
     _, path = measured_profile(tune.run, microbatch_sizes=list(space.microbatch_size), path=work / "profile.yaml",
-                               log=log)  # fmt: skip
+                               log=log, optimizers=optimizers)  # every optimizer of the space timed  # fmt: skip
     return str(path)
 
 
@@ -177,7 +181,14 @@ def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) 
         vs = space.chunks_of(schedule)  # interleaved's v: the file's when the space has it, else the first
         v = p.layout.chunks if p.layout.chunks in vs else vs[0]
         tuned = {**tuned, "chunks": v} if schedule == "interleaved" else tuned
-        params = TrialParams(schedule, p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages), bw, v)
+        # the recipes: one of the file's own optimizer when the space has one, else the first; staleness off
+        opts, stale = space.optimizers_of(schedule), space.staleness_of(schedule)
+        opt = next((o for o in opts if o is not None and o.split(" ")[0] == tune.run.optimizer.name), opts[0])
+        st = "off" if "off" in stale else stale[0]
+        tuned = {**tuned, **({"optimizer": opt} if len(opts) > 1 else {}),
+                 **({"staleness": st} if len(stale) > 1 else {})}  # fmt: skip
+        params = TrialParams(schedule, p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages), bw, v,
+                             opt, st)  # fmt: skip
         # not a point under the device budget, or (PACI) too stale: that study starts from the sampler
         if not study.get_trials(deepcopy=False) and space.why_not(params) is None:
             study.enqueue_trial({**point, **tuned}, skip_if_exists=True)

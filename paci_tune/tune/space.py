@@ -40,15 +40,17 @@ feasible values and the grid is finite:
   (:func:`skip_tied`: PACI refuses one split across stages, and a trial's cut is chosen when it starts).
 The file's values are parsed by :mod:`.choices`. May import: optuna, :mod:`paci_tune.base`,
 :mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the :class:`~paci_tune.config.layout.Layout`),
-:mod:`paci_tune.errors` and the tune layer's :mod:`.budget`, :mod:`.choices` and :mod:`.point` (a point,
-:class:`~.point.TrialParams`, which this module re-exports for callers that build one beside a space).
+:mod:`paci_tune.errors` and the tune layer's :mod:`.budget`, :mod:`.choices`, :mod:`.recipes` (the optimizer
+and staleness recipes: every schedule's study gets the optimizer dimension, with the same recipes, and
+only PACI's the staleness one) and :mod:`.point` (a point, :class:`~.point.TrialParams`, which this
+module re-exports for callers that build one beside a space). The narrowing of a bound space lives in
+:mod:`.narrow`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,7 @@ from ..schedule import INTERLEAVED, ZB_H1, drift_bound, unsupported
 from .budget import budget_points
 from .choices import backward_weights_choices, chunks_choices, int_choices, keep, lr_space
 from .point import TrialParams
+from .recipes import optimizer_recipes, staleness_recipes
 
 SCHEDULES = ("paci", "1f1b", ZB_H1, INTERLEAVED)
 """A space's schedules: PACI, then the synchronous baselines (:data:`SYNCHRONOUS`)."""
@@ -71,7 +74,7 @@ SYNCHRONOUS = SCHEDULES[1:]
 """The schedules with flush's numerics: best.yaml's baseline is the best of those searched."""
 DEFAULT_SCHEDULES = ("paci", "1f1b")
 _KEYS = ("description", "schedules", "global_batch", "stages", "microbatch_size", "window", "lr_scale",
-         "backward_weights", "chunks")  # fmt: skip
+         "backward_weights", "chunks", "optimizer", "staleness")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,17 @@ class SearchSpace:
     chunks: tuple[int, ...] = (DEFAULT_CHUNKS,)  # interleaved's v choices (its study's dimension)
     n_units: int | None = None  # the model's units: an interleaved point needs v * P of them at most
     distributed: bool = False  # trials on the distributed runtime: zb-h1 runs torch's class, and its rule
+    optimizers: tuple[str, ...] = ()  # optimizer recipes (:mod:`.recipes`), every schedule's; empty: the run's own
+    staleness: tuple[str, ...] = ()  # PACI's staleness recipes; empty: the run's own controls
+    incompatible: frozenset[tuple[str | None, str]] = frozenset()  # PACI (optimizer, staleness) pairs refused
+
+    def optimizers_of(self, schedule: str) -> list[str | None]:  # the same for every schedule
+        """The optimizer recipes every schedule's points take (module docstring of :mod:`.recipes`), or [None]."""
+        return list(self.optimizers) or [None]
+
+    def staleness_of(self, schedule: str) -> list[str | None]:
+        """PACI's staleness recipes, or [None] (the run's own; a synchronous schedule never gets one)."""
+        return list(self.staleness) if schedule == "paci" and self.staleness else [None]
 
     def chunks_of(self, schedule: str) -> list[int]:
         """The v values ``schedule``'s points take: the space's choices for interleaved, else [1]."""
@@ -126,6 +140,8 @@ class SearchSpace:
             return f"{params.label()}: {why}"
         if params.window and (why := self._unrunnable(params)):
             return f"{params.label()}: {why}"
+        if params.staleness is not None and (params.optimizer, params.staleness) in self.incompatible:
+            return f"{params.label()}: the run refuses this optimizer with this staleness recipe (see dropped points)"
         if not self.points or key in self.points:
             return None
         if params.window == 0:
@@ -199,7 +215,13 @@ class SearchSpace:
         v = 1
         if schedule == INTERLEAVED:  # one choice too: the trial's params then name its v
             v = int(trial.suggest_categorical("chunks", self.chunks_of(schedule)))
-        return TrialParams(schedule, stages, a, b, lr, self.data_parallel(stages), bw, v)
+        (opt, *more_opts) = self.optimizers_of(schedule)
+        if more_opts:
+            opt = str(trial.suggest_categorical("optimizer", [opt, *more_opts]))
+        (stale, *more_stale) = self.staleness_of(schedule)
+        if more_stale:
+            stale = str(trial.suggest_categorical("staleness", [stale, *more_stale]))
+        return TrialParams(schedule, stages, a, b, lr, self.data_parallel(stages), bw, v, opt, stale)
 
     def grid(self, schedule: str | None = None) -> list[TrialParams]:
         """Every feasible point (of one schedule, or all); a continuous LR range has no grid."""
@@ -208,11 +230,11 @@ class SearchSpace:
         lrs = list(self.lr_scale) if self.lr_scale is not None else [1.0]
         out = []
         for s in [schedule] if schedule else self.schedules:
-            bws, vs = self.backward_weights_of(s), self.chunks_of(s)
-            dims = itertools.product(self.stages, self.microbatch_size, lrs, bws, vs)
-            for p, b, lr, bw, v in dims:
+            dims = itertools.product(self.stages, self.microbatch_size, lrs, self.backward_weights_of(s),
+                                     self.chunks_of(s), self.optimizers_of(s), self.staleness_of(s))
+            for p, b, lr, bw, v, o, st in dims:
                 windows = [self.window_of(p, b)] if self.fixed_batch is not None else list(self.window)
-                points = [TrialParams(s, p, a, b, float(lr), self.data_parallel(p), bw, v) for a in windows]
+                points = [TrialParams(s, p, a, b, float(lr), self.data_parallel(p), bw, v, o, st) for a in windows]
                 out += [q for q in points if self.why_not(q) is None]
         return out
 
@@ -230,6 +252,10 @@ class SearchSpace:
             out["backward_weights"] = list(self.backward_weights)
         if schedule == INTERLEAVED:
             out["chunks"] = self.chunks_of(schedule)
+        if len(self.optimizers) > 1:
+            out["optimizer"] = list(self.optimizers)
+        if len(self.staleness_of(schedule)) > 1:
+            out["staleness"] = list(self.staleness)
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -258,6 +284,10 @@ class SearchSpace:
             out["backward_weights"] = list(self.backward_weights)
         if INTERLEAVED in self.schedules:  # absent otherwise: an older search's fingerprint stays the same
             out["chunks"] = list(self.chunks)
+        if self.optimizers:
+            out["optimizer"] = list(self.optimizers)
+        if self.staleness:
+            out["staleness"] = list(self.staleness)
         return out
 
 
@@ -338,6 +368,7 @@ def load_space(
 
     lr, lr_range = lr_space(doc.get("lr_scale"))
     backward_weights = backward_weights_choices(doc.get("backward_weights"))
+    optimizers, staleness = optimizer_recipes(doc.get("optimizer")), staleness_recipes(doc.get("staleness"))
     given_windows = windows_given if mode == "fixed" and "window" in doc else None
     points, dropped = budget_points(stages, sorted(set(sizes)), windows, fixed, devices, given_windows)
     if not points:
@@ -359,76 +390,6 @@ def load_space(
         chunks=chunks,
         n_units=n_units,
         distributed=distributed,
+        optimizers=optimizers,
+        staleness=staleness,
     ).without_unrunnable()
-
-
-
-
-def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -> SearchSpace:
-    """``space`` less the points ``why_not`` refuses (it returns the reason; None keeps the point).
-
-    The setup's memory check uses it; a check that leaves nothing is a ConfigError on
-    ``hardware.devices`` listing every reason. A point is asked with the space's first schedule the
-    runtimes run (not one only the simulator times: their memory is the simulator's) and,
-    for PACI, its lightest ``backward_weights`` (``current`` holds no weight copy when it is a choice):
-    a point stays when it fits one way; a heavier choice that does not fit is refused by its trial's
-    own check.
-    """
-    schedule = next((s for s in space.schedules if s not in (ZB_H1, INTERLEAVED)), space.schedules[0])
-    bws = space.backward_weights_of(schedule)
-    bw = "current" if "current" in bws else bws[0]
-    kept, dropped = set(), list(space.dropped)
-    for p, a, b in sorted(space.points):
-        reason = why_not(TrialParams(schedule, p, a, b, 1.0, space.data_parallel(p), bw))
-        if reason is None:
-            kept.add((p, a, b))
-        else:
-            dropped.append(reason)
-    if not kept:
-        raise ConfigError("hardware.devices", space.devices, "a budget that leaves a point of the space; none is "
-                          "left: " + "; ".join(dropped))  # fmt: skip
-    return dataclasses.replace(
-        space, points=frozenset(kept), dropped=tuple(dropped),
-        stages=tuple(sorted({p for p, _, _ in kept})), microbatch_size=tuple(sorted({b for _, _, b in kept})),
-    )  # fmt: skip
-
-
-def skip_stale(space: SearchSpace, max_drift: int | None) -> SearchSpace:
-    """``space`` with PACI skipping its points whose drift bound ceil((P-1)/a) exceeds ``max_drift``.
-
-    Why: where a map of the regime (``bench/stat_map.py``) shows that above some staleness PACI needs
-    more steps to a loss than the bubble it removes can pay for, a trial there is a trial wasted.
-    Flush has no staleness and keeps every point; the skipped ones are listed in ``dropped`` and a
-    proposal of one is answered unrun (:meth:`SearchSpace.why_not`). ``None`` (the default: the
-    project's own map found no such bound) keeps every point. A bound that leaves PACI nothing is a
-    ConfigError naming the key.
-    """
-    if max_drift is None or "paci" not in space.schedules:
-        return space
-    bounds = [drift_bound(0, p, a) for p, a, _ in space.points]
-    if bounds and min(bounds) > max_drift:
-        raise ConfigError("search.paci_max_drift", max_drift, f"null, or at least {min(bounds)}: every PACI point "
-                          "of the space has a larger drift bound")  # fmt: skip
-    out = dataclasses.replace(space, paci_max_drift=max_drift)
-    stale = [(p, a, b) for p, a, b in sorted(space.points) if out._stale(p, a)]
-    dropped = [f"paci P={p} D={space.data_parallel(p)} a={a} b={b}: {out._stale(p, a)}" for p, a, b in stale]
-    return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))
-
-
-def skip_tied(space: SearchSpace, tied: str | None) -> SearchSpace:
-    """``space`` with PACI skipping its points of two or more stages when the model's units share ``tied``.
-
-    ``tied`` names a trainable parameter held by more than one unit (None: none is). PACI refuses a
-    cut that splits one across stages (:func:`paci_tune.pipeline.checks.check_shared_parameters`);
-    a trial's cut is chosen when it starts (``partition: auto``), so every PACI point that has a cut
-    at all is skipped up front rather than refused mid-search. Flush sums a tied parameter's gradient
-    across stages and keeps every point. A space that leaves PACI no point (no P = 1) is a ConfigError.
-    """
-    if tied is None or "paci" not in space.schedules:
-        return space
-    out = dataclasses.replace(space, paci_tied=tied)
-    if all(p >= 2 for p in space.stages):
-        raise ConfigError("space.schedules", list(space.schedules), f"schedules without paci, or stages including 1: "
-                          f"{out._tied(2)}, and every point of the space has 2 or more stages")  # fmt: skip
-    dropped = [f"paci P={p} D={space.data_parallel(p)}: {out._tied(p)}" for p in space.stages if p >= 2]
-    return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))

@@ -95,6 +95,14 @@ def warm_up_doc(tune: TuneConfig, folder: Path, runtime: str) -> dict[str, Any]:
     assert steps is not None
     t, hw = tune.run.training, tune.hardware
     ramp = tune.run.lr_schedule.warmup_fraction * (t.steps / steps if t.steps is not None else 1.0)
+    extra = {k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v}
+    return warm_up_run(tune.run_doc, steps, folder, runtime, ramp, extra)
+
+
+def warm_up_run(run_doc: dict[str, Any], steps: int, folder: Path, runtime: str, ramp: float,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``run_doc`` as a warm-up (:func:`warm_up_doc`): 1F1B-flush for ``steps`` global batches into ``folder``,
+    its LR warming up over ``ramp`` of them and then held at its peak (also the benches' warm start)."""
     over: dict[str, Any] = {
         "pipeline.schedule": "1f1b",
         "pipeline.inflight": None,
@@ -112,9 +120,9 @@ def warm_up_doc(tune: TuneConfig, folder: Path, runtime: str) -> dict[str, Any]:
         "training.keep_checkpoints": 1,
         "lr_schedule.min_ratio": 1.0,
         "lr_schedule.warmup_fraction": ramp,  # < 1: config.tune.check_warm_up_reaches_peak
+        **(extra or {}),
     }
-    over.update({k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v})
-    return derive_doc(copy.deepcopy(tune.run_doc), over)
+    return derive_doc(copy.deepcopy(run_doc), over)
 
 
 def folder_for(tune: TuneConfig, name: str, work: Path, storage_url: str, studies: dict[str, optuna.Study]) -> Path:

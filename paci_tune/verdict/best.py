@@ -33,6 +33,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .. import __version__
 from ..config.layout import Layout
+from ..config.optimizer import OptimizerConfig
+from ..config.schema import STALENESS_KEYS, from_dict
 from ..errors import ConfigError
 from ..tune.bestfile import EVIDENCE, RECOMMENDED
 from ..tune.choices import DEFAULT_BACKWARD_WEIGHTS
@@ -93,6 +95,8 @@ def describe_trial(t: FrozenTrial, schedule: str, params: TrialParams, lr: float
         "lr": lr,
         "lr_scale": params.lr_scale,
         "backward_weights": params.backward_weights,
+        **({"optimizer": params.optimizer} if params.optimizer is not None else {}),
+        **({"staleness": params.staleness} if params.staleness is not None else {}),
         "trial": t.number,
         "time_to_target": r.time_to_target,
         "reached_target": r.time_to_target is not None,
@@ -114,7 +118,8 @@ def params_of(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialPa
     a = Layout.window_for(fixed_batch, d, b) if fixed_batch is not None else int(p["window"])
     bw = p.get("backward_weights", r.backward_weights) if schedule == "paci" else None
     v = int(p.get("chunks", 1))  # interleaved's v (its study's parameter); 1 for every other schedule
-    return TrialParams(schedule, int(p["stages"]), a, b, float(p.get("lr_scale", 1.0)), d, bw, v)
+    opt, stale = p.get("optimizer", r.optimizer), p.get("staleness", r.staleness) if schedule == "paci" else None
+    return TrialParams(schedule, int(p["stages"]), a, b, float(p.get("lr_scale", 1.0)), d, bw, v, opt, stale)
 
 
 def build_best(
@@ -170,7 +175,7 @@ def build_best(
     a = TrialRecord.read(rec_t)
     described = describe_trial(rec_t, rec_schedule, rec_p, base_lr * rec_p.lr_scale)
     doc: dict[str, Any] = {
-        "recommended": {k: described[k] for k in RECOMMENDED},
+        "recommended": {k: described[k] for k in RECOMMENDED if k != "optimizer"},  # the run's, below
         "evidence": {
             "trial": f"{studies[rec_schedule].study_name}#{rec_t.number}",
             "time_to_target": a.time_to_target,
@@ -204,6 +209,10 @@ def build_best(
     if rec_p.chunks != 1:  # interleaved's v: the run's pipeline.chunks, stated beside the rest of the point
         doc["recommended"]["chunks"] = rec_p.chunks
     doc["run"] = run_doc_for(rec_p)
+    run = doc["run"] if isinstance(doc["run"], dict) else {}  # what apply trains: its optimizer, PACI's controls
+    doc["recommended"]["optimizer"] = from_dict(OptimizerConfig, run.get("optimizer") or {}, "optimizer").settings()
+    pipe = run.get("pipeline") or {}
+    doc["recommended"].update({k: pipe[k] for k in STALENESS_KEYS if pipe.get(k) not in (None, False)})
     if rec_schedule == "paci" and rec_p.backward_weights is None:  # the space left it to the run: state the run's
         pipe = doc["run"].get("pipeline") if isinstance(doc["run"], dict) else None
         own = pipe.get("backward_weights") if isinstance(pipe, dict) else None

@@ -1,5 +1,8 @@
 """Oracles written from scratch for the numerics tests: plain gradient accumulation in one process, the
-learning rate by this file's own formula, and one stage's PACI order of forwards, backwards and steps.
+learning rate by this file's own formula, one stage's PACI order of forwards, backwards and steps, and
+the torch optimizer(s) a config's ``optimizer`` section names, from the documented rules (decay on
+matrices only; Muon on the 2-D weights of the units between the model's first and last, with
+``adjust_lr_fn="match_rms_adamw"``, AdamW on the rest).
 
 Shared by the numerics, bf16, data-parallel and GPU tests (the same oracle checks the trainer on the
 CPU and on CUDA); none of it is the code under test.
@@ -32,6 +35,43 @@ def oracle_lr(doc: dict[str, Any], k: int) -> float:
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (p - w) / (1 - w))))
 
 
+DEFAULT_MOMENTUM = {"sgd": 0.9, "muon": 0.95}
+
+
+def oracle_optimizers(
+    params: list[torch.Tensor], cfg: dict[str, Any], hidden: list[bool]
+) -> list[torch.optim.Optimizer]:
+    """The optimizer(s) ``cfg`` names over ``params`` (``hidden``: per parameter, whether Muon may take it)."""
+    name = cfg.get("name", "adamw")
+    wd, lr = cfg.get("weight_decay", 0.1), cfg["lr"]
+    betas, eps = tuple(cfg.get("betas", (0.9, 0.95))), cfg.get("eps", 1e-8)
+    momentum = cfg.get("momentum") if cfg.get("momentum") is not None else DEFAULT_MOMENTUM.get(name, 0.9)
+
+    def groups(ps: list[torch.Tensor]) -> list[dict[str, Any]]:
+        out = [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": wd},
+               {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+        return [g for g in out if g["params"]]
+
+    if name == "sgd":
+        return [torch.optim.SGD(groups(params), lr=lr, momentum=momentum)]
+    if name == "nadam":
+        psi = cfg.get("momentum_decay", 0.004)
+        return [torch.optim.NAdam(groups(params), lr=lr, betas=betas, eps=eps, momentum_decay=psi,
+                                  decoupled_weight_decay=True)]  # fmt: skip
+    if name == "muon":
+        mats = [p for p, h in zip(params, hidden, strict=True) if h and p.dim() == 2]
+        rest = [p for p, h in zip(params, hidden, strict=True) if not (h and p.dim() == 2)]
+        out: list[torch.optim.Optimizer] = []
+        if mats:
+            out.append(torch.optim.Muon(mats, lr=lr, weight_decay=wd, momentum=momentum,
+                                        nesterov=cfg.get("nesterov", True), ns_steps=cfg.get("ns_steps", 5),
+                                        adjust_lr_fn="match_rms_adamw"))  # fmt: skip
+        if rest:
+            out.append(torch.optim.AdamW(groups(rest), lr=lr, betas=betas, eps=eps))
+        return out
+    return [torch.optim.AdamW(groups(params), lr=lr, betas=betas, eps=eps)]
+
+
 def plain_training(doc: dict[str, Any]) -> tuple[list[float], float, list[float]]:
     """Single-process gradient accumulation; returns per-batch losses, final val loss and LRs."""
     t, opt_doc, pipe = doc["training"], doc["optimizer"], doc["pipeline"]
@@ -41,15 +81,8 @@ def plain_training(doc: dict[str, Any]) -> tuple[list[float], float, list[float]
     loaded = load_model(doc["model"], source.vocab_size, t["seed"])
     net = nn.Sequential(*(loaded.units[i] for i in range(loaded.n_units)))
     params = list(net.parameters())
-    opt = torch.optim.AdamW(
-        [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": opt_doc["weight_decay"]},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ],
-        lr=opt_doc["lr"],
-        betas=tuple(opt_doc["betas"]),
-        eps=opt_doc["eps"],
-    )
+    hidden = [0 < int(n.split(".")[0]) < loaded.n_units - 1 for n, _ in net.named_parameters()]
+    opts = oracle_optimizers(params, opt_doc, hidden)
     stream = MicroBatchStream(source.train, loaded.block_size, b, t["seed"])
     losses, lrs = [], []
     for k in range(t["steps"]):
@@ -62,10 +95,11 @@ def plain_training(doc: dict[str, Any]) -> tuple[list[float], float, list[float]
         if opt_doc.get("grad_clip"):
             torch.nn.utils.clip_grad_norm_(params, opt_doc["grad_clip"])  # the norm of the whole model's gradient
         lr = oracle_lr(doc, k)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            for g in opt.param_groups:
+                g["lr"] = lr
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         losses.append(total / a)
         lrs.append(lr)
     val = ValidationSet(source.val, loaded.block_size, t["eval_sequences"], 32)  # 32: eval_microbatch_size's default

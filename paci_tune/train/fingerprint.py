@@ -1,0 +1,64 @@
+"""What a checkpoint must match to continue a run: the settings that change its numbers.
+
+A run resumed from its own checkpoint (``--resume``) must compute exactly what the run that wrote
+it would have; so its config's numerics -- model, data, optimizer, LR schedule, pipeline layout and
+the budget the schedule decays over -- are recorded in the checkpoint and compared on resume. What
+changes only how a run executes (the runtime, the device, where checkpoints go) is left out, and so
+are the optimizer's keys the chosen optimizer does not read (:meth:`~paci_tune.config.optimizer.
+OptimizerConfig.settings`). A key a checkpoint predates (written by an older version) matches when
+this run leaves it at its default, which is what the older version ran. May import:
+:mod:`paci_tune.config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..config.schema import LRScheduleConfig, PipelineConfig, RunConfig, TrainingConfig
+
+EXECUTION_ONLY = {
+    "pipeline": {"runtime", "device", "backend", "torch_schedule"},
+    "training": {"checkpoint_every", "checkpoint_dir", "keep_checkpoints", "steps", "seconds", "init_from"},
+}
+"""Settings that change how a run executes but not its numbers: a run may resume under others."""
+
+_SECTIONS = {"training": TrainingConfig, "lr_schedule": LRScheduleConfig, "pipeline": PipelineConfig}
+
+
+def fingerprint(cfg: RunConfig) -> dict[str, Any]:
+    """The part of a config a checkpoint must match to resume with the same numerics."""
+    doc = cfg.to_dict()
+    for section, keys in EXECUTION_ONLY.items():
+        doc[section] = {k: v for k, v in doc[section].items() if k not in keys}
+    doc["optimizer"] = cfg.optimizer.settings()
+    doc["budget"] = {"steps": cfg.training.steps, "seconds": cfg.training.seconds}
+    return doc
+
+
+def _default(path: list[str]) -> Any:
+    """The schema's default of a section key (``dataclasses.MISSING`` when it has none)."""
+    if len(path) != 2 or path[0] not in _SECTIONS:
+        return dataclasses.MISSING
+    field = {f.name: f for f in dataclasses.fields(_SECTIONS[path[0]])}.get(path[1])
+    return dataclasses.MISSING if field is None else field.default
+
+
+def mismatch(theirs: Any, mine: Any, path: str = "") -> str | None:
+    """Where a checkpoint's fingerprint (``theirs``) and this run's (``mine``) differ, or None.
+
+    Only this run's keys count: a key the checkpoint has that this version no longer compares (an
+    optimizer key its optimizer ignores) does not, and one it lacks matches this run's default.
+    """
+    if isinstance(theirs, dict) and isinstance(mine, dict):
+        for k in sorted(mine):
+            where = f"{path}.{k}" if path else str(k)
+            if k not in theirs and mine[k] == _default(where.split(".")):
+                continue
+            m = mismatch(theirs.get(k), mine[k], where)
+            if m:
+                return m
+        return None
+    a = list(theirs) if isinstance(theirs, tuple) else theirs
+    b = list(mine) if isinstance(mine, tuple) else mine
+    return None if a == b else f"{path}: checkpoint has {a!r}, this run has {b!r}"

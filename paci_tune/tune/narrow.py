@@ -1,0 +1,113 @@
+"""Narrowing a bound space: the points memory, staleness, shared parameters or a recipe pair rule out.
+
+Each function takes a :class:`~.space.SearchSpace` and returns it less some points, every one listed
+with its reason in ``dropped`` (a proposal of one is answered unrun, :meth:`~.space.SearchSpace.why_not`);
+one that would leave a study nothing is a ConfigError naming the key that did it. May import:
+:mod:`paci_tune.config`, :mod:`paci_tune.schedule`, :mod:`paci_tune.errors` and the tune layer's
+:mod:`.space`, :mod:`.point` and :mod:`.recipes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ..config import derive_run
+from ..errors import ConfigError
+from ..schedule import INTERLEAVED, ZB_H1, drift_bound
+from .point import TrialParams
+from .recipes import recipe_overrides
+from .space import SearchSpace
+
+
+def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -> SearchSpace:
+    """``space`` less the points ``why_not`` refuses (it returns the reason; None keeps the point).
+
+    The setup's memory check uses it; a check that leaves nothing is a ConfigError on
+    ``hardware.devices`` listing every reason. A point is asked with the space's first schedule the
+    runtimes run (not one only the simulator times: their memory is the simulator's) and,
+    for PACI, its lightest ``backward_weights`` (``current`` holds no weight copy when it is a choice):
+    a point stays when it fits one way; a heavier choice that does not fit is refused by its trial's
+    own check.
+    """
+    schedule = next((s for s in space.schedules if s not in (ZB_H1, INTERLEAVED)), space.schedules[0])
+    bws = space.backward_weights_of(schedule)
+    bw = "current" if "current" in bws else bws[0]
+    kept, dropped = set(), list(space.dropped)
+    for p, a, b in sorted(space.points):
+        reason = why_not(TrialParams(schedule, p, a, b, 1.0, space.data_parallel(p), bw))
+        if reason is None:
+            kept.add((p, a, b))
+        else:
+            dropped.append(reason)
+    if not kept:
+        raise ConfigError("hardware.devices", space.devices, "a budget that leaves a point of the space; none is "
+                          "left: " + "; ".join(dropped))  # fmt: skip
+    return dataclasses.replace(
+        space, points=frozenset(kept), dropped=tuple(dropped),
+        stages=tuple(sorted({p for p, _, _ in kept})), microbatch_size=tuple(sorted({b for _, _, b in kept})),
+    )  # fmt: skip
+
+
+def skip_stale(space: SearchSpace, max_drift: int | None) -> SearchSpace:
+    """``space`` with PACI skipping its points whose drift bound ceil((P-1)/a) exceeds ``max_drift``.
+
+    Why: where a map of the regime (``bench/stat_map.py``) shows that above some staleness PACI needs
+    more steps to a loss than the bubble it removes can pay for, a trial there is a trial wasted.
+    Flush has no staleness and keeps every point; the skipped ones are listed in ``dropped`` and a
+    proposal of one is answered unrun (:meth:`SearchSpace.why_not`). ``None`` (the default: the
+    project's own map found no such bound) keeps every point. A bound that leaves PACI nothing is a
+    ConfigError naming the key.
+    """
+    if max_drift is None or "paci" not in space.schedules:
+        return space
+    bounds = [drift_bound(0, p, a) for p, a, _ in space.points]
+    if bounds and min(bounds) > max_drift:
+        raise ConfigError("search.paci_max_drift", max_drift, f"null, or at least {min(bounds)}: every PACI point "
+                          "of the space has a larger drift bound")  # fmt: skip
+    out = dataclasses.replace(space, paci_max_drift=max_drift)
+    stale = [(p, a, b) for p, a, b in sorted(space.points) if out._stale(p, a)]
+    dropped = [f"paci P={p} D={space.data_parallel(p)} a={a} b={b}: {out._stale(p, a)}" for p, a, b in stale]
+    return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))
+
+
+def skip_tied(space: SearchSpace, tied: str | None) -> SearchSpace:
+    """``space`` with PACI skipping its points of two or more stages when the model's units share ``tied``.
+
+    ``tied`` names a trainable parameter held by more than one unit (None: none is). PACI refuses a
+    cut that splits one across stages (:func:`paci_tune.pipeline.checks.check_shared_parameters`);
+    a trial's cut is chosen when it starts (``partition: auto``), so every PACI point that has a cut
+    at all is skipped up front rather than refused mid-search. Flush sums a tied parameter's gradient
+    across stages and keeps every point. A space that leaves PACI no point (no P = 1) is a ConfigError.
+    """
+    if tied is None or "paci" not in space.schedules:
+        return space
+    out = dataclasses.replace(space, paci_tied=tied)
+    if all(p >= 2 for p in space.stages):
+        raise ConfigError("space.schedules", list(space.schedules), f"schedules without paci, or stages including 1: "
+                          f"{out._tied(2)}, and every point of the space has 2 or more stages")  # fmt: skip
+    dropped = [f"paci P={p} D={space.data_parallel(p)}: {out._tied(p)}" for p in space.stages if p >= 2]
+    return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))
+
+
+def skip_incompatible(space: SearchSpace, run_doc: dict[str, Any]) -> SearchSpace:
+    """``space`` with PACI skipping the optimizer and staleness recipe pairs its run refuses: a stage
+    momentum that is not above the optimizer's own first-moment coefficient (it would lower it). The
+    run's own validation decides, so the rule is the config's. A space whose every pair is refused is a
+    ConfigError naming ``space.staleness``."""
+    if "paci" not in space.schedules or not space.staleness:
+        return space
+    refused: dict[tuple[str | None, str], str] = {}
+    as_paci = {"pipeline.schedule": "paci", "pipeline.torch_schedule": False, "pipeline.chunks": None}
+    for opt in space.optimizers_of("paci"):
+        for stale in space.staleness:
+            try:
+                derive_run(run_doc, {**as_paci, **recipe_overrides(opt, stale)})
+            except ConfigError as e:
+                refused[(opt, stale)] = f"{e.key}: {e.allowed}"
+    if len(refused) == len(space.optimizers_of("paci")) * len(space.staleness):
+        raise ConfigError("space.staleness", list(space.staleness), "recipes the run accepts with some optimizer "
+                          "of the space; every pair was refused: " + "; ".join(refused.values()))  # fmt: skip
+    dropped = [f"paci [{o or 'its own optimizer'}] +{s}: {why}" for (o, s), why in refused.items()]
+    return dataclasses.replace(space, incompatible=frozenset(refused), dropped=space.dropped + tuple(dropped))
