@@ -54,6 +54,23 @@ def adamw(module: nn.Module, lr: float) -> torch.optim.AdamW:
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+def muon_and_adamw(module: nn.Module, units: list[int], n_units: int, lr: float) -> list[torch.optim.Optimizer]:
+    """Muon on the 2-D weights of the hidden units (neither the model's first nor its last), AdamW on the
+    rest: two optimizers, which SchedulePACI takes as a list and steps as one."""
+    hidden = [p for i, unit in zip(units, module, strict=True) if 0 < i < n_units - 1
+              for p in unit.parameters() if p.requires_grad and p.dim() == 2]  # fmt: skip
+    taken = {id(p) for p in hidden}
+    rest = [p for p in module.parameters() if p.requires_grad and id(p) not in taken]
+    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    out: list[torch.optim.Optimizer] = []
+    if hidden:
+        out.append(torch.optim.Muon(hidden, lr=lr, weight_decay=0.1, adjust_lr_fn="match_rms_adamw"))
+    if rest:
+        out.append(torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(0.9, 0.95), eps=1e-8))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--schedule", choices=["1f1b", "paci"], default="paci")
@@ -72,17 +89,19 @@ def main() -> None:
         help="PACI: which weights a late backward reads (its forward's, or the current ones)",
     )
     ap.add_argument("--bf16", action="store_true", help="bf16 parameters and activations (fp32 masters under PACI)")
+    ap.add_argument("--muon", action="store_true", help="Muon on the hidden matrices and AdamW on the rest")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
     model = load_model(SPEC, VOCAB, args.seed)
-    module = nn.Sequential(*[model.units[i] for i in my_units(rank, world, model.n_units)])
+    units = my_units(rank, world, model.n_units)
+    module = nn.Sequential(*[model.units[i] for i in units])
     if args.bf16:
         module.to(torch.bfloat16)
     stage = PipelineStage(module, rank, world, torch.device("cpu"))
-    optimizer = adamw(module, args.lr)
+    optimizers = muon_and_adamw(module, units, model.n_units, args.lr) if args.muon else [adamw(module, args.lr)]
     m = args.microbatches
     if args.schedule == "1f1b":
         schedule = Schedule1F1B(stage, m, loss_fn=loss_fn)
@@ -92,7 +111,7 @@ def main() -> None:
             m,
             loss_fn,
             window=args.window,
-            optimizer=optimizer,
+            optimizer=optimizers if args.muon else optimizers[0],  # a list: stepped as one
             flush=args.flush,
             backward_weights=args.backward_weights,
         )
@@ -111,8 +130,9 @@ def main() -> None:
         else:
             schedule.step()
         if args.schedule == "1f1b":
-            optimizer.step()
-            optimizer.zero_grad()
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
         if rank == world - 1:
             step_losses.append(float(torch.stack(losses).detach().mean()))
             mb_losses += [float(v) for v in losses]

@@ -104,3 +104,23 @@ def check_map_cells(doc: dict, bw: str) -> None:
     lim = doc["stale_limit"]  # how the cells that cannot win fall over depth and bound (both semantics)
     losing = sum(c["cannot_win"] for c in doc["cells"] if c["P"] == 2)
     assert set(lim["per_depth"]) == {"2"} and lim["per_depth"]["2"] == f"{losing}/4"
+
+
+def test_optimizer_map_quick(tmp_path: Path) -> None:
+    """Every option against its own optimizer's flush partner, from one warm-up: a gap per cell, AdamW's closed
+    share per option, PipeMare's runs shared with AdamW's where no stage has a bound of 2 or more."""
+    _bench("bench/optimizer_map.py", "--quick", "--out", str(tmp_path))
+    doc = json.loads((tmp_path / "map.json").read_text())
+    options = {c["option"] for c in doc["cells"]}
+    assert options == set(doc["options"]) and {c["P"] for c in doc["cells"]} == {2, 4}
+    assert {c["option"] for c in doc["closed"]} == options - {"adamw"}
+    flush = {(r["option"], r["seed"]): r["final"] for r in doc["runs"] if r["schedule"] == "1f1b"}
+    for c in doc["cells"]:  # the gap is the paired difference the runs give
+        paci = [r for r in doc["runs"] if (r["schedule"], r["option"], r["P"], r["a"]) == ("paci", c["option"], c["P"],
+                                                                                            c["a"])]  # fmt: skip
+        assert len(paci) == c["seeds"] == 1
+        partner = "nadam+stage" if c["option"] == "nadam+stage" else (c["option"] if c["option"] in ("nadam", "muon")
+                                                                       else "adamw")  # fmt: skip
+        assert abs(c["gap"] - (paci[0]["final"] - flush[(partner, 0)])) < 1e-12
+    shared = [r for r in doc["runs"] if r.get("same_as")]
+    assert shared and all(-(-(r["P"] - 1) // r["a"]) <= 1 for r in shared)

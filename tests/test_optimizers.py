@@ -247,3 +247,23 @@ def test_a_profile_is_charged_its_own_optimizers_step() -> None:
     muon = both.for_optimizer("muon")
     assert [u.optimizer_s for u in muon.units] == [3.0 * (i + 1) for i in range(len(doc["units"]))]
     assert muon.for_optimizer("adamw").units == both.units
+
+
+def test_calibrate_times_every_optimizer_a_search_names() -> None:
+    """Each unit gets a step time per optimizer asked for (0 for one with nothing to train); the pattern's own
+    optimizer is the profile's ``optimizer`` and is not repeated; the note says how the others were timed."""
+    from paci_tune.calibrate.measure import other_optimizer_steps
+    from paci_tune.config import OptimizerConfig
+
+    units = [torch.nn.Embedding(16, 8), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.nn.ReLU(),
+             torch.nn.Linear(8, 16)]  # fmt: skip
+    timed = OptimizerConfig(name="adamw")
+    wanted = [OptimizerConfig(name="muon"), OptimizerConfig(name="nadam"), timed,
+              OptimizerConfig(name="muon", ns_steps=3)]
+    steps, note = other_optimizer_steps(timed, wanted, units, [1e-3, 1e-3, 0.0, 1e-3], device=torch.device("cpu"),
+                                        repeats=2, warmup=1)  # fmt: skip
+    assert [sorted(s) for s in steps] == [["muon", "muon ns_steps=3", "nadam"]] * 4
+    assert all(v > 0 for i in (0, 1, 3) for v in steps[i].values()) and set(steps[2].values()) == {0.0}
+    assert note is not None and "adamw" in note and "muon" in note
+    assert other_optimizer_steps(timed, [timed], units, [1e-3] * 4, device=torch.device("cpu"), repeats=1,
+                                 warmup=0) == ([{}, {}, {}, {}], None)  # fmt: skip

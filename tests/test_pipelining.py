@@ -57,6 +57,7 @@ def _paci_tune_losses(
     backward_weights: str,
     mb_size: int = 4,
     precision: str = "fp32",
+    optimizer: str = "adamw",
 ) -> list[float]:
     """Per-window mean losses (one per optimizer step) of the same run under paci-tune's own trainer.
 
@@ -69,6 +70,7 @@ def _paci_tune_losses(
         model=SPEC,
         data={"source": "synthetic", "vocab_size": 256, "n_train": 200_000, "n_val": 1_000},
         training={"global_batch": window * mb_size, "steps": steps * microbatches // window, "eval_sequences": 2},
+        optimizer={"name": optimizer},
         pipeline={
             "schedule": "paci",
             "stages": stages,
@@ -147,6 +149,24 @@ def test_bf16_async_matches_paci_tune_bf16(tmp_path: Path) -> None:
     assert got != pytest.approx(_paci_tune_losses(2, 2, 4, 4, backward_weights="forward"), abs=1e-5), "bf16 did not run"
     assert all(rec["ptrs_unchanged"] and rec["max_drift"] == 1 - s for s, rec in enumerate(ranks))
     assert [rec["weight_copies_peak"] for rec in ranks] == [1, 0]  # one bf16 copy, at stage 0
+
+
+def test_a_users_own_muon_and_adamw_pair(tmp_path: Path) -> None:
+    """A list of optimizers (Muon on the hidden matrices, AdamW on the rest) is stepped as one: flush equals
+    torch's Schedule1F1B stepping the same pair, and PACI equals paci-tune's own ``optimizer.name: muon``."""
+    ref = _launch(tmp_path / "1f1b", 2, "--schedule", "1f1b", "--steps", "4", "--muon")
+    flush = _launch(tmp_path / "flush", 2, "--schedule", "paci", "--flush", "--steps", "4", "--muon")
+    assert flush[-1]["losses"] == pytest.approx(ref[-1]["losses"], abs=1e-5)
+    args = ["--schedule", "paci", "--steps", "4", "--window", "2", "--microbatches", "4", "--muon"]
+    got = _window_means(_launch(tmp_path / "paci", 2, *args)[-1]["mb_losses"], 2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the ranks' one thread: Muon orthogonalises in bf16, where a sum split otherwise rounds
+    try:
+        expected = _paci_tune_losses(2, 2, 4, 4, backward_weights="forward", optimizer="muon")
+    finally:
+        torch.set_num_threads(threads)
+    assert got == pytest.approx(expected, abs=1e-5)
+    assert got != pytest.approx(_paci_tune_losses(2, 2, 4, 4, backward_weights="forward"), abs=1e-5), "AdamW's"
 
 
 @pytest.fixture

@@ -106,7 +106,15 @@ from .allreduce import fit_allreduce, measure_allreduce
 from .cache import cache_dir, cache_key, measured_profile
 from .corun import co_run_pattern
 from .links import measure_links
-from .measure import calibrate, default_inflight, default_processes, default_threads, parse_sizes, resolve_target
+from .measure import (
+    calibrate,
+    default_inflight,
+    default_processes,
+    default_threads,
+    parse_sizes,
+    resolve_target,
+    with_optimizers,
+)
 from .p2p import fit_p2p, measure_p2p
 from .pattern import PatternSamples, StagePattern
 from .units import measure_copy, measure_optimizer, measure_unit, measure_units
@@ -133,4 +141,5 @@ __all__ = [
     "measured_profile",
     "parse_sizes",
     "resolve_target",
+    "with_optimizers",
 ]

@@ -8,6 +8,7 @@ See :mod:`paci_tune.calibrate` for what is measured and why. May import: :mod:`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import platform
 from collections.abc import Callable, Sequence
@@ -32,7 +33,15 @@ from .corun import co_run_pattern
 from .links import measure_links
 from .p2p import P2P_SIZES, measure_p2p
 from .pattern import PatternSamples, StagePattern, pooled_costs, pooled_optimizer
-from .units import fp32_param_bytes, measure_copies, measure_optimizer, measure_units, signature, to_compute
+from .units import (
+    fp32_param_bytes,
+    measure_copies,
+    measure_optimizer,
+    measure_units,
+    signature,
+    to_compute,
+    unit_signature,
+)
 from .units import probe as probe_unit
 
 Log = Callable[[str], None]
@@ -312,12 +321,43 @@ def other_optimizer_steps(
     if not wanted:
         return out, None
     last = len(units) - 1
+    for opt in (timed, *wanted.values()):  # one untimed round first: thread pools, kernels, allocator
+        measure_optimizer(units[min(1, last)], device=device, repeats=1, warmup=1, optimizer=opt, hidden=last > 1)
+    alone: dict[tuple[str, bool], dict[str, float]] = {}  # identical units (and place) timed once
     for i, unit in enumerate(units):
-        kw = {"device": device, "repeats": repeats, "warmup": warmup, "hidden": 0 < i < last}
-        alone = measure_optimizer(unit, optimizer=timed, **kw)
-        ratio = optimizer_s[i] / alone if alone > 0 else 1.0
-        for key, opt in wanted.items():
-            out[i][key] = measure_optimizer(unit, optimizer=opt, **kw) * ratio
+        sig = (unit_signature(unit), 0 < i < last)
+        if sig not in alone:
+            kw = {"device": device, "repeats": repeats, "warmup": warmup, "hidden": sig[1]}
+            alone[sig] = {key: measure_optimizer(unit, optimizer=opt, **kw) for key, opt in
+                          {timed.timing_key: timed, **wanted}.items()}  # fmt: skip
+        base = alone[sig][timed.timing_key]
+        ratio = optimizer_s[i] / base if base > 0 else 1.0
+        out[i] = {key: alone[sig][key] * ratio for key in wanted}
     note = (f"optimizer_steps of {', '.join(wanted)}: timed alone on each unit, x the {timed.timing_key} step's "
             "stage-pattern time over its own time alone there")  # fmt: skip
     return out, note
+
+
+def with_optimizers(profile: Profile, cfg: RunConfig, optimizers: Sequence[OptimizerConfig], *, repeats: int = 5,
+                    warmup: int = 2) -> Profile:  # fmt: skip
+    """``profile`` (of ``cfg``'s model, perhaps measured on another machine) with the steps of ``optimizers``
+    added: each timed alone here on each unit against the profile's own optimizer timed alone, and the
+    profile's step scaled by that ratio (:func:`other_optimizer_steps`); the note says where and how.
+    What makes a reference profile charge another optimizer without measuring it anew on its machine."""
+    from dataclasses import replace
+
+    dev, dtype = resolve_target(cfg, None, profile.dtype)
+    source = load_source(cfg.data, cfg.model.get("vocab_size"))
+    model = load_model(cfg.model, source.vocab_size, cfg.training.seed)
+    units = [to_compute(model.units[i], dev, dtype) for i in range(model.n_units)]
+    if len(units) != profile.n_units:
+        raise ConfigError("--extend", profile.device, f"a profile of this model's {len(units)} units")
+    own = dataclasses.replace(cfg.optimizer, name=profile.optimizer.split(" ")[0])
+    steps, note = other_optimizer_steps(own, optimizers, units, [u.optimizer_s for u in profile.units], device=dev,
+                                        repeats=repeats, warmup=warmup)  # fmt: skip
+    if note is None:
+        return profile
+    where = f"rescaled on {platform.node()} ({platform.processor() or platform.machine()}) on " \
+            f"{_dt.date.today().isoformat()} from this profile's {profile.optimizer} step: {note}"
+    units_out = [replace(u, optimizer_steps={**u.optimizer_steps, **steps[i]}) for i, u in enumerate(profile.units)]
+    return replace(profile, units=units_out, optimizer_note=where)

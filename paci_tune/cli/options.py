@@ -48,6 +48,26 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
             "help": "PACI: a backward reads the weights its forward used (forward) or the current ones.",
         },
     ),
+    (
+        "--optimizer",
+        "optimizer.name",
+        {
+            "type": click.Choice(["adamw", "sgd", "nadam", "muon"]),
+            "help": "Optimizer (its settings from the file's optimizer section).",
+        },
+    ),
+    ("--lr", "optimizer.lr", {"type": float, "help": "Peak learning rate."}),
+    (
+        "--stage-momentum",
+        "pipeline.stage_momentum",
+        {"type": float, "help": "PACI: per-stage momentum up to this beta1 at the stalest stage."},
+    ),
+    (
+        "--predict-weights/--no-predict-weights",
+        "pipeline.predict_weights",
+        {"help": "PACI: forwards on the weights extrapolated along the optimizer's last step."},
+    ),
+    ("--stale-lr", "pipeline.stale_lr", {"type": float, "help": "PACI: PipeMare's per-stage LR over horizon T."}),
     ("--global-batch", "training.global_batch", {"type": int, "help": "Global batch in sequences."}),
     ("--steps", "training.steps", {"type": int, "help": "Budget in global batches (steps)."}),
     ("--seconds", "training.seconds", {"type": float, "help": "Budget in seconds of the clock."}),
@@ -93,7 +113,7 @@ def overrides_from(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Dotted config overrides of the options that were given (which it removes from ``kwargs``)."""
     out: dict[str, Any] = {}
     for flag, key, _ in _RUN_OPTIONS:
-        value = kwargs.pop(flag.lstrip("-").replace("-", "_"), None)
+        value = kwargs.pop(flag.split("/")[0].lstrip("-").replace("-", "_"), None)
         if value is not None:
             out[key] = value
     return out

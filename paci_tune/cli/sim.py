@@ -49,6 +49,21 @@ def _check_threads(threads: int | None) -> None:
 # ------------------------------------------------------------------------------------ calibrate
 
 
+def _optimizers(cfg: Any, names: str | None) -> list[Any]:
+    """``--optimizers``' names as optimizer configs: the config's section with each name."""
+    import dataclasses
+
+    from ..config.optimizer import OPTIMIZERS
+    from ..errors import ConfigError
+
+    out = []
+    for name in [n.strip() for n in names.split(",") if n.strip()] if names else []:
+        if name not in OPTIMIZERS:
+            raise ConfigError("--optimizers", names, "comma-separated optimizers of: " + ", ".join(OPTIMIZERS))
+        out.append(dataclasses.replace(cfg.optimizer, name=name))
+    return out
+
+
 def _check_calibrate_options(cfg: Any, sizes: list[int] | None, repeats: int, threads: int | None, out: str) -> None:
     """Everything a calibration would refuse after minutes of measuring, refused before it starts."""
     from ..base.files import check_writable
@@ -73,6 +88,12 @@ def _check_calibrate_options(cfg: Any, sizes: list[int] | None, repeats: int, th
 )
 @_threads_option
 @click.option("--stages", type=int, default=None, help="Pipeline depth the default thread count assumes.")
+@click.option("--optimizers", default=None, help="Comma-separated optimizers whose steps to time too (nadam,muon): a "
+              "search over optimizers needs each one's.")  # fmt: skip
+@click.option("--extend", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Add --optimizers' steps to this existing profile (of CONFIG's model, from any machine), "
+              "each rescaled from its own optimizer's step by their ratio timed alone here; nothing else is "
+              "measured.")  # fmt: skip
 def calibrate(
     config: str,
     out: str,
@@ -82,6 +103,8 @@ def calibrate(
     repeats: int,
     threads: int | None,
     stages: int | None,
+    optimizers: str | None,
+    extend: str | None,
 ) -> None:
     """Measure the cost profile of CONFIG's model on this machine and write it as YAML.
 
@@ -99,8 +122,20 @@ def calibrate(
     cfg = load_config(config, overrides_from({"stages": stages}))
     sizes = parse_sizes(microbatch_sizes, "--microbatch-sizes")
     _check_calibrate_options(cfg, sizes, repeats, threads, out)
+    others = _optimizers(cfg, optimizers)
+    if extend is not None:
+        from ..calibrate import with_optimizers
+        from ..errors import ConfigError
+        from ..sim.profile import Profile
+
+        if not others:
+            raise ConfigError("--optimizers", optimizers, "the optimizers whose steps --extend adds (nadam,muon)")
+        extended = with_optimizers(Profile.load(extend, "--extend"), cfg, others, repeats=repeats)
+        extended.save(out)
+        stderr(f"wrote {out}: {extend} with the steps of {', '.join(extended.timed_optimizers())}")
+        return
     profile = run_calibration(cfg, microbatch_sizes=sizes, device=device, precision=precision, repeats=repeats,
-                              threads=threads, log=lambda m: stderr(f"measuring {m}"))  # fmt: skip
+                              threads=threads, log=lambda m: stderr(f"measuring {m}"), optimizers=others)  # fmt: skip
     profile.save(out)
     table = Table(title=f"{profile.device} · {profile.dtype} · {profile.threads} thread(s) · seq {profile.seq_len}")
     b_max = profile.microbatch_sizes[-1]

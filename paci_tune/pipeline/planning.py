@@ -43,6 +43,7 @@ from ..sim.memory import GIB, chunked_activations, stage_copies, stage_memory
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
 from ..sim.tied import TiedGroup
+from .staleness import prediction_steps
 
 
 def check_profile(
@@ -87,7 +88,8 @@ def memory_available(device: torch.device, processes_here: int) -> float:
 
 def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[int]:
     """Peak bytes per stage (per device: one stage of one replica): weights, gradients, optimizer state,
-    in-flight activations, and under PACI with ``pipeline.backward_weights: forward`` the weight copies.
+    in-flight activations, under PACI with ``pipeline.backward_weights: forward`` the weight copies, and
+    with ``pipeline.predict_weights`` the fp32 copy of the trained weights.
 
     ``sizes`` is the run's cut: ``v * P`` pieces under interleaved 1F1B, stage ``s`` holding pieces
     ``s, s + P, ...``, whose activations are counted chunk by chunk off the stage's own action list
@@ -113,6 +115,7 @@ def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> 
             optimizer=cfg.optimizer.name,
             copies=copies,
             activations=activations,
+            masters=prediction_steps(p, s) > 0,
         )
         out.append(mem.total)
     return out

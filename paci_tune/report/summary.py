@@ -44,6 +44,9 @@ def _verdict(ev: Evidence) -> str:
     point = f"{r.schedule} P={r.stages}{where} a={r.window} b={r.microbatch_size}{w} lr={r.lr:.3g}"
     v = f" v={r.extra['chunks']}" if r.extra.get("chunks") else ""
     point = point.replace(f" P={r.stages}", f" P={r.stages}{v}", 1)
+    if r.optimizer:  # the optimizer it trains with, and PACI's staleness controls that are on
+        controls = [k for k in ("stage_momentum", "predict_weights", "stale_lr") if r.extra.get(k) not in (None, False)]
+        point += f" on {r.optimizer.get('name')}" + "".join(f" +{k}" for k in controls)
     base = baseline_schedule(best)
     flush = base == "1f1b"  # another baseline has its own keys; the flush ones stay the paper's comparison
     sp = best.paci_speedup_vs_flush if flush else best.paci_speedup_vs_baseline

@@ -145,12 +145,15 @@ def stage_memory(
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     copies: int = 0,
     activations: int | None = None,
+    masters: bool = False,
 ) -> StageMemory:
     """Predicted peak memory of a stage owning ``units`` with at most ``inflight`` micro-batches in flight.
 
     ``copies``: forward-mode weight copies the stage holds (:func:`stage_copies`; 0: none, as before).
     ``activations``: the peak activation bytes when the stage holds several chunks
-    (:func:`chunked_activations`); ``None``: ``inflight`` times one micro-batch's.
+    (:func:`chunked_activations`); ``None``: ``inflight`` times one micro-batch's. ``masters``: an fp32
+    master of every trainable weight even in fp32 (PACI's weight prediction keeps the trained weights
+    there while the parameters hold the predicted ones).
     """
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
         raise ValueError(f"copies must be an integer >= 0, got {copies!r}")
@@ -167,6 +170,6 @@ def stage_memory(
         if activations is None
         else activations,
         overhead=overhead_bytes,
-        masters=0 if per_fp32 == 4 else trained,
+        masters=0 if per_fp32 == 4 and not masters else trained,
         weight_copies=copies * (trained * per_fp32 // 4),
     )
