@@ -59,6 +59,13 @@ from paci_tune.tune.objective import score
 from paci_tune.tune.rounds import paired_ratio
 from paci_tune.verdict.confirm import verdict
 
+OPTIMIZERS: dict[str, dict[str, Any]] = {
+    "adamw": {"optimizer.name": "adamw", "optimizer.betas": [0.9, 0.95]},
+    "nadam": {"optimizer.name": "nadam", "optimizer.betas": [0.99, 0.999], "optimizer.momentum_decay": 0.004},
+    "muon": {"optimizer.name": "muon", "optimizer.betas": [0.9, 0.95]},
+}
+"""``--optimizers``' choices: AdamW as every earlier table ran it, NAdam with the asynchronous-pipeline
+literature's high momentum, Muon on the hidden matrices (AdamW on the rest)."""
 PAPER = {"small": {"batch": 128, "best": 1.69, "same_m": 1.83}, "large": {"batch": 256, "best": 1.41, "same_m": 1.48}}
 FULL: dict[str, Any] = {
     "model": {"preset": "tiny", "n_layer": 8, "d_model": 64, "n_head": 2, "block_size": 64},
@@ -84,6 +91,7 @@ def _one(base: dict[str, Any], profile: str, seconds: float, grid: int, warm: di
     run_base = {**base, "training": {**base["training"], "global_batch": task["G"]}}
     extra: dict[str, Any] = {"pipeline.backward_weights": task["bw"]} if "bw" in task else {}
     extra.update(warm_overrides(warm.get(task["G"])))
+    extra.update(OPTIMIZERS[task["opt"]] if "opt" in task else {})
     if task["schedule"] == "interleaved":
         extra["pipeline.chunks"] = 2
     row = train_sim(run_base, profile, task["schedule"], task["P"], 1, task["a"], seconds=seconds, grid=grid,
@@ -107,11 +115,11 @@ def analyse(rows: list[dict], g: int, seconds: float, bw: str) -> dict[str, Any]
     The target depends on flush alone, so it is the same for both semantics.
     """
     mine = [r for r in rows if r["G"] == g and r.get("bw", bw) == bw]
-    points: dict[tuple[str, int, float], dict[str, Any]] = {}
+    points: dict[tuple[str, int, float, str], dict[str, Any]] = {}
     for r in mine:
-        pt = points.setdefault((r["schedule"], r["a"], r["lr"]), {
+        pt = points.setdefault((r["schedule"], r["a"], r["lr"], r.get("opt", "")), {
             "schedule": r["schedule"], "a": r["a"], "b": r["microbatch_size"], "lr": r["lr"], "runs": {},
-            "step_time_s": r["step_time_s"]})  # fmt: skip
+            "opt": r.get("opt", ""), "step_time_s": r["step_time_s"]})  # fmt: skip
         pt["runs"][r["seed"]] = r
     flush = [p for p in points.values() if p["schedule"] == "1f1b"]
     for p in flush:
@@ -140,11 +148,12 @@ NAMES = {"paci": "PACI", "1f1b": "flush"}
 
 
 def _label(p: dict) -> str:
-    return f"{NAMES.get(p['schedule'], p['schedule'])} a={p['a']} b={p['b']} lr={p['lr']:.3g}"
+    opt = f" {p['opt']}" if p.get("opt") else ""
+    return f"{NAMES.get(p['schedule'], p['schedule'])} a={p['a']} b={p['b']} lr={p['lr']:.3g}{opt}"
 
 
 def _public(p: dict) -> dict:
-    keep = ("schedule", "a", "b", "lr", "step_time_s", "times", "scores", "mean", "reached")
+    keep = ("schedule", "a", "b", "lr", "opt", "step_time_s", "times", "scores", "mean", "reached")
     return {k: p[k] for k in keep} | {"label": _label(p)}
 
 
@@ -152,10 +161,11 @@ def check(rows: list[dict], results: list[dict], seconds: float) -> None:
     """What holds on any machine: PACI's simulated step is never longer than flush's at the same
     (P, a, b) (no bubble); the best flush reaches its own target inside the budget; every interval
     holds its point."""
-    by = {(r["G"], r["schedule"], r["a"]): r["step_time_s"] for r in rows}
-    for (g, s, a), t in by.items():
+    by = {(r["G"], r["schedule"], r["a"], r.get("opt")): r["step_time_s"] for r in rows}
+    for (g, s, a, o), t in by.items():
         if s == "paci":
-            assert t <= by[(g, "1f1b", a)] * (1 + 1e-9), f"PACI step {t} > flush's {by[(g, '1f1b', a)]} at G={g} a={a}"
+            flush = by[(g, "1f1b", a, o)]
+            assert t <= flush * (1 + 1e-9), f"PACI step {t} > flush's {flush} at G={g} a={a} {o or ''}"
     for res in results:
         best = next(p for p in res["points"] if p["label"] == res["best_flush"])
         assert best["reached"] > 0 and best["mean"] <= seconds * (1 + 1e-9), f"best flush misses its target: {best}"
@@ -177,16 +187,16 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
                      f"{_ratio(r1)} | {paper['best']}x (G={paper['batch']}) | {_ratio(r2)} ({r2['flush']}) | "
                      f"{paper['same_m']}x | {_ratio(r3)} ({r3['flush']}) |")  # fmt: skip
     lines += ["", "Every point (mean time to target over seeds; `>` a miss, scored as the search does):", "",
-              "| G | schedule | a (m) | b | lr | sim step (s) | reached | mean score (s) |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| G | schedule | a (m) | b | lr | optimizer | sim step (s) | reached | mean score (s) |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     seen: set[tuple] = set()
     for res in results:
-        for p in sorted(res["points"], key=lambda p: (p["schedule"], p["a"], p["lr"])):
+        for p in sorted(res["points"], key=lambda p: (p["schedule"], p["a"], p["lr"], p["opt"])):
             name = f"paci {res['bw']}" if p["schedule"] == "paci" else p["schedule"]
-            if (res["G"], name, p["a"], p["lr"]) in seen:
+            if (res["G"], name, p["a"], p["lr"], p["opt"]) in seen:
                 continue  # the synchronous points appear once, not once per PACI semantics
-            seen.add((res["G"], name, p["a"], p["lr"]))
-            lines.append(f"| {res['G']} | {name} | {p['a']} | {p['b']} | {p['lr']:.3g} | "
+            seen.add((res["G"], name, p["a"], p["lr"], p["opt"]))
+            lines.append(f"| {res['G']} | {name} | {p['a']} | {p['b']} | {p['lr']:.3g} | {p['opt'] or 'adamw'} | "
                          f"{p['step_time_s']:.4f} | {p['reached']}/{len(p['scores'])} | {p['mean']:.2f} |")  # fmt: skip
     for bw in args.backward_weights:
         lines += ["", f"PACI {bw}: " + direction([r for r in results if r["bw"] == bw])]
@@ -267,6 +277,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="Runs trained at once (one thread each).")
     ap.add_argument("--workdir", default="paci-bench-paper", help="The profile and the finished runs.")
     ap.add_argument("--out", default="runs/paper", help="Folder for paper.json, paper.md and paper.png.")
+    ap.add_argument("--optimizers", nargs="+", default=None, choices=list(OPTIMIZERS),
+                    help="Tune every schedule over these optimizers too (each schedule on its best; default: the "
+                         "base config's AdamW).")  # fmt: skip
     ap.add_argument("--warm-start", type=int, default=None, metavar="STEPS",
                     help="Start every run from a checkpoint of STEPS global batches of 1F1B-flush at P = 1 (one "
                          "per global batch, at the first LR), past the loss plateau, as a warm-started search does.")
@@ -283,23 +296,28 @@ def main() -> None:
     probe = derive_run({**base, "training": {**base["training"], "global_batch": args.batches[0]}}, {
         "pipeline.stages": args.stages, "pipeline.microbatch_size": sizes[0], "training.steps": 1})  # fmt: skip
     log = lambda m: print(f"  profile: {m}", file=sys.stderr)  # noqa: E731
+    timed = [derive_run(probe.to_doc(), OPTIMIZERS[o]).optimizer for o in args.optimizers or []]  # each one's step
     if args.quick:
-        prof = calibrate(probe, microbatch_sizes=sizes, repeats=1, warmup=0, processes=1, p2p_repeats=3, log=log)
+        prof = calibrate(probe, microbatch_sizes=sizes, repeats=1, warmup=0, processes=1, p2p_repeats=3, log=log,
+                         optimizers=timed)  # fmt: skip
         profile = work / "quick.yaml"
         prof.save(profile)
     else:
-        _, profile = measured_profile(probe, microbatch_sizes=sizes, path=work / "profile.yaml", log=log)
+        _, profile = measured_profile(probe, microbatch_sizes=sizes, path=work / "profile.yaml", log=log,
+                                      optimizers=timed)  # fmt: skip
     warm: dict[int, str] = {}
     for g in args.batches if args.warm_start else []:
         run_base = {**base, "training": {**base["training"], "global_batch": g}}
         folder = work / f"warm-G{g}-{args.warm_start}-lr{args.lrs[0]:g}"
         warm[g] = warm_checkpoint(run_base, args.warm_start, folder, {"optimizer.lr": args.lrs[0]}, log)
     points = [(g, g // b) for g in args.batches for b in args.microbatch_sizes if g % b == 0 and g // b > 1]
-    tasks = [{"G": g, "schedule": sched, "P": args.stages, "a": a, "lr": lr, "seed": seed}
+    opts: list[dict[str, str]] = [{"opt": o} for o in args.optimizers] if args.optimizers else [{}]
+    tasks = [{"G": g, "schedule": sched, "P": args.stages, "a": a, "lr": lr, "seed": seed, **o}
              for sched in ["1f1b", *args.baselines]
-             for g, a in points for lr in args.lrs for seed in args.seeds]  # fmt: skip
-    tasks += [{"G": g, "schedule": "paci", "bw": bw, "P": args.stages, "a": a, "lr": lr, "seed": seed}
-              for bw in args.backward_weights for g, a in points for lr in args.lrs for seed in args.seeds]  # fmt: skip
+             for g, a in points for lr in args.lrs for seed in args.seeds for o in opts]  # fmt: skip
+    tasks += [{"G": g, "schedule": "paci", "bw": bw, "P": args.stages, "a": a, "lr": lr, "seed": seed, **o}
+              for bw in args.backward_weights for g, a in points for lr in args.lrs for seed in args.seeds
+              for o in opts]  # fmt: skip
     rows = run_pool(tasks, functools.partial(_one, base, str(profile), args.seconds, args.grid, warm),
                     log=work / "runs.jsonl", jobs=args.jobs, describe=_describe,
                     depends=[base, profile.read_text(), args.seconds, args.grid, args.warm_start])  # fmt: skip

@@ -126,8 +126,9 @@ def train_sim(base: dict[str, Any], profile: str, schedule: str, p: int, d: int,
               "training.eval_every_seconds": seconds / grid, "training.eval_every": 10**9,
               "training.target_val_loss": None, "pipeline.data_parallel": d, "pipeline.microbatch_size": b,
               **(overrides or {})}  # fmt: skip
-    prof = Profile.load(profile)
-    sizes = plan_partition(derive_run(base, common), [1.0] * prof.n_units, prof)
+    probe = derive_run(base, common)
+    prof = Profile.load(profile).for_optimizer(probe.optimizer.timing_key)  # charged its own optimizer's step
+    sizes = plan_partition(probe, [1.0] * prof.n_units, prof)
     cfg = derive_run(base, {**common, "pipeline.partition": sizes})
     evals: list[tuple[float, float]] = []
 

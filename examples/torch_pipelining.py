@@ -29,6 +29,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from paci_tune import SchedulePACI
 from paci_tune.data import MicroBatchStream, synthetic_source
 from paci_tune.model import load_model
+from paci_tune.pipeline.muon import Muon as PaciMuon
 
 SPEC = {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32}
 VOCAB = 256
@@ -54,8 +55,9 @@ def adamw(module: nn.Module, lr: float) -> torch.optim.AdamW:
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def muon_and_adamw(module: nn.Module, units: list[int], n_units: int, lr: float) -> list[torch.optim.Optimizer]:
-    """Muon on the 2-D weights of the hidden units (neither the model's first nor its last), AdamW on the
+def muon_and_adamw(module: nn.Module, units: list[int], n_units: int, lr: float,
+                   muon: type[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:  # fmt: skip
+    """``muon`` on the 2-D weights of the hidden units (neither the model's first nor its last), AdamW on the
     rest: two optimizers, which SchedulePACI takes as a list and steps as one."""
     hidden = [p for i, unit in zip(units, module, strict=True) if 0 < i < n_units - 1
               for p in unit.parameters() if p.requires_grad and p.dim() == 2]  # fmt: skip
@@ -65,7 +67,7 @@ def muon_and_adamw(module: nn.Module, units: list[int], n_units: int, lr: float)
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
     out: list[torch.optim.Optimizer] = []
     if hidden:
-        out.append(torch.optim.Muon(hidden, lr=lr, weight_decay=0.1, adjust_lr_fn="match_rms_adamw"))
+        out.append(muon(hidden, lr=lr, weight_decay=0.1, adjust_lr_fn="match_rms_adamw"))
     if rest:
         out.append(torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(0.9, 0.95), eps=1e-8))
     return out
@@ -89,7 +91,9 @@ def main() -> None:
         help="PACI: which weights a late backward reads (its forward's, or the current ones)",
     )
     ap.add_argument("--bf16", action="store_true", help="bf16 parameters and activations (fp32 masters under PACI)")
-    ap.add_argument("--muon", action="store_true", help="Muon on the hidden matrices and AdamW on the rest")
+    ap.add_argument("--muon", choices=["torch", "paci"], default=None,
+                    help="Muon on the hidden matrices and AdamW on the rest: torch's Muon, or paci-tune's (fp32 "
+                         "Newton-Schulz on the CPU, as optimizer.name: muon trains)")  # fmt: skip
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -101,7 +105,8 @@ def main() -> None:
     if args.bf16:
         module.to(torch.bfloat16)
     stage = PipelineStage(module, rank, world, torch.device("cpu"))
-    optimizers = muon_and_adamw(module, units, model.n_units, args.lr) if args.muon else [adamw(module, args.lr)]
+    muon = {"torch": torch.optim.Muon, "paci": PaciMuon}.get(args.muon or "")
+    optimizers = muon_and_adamw(module, units, model.n_units, args.lr, muon) if muon else [adamw(module, args.lr)]
     m = args.microbatches
     if args.schedule == "1f1b":
         schedule = Schedule1F1B(stage, m, loss_fn=loss_fn)

@@ -152,19 +152,15 @@ def test_bf16_async_matches_paci_tune_bf16(tmp_path: Path) -> None:
 
 
 def test_a_users_own_muon_and_adamw_pair(tmp_path: Path) -> None:
-    """A list of optimizers (Muon on the hidden matrices, AdamW on the rest) is stepped as one: flush equals
-    torch's Schedule1F1B stepping the same pair, and PACI equals paci-tune's own ``optimizer.name: muon``."""
-    ref = _launch(tmp_path / "1f1b", 2, "--schedule", "1f1b", "--steps", "4", "--muon")
-    flush = _launch(tmp_path / "flush", 2, "--schedule", "paci", "--flush", "--steps", "4", "--muon")
+    """A list of optimizers (Muon on the hidden matrices, AdamW on the rest) is stepped as one: flush with
+    torch's own Muon equals torch's Schedule1F1B stepping the same pair, and PACI with paci-tune's Muon
+    (fp32 Newton-Schulz on the CPU) equals paci-tune's own ``optimizer.name: muon``."""
+    ref = _launch(tmp_path / "1f1b", 2, "--schedule", "1f1b", "--steps", "4", "--muon", "torch")
+    flush = _launch(tmp_path / "flush", 2, "--schedule", "paci", "--flush", "--steps", "4", "--muon", "torch")
     assert flush[-1]["losses"] == pytest.approx(ref[-1]["losses"], abs=1e-5)
-    args = ["--schedule", "paci", "--steps", "4", "--window", "2", "--microbatches", "4", "--muon"]
+    args = ["--schedule", "paci", "--steps", "4", "--window", "2", "--microbatches", "4", "--muon", "paci"]
     got = _window_means(_launch(tmp_path / "paci", 2, *args)[-1]["mb_losses"], 2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the ranks' one thread: Muon orthogonalises in bf16, where a sum split otherwise rounds
-    try:
-        expected = _paci_tune_losses(2, 2, 4, 4, backward_weights="forward", optimizer="muon")
-    finally:
-        torch.set_num_threads(threads)
+    expected = _paci_tune_losses(2, 2, 4, 4, backward_weights="forward", optimizer="muon")
     assert got == pytest.approx(expected, abs=1e-5)
     assert got != pytest.approx(_paci_tune_losses(2, 2, 4, 4, backward_weights="forward"), abs=1e-5), "AdamW's"
 

@@ -45,7 +45,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..config.optimizer import OptimizerConfig
-from .optimizers import OptimizerChain, build_optimizer
+from .optimizers import OptimizerChain, build_optimizer, steps_as_one
 
 MASTER_DTYPES = (torch.bfloat16,)
 """Parameter dtypes that get an fp32 master copy (module docstring)."""
@@ -155,8 +155,8 @@ class AliasedOptimizer:
         """
         if optimizer is None:
             return cls([], [], None, grad_clip)
-        if not isinstance(optimizer, (torch.optim.Optimizer, OptimizerChain)):
-            optimizer = OptimizerChain(list(optimizer))
+        if not isinstance(optimizer, OptimizerChain):
+            optimizer = steps_as_one(optimizer)
         params: list[torch.Tensor] = []
         aliases: list[torch.Tensor] = []
         masters: list[torch.Tensor] = []

@@ -10,7 +10,10 @@ an AdamW handed to :class:`~paci_tune.pipelining.SchedulePACI`) becomes too.
 ICML 2025): a stage whose gradients arrive up to ``tau`` updates late gets
 ``beta1 + tau (beta1_max - beta1) / P`` -- AdamW's and NAdam's ``betas[0]``, Muon's and SGD's
 ``momentum`` (and Muon's AdamW part's ``betas[0]``) -- so the stalest stages average over the longest
-horizon. May import: torch and :mod:`paci_tune.config`.
+horizon.
+
+Muon is :class:`.muon.Muon`: torch's, with its Newton-Schulz iterations in fp32 on the CPU (why: there).
+May import: torch and :mod:`paci_tune.config`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 
 from ..config.optimizer import OptimizerConfig
+from .muon import Muon
 
 
 class _RoutedState(MutableMapping):
@@ -108,6 +112,13 @@ class OptimizerChain:
             offset += n
 
 
+def steps_as_one(optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer]) -> Any:
+    """A user's optimizer(s) as the stage steps them: one as it is, several as an :class:`OptimizerChain`."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    return OptimizerChain(list(optimizer))
+
+
 def _decay_groups(params: Sequence[torch.Tensor], weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on matrices only (biases and gains take none); empty groups left out."""
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
@@ -142,7 +153,7 @@ def build_optimizer(
         rest = [p for p in params if id(p) not in taken]
         parts: list[torch.optim.Optimizer] = []
         if matrices:
-            parts.append(torch.optim.Muon(matrices, lr=cfg.lr, weight_decay=cfg.weight_decay,
+            parts.append(Muon(matrices, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                           momentum=cfg.momentum_value, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
                                           adjust_lr_fn="match_rms_adamw"))  # fmt: skip
         if rest:

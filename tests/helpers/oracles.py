@@ -61,15 +61,47 @@ def oracle_optimizers(
     if name == "muon":
         mats = [p for p, h in zip(params, hidden, strict=True) if h and p.dim() == 2]
         rest = [p for p, h in zip(params, hidden, strict=True) if not (h and p.dim() == 2)]
-        out: list[torch.optim.Optimizer] = []
+        out: list[Any] = []
         if mats:
-            out.append(torch.optim.Muon(mats, lr=lr, weight_decay=wd, momentum=momentum,
-                                        nesterov=cfg.get("nesterov", True), ns_steps=cfg.get("ns_steps", 5),
-                                        adjust_lr_fn="match_rms_adamw"))  # fmt: skip
+            out.append(OracleMuon(mats, lr, wd, momentum, cfg.get("nesterov", True), cfg.get("ns_steps", 5)))
         if rest:
             out.append(torch.optim.AdamW(groups(rest), lr=lr, betas=betas, eps=eps))
         return out
     return [torch.optim.AdamW(groups(params), lr=lr, betas=betas, eps=eps)]
+
+
+class OracleMuon:
+    """Muon as its documentation states it, from scratch (Keller Jordan's algorithm, torch's coefficients): an
+    EMA momentum B, Nesterov's mix, five quintic Newton-Schulz iterations in fp32 (paci-tune's precision on
+    the CPU), decoupled weight decay, and Moonshot's LR match to AdamW, 0.2 sqrt(max(rows, cols))."""
+
+    def __init__(self, params: list[torch.Tensor], lr: float, wd: float, mu: float, nesterov: bool,
+                 steps: int) -> None:  # fmt: skip
+        self.param_groups = [{"params": params, "lr": lr}]
+        self.wd, self.mu, self.nesterov, self.steps = wd, mu, nesterov, steps
+        self.bufs = [torch.zeros_like(p) for p in params]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        lr = self.param_groups[0]["lr"]
+        for p, buf in zip(self.param_groups[0]["params"], self.bufs, strict=True):
+            if p.grad is None:
+                continue
+            buf.lerp_(p.grad, 1 - self.mu)
+            x = p.grad.lerp(buf, self.mu) if self.nesterov else buf.clone()
+            tall = x.shape[0] > x.shape[1]
+            x = x.T if tall else x
+            x = x / x.norm().clamp(min=1e-7)
+            for _ in range(self.steps):
+                a = x @ x.T
+                x = 3.4445 * x + (-4.7750 * a + 2.0315 * (a @ a)) @ x
+            x = x.T if tall else x
+            p.mul_(1 - lr * self.wd)
+            p.sub_(lr * 0.2 * math.sqrt(max(p.shape)) * x)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.param_groups[0]["params"]:
+            p.grad = None
 
 
 def plain_training(doc: dict[str, Any]) -> tuple[list[float], float, list[float]]:
