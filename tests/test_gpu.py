@@ -70,6 +70,32 @@ def test_paci_on_cuda_matches_paci_on_cpu():
     assert summary_of(got)["max_drift"] == summary_of(want)["max_drift"]
 
 
+@pytest.mark.parametrize("controls", [{"optimizer": "nadam"}, {"optimizer": "adamw", "predict_weights": True}])
+def test_staleness_controls_on_cuda_match_cpu(controls: dict[str, Any]):
+    """NAdam and weight prediction (issue 37) on CUDA train the CPU's numbers: placement of moments and masters."""
+    optimizer = {"name": controls["optimizer"], "lr": 3e-3}
+    pipeline = {"schedule": "paci", "stages": 3, "window": 2, "predict_weights": controls.get("predict_weights", False)}
+    got = run_in_process(make_config(optimizer=optimizer, pipeline={"device": "cuda", "precision": "fp32", **pipeline}))
+    want = run_in_process(make_config(optimizer=optimizer, pipeline=pipeline))
+    assert train_losses(got) == pytest.approx(train_losses(want), rel=1e-4)
+
+
+def test_muon_on_cuda_is_torchs_bf16_step_and_tracks_the_cpus_fp32():
+    """On CUDA Muon is torch's step (Newton-Schulz in bf16); on the CPU it iterates in fp32 (pipeline/muon.py).
+
+    The oracle is the CPU run: bf16 iterations change each update by ~1e-2 relative, so the losses
+    agree to the bf16 gap of tests/test_bf16.py, not to float rounding (4e-5 on a CPU with bf16 iterations).
+    """
+    optimizer = {"name": "muon", "lr": 2e-2}
+    pipeline = {"schedule": "paci", "stages": 2, "window": 2}
+    got = run_in_process(make_config(optimizer=optimizer, pipeline={"device": "cuda", "precision": "fp32", **pipeline}))
+    want = run_in_process(make_config(optimizer=optimizer, pipeline=pipeline))
+    assert summary_of(got)["device"].startswith("cuda")
+    gaps = [abs(a - b) for a, b in zip(train_losses(got), train_losses(want), strict=True)]
+    assert max(gaps) < GAP_TOL
+    assert max(gaps) > 0
+
+
 def test_bf16_tracks_fp32():
     """bf16 with fp32 masters against fp32, PACI over 50 steps on the GPU: tests/test_bf16.py's tolerance."""
     fp32, bf16, s32, s16 = bf16_fp32_gap("paci", device="cuda")
