@@ -265,3 +265,34 @@ def test_calibrate_times_every_optimizer_a_search_names() -> None:
     assert note is not None and "adamw" in note and "muon" in note
     assert other_optimizer_steps(timed, [timed], units, [1e-3] * 4, device=torch.device("cpu"), repeats=1,
                                  warmup=0) == ([{}, {}, {}, {}], None)  # fmt: skip
+
+
+def test_extend_times_on_the_profiles_threads_and_scales_by_its_own_step(monkeypatch: pytest.MonkeyPatch):
+    """``calibrate --extend`` times each optimizer on the profile's threads per stage (a ratio taken on
+    other threads would not carry over: Muon's small products suffer oversubscription, AdamW's
+    element-wise step hardly), restores the caller's, and charges the profile's own step x the ratio."""
+    import paci_tune.calibrate.measure as measure
+    from paci_tune.calibrate import with_optimizers
+    from paci_tune.config import load_config
+    from paci_tune.sim.profile import Profile
+
+    config = Path(__file__).resolve().parents[1] / "examples" / "tiny-gpt.yaml"
+    cfg = load_config(config)
+    profile = Profile.load(Path(measure.__file__).parents[1] / "base/share/profiles/tiny-gpt.yaml", key="x")
+    seen: list[int] = []
+
+    def fixed(unit: Any, *, optimizer: Any = None, **_: Any) -> float:
+        seen.append(torch.get_num_threads())
+        return 2e-3 if optimizer.name == "nadam" else 1e-3  # NAdam alone 2x AdamW alone
+
+    monkeypatch.setattr(measure, "measure_optimizer", fixed)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = with_optimizers(profile, cfg, [derive_run(cfg.to_doc(), {"optimizer.name": "nadam"}).optimizer])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {profile.threads}
+    for old, new in zip(profile.units, out.units, strict=True):
+        assert new.optimizer_steps["nadam"] == pytest.approx(2 * old.optimizer_s)

@@ -79,7 +79,7 @@ def test_a_continuous_lr_has_no_grid(tmp_path: Path) -> None:
 
 
 def test_shipped_spaces_load() -> None:
-    for name in ("default", "cpu-small", "free-batch"):
+    for name in ("default", "cpu-small", "free-batch", "optimizers"):
         s = load_space(name, global_batch=512, n_units=26, max_stages=None)
         assert s.schedules == ("paci", "1f1b")
 

@@ -353,8 +353,17 @@ def with_optimizers(profile: Profile, cfg: RunConfig, optimizers: Sequence[Optim
     if len(units) != profile.n_units:
         raise ConfigError("--extend", profile.device, f"a profile of this model's {len(units)} units")
     own = dataclasses.replace(cfg.optimizer, name=profile.optimizer.split(" ")[0])
-    steps, note = other_optimizer_steps(own, optimizers, units, [u.optimizer_s for u in profile.units], device=dev,
-                                        repeats=repeats, warmup=warmup)  # fmt: skip
+    # Timed on the profile's threads per stage: Muon's small matrix products on more threads than the
+    # profile's stages had (or than this machine has free) are slowed by oversubscription, AdamW's
+    # element-wise step hardly, so the ratio would not carry over (a 2-thread extension on a busy
+    # 2-core machine charged Muon 20x its one-thread step).
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(profile.threads or 1)))
+    try:
+        steps, note = other_optimizer_steps(own, optimizers, units, [u.optimizer_s for u in profile.units],
+                                            device=dev, repeats=repeats, warmup=warmup)  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
     if note is None:
         return profile
     where = f"rescaled on {platform.node()} ({platform.processor() or platform.machine()}) on " \
