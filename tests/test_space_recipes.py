@@ -146,3 +146,26 @@ def test_a_search_tunes_the_optimizer_for_every_schedule_and_staleness_for_paci(
     assert best["recommended"]["optimizer"]["name"] == best["run"]["optimizer"]["name"]
     assert best["recommended"]["optimizer"]["betas"] == [0.99, 0.999]
     assert "optimizer" in best["baseline"] or best["baseline"].get("schedule") == "1f1b"
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_the_search_view_prints_the_optimizer_recipe_in_brackets(live: bool):
+    """A label's ``[muon ...]`` is text, not rich markup (which drops an unknown tag without a word)."""
+    import io
+
+    from rich.console import Console
+
+    from paci_tune.cli.search_view import SearchView
+    from paci_tune.tune.point import TrialParams
+    from paci_tune.tune.search import SearchEvent
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=live, width=200, color_system=None)
+    params = TrialParams("paci", 2, 4, 4, data_parallel=2, optimizer="muon momentum=0.95 betas=0.9,0.95",
+                         staleness="predict_weights")  # fmt: skip
+    with SearchView(budget=4.0, clock="rst", target=2.75, console=console, live=live) as view:
+        view.on_event(SearchEvent("start", "paci", 3, params=params))
+        view.on_event(SearchEvent("end", "paci", 3, params=params, state="complete", value=2.0, reason="[done]"))
+    out = buf.getvalue()
+    assert "[muon momentum=0.95 betas=0.9,0.95] +predict_weights" in out
+    assert "[done]" in out

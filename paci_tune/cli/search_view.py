@@ -3,7 +3,9 @@
 Live: one row per trial (schedule, point, state, time to target, where it was pruned or why it
 failed), a progress bar for the running trial on the budget's clock with its latest validation
 loss, and a footer with the best of each schedule and PACI's speedup over the flush baseline.
-Plain: one line when a trial starts, one per validation, one when it ends. May import: rich and
+Plain: one line when a trial starts, one per validation, one when it ends. A trial's label carries
+its optimizer recipe in brackets (``[muon momentum=0.95]``), which rich would read as markup and
+drop: labels and notes are printed as plain text. May import: rich and
 :mod:`paci_tune.tune` (the search's events).
 """
 
@@ -14,6 +16,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -78,10 +81,10 @@ class SearchView:
             self.rows[key] = {"schedule": e.schedule, "number": e.number, "point": point,
                               "state": "running", "ttt": None, "note": ""}  # fmt: skip
             self.current = key
-            self.progress.update(self.task, description=f"{e.schedule}#{e.number} {point}", completed=0,
+            self.progress.update(self.task, description=escape(f"{e.schedule}#{e.number} {point}"), completed=0,
                                  clock="-", val="-")  # fmt: skip
             if not self.live:
-                self.console.print(f"trial {e.schedule}#{e.number}: {point} ...")
+                self.console.print(f"trial {e.schedule}#{e.number}: {point} ...", markup=False)
         elif e.kind == "eval" and e.progress is not None:
             p = e.progress
             val = p.best_val
@@ -114,7 +117,8 @@ class SearchView:
             self.current = None
             if not self.live:
                 self.console.print(f"trial {e.schedule}#{e.number}: {row['state']} -- {row['note']}"
-                                   + (f", score {_fmt(e.value)}" if e.value is not None else ""))  # fmt: skip
+                                   + (f", score {_fmt(e.value)}" if e.value is not None else ""),
+                                   markup=False)  # fmt: skip
         if self._live is not None:
             self._live.update(self._render())
 
@@ -131,8 +135,8 @@ class SearchView:
         rows = list(self.rows.values())[-MAX_ROWS:]
         for r in rows:
             st = r.get("state", "?")
-            table.add_row(f"{r['schedule']}#{r['number']}", r["point"], Text(st, style=_STYLE.get(st, "")),
-                          _fmt(r.get("ttt")), r.get("note", ""))  # fmt: skip
+            table.add_row(f"{r['schedule']}#{r['number']}", Text(r["point"]), Text(st, style=_STYLE.get(st, "")),
+                          _fmt(r.get("ttt")), Text(r.get("note", "")))  # fmt: skip
         parts: list[Any] = [table]
         if self.current is not None:
             parts.append(self.progress)
