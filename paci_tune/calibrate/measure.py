@@ -8,10 +8,11 @@ See :mod:`paci_tune.calibrate` for what is measured and why. May import: :mod:`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -52,6 +53,17 @@ measured with bf16 parameters and fp32 masters (no autocast), and ``param_bytes`
 /3: each unit's ``copy_s`` (a clone of its weights, what ``backward_weights: forward`` pays at a step).
 /4: each unit's backward split into its input and weight halves (``backward_input_s`` /
 ``backward_weight_s``, :mod:`.split`), timed beside the whole backward."""
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for the block, the caller's restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def default_threads(stages: int) -> int:
@@ -237,9 +249,7 @@ def calibrate(
         n_classes = int(x.shape[-1])  # the logits' width: the range of the pattern's targets
         groups[size] = list(by_sig.values())
         del x, probe
-    before = torch.get_num_threads()
-    torch.set_num_threads(n_threads)
-    try:
+    with torch_threads(n_threads):
         costs, optimizer_s = _stage_costs(
             cfg, model, units, vocab=vocab, n_classes=n_classes, sizes=sizes, device=dev, dtype=dtype,
             threads=n_threads, processes=n_procs, inflight=default_inflight(stages), repeats=repeats,
@@ -259,8 +269,6 @@ def calibrate(
             copy_s = measure_copies(units, device=dev, repeats=repeats, warmup=warmup)
         others, note = other_optimizer_steps(cfg.optimizer, optimizers, units, optimizer_s, device=dev,
                                              repeats=repeats, warmup=warmup)  # fmt: skip
-    finally:
-        torch.set_num_threads(before)
     unit_profiles = [
         UnitProfile(
             model.names[i],
@@ -357,13 +365,9 @@ def with_optimizers(profile: Profile, cfg: RunConfig, optimizers: Sequence[Optim
     # profile's stages had (or than this machine has free) are slowed by oversubscription, AdamW's
     # element-wise step hardly, so the ratio would not carry over (a 2-thread extension on a busy
     # 2-core machine charged Muon 20x its one-thread step).
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(profile.threads or 1)))
-    try:
+    with torch_threads(max(1, int(profile.threads or 1))):
         steps, note = other_optimizer_steps(own, optimizers, units, [u.optimizer_s for u in profile.units],
                                             device=dev, repeats=repeats, warmup=warmup)  # fmt: skip
-    finally:
-        torch.set_num_threads(before)
     if note is None:
         return profile
     where = f"rescaled on {platform.node()} ({platform.processor() or platform.machine()}) on " \
