@@ -52,7 +52,7 @@ from torch import nn
 from paci_tune.cli.options import overrides_from, run_options
 from paci_tune.cli.tune import search as search_command
 from paci_tune.config.schema import RunConfig
-from paci_tune.config.tune import TUNE_SECTIONS, TuneConfig
+from paci_tune.config.tune import RUN_HARDWARE_KEYS, TUNE_SECTIONS, TuneConfig
 from paci_tune.data import sources
 from paci_tune.errors import ConfigError
 from paci_tune.model import gpt, loader
@@ -231,11 +231,13 @@ def _fields(cls: type, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     return out
 
 
-def _sections() -> dict[str, type]:
-    """model.yaml's dataclass sections: the run's (RunConfig) and the tuning ones (TuneConfig)."""
+def _sections() -> dict[str, list[type]]:
+    """model.yaml's dataclass sections: the run's (RunConfig) and the tuning ones (TuneConfig); ``hardware``
+    is both (its ``memory`` is the run's, the rest the search's), documented as one table."""
     run, tune = typing.get_type_hints(RunConfig), typing.get_type_hints(TuneConfig)
-    out = {name: tp for name, tp in run.items() if dataclasses.is_dataclass(tp)}
-    out.update({name: tune[name] for name in TUNE_SECTIONS})
+    out = {name: [tp] for name, tp in run.items() if dataclasses.is_dataclass(tp)}
+    for name in TUNE_SECTIONS:
+        out.setdefault(name, []).append(tune[name])
     return out
 
 
@@ -296,7 +298,7 @@ def test_every_section_of_model_yaml_has_a_table() -> None:
 
 @pytest.mark.parametrize("section", sorted(_sections()))
 def test_section_keys_defaults_types_and_literals_match_the_schema(section: str) -> None:
-    fields = _fields(_sections()[section])
+    fields = {k: v for cls in _sections()[section] for k, v in _fields(cls).items()}
     rows = _rows(MODEL, section)
     assert sorted(rows) == sorted(fields), f"{section}: documented keys vs the dataclass's fields"
     for key, (tp, default) in fields.items():
@@ -326,6 +328,8 @@ def test_options_column_is_what_the_cli_overrides() -> None:
         if file == MODEL and section not in TUNE_SECTIONS:
             run_section = section.split(" ")[0]
             documented |= {f"{run_section}.{_key(r)}": _option(r) for r in rows if r.get("option")}
+        if file == MODEL and section == "hardware":  # its run keys (hardware.memory) are run options too
+            documented |= {f"hardware.{_key(r)}": _option(r) for r in rows if _key(r) in RUN_HARDWARE_KEYS}
     assert documented == _run_options()
 
 

@@ -37,6 +37,11 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {"type": int, "help": "Data-parallel replicas D of the pipeline (P x D devices; global batch = D*a*b)."},
     ),
     ("--inflight", "pipeline.inflight", {"type": int, "help": "Cap on micro-batches in flight per stage."}),
+    (
+        "--memory",
+        "hardware.memory",
+        {"type": str, "help": "Each device's memory (24GiB, 80GB or bytes): a run predicted above it is refused."},
+    ),
     ("--runtime", "pipeline.runtime", {"type": click.Choice(["emulated", "distributed"]), "help": "Runtime."}),
     ("--device", "pipeline.device", {"type": click.Choice(["auto", "cpu", "cuda"]), "help": "Device."}),
     ("--precision", "pipeline.precision", {"type": click.Choice(["auto", "fp32", "bf16"]), "help": "Precision."}),

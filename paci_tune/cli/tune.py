@@ -53,10 +53,13 @@ from .options import overrides_from, run_options
     help="Optuna pruner on the clock grid.",
 )
 @click.option("--seed", type=int, default=None, help="Sampler seed (overrides search.seed).")
+@click.option("--memory", default=None,
+              help="Each device's memory, 24GiB or bytes (overrides hardware.memory): points predicted above it "
+              "are dropped before any trial.")  # fmt: skip
 @click.option("--live/--no-live", default=True, help="Rich live view (default on a terminal) or plain lines.")
 def search(config: str, out: str, storage: str | None, study_name: str | None, workdir: str | None,
            trials: int | None, space: str | None, sampler: str | None, pruner: str | None, seed: int | None,
-           live: bool) -> None:  # fmt: skip
+           memory: str | None, live: bool) -> None:  # fmt: skip
     """Tune window, micro-batch size and depth for time to target; write best.yaml.
 
     Running the same command again resumes the study from its storage; several workers (on one
@@ -71,7 +74,7 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the view reports trials; Optuna's INFO lines repeat it
     given = {"search.trials": trials, "search.space": space, "search.sampler": sampler, "search.pruner": pruner,
-             "search.seed": seed}  # fmt: skip
+             "search.seed": seed, "hardware.memory": memory}  # fmt: skip
     session = open_search(config, overrides={k: v for k, v in given.items() if v is not None}, study_name=study_name,
                           workdir=workdir, storage=storage, log=stderr, out=out)  # fmt: skip
     tune, b = session.tune, session.tune.budget
@@ -155,11 +158,42 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
 
     if (line := summary_line(best.get("transfer_check"))) is not None:
         stderr(line)
+    _print_candidates(best)
     counts = best["provenance"]["trials"]
     stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed"
                                   + (f", {c['infeasible']} outside the device budget (unrun)" if c.get("infeasible")
                                      else "") for s, c in counts.items()))  # fmt: skip
     stderr(f"wrote {path}; the trials' curves: {best['provenance'].get('plot')}")
+
+
+def _print_candidates(best: dict[str, Any]) -> None:
+    """The ranked table (each schedule's best points, best.yaml's ``candidates``) and the points the device
+    budget dropped (``memory.dropped``), as an autotuner's closing summary lists them."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .ui import fmt_bytes
+
+    mem = best.get("memory") or {}
+    title = "candidates: each schedule's best points (search draws)"
+    if mem:
+        title += f" · hardware.memory {mem.get('memory')} per device"
+    table = Table(title=title, title_justify="left")
+    for col in ("schedule", "#", "point", "step", "peak/device", "score", "target"):
+        table.add_column(col, justify="left" if col == "point" else "right")
+    for schedule, rows in (best.get("candidates") or {}).items():
+        for row in rows:
+            peak, step = row.get("predicted_peak_bytes"), row.get("step_time_s")
+            table.add_row(schedule, str(row["rank"]), row["point"], "-" if step is None else f"{step * 1e3:.1f} ms",
+                          "-" if peak is None else fmt_bytes(peak), f"{row['score']:.3g}",
+                          "reached" if row["reached_target"] else "missed")  # fmt: skip
+    dropped = mem.get("dropped") or []
+    if dropped:
+        table.caption = f"{len(dropped)} point(s) dropped before any trial, predicted above hardware.memory"
+    console = Console(stderr=True, width=max(Console(stderr=True).width, 100))
+    console.print(table)
+    for d in dropped:
+        console.print(f"  dropped: {d['reason']}", markup=False, highlight=False)
 
 
 # ------------------------------------------------------------------------------------ apply

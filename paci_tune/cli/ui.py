@@ -1,6 +1,6 @@
 """Terminal output for training runs: a rich live view, or plain lines when not on a terminal.
 
-May import: rich.
+May import: rich and :mod:`paci_tune.config` (its byte formatter).
 """
 
 from __future__ import annotations
@@ -12,14 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-
-def fmt_bytes(n: float) -> str:
-    """Bytes in binary units, one decimal: 429.9 MiB."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+from ..config.memory import format_bytes as fmt_bytes  # one formatter for every byte count shown
 
 
 class TrainView:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from .layout import Layout
+from .memory import RunHardware  # hardware.memory: the device budget a run keeps to
 from .optimizer import OptimizerConfig  # the optimizer section's own module
 
 Schedule = Literal["paci", "1f1b", "gpipe", "interleaved", "zb-h1"]
@@ -241,6 +242,7 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lr_schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    hardware: RunHardware = field(default_factory=RunHardware)  # only ``memory``: see config/memory.py
 
     def __post_init__(self) -> None:
         self.pipeline.layout.check(self.training.global_batch)
@@ -264,6 +266,8 @@ class RunConfig:
         """The config as a YAML document that loads back to an equal config (tuples as lists)."""
         doc = self.to_dict()
         doc["optimizer"]["betas"] = list(doc["optimizer"]["betas"])
+        if self.hardware.memory is None:
+            del doc["hardware"]  # no budget: the document of a run that never had one, unchanged
         return doc
 
 

@@ -296,10 +296,19 @@ def check_timed_schedules(search: SearchConfig, budget: BudgetConfig, hardware: 
                           f"distributed runtime ({TIMED_ONLY}); hardware.runtime is emulated")  # fmt: skip
 
 
+RUN_HARDWARE_KEYS = ("memory",)
+"""Keys of ``hardware`` that belong to the run (:class:`paci_tune.config.memory.RunHardware`): ``train``
+and ``apply`` keep to the device memory as a search does; the other keys only say what trials use."""
+
+
 def split_tune_sections(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(run sections, tuning sections) of a parsed ``model.yaml``."""
+    """(run sections, tuning sections) of a parsed ``model.yaml``; ``hardware.memory`` goes with the run."""
     run = {k: v for k, v in doc.items() if k not in TUNE_SECTIONS}
     tune = {k: v for k, v in doc.items() if k in TUNE_SECTIONS}
+    hardware = tune.get("hardware")
+    if isinstance(hardware, dict) and any(k in hardware for k in RUN_HARDWARE_KEYS):
+        run["hardware"] = {k: v for k, v in hardware.items() if k in RUN_HARDWARE_KEYS}
+        tune["hardware"] = {k: v for k, v in hardware.items() if k not in RUN_HARDWARE_KEYS}
     return run, tune
 
 

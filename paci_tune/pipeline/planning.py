@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from ..config.layout import Layout
+from ..config.memory import format_bytes
 from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..schedule import (
@@ -39,7 +40,8 @@ from ..schedule import (
     stage_actions,
     stage_units,
 )
-from ..sim.memory import GIB, chunked_activations, stage_copies, stage_memory
+from ..sim.memory import GIB, WEIGHT_BYTES, chunked_activations, stage_copies, stage_memory
+from ..sim.partitioner import PartitionModel
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
 from ..sim.tied import TiedGroup
@@ -163,12 +165,74 @@ def interleaved_cut(layout: Layout, unit_costs: Sequence[float], profile: Profil
 def choose_partition(
     cfg: RunConfig, unit_costs: Sequence[float], profile: Profile | None, device: torch.device, distributed: bool
 ) -> list[int]:
-    """The run's cut (:func:`plan_partition`), with its predicted memory checked against this machine."""
+    """The run's cut (:func:`plan_partition`), with its predicted memory checked against ``hardware.memory``
+    (:func:`check_budget`) and this machine; the cut is the fastest under the tighter of the two."""
+    if profile is not None:
+        check_budget(cfg, profile)
     limit = memory_available(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) if distributed else None
-    sizes = plan_partition(cfg, unit_costs, profile, memory_bytes=limit)
+    sizes = plan_partition(cfg, unit_costs, profile, memory_bytes=_tighter(limit, cfg.hardware.memory_bytes))
     if profile is not None:
         check_memory(cfg, profile, sizes, device, distributed)
     return sizes
+
+
+def _tighter(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def budget_fit(cfg: RunConfig, profile: Profile) -> tuple[list[int], list[int]]:
+    """(cut, predicted peak bytes per stage) of ``cfg`` under its ``hardware.memory``.
+
+    The cut is the one the run would use: the fastest that fits the budget, or, when none does, the
+    one that needs the least memory (its peak is what the budget would have to hold). A cut pinned by
+    hand or an interleaved one is taken as it is.
+    """
+    p = cfg.pipeline
+    cap = cfg.hardware.memory_bytes
+    if isinstance(p.partition, list) or p.layout.chunks > 1 or cap is None:
+        sizes = plan_partition(cfg, [1.0] * profile.n_units, profile)
+    else:
+        model = PartitionModel(profile, p.layout, optimizer=cfg.optimizer.name, backward_weights=p.backward_weights)
+        try:
+            sizes = model.fastest(cap).sizes
+        except ConfigError:
+            sizes = model.leanest().sizes
+    return sizes, predicted_memory(cfg, profile, sizes)
+
+
+def unit_refusal(profile: Profile, cap: int) -> str | None:
+    """Why no cut can fit ``cap`` bytes: the largest unit's weights alone exceed it (None when they do not)."""
+    per = WEIGHT_BYTES[profile.dtype]
+    sizes = [u.param_bytes * per // 4 for u in profile.units]
+    i = max(range(len(sizes)), key=sizes.__getitem__)
+    if sizes[i] <= cap:
+        return None
+    name = profile.units[i].name
+    return f"at least the largest unit's weights, {format_bytes(sizes[i])} (unit {i} {name!r}): no stage holds less"
+
+
+def budget_refusal(cfg: RunConfig, profile: Profile) -> str | None:
+    """Why ``cfg`` does not fit its ``hardware.memory`` (what the key would have to be), or None when it fits."""
+    cap = cfg.hardware.memory_bytes
+    if cap is None:
+        return None
+    if too_small := unit_refusal(profile, cap):
+        return too_small
+    sizes, peaks = budget_fit(cfg, profile)
+    worst = max(range(len(peaks)), key=peaks.__getitem__)
+    if peaks[worst] <= cap:
+        return None
+    p = cfg.pipeline
+    return (f"at least {format_bytes(peaks[worst])} for {p.schedule} at P={p.stages} b={p.microbatch_size}: its "
+            f"stage {worst} is predicted that on the leanest cut {sizes}; more stages, a smaller micro-batch or "
+            "a schedule with fewer micro-batches in flight need less")  # fmt: skip
+
+
+def check_budget(cfg: RunConfig, profile: Profile) -> None:
+    """Refuse a run whose predicted peak on some stage exceeds ``hardware.memory``, naming the key."""
+    why = budget_refusal(cfg, profile)
+    if why is not None:
+        raise ConfigError("hardware.memory", cfg.hardware.memory, why)
 
 
 def memory_refusal(

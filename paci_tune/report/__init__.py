@@ -5,7 +5,8 @@ draws the search (:mod:`.figures`) and the recommendation (:mod:`.verdict`), and
 plus a self-contained ``index.html`` (:mod:`.page`); the words are :mod:`.summary`'s. The
 terminal rendering is the command line's (:mod:`paci_tune.cli.report`). May import: the verdict
 layer and what it reads (:mod:`paci_tune.verdict`, :mod:`paci_tune.tune`, :mod:`paci_tune.sim`,
-:mod:`paci_tune.schedule`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`), matplotlib, optuna.
+:mod:`paci_tune.schedule`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`, :mod:`paci_tune.config` for its
+byte formatter), matplotlib, optuna.
 """
 
 from __future__ import annotations

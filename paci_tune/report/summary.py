@@ -3,7 +3,8 @@
 One sentence for the verdict, then tables as plain rows (lists of strings): the chosen point of
 each schedule, its confirmation per seed, the trial counts with the reasons for pruned and failed
 trials, the compute spent. Both renderers (rich in :mod:`paci_tune.cli.report`, HTML in
-:mod:`.page`) show exactly these, so the two cannot disagree. May import: :mod:`.gather`.
+:mod:`.page`) show exactly these, so the two cannot disagree. May import: :mod:`.gather` and
+:mod:`paci_tune.config` (its byte formatter).
 """
 
 from __future__ import annotations
@@ -127,5 +128,34 @@ def compute(ev: Evidence) -> Table:
     return Table("Compute and provenance (trial processes' wall seconds)", ["what", "value"], rows)
 
 
+def candidates(ev: Evidence) -> Table:
+    """best.yaml's ranked table: each schedule's best points, with step time and predicted peak memory."""
+    from ..config.memory import format_bytes
+
+    ranked = (ev.best.candidates if ev.best else None) or {}
+    rows = [[s, str(r["rank"]), f"#{r['trial']} {r['point']}",
+             "-" if r.get("step_time_s") is None else f"{r['step_time_s'] * 1e3:.1f} ms",
+             "-" if r.get("predicted_peak_bytes") is None else format_bytes(r["predicted_peak_bytes"]),
+             _g(r.get("score"), "s"), "yes" if r.get("reached_target") else "no"]
+            for s, table in ranked.items() for r in table]  # fmt: skip
+    return Table("Candidates: each schedule's best points (search draws)",
+                 ["schedule", "rank", "trial", "step", "predicted peak per device", "score", "reached target"],
+                 rows)  # fmt: skip
+
+
+def memory_dropped(ev: Evidence) -> Table:
+    """The points ``hardware.memory`` dropped before any trial, each with its predicted peak."""
+    from ..config.memory import format_bytes
+
+    mem = (ev.best.memory if ev.best else None) or {}
+    rows = [[d["schedule"], d["reason"].split(":")[0], format_bytes(d["predicted_peak_bytes"]), str(d["stage"]),
+             format_bytes(d["memory_bytes"])] for d in mem.get("dropped") or []]  # fmt: skip
+    return Table(f"Dropped for memory: predicted above hardware.memory ({mem.get('memory')})",
+                 ["schedule", "point", "predicted peak", "on stage", "hardware.memory"], rows)  # fmt: skip
+
+
 def tables(ev: Evidence) -> list[Table]:
-    return [chosen_points(ev), confirmation(ev), counts(ev), compute(ev)]
+    out = [chosen_points(ev), candidates(ev), confirmation(ev), counts(ev), compute(ev)]
+    if ev.best is not None and ev.best.memory:
+        out.insert(2, memory_dropped(ev))
+    return out

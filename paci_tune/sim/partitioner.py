@@ -128,9 +128,8 @@ class PartitionModel:
         sizes = min_max_partition(n, stages, self.time, fits)
         if sizes is None:
             assert memory_bytes is not None
-            leanest = min_max_partition(n, stages, lambda s, j, i: float(self.memory(s, j, i)))
-            assert leanest is not None
-            plan = self.describe(leanest)
+            plan = self.leanest()
+            leanest = plan.sizes
             worst = max(range(stages), key=lambda s: plan.memory_bytes[s])
             raise ConfigError(
                 "pipeline.stages",
@@ -140,6 +139,13 @@ class PartitionModel:
                 f"{memory_bytes / GIB:.2f} GiB available on stage {worst}; use more stages, a smaller micro-batch "
                 f"or a schedule with fewer micro-batches in flight",
             )
+        return self.describe(sizes)
+
+
+    def leanest(self) -> Partition:
+        """The cut whose most loaded stage needs the least memory: what a device budget must hold at least."""
+        sizes = min_max_partition(self.profile.n_units, self.stages, lambda s, j, i: float(self.memory(s, j, i)))
+        assert sizes is not None
         return self.describe(sizes)
 
 

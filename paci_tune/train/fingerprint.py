@@ -29,6 +29,7 @@ _SECTIONS = {"training": TrainingConfig, "lr_schedule": LRScheduleConfig, "pipel
 def fingerprint(cfg: RunConfig) -> dict[str, Any]:
     """The part of a config a checkpoint must match to resume with the same numerics."""
     doc = cfg.to_dict()
+    doc.pop("hardware", None)  # the device budget refuses runs; it changes no number of one that runs
     for section, keys in EXECUTION_ONLY.items():
         doc[section] = {k: v for k, v in doc[section].items() if k not in keys}
     doc["optimizer"] = cfg.optimizer.settings()

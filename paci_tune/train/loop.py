@@ -26,6 +26,7 @@ from . import checkpoint
 from .clock import Clock, ProfileClock, WallClock
 from .fingerprint import fingerprint, mismatch
 from .lr import lr_factor, peak_lr, step_progress
+from .memory_check import against_budget
 from .metrics import RecordSink
 from .timed import is_timed, numerics_config, numerics_run
 
@@ -420,6 +421,7 @@ class Trainer:
             "clock_step_time_s": st.clock_span / st.batches_done if st.batches_done else 0.0,
             "clock_bubble_fraction": clock_bubble,
             "memory_measured_per": "stage" if c.pipeline.runtime == "distributed" else "process (all stages)",
+            **against_budget(c, stats),  # hardware.memory against what the run measured
             "profile": self.cfg.training.profile,
             "stages": stats,
         }

@@ -54,10 +54,12 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
 
     Called once per process: by the command that trains, by each distributed worker (on the config
     the launcher resolved) and by a trial's process. The sim clock without a profile gets this
-    machine's, measured once and cached; the stage cut (``partition: auto``) is computed here, with
-    every check that can refuse the run (data, model, depth, partition, memory), so distributed
-    workers and a later resume all run the same cut. A schedule the simulator times (interleaved,
-    ZB-H1 on the emulated runtime) gets its own cut and trains 1F1B's numbers (:mod:`.timed`); ZB-H1 on
+    machine's, measured once and cached, and so does a run with a device budget (``hardware.memory``:
+    its predicted peak is checked before any work, which takes a profile). The stage cut
+    (``partition: auto``) is computed here, with every check that can refuse the run (data, model,
+    depth, partition, memory), so distributed workers and a later resume all run the same cut. A
+    schedule the simulator times (interleaved, ZB-H1 on the emulated runtime) gets its own cut and
+    trains 1F1B's numbers (:mod:`.timed`); ZB-H1 on
     the distributed runtime is resolved like any run, its cut its own.
     """
     t = cfg.training
@@ -65,7 +67,7 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
         from .checkpoint import INIT_FROM, check_files, find
 
         check_files(find(Path(t.init_from)), INIT_FROM)  # refused now, not after the model is built
-    if t.clock == "sim" and not t.profile:
+    if (t.clock == "sim" or cfg.hardware.memory is not None) and not t.profile:  # a budget needs a prediction
         _, path = measured_profile(cfg, log=log)
         cfg = dataclasses.replace(cfg, training=dataclasses.replace(t, profile=str(path)))
     if trains_flush_for(cfg):  # zb-h1 on the distributed runtime runs for real, resolved like any run

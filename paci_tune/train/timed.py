@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..config.memory import RunHardware
 from ..config.schema import TIMED_SCHEDULES, RunConfig
 from ..errors import ConfigError
 from ..pipeline.factory import ResolvedRun, resolve_pieces, unit_costs
-from ..pipeline.planning import plan_partition
+from ..pipeline.planning import check_budget, plan_partition
 from ..schedule import check_layout
 
 NUMERICS = "1f1b"
@@ -80,11 +81,14 @@ def resolve_timed(cfg: RunConfig) -> ResolvedRun:
     p = cfg.pipeline
     layout = p.layout
     check_layout(p.schedule, p.stages, p.window, layout.chunks)
-    auto = dataclasses.replace(cfg, pipeline=dataclasses.replace(p, partition="auto"))
+    # The device budget is the timed schedule's (checked here); the 1F1B numerics run stands in for it.
+    unbudgeted = RunHardware()
+    auto = dataclasses.replace(cfg, pipeline=dataclasses.replace(p, partition="auto"), hardware=unbudgeted)
     first = resolve_pieces(numerics_config(auto), distributed=False)  # the model, data and profile
     if first.profile is None:  # the config requires one for rst; resolve_run measures sim's first
         raise ConfigError("training.profile", None, f"a cost profile to time schedule {p.schedule} on")
-    sizes = plan_partition(cfg, unit_costs(first.model), first.profile)
+    check_budget(cfg, first.profile)
+    sizes = plan_partition(cfg, unit_costs(first.model), first.profile, memory_bytes=cfg.hardware.memory_bytes)
     timed = dataclasses.replace(cfg, pipeline=dataclasses.replace(p, partition=sizes))
-    run = resolve_pieces(numerics_config(timed), distributed=False)
+    run = resolve_pieces(numerics_config(dataclasses.replace(timed, hardware=unbudgeted)), distributed=False)
     return ResolvedRun(timed, run.source, run.model, run.profile)

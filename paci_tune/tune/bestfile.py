@@ -69,6 +69,8 @@ INFORMATIVE: dict[str, tuple[type, ...]] = {
     "speedup_note": (str,),
     "provenance": (dict,),
     "warm_start": (dict,),
+    "candidates": (dict,),
+    "memory": (dict,),
 }
 TOP = ("recommended", "evidence", "target", "budget", "run", *INFORMATIVE)
 WHAT = "a file written by `paci-tune search`: recommended, evidence, ..., run"
@@ -166,6 +168,8 @@ class BestFile:
     budget: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
     warm_start: dict[str, Any] | None = None  # the checkpoint every trial started from (tune/warm.py)
+    candidates: dict[str, Any] | None = None  # each schedule's best points, ranked (verdict/candidates.py)
+    memory: dict[str, Any] | None = None  # hardware.memory and the points it dropped (verdict/candidates.py)
     keys: tuple[str, ...] = ("recommended", "evidence", "run")
     run_config: RunConfig | None = field(default=None, compare=False, repr=False)
 

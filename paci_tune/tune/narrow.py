@@ -14,9 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import derive_run
+from ..config.memory import format_bytes
 from ..errors import ConfigError
 from ..schedule import INTERLEAVED, ZB_H1, drift_bound
-from .point import TrialParams
+from .point import MemoryDrop, TrialParams
 from .recipes import recipe_overrides
 from .space import SearchSpace
 
@@ -47,6 +48,37 @@ def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -
     return dataclasses.replace(
         space, points=frozenset(kept), dropped=tuple(dropped),
         stages=tuple(sorted({p for p, _, _ in kept})), microbatch_size=tuple(sorted({b for _, _, b in kept})),
+    )  # fmt: skip
+
+
+def drop_over_memory(space: SearchSpace, predict: Callable[[TrialParams], MemoryDrop], cap: int,
+                     written: Any) -> SearchSpace:  # fmt: skip
+    """``space`` less what ``hardware.memory`` (``cap`` bytes; ``written`` as the file says it) rules out.
+
+    ``predict`` gives a point's predicted peak (a :class:`~.point.MemoryDrop` whether or not it fits).
+    Every schedule's variants of every point are asked (backward weights, chunks, optimizer and staleness
+    recipes: each changes what a stage holds). A variant over the cap is answered unrun
+    (:meth:`SearchSpace.why_not`) and listed in ``dropped``; a point no schedule can run leaves the
+    space, so no sampler proposes it. A schedule left with nothing is a ConfigError on ``hardware.memory``
+    naming the smallest predicted peak of its points (what the budget would have to hold).
+    """
+    over: list[MemoryDrop] = []
+    fits: set[tuple[int, int, int]] = set()
+    for schedule in space.schedules:
+        variants = [q for q in space.grid_variants(schedule) if space.why_not(q) is None]
+        predicted = [predict(q) for q in variants]
+        if predicted and all(d.peak_bytes > cap for d in predicted):
+            least = min(predicted, key=lambda d: d.peak_bytes)
+            raise ConfigError("hardware.memory", written, f"at least {format_bytes(least.peak_bytes)}, the smallest "
+                              f"predicted peak of {schedule}'s points ({least.params.label()}, stage {least.stage}); "
+                              f"none of them fits {format_bytes(cap)}")  # fmt: skip
+        over += [d for d in predicted if d.peak_bytes > cap]
+        fits |= {(d.params.stages, d.params.window, d.params.microbatch_size) for d in predicted if d.peak_bytes <= cap}
+    points = {(p, a, b) for p, a, b in space.points if (p, a, b) in fits} if space.points else fits
+    return dataclasses.replace(
+        space, points=frozenset(points), over_memory=tuple(over), memory_bytes=cap,
+        dropped=space.dropped + tuple(d.reason() for d in over),
+        stages=tuple(sorted({p for p, _, _ in points})), microbatch_size=tuple(sorted({b for _, _, b in points})),
     )  # fmt: skip
 
 

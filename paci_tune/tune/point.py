@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config.layout import Layout
+from ..config.memory import format_bytes
 from .choices import DEFAULT_BACKWARD_WEIGHTS
 from .recipes import OFF, recipe_overrides
 
@@ -64,3 +65,42 @@ class TrialParams:
         opt = f" [{self.optimizer}]" if self.optimizer is not None else ""
         stale = f" +{self.staleness.replace(' ', ' +')}" if self.staleness not in (None, OFF) else ""
         return f"{self.layout.label()}{w}{opt}{stale}{lr}"
+
+
+@dataclass(frozen=True)
+class MemoryDrop:
+    """A point one schedule cannot run under ``hardware.memory``: its predicted peak on the leanest cut.
+
+    Dropped before any trial (:func:`paci_tune.tune.setup.drop_over_budget`), as Alpa prices a stage
+    over the device's memory at infinity; kept so the summary, best.yaml and the report can say which
+    points went and by how much. ``params`` is the point at LR x1 (the LR changes no byte).
+    """
+
+    params: TrialParams
+    peak_bytes: int  # the most loaded stage's prediction
+    stage: int
+    cut: tuple[int, ...]
+    cap_bytes: int
+
+    def matches(self, q: TrialParams) -> bool:
+        """Whether a proposed point is this one (any LR: memory does not depend on it)."""
+        p = self.params
+        return (q.schedule, q.stages, q.window, q.microbatch_size, q.backward_weights, q.chunks, q.optimizer,
+                q.staleness) == (p.schedule, p.stages, p.window, p.microbatch_size, p.backward_weights, p.chunks,
+                                 p.optimizer, p.staleness)  # fmt: skip
+
+    def reason(self) -> str:
+        return (f"{self.params.label()}: predicted peak {format_bytes(self.peak_bytes)} on stage {self.stage} "
+                f"(cut {list(self.cut)}) > hardware.memory {format_bytes(self.cap_bytes)}")  # fmt: skip
+
+    def to_doc(self) -> dict[str, Any]:
+        """best.yaml's and the report's entry: the point, its predicted peak and the cap, in bytes."""
+        p = self.params
+        doc: dict[str, Any] = {"schedule": p.schedule, "stages": p.stages, "data_parallel": p.data_parallel,
+                               "window": p.window, "microbatch_size": p.microbatch_size}  # fmt: skip
+        doc.update({k: v for k, v in (("backward_weights", p.backward_weights), ("optimizer", p.optimizer),
+                                       ("staleness", p.staleness)) if v is not None})  # fmt: skip
+        if p.chunks > 1:
+            doc["chunks"] = p.chunks
+        return {**doc, "predicted_peak_bytes": self.peak_bytes, "stage": self.stage, "cut": list(self.cut),
+                "memory_bytes": self.cap_bytes, "reason": self.reason()}  # fmt: skip

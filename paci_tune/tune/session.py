@@ -23,7 +23,15 @@ from ..errors import ConfigError, Failure
 from .preflight import check_outputs, check_trials
 from .runner import SubprocessRunner
 from .search import Search, SearchEvent
-from .setup import bind_space, drop_unfit, enqueue_start_points, fingerprint, profile_for, trial_runtime
+from .setup import (
+    bind_space,
+    drop_over_budget,
+    drop_unfit,
+    enqueue_start_points,
+    fingerprint,
+    profile_for,
+    trial_runtime,
+)
 from .space import SearchSpace
 from .study import open_storage, open_studies
 from .warm import WarmStart, prepare
@@ -88,11 +96,12 @@ def open_search(
     except Exception as e:  # the database: unreachable, locked, not a database, another schema version
         raise Failure(f"opening the study storage {shown(storage_url)}", _storage_reason(e)) from e
     profile = profile_for(tune, space, work, log)
+    space = drop_over_budget(tune, space, profile)  # hardware.memory: every schedule's points predicted above it
     space = drop_unfit(tune, space, profile)  # after the fingerprint: it depends on this machine's free memory
     if log:
         for why in space.dropped:
             log(f"dropped from the space: {why}")
-    warm = prepare(tune, name, work, storage_url, studies, trial_runtime(tune), log)  # trained once, before any trial
+    warm = prepare(tune, name, work, storage_url, studies, trial_runtime(tune), log, profile)  # once, before any trial
     enqueue_start_points(tune, space, studies)
     return SearchSession(Path(config), tune, name, work, storage_url, space, studies, profile, warm)
 

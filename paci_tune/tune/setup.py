@@ -19,6 +19,7 @@ from ..base.shipped import resolve_path
 from ..config import derive_run
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
+from .point import MemoryDrop, TrialParams
 from .space import SearchSpace
 
 Log = Callable[[str], None]
@@ -94,6 +95,35 @@ def drop_unfit(tune: TuneConfig, space: SearchSpace, profile_path: str | None) -
     return restrict(space, why_not)
 
 
+def drop_over_budget(tune: TuneConfig, space: SearchSpace, profile_path: str | None) -> SearchSpace:
+    """The space less every (schedule, point) whose predicted peak exceeds ``hardware.memory``.
+
+    Each is predicted on the cut its trial would run (:func:`paci_tune.pipeline.planning.budget_fit`: the
+    fastest that fits, else the leanest), per device, whichever runtime trains it: the budget is the
+    memory of the devices the pipeline stands for. A budget below the model's largest unit is refused
+    first, naming the key (no cut can help). Without a budget nothing changes.
+    """
+    cap = tune.run.hardware.memory_bytes
+    if cap is None or profile_path is None:
+        return space
+    from ..pipeline.planning import budget_fit, unit_refusal
+    from ..sim.profile import Profile
+    from .narrow import drop_over_memory
+
+    profile = Profile.load(profile_path, "budget.profile")
+    if too_small := unit_refusal(profile, cap):
+        raise ConfigError("hardware.memory", tune.run.hardware.memory, too_small)
+    runtime = trial_runtime(tune)
+
+    def predict(q: TrialParams) -> MemoryDrop:
+        over = {**q.overrides(), "pipeline.partition": "auto", "pipeline.runtime": runtime, "pipeline.inflight": None}
+        sizes, peaks = budget_fit(derive_run(tune.run_doc, over), profile)
+        worst = max(range(len(peaks)), key=peaks.__getitem__)
+        return MemoryDrop(q, peaks[worst], worst, tuple(sizes), cap)
+
+    return drop_over_memory(space, predict, cap, tune.run.hardware.memory)
+
+
 def _uses_gpus(tune: TuneConfig) -> bool:
     from ..pipeline.backend import visible_gpus
 
@@ -116,8 +146,8 @@ def profile_for(tune: TuneConfig, space: Any, work: Path, log: Log | None = None
     names, and kept in the work folder, so a resumed search times its trials exactly as before.
     """
     b = tune.budget
-    if b.clock == "wall":
-        return None
+    if b.clock == "wall" and tune.run.hardware.memory is None:
+        return None  # the wall clock times itself; a device budget still needs a prediction (its profile)
     if b.profile:
         found = resolve_path(b.profile)  # profiles/tiny-gpt.yaml: the shipped reference when not here
         if not found.is_file():

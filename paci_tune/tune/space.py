@@ -65,7 +65,7 @@ from ..errors import ConfigError
 from ..schedule import INTERLEAVED, ZB_H1, drift_bound, unsupported
 from .budget import budget_points
 from .choices import backward_weights_choices, chunks_choices, int_choices, keep, lr_space
-from .point import TrialParams
+from .point import MemoryDrop, TrialParams
 from .recipes import optimizer_recipes, staleness_recipes
 
 SCHEDULES = ("paci", "1f1b", ZB_H1, INTERLEAVED)
@@ -101,6 +101,8 @@ class SearchSpace:
     optimizers: tuple[str, ...] = ()  # optimizer recipes (:mod:`.recipes`), every schedule's; empty: the run's own
     staleness: tuple[str, ...] = ()  # PACI's staleness recipes; empty: the run's own controls
     incompatible: frozenset[tuple[str | None, str]] = frozenset()  # PACI (optimizer, staleness) pairs refused
+    over_memory: tuple[MemoryDrop, ...] = ()  # (schedule, point)s predicted above hardware.memory
+    memory_bytes: int | None = None  # hardware.memory, once the space has been checked against it
 
     def optimizers_of(self, schedule: str) -> list[str | None]:  # the same for every schedule
         """The optimizer recipes every schedule's points take (module docstring of :mod:`.recipes`), or [None]."""
@@ -140,6 +142,8 @@ class SearchSpace:
             return f"{params.label()}: {why}"
         if params.window and (why := self._unrunnable(params)):
             return f"{params.label()}: {why}"
+        if drop := next((d for d in self.over_memory if d.matches(params)), None):
+            return drop.reason()
         if params.staleness is not None and (params.optimizer, params.staleness) in self.incompatible:
             return f"{params.label()}: the run refuses this optimizer with this staleness recipe (see dropped points)"
         if not self.points or key in self.points:
@@ -236,6 +240,17 @@ class SearchSpace:
                 windows = [self.window_of(p, b)] if self.fixed_batch is not None else list(self.window)
                 points = [TrialParams(s, p, a, b, float(lr), self.data_parallel(p), bw, v, o, st) for a in windows]
                 out += [q for q in points if self.why_not(q) is None]
+        return out
+
+    def grid_variants(self, schedule: str) -> list[TrialParams]:
+        """``schedule``'s points at LR x1, every variant of what a point can change in memory (backward
+        weights, chunks, optimizer and staleness recipes), feasible or not: what a memory check asks."""
+        out = []
+        dims = itertools.product(self.backward_weights_of(schedule), self.chunks_of(schedule),
+                                 self.optimizers_of(schedule), self.staleness_of(schedule))  # fmt: skip
+        for bw, v, o, st in dims:
+            out += [TrialParams(schedule, p, a, b, 1.0, self.data_parallel(p), bw, v, o, st)
+                    for p, a, b in sorted(self.points)]  # fmt: skip
         return out
 
     def grid_params(self, schedule: str = "paci") -> dict[str, list[Any]]:

@@ -84,18 +84,21 @@ def trial_overrides(warm: WarmStart | None) -> dict[str, Any]:
     return {"training.init_from": warm.checkpoint, "lr_schedule.warmup_fraction": 0.0}
 
 
-def warm_up_doc(tune: TuneConfig, folder: Path, runtime: str) -> dict[str, Any]:
+def warm_up_doc(tune: TuneConfig, folder: Path, runtime: str, profile: str | None = None) -> dict[str, Any]:
     """The warm-up's run: the file's run as written, on 1F1B-flush, ``steps`` global batches, LR held at its peak.
 
     Its LR warm-up is the run's own in steps: ``warmup_fraction`` of ``training.steps`` when the run
     gives a step budget (so a 40-step warm-up of a 300-step run with 2% warm-up ramps over 6 steps,
-    as that run would), else of the warm-up's steps.
+    as that run would), else of the warm-up's steps. Under a device budget (``hardware.memory``) the
+    search's ``profile`` predicts its memory and cuts it, so the check costs no calibration here.
     """
     steps = tune.search.warm_start.steps
     assert steps is not None
     t, hw = tune.run.training, tune.hardware
     ramp = tune.run.lr_schedule.warmup_fraction * (t.steps / steps if t.steps is not None else 1.0)
     extra = {k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v}
+    if tune.run.hardware.memory is not None and profile is not None:
+        extra["training.profile"] = profile
     return warm_up_run(tune.run_doc, steps, folder, runtime, ramp, extra)
 
 
@@ -157,7 +160,7 @@ def _done(folder: Path) -> dict[str, Any] | None:
 
 
 def prepare(tune: TuneConfig, name: str, work: Path, storage_url: str, studies: dict[str, optuna.Study],
-            runtime: str, log: Log | None = None) -> WarmStart | None:  # fmt: skip
+            runtime: str, log: Log | None = None, profile: str | None = None) -> WarmStart | None:  # fmt: skip
     """The search's warm start (None when off): the user's checkpoint, or the warm-up, trained here if
     no worker has trained it yet (module docstring); recorded in every study."""
     ws = tune.search.warm_start
@@ -170,7 +173,7 @@ def prepare(tune: TuneConfig, name: str, work: Path, storage_url: str, studies: 
         step = int(json.loads((folder / "meta.json").read_text())["loop"]["batches_done"])
         return WarmStart(str(folder), step, "checkpoint")
     folder = _claimed(folder_for(tune, name, work, storage_url, studies), studies)
-    done = ensure(warm_up_doc(tune, folder, runtime), "search.warm_start.dir", log)
+    done = ensure(warm_up_doc(tune, folder, runtime, profile), "search.warm_start.dir", log)
     check_files(Path(done["checkpoint"]), "search.warm_start.dir")  # on a shared file system: anyone's
     for study in studies.values():
         StudyRecord.write_warm_start(study, {"folder": str(folder), "checkpoint": done["checkpoint"]})

@@ -43,7 +43,7 @@ from ..tune.point import TrialParams
 from ..tune.record import TrialRecord
 from ..tune.rounds import LEVEL
 from ..tune.space import SYNCHRONOUS
-from . import confirm, transfer
+from . import candidates, confirm, transfer
 from .confirm import Confirmed
 
 
@@ -135,6 +135,7 @@ def build_best(
     confirm_rounds: dict[str, Any] | None = None,
     transfer_factor: float | None = None,
     warm_started: bool = False,
+    memory: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``best.yaml`` document (module docstring); ConfigError when no trial finished.
 
@@ -144,7 +145,9 @@ def build_best(
     (:mod:`paci_tune.tune.rounds`), written into the ``confirmation`` section as given.
     With ``transfer_factor``, ``transfer_check`` reports how the short trials' ranking held at that
     many times the budget (:mod:`.transfer`); it changes nothing else in the file. ``warm_started``:
-    the trials started from a checkpoint (an undecided verdict's advice says so).
+    the trials started from a checkpoint (an undecided verdict's advice says so). ``memory``: the device
+    budget and the points it dropped (:func:`.candidates.memory_section`), written as given; every file
+    gets the ranked table of each schedule's best points (``candidates``, :mod:`.candidates`).
     """
 
     def point_of(t: FrozenTrial, schedule: str) -> TrialParams:
@@ -192,6 +195,9 @@ def build_best(
     if transfer_factor:
         doc["transfer_check"] = transfer.section(studies, transfer_factor, budget.get("seconds"), point_of)
     doc.update(_comparison(studies, bests, confirmed, rec_schedule, budget, warm_started))
+    doc["candidates"] = candidates.ranked(studies, point_of)
+    if memory is not None:
+        doc["memory"] = memory
     doc["target"] = target
     doc["budget"] = budget
     doc["provenance"] = {
@@ -227,6 +233,7 @@ def _comparison(
     rec_schedule: str,
     budget: dict[str, Any],
     warm_started: bool = False,
+    memory: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The baseline (the best synchronous schedule), the speedups, the intervals and the verdicts.
 

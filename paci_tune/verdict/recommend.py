@@ -17,6 +17,7 @@ from ..tune.rounds import current_round
 from ..tune.search import Search
 from ..tune.session import SearchSession
 from .best import build_best
+from .candidates import memory_section
 
 
 def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, Any]:
@@ -45,6 +46,7 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
                         "stopped_by": rounds.stopped_by} if c.enabled else None,
         transfer_factor=tune.search.transfer_check.factor if tune.search.transfer_check.enabled else None,
         warm_started=session.warm is not None,
+        memory=memory_section(tune.run.hardware.memory, session.space.memory_bytes, session.space.over_memory),
     )  # fmt: skip
     rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
     picture = plot_search(session.studies, target=float(tune.target.value or 0), budget=float(b.seconds or 0),

@@ -1,0 +1,43 @@
+"""A finished run's measured peak memory held against its device budget (``hardware.memory``).
+
+The run was admitted on a prediction (:func:`paci_tune.pipeline.planning.check_budget`); what it then
+held is a measurement, and a user who set a budget must hear when the two disagree. The comparison
+uses the allocator's count (``peak_allocated_bytes``: CUDA's ``max_memory_allocated``, or the CPU
+tracker when it ran); a CPU process's resident set counts the Python interpreter and torch's
+libraries too, so it is not held against a budget for tensors. On the emulated runtime one process
+holds every stage of every replica, so its peak is held against the budget of all P x D devices it
+stands for. May import: :mod:`paci_tune.config` and the standard library.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config.schema import RunConfig
+
+
+def _measured(stage: dict[str, Any]) -> int | None:
+    allocated = stage.get("peak_allocated_bytes")
+    return int(allocated) if allocated is not None else None
+
+
+def against_budget(cfg: RunConfig, stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary's budget figures: the cap, and the stages (or the process) measured above it.
+
+    ``memory_over_budget`` is a list of ``{stage, measured_bytes, budget_bytes}`` (empty: all within),
+    or None when nothing comparable was measured. Empty when the run has no budget.
+    """
+    cap = cfg.hardware.memory_bytes
+    if cap is None:
+        return {}
+    measured = [(st["stage"], _measured(st)) for st in stats]
+    if all(m is None for _, m in measured):
+        return {"memory_budget_bytes": cap, "memory_over_budget": None}
+    if cfg.pipeline.runtime == "distributed":
+        over = [{"stage": s, "measured_bytes": m, "budget_bytes": cap} for s, m in measured
+                if m is not None and m > cap]  # fmt: skip
+    else:  # one process, all stages: its peak against the devices it emulates
+        whole = max(m for _, m in measured if m is not None)
+        budget = cap * cfg.pipeline.stages * cfg.pipeline.data_parallel
+        over = [{"stage": "all", "measured_bytes": whole, "budget_bytes": budget}] if whole > budget else []
+    return {"memory_budget_bytes": cap, "memory_over_budget": over}
