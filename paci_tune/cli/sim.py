@@ -189,7 +189,8 @@ def calibrate(
 @click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Draw the timelines to FILE.png/.svg.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of a table.")
 @click.option("--batches", type=int, default=8, show_default=True, help="Global batches to simulate (PACI: >= 4P).")
-@click.option("--memory-gib", type=float, default=None, help="Device memory per stage; the cut must fit in it.")
+@click.option("--memory-gib", type=float, default=None,
+              help="Device memory per stage; the cut must fit it (default: the file's hardware.memory).")  # fmt: skip
 @_threads_option
 def simulate(
     config: str,
@@ -233,7 +234,7 @@ def simulate(
     cfg = load_config(config, overrides_from(shape))
     if timeline is not None:
         check_writable(timeline, "--timeline")
-    memory_bytes = None if memory_gib is None else memory_gib * GIB
+    memory_bytes = cfg.hardware.memory_bytes if memory_gib is None else memory_gib * GIB  # the file's budget
     prediction = predict_schedules(
         cfg,
         schedules=list(dict.fromkeys(n for x in schedules for n in (SCHEDULES if x == "all" else [x]))),

@@ -90,10 +90,28 @@ class TrainView:
                 self.progress.stop()
                 self.progress = None
             self.console.print(summary_table(rec))
+            if line := budget_line(rec):
+                self.console.print(line, markup=False, highlight=False)
 
     def _update(self, **kw: Any) -> None:
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, **kw, **self.fields)
+
+
+def budget_line(s: dict[str, Any]) -> str | None:
+    """What the run measured against ``hardware.memory`` (None without a budget)."""
+    cap = s.get("memory_budget_bytes")
+    if cap is None:
+        return None
+    over = s.get("memory_over_budget")
+    if over is None:
+        return (f"hardware.memory {fmt_bytes(cap)}: admitted on its prediction; the allocator's peak was not "
+                "measured here (a CPU process's resident set counts torch's libraries too)")  # fmt: skip
+    if not over:
+        return f"hardware.memory {fmt_bytes(cap)}: every stage's measured peak stayed within it"
+    worst = ", ".join(f"stage {o['stage']} measured {fmt_bytes(o['measured_bytes'])} > {fmt_bytes(o['budget_bytes'])}"
+                      for o in over)  # fmt: skip
+    return f"warning: hardware.memory exceeded: {worst} (the prediction admitted it; see docs/benchmarks.md)"
 
 
 def summary_table(s: dict[str, Any]) -> Table:

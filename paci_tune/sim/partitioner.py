@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config.layout import Layout
+from ..config.memory import format_bytes
 from ..config.schema import BACKWARD_WEIGHTS
 from ..errors import ConfigError
 from ..schedule import SCHEDULES, ZB_H1, inflight_cap, min_max_partition
-from .memory import DEFAULT_OVERHEAD_BYTES, GIB, stage_copies, stage_memory
+from .memory import DEFAULT_OVERHEAD_BYTES, stage_copies, stage_memory
 from .profile import Profile
 
 
@@ -135,8 +136,8 @@ class PartitionModel:
                 "pipeline.stages",
                 stages,
                 f"a depth whose stages fit the device: even the leanest cut {leanest} ({self.schedule}, micro-batch "
-                f"{self.microbatch_size}) is predicted {plan.memory_bytes[worst] / GIB:.2f} GiB vs "
-                f"{memory_bytes / GIB:.2f} GiB available on stage {worst}; use more stages, a smaller micro-batch "
+                f"{self.microbatch_size}) is predicted {format_bytes(plan.memory_bytes[worst])} vs "
+                f"{format_bytes(memory_bytes)} available on stage {worst}; use more stages, a smaller micro-batch "
                 f"or a schedule with fewer micro-batches in flight",
             )
         return self.describe(sizes)
