@@ -190,10 +190,9 @@ def _print_candidates(best: dict[str, Any]) -> None:
     dropped = mem.get("dropped") or []
     if dropped:
         table.caption = f"{len(dropped)} point(s) dropped before any trial, predicted above hardware.memory"
-    console = Console(stderr=True, width=max(Console(stderr=True).width, 100))
-    console.print(table)
-    for d in dropped:
-        console.print(f"  dropped: {d['reason']}", markup=False, highlight=False)
+    Console(stderr=True, width=max(Console(stderr=True).width, 100)).print(table)
+    for d in dropped:  # plain lines: a log or CI reader greps them, unwrapped
+        stderr(f"  dropped: {d['reason']}")
 
 
 # ------------------------------------------------------------------------------------ apply
