@@ -38,6 +38,8 @@ from .units import (
     fp32_param_bytes,
     measure_copies,
     measure_optimizer,
+    measure_step_bytes,
+    measure_transients,
     measure_units,
     signature,
     to_compute,
@@ -47,12 +49,13 @@ from .units import probe as probe_unit
 
 Log = Callable[[str], None]
 
-METHOD = "stage-pattern/4"
+METHOD = "stage-pattern/5"
 """How compute is measured (see the package docstring); part of the profile cache's key. /2: bf16 is
 measured with bf16 parameters and fp32 masters (no autocast), and ``param_bytes`` is 4 per parameter.
 /3: each unit's ``copy_s`` (a clone of its weights, what ``backward_weights: forward`` pays at a step).
 /4: each unit's backward split into its input and weight halves (``backward_input_s`` /
-``backward_weight_s``, :mod:`.split`), timed beside the whole backward."""
+``backward_weight_s``, :mod:`.split`), timed beside the whole backward. /5: the memory transients
+(``transient_bytes``, ``eval_bytes`` per size, ``step_bytes`` per unit, :func:`.units.measure_transients`)."""
 
 
 @contextlib.contextmanager
@@ -235,16 +238,23 @@ def calibrate(
     # Bytes, and which units are identical (their samples are pooled), from one untimed pass per size.
     gen = torch.Generator(device="cpu").manual_seed(0)
     nbytes: dict[int, list[tuple[int, int]]] = {}
+    transients: dict[int, list[tuple[int, int]]] = {}  # per size, per unit: (transient_bytes, eval_bytes)
     groups: dict[int, list[list[int]]] = {}
     n_classes = vocab
     for size in sizes:
         x = torch.randint(0, vocab, (size, model.block_size), generator=gen).to(dev)
         by_sig: dict[str, list[int]] = {}
-        nbytes[size] = []
+        nbytes[size], transients[size] = [], []
+        seen: dict[str, tuple[int, int]] = {}
         for i, unit in enumerate(units):
-            by_sig.setdefault(signature(unit, x, needs_grad[i]), []).append(i)
-            probe = probe_unit(unit, x, last=i == len(units) - 1, device=dev, dtype=dtype, input_grad=needs_grad[i])
+            sig = signature(unit, x, needs_grad[i])
+            by_sig.setdefault(sig, []).append(i)
+            last = i == len(units) - 1
+            probe = probe_unit(unit, x, last=last, device=dev, dtype=dtype, input_grad=needs_grad[i])
             nbytes[size].append((probe.activation_bytes, probe.saved_bytes))
+            if sig not in seen:
+                seen[sig] = measure_transients(unit, x, last=last, device=dev, dtype=dtype, input_grad=needs_grad[i])
+            transients[size].append(seen[sig])
             x = probe.output
         n_classes = int(x.shape[-1])  # the logits' width: the range of the pattern's targets
         groups[size] = list(by_sig.values())
@@ -267,6 +277,9 @@ def calibrate(
             copy_s = [u.copy_s for u in isolated]
         else:
             copy_s = measure_copies(units, device=dev, repeats=repeats, warmup=warmup)
+        costs = [{b: c.with_bytes(*transients[b][i]) for b, c in unit_costs.items()}
+                 for i, unit_costs in enumerate(costs)]  # fmt: skip
+        step_bytes = step_transients(units, dev, cfg.optimizer)
         others, note = other_optimizer_steps(cfg.optimizer, optimizers, units, optimizer_s, device=dev,
                                              repeats=repeats, warmup=warmup)  # fmt: skip
     unit_profiles = [
@@ -278,6 +291,7 @@ def calibrate(
             copy_s=copy_s[i],
             trainable_bytes=fp32_param_bytes(unit, trainable=True),
             optimizer_steps=others[i],
+            step_bytes=step_bytes[i],
         )
         for i, unit in enumerate(units)
     ]
@@ -315,6 +329,19 @@ def calibrate(
         optimizer=cfg.optimizer.timing_key,
         optimizer_note=note,
     )
+
+
+def step_transients(units: Sequence[nn.Module], device: torch.device, optimizer: OptimizerConfig) -> list[int]:
+    """Every unit's :func:`~.units.measure_step_bytes` (identical units measured once)."""
+    seen: dict[tuple[str, bool], int] = {}
+    out = []
+    for i, unit in enumerate(units):
+        hidden = 0 < i < len(units) - 1
+        key = (unit_signature(unit), hidden)
+        if key not in seen:
+            seen[key] = measure_step_bytes(unit, device=device, optimizer=optimizer, hidden=hidden)
+        out.append(seen[key])
+    return out
 
 
 def other_optimizer_steps(

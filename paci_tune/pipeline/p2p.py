@@ -85,6 +85,8 @@ class P2P:
         peer = self.rank_of[dst]
         for t in (header, tensor):
             self._sends.append((dist.isend(t, peer), t))
+        while self._sends and self._sends[0][0].is_completed():  # a sent tensor is freed once it is sent
+            self._sends.popleft()
         while len(self._sends) > self._max_pending:
             work, _ = self._sends.popleft()
             work.wait()

@@ -39,7 +39,18 @@ from ..schedule import (
     stage_actions,
     stage_units,
 )
-from ..sim.memory import GIB, chunked_activations, stage_copies, stage_memory
+from ..sim.memory import (
+    GIB,
+    WEIGHT_BYTES,
+    StageMemory,
+    action_peak,
+    chunked_activations,
+    eval_transient,
+    stage_copies,
+    stage_memory,
+    step_transient,
+    train_transient,
+)
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
 from ..sim.tied import TiedGroup
@@ -87,12 +98,15 @@ def memory_available(device: torch.device, processes_here: int) -> float:
 
 
 def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[int]:
-    """Peak bytes per stage (per device: one stage of one replica): weights, gradients, optimizer state,
-    in-flight activations, under PACI with ``pipeline.backward_weights: forward`` the weight copies, and
-    with ``pipeline.predict_weights`` the fp32 copy of the trained weights.
+    """Peak bytes per stage (per device: one stage of one replica) a budget must hold: weights, gradients,
+    optimizer state, in-flight activations, under PACI with ``pipeline.backward_weights: forward`` the
+    weight copies, with ``pipeline.predict_weights`` the fp32 copy of the trained weights, the largest
+    temporaries of an action (where the profile measured them) and the device reserve.
 
-    ``sizes`` is the run's cut: ``v * P`` pieces under interleaved 1F1B, stage ``s`` holding pieces
-    ``s, s + P, ...``, whose activations are counted chunk by chunk off the stage's own action list
+    An upper bound of :func:`predicted_stage_memory`'s peak: the copies and the temporaries are counted
+    on top of the most micro-batches in flight, whether or not they coincide. ``sizes`` is the run's cut:
+    ``v * P`` pieces under interleaved 1F1B, stage ``s`` holding pieces ``s, s + P, ...``, whose
+    activations are counted chunk by chunk off the stage's own action list
     (:func:`~paci_tune.sim.memory.chunked_activations`), as the simulator does.
     """
     p = cfg.pipeline
@@ -106,9 +120,10 @@ def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> 
             lst = stage_actions(p.schedule, s, p.stages, p.window, 0, 2, chunks=v)
             activations = chunked_activations(profile, pieces, s, p.stages, p.microbatch_size, lst)
         copies = stage_copies(p.schedule, s, p.stages, p.window, p.inflight, backward_weights=p.backward_weights)
+        units = [u for piece in pieces[s :: p.stages] for u in piece]
         mem = stage_memory(
             profile,
-            [u for units in pieces[s :: p.stages] for u in units],
+            units,
             p.microbatch_size,
             inflight,
             last=s == p.stages - 1,
@@ -116,8 +131,38 @@ def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> 
             copies=copies,
             activations=activations,
             masters=prediction_steps(p, s) > 0,
-        )
+            transient=max(train_transient(profile, units, p.microbatch_size), step_transient(profile, units),
+                          eval_transient(profile, units, cfg.training.eval_microbatch_size)),
+        )  # fmt: skip
         out.append(mem.total)
+    return out
+
+
+def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[StageMemory]:
+    """Each stage's (each rank's, under interleaved 1F1B) predicted memory at its peak, the moment of its
+    action list that holds the most (:func:`~paci_tune.sim.memory.action_peak`): what
+    :attr:`~paci_tune.sim.memory.StageMemory.allocated` predicts is what ``torch.cuda.max_memory_allocated``
+    (or the CPU meter, :mod:`.meter`) measures of that stage's process. Evaluations at
+    ``training.eval_microbatch_size`` count: mid-run ones after a step, and the drained last one.
+    """
+    p, t = cfg.pipeline, cfg.training
+    pieces = [list(r) for r in stage_units(sizes)]
+    eval_mid_run = t.steps is None or t.eval_every < t.steps
+    out = []
+    for s in range(p.stages):
+        units = [u for piece in pieces[s :: p.stages] for u in piece]
+        acts = stage_actions(p.schedule, s, p.stages, p.window, 0, 3, p.inflight, chunks=p.layout.chunks)
+        base = stage_memory(profile, units, p.microbatch_size, 0, last=s == p.stages - 1, optimizer=cfg.optimizer.name,
+                            masters=prediction_steps(p, s) > 0)  # fmt: skip
+        forward = p.schedule == "paci" and p.backward_weights == "forward"
+        copy_bytes = sum(profile.units[i].trained_bytes for i in units) * WEIGHT_BYTES[profile.dtype] // 4
+        peak = action_peak(profile, pieces, s, p.stages, p.microbatch_size, acts, copy_bytes=copy_bytes,
+                           grad_bytes=base.grads, forward_copies=forward, eval_size=t.eval_microbatch_size,
+                           eval_mid_run=eval_mid_run, eval_after_forward=p.schedule == "paci" and s > 0,
+                           keeps_logits=p.runtime == "distributed" and (p.schedule in ("zb-h1", "interleaved")
+                                                                        or bool(p.torch_schedule)))  # fmt: skip
+        out.append(dataclasses.replace(base, activations=peak.activations, weight_copies=peak.copies * copy_bytes,
+                                       transient=peak.transient, grads=base.grads if peak.grads else 0))  # fmt: skip
     return out
 
 

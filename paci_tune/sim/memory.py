@@ -55,13 +55,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from ..config.schema import BACKWARD_WEIGHTS
-from ..schedule import Action, copies_bound, inflight_per_chunk
+from ..schedule import Action, Op, copies_bound, inflight_per_chunk
+from ..schedule.replay import releases_at
 from .profile import Profile
 
 MIB = 2**20
 GIB = 2**30
 DEFAULT_OVERHEAD_BYTES = 256 * MIB
-"""Allocator slack and temporaries; on a GPU the CUDA context (several hundred MiB) comes on top."""
+"""The device reserve outside the allocator's count (``StageMemory.overhead``): the caching allocator's
+fragmentation and what it holds but has not handed out; on a GPU the CUDA context (several hundred MiB)
+comes on top. A budget holds it; ``torch.cuda.max_memory_allocated`` does not count it."""
 
 OPTIMIZER_STATE_FACTOR = {"adamw": 2, "sgd": 1, "nadam": 2, "muon": 2}
 """Optimizer state in units of the fp32 weights: AdamW's and NAdam's two moments, SGD's momentum buffer;
@@ -80,24 +83,31 @@ class StageMemory:
     grads: int
     optimizer_state: int
     activations: int
-    overhead: int
+    overhead: int  # the device reserve, outside the allocator's count (:data:`DEFAULT_OVERHEAD_BYTES`)
     masters: int = 0
     weight_copies: int = 0  # forward-mode weight versions kept for in-flight backwards
+    transient: int = 0  # the temporaries of the action in progress at the peak (0: not in the profile)
 
     @property
-    def total(self) -> int:
+    def allocated(self) -> int:
+        """What the allocator counts at the stage's peak (``torch.cuda.max_memory_allocated``): every tensor."""
         return (
             self.params
             + self.masters
             + self.grads
             + self.optimizer_state
             + self.activations
-            + self.overhead
             + self.weight_copies
+            + self.transient
         )
 
+    @property
+    def total(self) -> int:
+        """What a device must hold for the stage: the allocated peak and the reserve."""
+        return self.allocated + self.overhead
+
     def to_dict(self) -> dict[str, int]:
-        return {**asdict(self), "total": self.total}
+        return {**asdict(self), "allocated": self.allocated, "total": self.total}
 
 
 def stage_copies(
@@ -146,6 +156,7 @@ def stage_memory(
     copies: int = 0,
     activations: int | None = None,
     masters: bool = False,
+    transient: int = 0,
 ) -> StageMemory:
     """Predicted peak memory of a stage owning ``units`` with at most ``inflight`` micro-batches in flight.
 
@@ -153,7 +164,8 @@ def stage_memory(
     ``activations``: the peak activation bytes when the stage holds several chunks
     (:func:`chunked_activations`); ``None``: ``inflight`` times one micro-batch's. ``masters``: an fp32
     master of every trainable weight even in fp32 (PACI's weight prediction keeps the trained weights
-    there while the parameters hold the predicted ones).
+    there while the parameters hold the predicted ones). ``transient``: the temporaries of the action in
+    progress at the peak (:class:`ActionPeak`; 0: as before, left to the reserve).
     """
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
         raise ValueError(f"copies must be an integer >= 0, got {copies!r}")
@@ -172,4 +184,110 @@ def stage_memory(
         overhead=overhead_bytes,
         masters=0 if per_fp32 == 4 and not masters else trained,
         weight_copies=copies * (trained * per_fp32 // 4),
+        transient=transient,
     )
+
+
+def train_transient(profile: Profile, units: Sequence[int], microbatch_size: int) -> int:
+    """The largest temporaries a training forward and backward of one micro-batch make at a stage owning
+    ``units``: the largest unit's ``transient_bytes`` (units run one at a time; 0 where not measured)."""
+    costs = profile.at(microbatch_size)
+    return max((costs[i].transient_bytes or 0 for i in units), default=0)
+
+
+def eval_transient(profile: Profile, units: Sequence[int], microbatch_size: int) -> int:
+    """The peak of an evaluation forward of ``microbatch_size`` sequences through ``units``: the largest
+    unit's ``eval_bytes`` (its input included; the earlier units' tensors are freed by then)."""
+    costs = profile.at(microbatch_size)
+    return max((costs[i].eval_bytes or 0 for i in units), default=0)
+
+
+def steps_foreach(profile: Profile) -> bool:
+    """Whether torch's optimizers step a stage's parameters in one ``foreach`` call (their default on a
+    GPU, whose temporaries then add up over the stage's units) or one at a time (the CPU's, whose
+    temporaries are the largest unit's): read off the device the profile was measured on."""
+    return not profile.device.lower().startswith("cpu")
+
+
+def step_transient(profile: Profile, units: Sequence[int]) -> int:
+    """Temporaries of one optimizer step of a stage owning ``units`` (each unit's ``step_bytes``, summed
+    under ``foreach``, else the largest; 0 where not measured)."""
+    sizes = [profile.units[i].step_bytes or 0 for i in units]
+    return sum(sizes) if steps_foreach(profile) else max(sizes, default=0)
+
+
+@dataclass(frozen=True)
+class ActionPeak:
+    """The moment of a stage's action list that holds the most: what its micro-batches in flight hold
+    (``activations``), how many weight copies it keeps (``copies``) and the action's temporaries."""
+
+    activations: int = 0
+    copies: int = 0
+    transient: int = 0
+    grads: bool = False  # whether the window's weight gradients exist (from its first backward to its step)
+
+
+def action_peak(
+    profile: Profile,
+    pieces: Sequence[Sequence[int]],
+    stage: int,
+    stages: int,
+    microbatch_size: int,
+    actions: Sequence[Action],
+    *,
+    copy_bytes: int = 0,
+    grad_bytes: int = 0,
+    forward_copies: bool = False,
+    eval_size: int | None = None,
+    eval_mid_run: bool = False,
+    eval_after_forward: bool = False,
+    keeps_logits: bool = False,
+) -> ActionPeak:
+    """Walk ``stage``'s ``actions`` (chunk ``j`` being piece ``stage + j * stages``) and return the moment
+    that holds the most, counted as in the module docstring: at each forward, backward or ``W`` the
+    micro-batches in flight on each chunk (a micro-batch from its forward until its release,
+    :func:`paci_tune.schedule.replay.releases_at`) and that chunk's :func:`train_transient`; at each step
+    the weight copies in-flight micro-batches still need (``forward_copies``: one per older version a
+    micro-batch in flight was forwarded on, ``copy_bytes`` each) and the step's temporaries, or an
+    evaluation's there if ``eval_mid_run`` (evaluations follow steps). The run's last evaluation is
+    drained: its forward at ``eval_size`` alone.
+    """
+    mine = list(range(stage, len(pieces), stages))
+    last = len(pieces) - 1
+    held = [inflight_bytes(profile, list(pieces[j]), microbatch_size, last=j == last and not keeps_logits)
+            for j in mine]  # fmt: skip
+    train = [train_transient(profile, pieces[j], microbatch_size) for j in mine]
+    units = [u for j in mine for u in pieces[j]]
+    evaluation = eval_transient(profile, units, eval_size) if eval_size else 0
+    at_step = max([step_transient(profile, pieces[j]) for j in mine] + [evaluation if eval_mid_run else 0])
+    release = releases_at(actions)
+    live: dict[tuple[int, int], int] = {}  # (chunk, micro-batch) -> weight version at its forward
+    version, grads, best = 0, False, ActionPeak(transient=evaluation)
+
+    def moment(transient: int) -> ActionPeak:
+        acts = sum(held[c] for c, _ in live)
+        copies = len({v for v in live.values() if v < version}) if forward_copies else 0
+        return ActionPeak(acts, copies, transient, grads)
+
+    def size(p: ActionPeak) -> int:
+        return p.activations + p.copies * copy_bytes + p.transient + (grad_bytes if p.grads else 0)
+
+    for act in actions:
+        if act.op is Op.FORWARD:
+            live[(act.chunk, act.mb)] = version
+            now = moment(max(train[act.chunk], evaluation if eval_mid_run and eval_after_forward else 0))
+        elif act.op in (Op.BACKWARD, Op.WEIGHT):
+            now = moment(train[act.chunk])
+            if act.op is release:
+                live.pop((act.chunk, act.mb), None)
+                if not grads:  # the window's first: its gradients replace what it frees
+                    grads = True
+                    now = max(now, moment(train[act.chunk]), key=size)
+        elif act.op is Op.STEP:
+            version += 1
+            now = moment(at_step)  # the gradients are still there while the step runs
+            grads = False
+        else:
+            continue
+        best = max(best, now, key=size)
+    return best
