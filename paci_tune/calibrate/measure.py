@@ -38,6 +38,7 @@ from .units import (
     fp32_param_bytes,
     measure_copies,
     measure_optimizer,
+    measure_split_bytes,
     measure_step_bytes,
     measure_transients,
     measure_units,
@@ -55,7 +56,8 @@ measured with bf16 parameters and fp32 masters (no autocast), and ``param_bytes`
 /3: each unit's ``copy_s`` (a clone of its weights, what ``backward_weights: forward`` pays at a step).
 /4: each unit's backward split into its input and weight halves (``backward_input_s`` /
 ``backward_weight_s``, :mod:`.split`), timed beside the whole backward. /5: the memory transients
-(``transient_bytes``, ``eval_bytes`` per size, ``step_bytes`` per unit, :func:`.units.measure_transients`)."""
+(``transient_bytes``, ``eval_bytes``, ``split_bytes`` per size, ``step_bytes`` per unit,
+:func:`.units.measure_transients`)."""
 
 
 @contextlib.contextmanager
@@ -238,14 +240,14 @@ def calibrate(
     # Bytes, and which units are identical (their samples are pooled), from one untimed pass per size.
     gen = torch.Generator(device="cpu").manual_seed(0)
     nbytes: dict[int, list[tuple[int, int]]] = {}
-    transients: dict[int, list[tuple[int, int]]] = {}  # per size, per unit: (transient_bytes, eval_bytes)
+    transients: dict[int, list[tuple[int, int, int]]] = {}  # per size, per unit: transient, eval, split bytes
     groups: dict[int, list[list[int]]] = {}
     n_classes = vocab
     for size in sizes:
         x = torch.randint(0, vocab, (size, model.block_size), generator=gen).to(dev)
         by_sig: dict[str, list[int]] = {}
         nbytes[size], transients[size] = [], []
-        seen: dict[str, tuple[int, int]] = {}
+        seen: dict[str, tuple[int, int, int]] = {}
         for i, unit in enumerate(units):
             sig = signature(unit, x, needs_grad[i])
             by_sig.setdefault(sig, []).append(i)
@@ -253,7 +255,9 @@ def calibrate(
             probe = probe_unit(unit, x, last=last, device=dev, dtype=dtype, input_grad=needs_grad[i])
             nbytes[size].append((probe.activation_bytes, probe.saved_bytes))
             if sig not in seen:
-                seen[sig] = measure_transients(unit, x, last=last, device=dev, dtype=dtype, input_grad=needs_grad[i])
+                kw = {"last": last, "device": dev, "dtype": dtype, "input_grad": needs_grad[i]}
+                split = max(probe.saved_bytes + measure_split_bytes(unit, x, **kw), 0)  # what B leaves held
+                seen[sig] = (*measure_transients(unit, x, **kw), split)
             transients[size].append(seen[sig])
             x = probe.output
         n_classes = int(x.shape[-1])  # the logits' width: the range of the pattern's targets

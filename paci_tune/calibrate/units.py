@@ -464,3 +464,36 @@ def measure_step_bytes(unit: nn.Module, *, device: torch.device, optimizer: Opti
             opt.step()
             peak = max(alloc.peak - max(alloc.live, 0), 0)
     return peak
+
+
+def measure_split_bytes(
+    unit: nn.Module, x: torch.Tensor, *, last: bool, device: torch.device, dtype: str, input_grad: bool = True
+) -> int:
+    """How many bytes the input half ``B`` of a backward at ``unit`` adds to what its micro-batch holds
+    until the weight half ``W`` (negative: frees), as torch's zero-bubble schedules split it
+    (``torch.distributed.pipelining``'s ``stage_backward_input`` keeps the graph and stashes the weight
+    layers' output gradients for ``W``, and frees the rest): a profile's ``split_bytes`` is the unit's
+    ``saved_bytes`` plus this (:func:`paci_tune.calibrate.measure.calibrate`)."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    x = _like(x, unit)
+    with torch.no_grad():
+        out = unit(x)
+    forward = _training_forward(unit, x, out if last else None, device, dtype, input_grad)
+    grad = None if last else torch.randn_like(out)
+    del out
+    with Allocations(device) as alloc:  # the forward inside: what B frees of it counts too
+        inp, y = forward()
+        if not y.requires_grad:
+            return 0
+        held = alloc.live
+        inputs = [inp] if inp.is_floating_point() and inp.requires_grad else []
+        g = None if grad is None else [grad.clone()]
+        grads_in, groups = stage_backward_input([y], g, inputs, unit.parameters())
+        del grads_in, g
+        retained = alloc.live - held
+    stage_backward_weight(unit.parameters(), groups)
+    del groups, inp, y
+    for p in unit.parameters():
+        p.grad = None
+    return retained

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from ..config.layout import Layout
-from ..config.schema import RunConfig
+from ..config.schema import PipelineConfig, RunConfig
 from ..errors import ConfigError
 from ..schedule import (
     balanced_partition,
@@ -54,6 +54,7 @@ from ..sim.memory import (
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
 from ..sim.tied import TiedGroup
+from .p2p import POSTED_AHEAD
 from .staleness import prediction_steps
 
 
@@ -148,6 +149,7 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
     p, t = cfg.pipeline, cfg.training
     pieces = [list(r) for r in stage_units(sizes)]
     eval_mid_run = t.steps is None or t.eval_every < t.steps
+    torch_run = p.runtime == "distributed" and (p.schedule in ("zb-h1", "interleaved") or bool(p.torch_schedule))
     out = []
     for s in range(p.stages):
         units = [u for piece in pieces[s :: p.stages] for u in piece]
@@ -159,11 +161,21 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
         peak = action_peak(profile, pieces, s, p.stages, p.microbatch_size, acts, copy_bytes=copy_bytes,
                            grad_bytes=base.grads, forward_copies=forward, eval_size=t.eval_microbatch_size,
                            eval_mid_run=eval_mid_run, eval_after_forward=p.schedule == "paci" and s > 0,
-                           keeps_logits=p.runtime == "distributed" and (p.schedule in ("zb-h1", "interleaved")
-                                                                        or bool(p.torch_schedule)))  # fmt: skip
+                           keeps_logits=torch_run)
         out.append(dataclasses.replace(base, activations=peak.activations, weight_copies=peak.copies * copy_bytes,
-                                       transient=peak.transient, grads=base.grads if peak.grads else 0))  # fmt: skip
+                                       transient=peak.transient, grads=base.grads if peak.grads else 0,
+                                       buffers=0 if torch_run else posted_buffers(profile, pieces, s, p)))  # fmt: skip
     return out
+
+
+def posted_buffers(profile: Profile, pieces: Sequence[Sequence[int]], stage: int, p: PipelineConfig) -> int:
+    """Bytes of the receives paci-tune's transport keeps posted at ``stage`` (:data:`.p2p.POSTED_AHEAD` per
+    neighbour): activations from the previous stage, gradients of its output from the next. torch's
+    schedules (zb-h1, interleaved, ``torch_schedule``) receive into their own buffers, left out."""
+    costs = profile.at(p.microbatch_size)
+    into = costs[pieces[stage - 1][-1]].activation_bytes if stage > 0 else 0
+    out = costs[pieces[stage][-1]].activation_bytes if stage < p.stages - 1 else 0
+    return POSTED_AHEAD * (into + out)
 
 
 def plan_partition(

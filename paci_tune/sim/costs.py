@@ -37,10 +37,11 @@ class UnitCost:
     backward_weight_s: float | None = None  # W: the weight gradient alone
     transient_bytes: int | None = None  # peak of a training forward + backward above what it holds (saved + output)
     eval_bytes: int | None = None  # peak of an evaluation forward, its input included
+    split_bytes: int | None = None  # held between a split backward's B and W, above the forward's (torch's)
 
-    def with_bytes(self, transient: int | None, evaluation: int | None) -> UnitCost:
-        """This cost with the two transient sizes (:mod:`paci_tune.sim.memory`) set."""
-        return replace(self, transient_bytes=transient, eval_bytes=evaluation)
+    def with_bytes(self, transient: int | None, evaluation: int | None, split: int | None = None) -> UnitCost:
+        """This cost with the transient sizes (:mod:`paci_tune.sim.memory`) set."""
+        return replace(self, transient_bytes=transient, eval_bytes=evaluation, split_bytes=split)
 
     @property
     def split_measured(self) -> bool:
@@ -60,7 +61,7 @@ class UnitCost:
 
         return UnitCost(self.forward_s * factor, self.backward_s * factor, self.activation_bytes, self.saved_bytes,
                         mul(self.backward_input_s), mul(self.backward_weight_s), self.transient_bytes,
-                        self.eval_bytes)  # fmt: skip
+                        self.eval_bytes, self.split_bytes)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -76,6 +77,8 @@ class UnitCost:
             out["transient_bytes"] = int(self.transient_bytes)
         if self.eval_bytes is not None:
             out["eval_bytes"] = int(self.eval_bytes)
+        if self.split_bytes is not None:
+            out["split_bytes"] = int(self.split_bytes)
         return out
 
 
@@ -127,7 +130,7 @@ class UnitProfile:
             c = self.costs[b0].scaled(f)
             return UnitCost(c.forward_s, c.backward_s, round(c.activation_bytes * f), round(c.saved_bytes * f),
                             c.backward_input_s, c.backward_weight_s, _times(c.transient_bytes, f),
-                            _times(c.eval_bytes, f))  # fmt: skip
+                            _times(c.eval_bytes, f), _times(c.split_bytes, f))  # fmt: skip
         i = bisect.bisect_left(sizes, microbatch_size)
         i = min(max(i, 1), len(sizes) - 1)  # the segment [i-1, i] containing the size, or the nearest end one
         lo, hi = sizes[i - 1], sizes[i]
@@ -147,6 +150,7 @@ class UnitProfile:
             lerp(a.backward_weight_s or 0.0, b.backward_weight_s or 0.0) if both else None,
             _lerp_bytes(a.transient_bytes, b.transient_bytes, t),
             _lerp_bytes(a.eval_bytes, b.eval_bytes, t),
+            _lerp_bytes(a.split_bytes, b.split_bytes, t),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,6 +1,35 @@
 """Predicted peak memory of a pipeline stage, from a cost profile.
 
-A stage's memory at its peak is the sum of
+**Two figures** (issue 38). :attr:`StageMemory.allocated` is what the allocator counts at the stage's
+peak -- every tensor: weights, masters, gradients, optimizer state, in-flight activations, weight
+copies, the transport's receive buffers and the temporaries of the action in progress -- and is what
+``torch.cuda.max_memory_allocated`` measures of the stage's process (or, on a CPU, the runtime's meter,
+:mod:`paci_tune.pipeline.meter`). :attr:`StageMemory.total` adds ``overhead``, a fixed device reserve
+outside the allocator's count (:data:`DEFAULT_OVERHEAD_BYTES`: fragmentation, cached blocks; on a GPU
+the CUDA context comes on top): what a device budget must hold. Per stage against measurement on the
+distributed runtime, ``allocated`` is within 10% for the schedules of ``bench/memory_model.py``
+(docs/benchmarks.md, "Memory model against measurement").
+
+**The moment of the peak** (:func:`action_peak`, what :func:`paci_tune.pipeline.planning.predicted_stage_memory`
+predicts): the stage's action list is walked, and at each action the parts that are live then are
+added up -- micro-batches in flight, the window's gradients only from its first backward to its step
+(the step frees them: a GPipe stage's forwards run with none), weight copies only while a micro-batch
+forwarded on an older version is in flight, and the action's own temporaries: a training unit's
+``transient_bytes`` at a forward or backward (the head's logits' gradient and softmax are the large
+ones), the optimizer step's ``step_bytes`` at a step, an evaluation's ``eval_bytes`` at
+``training.eval_microbatch_size`` after a step (or, at PACI's later stages, after a forward) and at
+the drained end. The three are measured per unit by ``paci-tune calibrate``
+(:func:`paci_tune.calibrate.units.measure_transients`); a profile without them counts none (as
+before: the reserve was meant to hold them). The GPU check's finding (docs/gpu-check/gpu_check.log)
+that GPT-2 small, P = 4 emulated on one H200 in bf16, peaked at the same 9.91 GiB under PACI and 1F1B
+is this: its last, drained evaluation forwards 16 sequences of 1024 tokens through the head at once
+(``eval_microbatch_size`` 32 > the 16 ``eval_sequences``), and the bf16 logits (16 x 1024 x 50304 x 2
+bytes: 1.5 GiB), their fp32 copy for the loss (3.1 GiB) and its log-softmax (3.1 GiB) are 7.7 GiB over
+the 1.6 GiB of bf16 weights, fp32 masters and AdamW state: ~9.3 GiB, the largest moment of both
+schedules (a training micro-batch of 4 sequences makes a quarter of that), and none of it was in the
+model.
+
+The upper bound :func:`stage_memory` composes without the walk (``predicted_memory``'s budget) is the sum of
 
 - its weights: fp32 (``param_bytes``, 4 bytes per parameter by the profile's convention), or in a
   bf16 profile bf16 weights (half of ``param_bytes``) *plus* fp32 master copies of the trainable
@@ -87,6 +116,7 @@ class StageMemory:
     masters: int = 0
     weight_copies: int = 0  # forward-mode weight versions kept for in-flight backwards
     transient: int = 0  # the temporaries of the action in progress at the peak (0: not in the profile)
+    buffers: int = 0  # the transport's receive buffers, posted ahead (:func:`paci_tune.pipeline.planning`)
 
     @property
     def allocated(self) -> int:
@@ -99,6 +129,7 @@ class StageMemory:
             + self.activations
             + self.weight_copies
             + self.transient
+            + self.buffers
         )
 
     @property
@@ -254,18 +285,26 @@ def action_peak(
     """
     mine = list(range(stage, len(pieces), stages))
     last = len(pieces) - 1
-    held = [inflight_bytes(profile, list(pieces[j]), microbatch_size, last=j == last and not keeps_logits)
-            for j in mine]  # fmt: skip
+    held = [inflight_bytes(profile, list(pieces[j]), microbatch_size, last=j == last) for j in mine]
+    costs = profile.at(microbatch_size)
+    # from B to W a micro-batch's units hold split_bytes in place of saved_bytes; the first piece's B computes
+    # nothing (its input needs no gradient: the whole backward runs at W)
+    split = [0 if j == 0 else sum((costs[u].split_bytes or costs[u].saved_bytes) - costs[u].saved_bytes
+                                  for u in pieces[j]) for j in mine]  # fmt: skip
+    logits = [profile.at(microbatch_size)[pieces[j][-1]].activation_bytes if keeps_logits and j == last else 0
+              for j in mine]  # fmt: skip
     train = [train_transient(profile, pieces[j], microbatch_size) for j in mine]
     units = [u for j in mine for u in pieces[j]]
     evaluation = eval_transient(profile, units, eval_size) if eval_size else 0
-    at_step = max([step_transient(profile, pieces[j]) for j in mine] + [evaluation if eval_mid_run else 0])
+    at_step = max(step_transient(profile, pieces[j]) for j in mine)
     release = releases_at(actions)
     live: dict[tuple[int, int], int] = {}  # (chunk, micro-batch) -> weight version at its forward
+    outputs: set[tuple[int, int]] = set()  # the last stage's forwards whose logits are kept, until their B
+    waiting: set[tuple[int, int]] = set()  # micro-batches between their B and their W
     version, grads, best = 0, False, ActionPeak(transient=evaluation)
 
     def moment(transient: int) -> ActionPeak:
-        acts = sum(held[c] for c, _ in live)
+        acts = sum(held[c] for c, _ in live) + sum(logits[c] for c, _ in outputs) + sum(split[c] for c, _ in waiting)
         copies = len({v for v in live.values() if v < version}) if forward_copies else 0
         return ActionPeak(acts, copies, transient, grads)
 
@@ -275,9 +314,16 @@ def action_peak(
     for act in actions:
         if act.op is Op.FORWARD:
             live[(act.chunk, act.mb)] = version
+            outputs.add((act.chunk, act.mb))
             now = moment(max(train[act.chunk], evaluation if eval_mid_run and eval_after_forward else 0))
         elif act.op in (Op.BACKWARD, Op.WEIGHT):
-            now = moment(train[act.chunk])
+            idle = act.op is Op.BACKWARD and release is Op.WEIGHT and mine[act.chunk] == 0  # B of the first piece
+            now = moment(0 if idle else train[act.chunk])
+            outputs.discard((act.chunk, act.mb))
+            if act.op is Op.BACKWARD and release is Op.WEIGHT:
+                waiting.add((act.chunk, act.mb))
+            else:
+                waiting.discard((act.chunk, act.mb))
             if act.op is release:
                 live.pop((act.chunk, act.mb), None)
                 if not grads:  # the window's first: its gradients replace what it frees
@@ -287,6 +333,8 @@ def action_peak(
             version += 1
             now = moment(at_step)  # the gradients are still there while the step runs
             grads = False
+            if eval_mid_run:  # an evaluation after the step: the gradients are gone
+                now = max(now, moment(evaluation), key=size)
         else:
             continue
         best = max(best, now, key=size)

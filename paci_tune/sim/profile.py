@@ -109,7 +109,7 @@ _UNIT_KEYS = ("name", "param_bytes", "trainable_bytes", "optimizer_s", "copy_s",
               "step_bytes")  # fmt: skip
 _COST_KEYS = ("forward_s", "backward_s", "activation_bytes", "saved_bytes")
 _SPLIT_KEYS = ("backward_input_s", "backward_weight_s")
-_TRANSIENT_KEYS = ("transient_bytes", "eval_bytes")
+_TRANSIENT_KEYS = ("transient_bytes", "eval_bytes", "split_bytes")
 _P2P_KEYS = ("latency_s", "bandwidth_Bps", "backend")
 
 
