@@ -32,15 +32,13 @@ from ..sim.profile import AllReduceCost, P2PCost, Profile, UnitCost, UnitProfile
 from .allreduce import measure_allreduce
 from .corun import co_run_pattern
 from .links import measure_links
+from .memory import measure_split_bytes, measure_transients, step_transients
 from .p2p import P2P_SIZES, measure_p2p
 from .pattern import PatternSamples, StagePattern, pooled_costs, pooled_optimizer
 from .units import (
     fp32_param_bytes,
     measure_copies,
     measure_optimizer,
-    measure_split_bytes,
-    measure_step_bytes,
-    measure_transients,
     measure_units,
     signature,
     to_compute,
@@ -57,7 +55,7 @@ measured with bf16 parameters and fp32 masters (no autocast), and ``param_bytes`
 /4: each unit's backward split into its input and weight halves (``backward_input_s`` /
 ``backward_weight_s``, :mod:`.split`), timed beside the whole backward. /5: the memory transients
 (``transient_bytes``, ``eval_bytes``, ``split_bytes`` per size, ``step_bytes`` per unit,
-:func:`.units.measure_transients`)."""
+:mod:`.memory`)."""
 
 
 @contextlib.contextmanager
@@ -333,19 +331,6 @@ def calibrate(
         optimizer=cfg.optimizer.timing_key,
         optimizer_note=note,
     )
-
-
-def step_transients(units: Sequence[nn.Module], device: torch.device, optimizer: OptimizerConfig) -> list[int]:
-    """Every unit's :func:`~.units.measure_step_bytes` (identical units measured once)."""
-    seen: dict[tuple[str, bool], int] = {}
-    out = []
-    for i, unit in enumerate(units):
-        hidden = 0 < i < len(units) - 1
-        key = (unit_signature(unit), hidden)
-        if key not in seen:
-            seen[key] = measure_step_bytes(unit, device=device, optimizer=optimizer, hidden=hidden)
-        out.append(seen[key])
-    return out
 
 
 def other_optimizer_steps(
