@@ -47,20 +47,29 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 """The schedules the issue names, as ``pipeline`` keys (PACI under both ``backward_weights``)."""
 
-MODEL: dict[str, Any] = {"preset": "tiny", "n_layer": 6, "d_model": 64, "n_head": 2, "block_size": 32}
-"""Eight units (embedding, six blocks, head): interleaved 1F1B at P = 4 needs 2 x 4 pieces. The vocabulary
-is large next to the width, so the head's logits and their softmax weigh what they weigh in a real GPT."""
+MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "cpu": ({"preset": "tiny", "n_layer": 6, "d_model": 64, "n_head": 2, "block_size": 32},
+            {"source": "synthetic", "vocab_size": 4096, "branching": 4, "n_train": 20_000, "n_val": 2_000}),
+    "cuda": ({"preset": "tiny", "n_layer": 6, "d_model": 512, "n_head": 8, "block_size": 256},
+             {"source": "synthetic", "vocab_size": 32768, "branching": 4, "n_train": 40_000, "n_val": 8_000}),
+}  # fmt: skip
+"""Model and data per device: eight units (embedding, six blocks, head; interleaved 1F1B at P = 4 needs
+2 x 4 pieces), the vocabulary large next to the width, so the head's logits and their softmax weigh
+what they weigh in a real GPT. On a GPU a wider one, whose stages (hundreds of MiB) dwarf what the
+allocator counts besides tensors (cuBLAS's workspaces, tens of MiB)."""
 
 
 def run_doc(stages: int, precision: str, variant: str, device: str = "cpu", steps: int = 3) -> dict[str, Any]:
-    """The config of one measured run: the model above, ``steps`` global batches of 4 micro-batches."""
+    """The config of one measured run: the device's model above, ``steps`` global batches of 4 micro-batches,
+    an evaluation every 2 (so PACI's run mid-schedule) and the drained one at the end, of 8 sequences each."""
+    model, data = MODELS[device]
     pipe = {"stages": stages, "window": 4, "runtime": "distributed", "device": device, "precision": precision,
             **VARIANTS[variant]}  # fmt: skip
     training = {"global_batch": 16, "steps": steps, "seed": 0, "eval_every": 2, "eval_sequences": 16,
                 "eval_microbatch_size": 8}  # fmt: skip
     return {
-        "model": MODEL,
-        "data": {"source": "synthetic", "vocab_size": 4096, "branching": 4, "n_train": 20_000, "n_val": 2_000},
+        "model": model,
+        "data": data,
         "training": training,
         "optimizer": {"name": "adamw", "lr": 1.0e-3, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1.0e-8},
         "pipeline": pipe,
