@@ -44,7 +44,8 @@ The upper bound :func:`stage_memory` composes without the walk (``predicted_memo
   saved tensors of the stage's units (``saved_bytes``), plus the stage's output, which the stage
   holds until its backward (it is the root the backward starts from; the last stage holds only a
   scalar loss, and a stage with no trainable unit up to its last runs no backward and holds none),
-- a fixed overhead for allocator slack and the temporaries of the action in progress,
+- the largest temporaries of an action (training, step or evaluation; 0 in a profile that did not
+  measure them), and the device reserve (``overhead``, outside the allocator's count),
 - under PACI with ``pipeline.backward_weights: forward``, the copies of its weights that in-flight
   micro-batches still need (``weight_copies``): each is one clone of the trainable weights the
   stage computes with (bf16 ones in a bf16 profile; the fp32 masters and frozen weights are never
@@ -233,6 +234,22 @@ def eval_transient(profile: Profile, units: Sequence[int], microbatch_size: int)
     return max((costs[i].eval_bytes or 0 for i in units), default=0)
 
 
+def in_progress(profile: Profile, units: Sequence[int], microbatch_size: int, held: int, *, last: bool) -> int:
+    """What the micro-batch being computed at a stage owning ``units`` holds at its worst moment, its own
+    in-flight bytes ``held`` included: while unit ``k`` runs (forward, or backward, which frees the later
+    units' saved tensors first) the saved tensors of units up to ``k``, unit ``k``'s ``transient_bytes``,
+    and the stage's output unless ``last`` (kept until the backward ends). An embedding's dense weight
+    gradient comes at the end of a backward, when the blocks' activations are gone; the head's logits'
+    gradient, when they are all there. ``held`` is the most it can be (a profile without transients)."""
+    costs = profile.at(microbatch_size)
+    out = 0 if last else costs[units[-1]].activation_bytes
+    prefix, worst = 0, 0
+    for u in units:
+        prefix += costs[u].saved_bytes
+        worst = max(worst, prefix + (costs[u].transient_bytes or 0))
+    return max(out + worst, held) if not any(costs[u].transient_bytes for u in units) else out + worst
+
+
 def steps_foreach(profile: Profile) -> bool:
     """Whether torch's optimizers step a stage's parameters in one ``foreach`` call (their default on a
     GPU, whose temporaries then add up over the stage's units) or one at a time (the CPU's, whose
@@ -275,13 +292,23 @@ def action_peak(
     keeps_logits: bool = False,
 ) -> ActionPeak:
     """Walk ``stage``'s ``actions`` (chunk ``j`` being piece ``stage + j * stages``) and return the moment
-    that holds the most, counted as in the module docstring: at each forward, backward or ``W`` the
-    micro-batches in flight on each chunk (a micro-batch from its forward until its release,
-    :func:`paci_tune.schedule.replay.releases_at`) and that chunk's :func:`train_transient`; at each step
-    the weight copies in-flight micro-batches still need (``forward_copies``: one per older version a
-    micro-batch in flight was forwarded on, ``copy_bytes`` each) and the step's temporaries, or an
-    evaluation's there if ``eval_mid_run`` (evaluations follow steps). The run's last evaluation is
-    drained: its forward at ``eval_size`` alone.
+    that holds the most (the module docstring's moments):
+
+    - at a forward, or a whole backward (a split one's ``W`` on the first piece), the other micro-batches
+      in flight on each chunk (a micro-batch from its forward until its release,
+      :func:`paci_tune.schedule.replay.releases_at`) and the one being computed at its worst
+      (:func:`in_progress`); at a split backward's ``B`` or ``W`` elsewhere every micro-batch in flight
+      and the chunk's :func:`train_transient` (the first piece's ``B`` computes nothing). From ``B`` to
+      ``W`` a micro-batch holds its units' ``split_bytes`` in place of their saved tensors;
+      ``keeps_logits``: the last stage holds its output (the logits) from the forward to the backward
+      (``B``), as torch's ``PipelineStage`` does (paci-tune's own stage keeps only the loss);
+    - the window's weight gradients (``grad_bytes``) from its first backward, which makes them as it
+      frees its micro-batch, to its step, which frees them;
+    - at a step, the weight copies in-flight micro-batches still need (``forward_copies``: one per
+      older version a micro-batch in flight was forwarded on, ``copy_bytes`` each) and the step's
+      temporaries; after it, with ``eval_mid_run``, an evaluation's (without the gradients), or after a
+      forward (``eval_after_forward``: PACI's later stages evaluate there);
+    - the run's last evaluation, drained: its forward at ``eval_size`` alone.
     """
     mine = list(range(stage, len(pieces), stages))
     last = len(pieces) - 1
@@ -294,6 +321,7 @@ def action_peak(
     logits = [profile.at(microbatch_size)[pieces[j][-1]].activation_bytes if keeps_logits and j == last else 0
               for j in mine]  # fmt: skip
     train = [train_transient(profile, pieces[j], microbatch_size) for j in mine]
+    running = [in_progress(profile, pieces[j], microbatch_size, held[i], last=j == last) for i, j in enumerate(mine)]
     units = [u for j in mine for u in pieces[j]]
     evaluation = eval_transient(profile, units, eval_size) if eval_size else 0
     at_step = max(step_transient(profile, pieces[j]) for j in mine)
@@ -303,8 +331,10 @@ def action_peak(
     waiting: set[tuple[int, int]] = set()  # micro-batches between their B and their W
     version, grads, best = 0, False, ActionPeak(transient=evaluation)
 
-    def moment(transient: int) -> ActionPeak:
+    def moment(transient: int, busy: tuple[int, int] | None = None) -> ActionPeak:
+        """What is live now; ``busy``: the micro-batch being computed, whose part is in ``transient``."""
         acts = sum(held[c] for c, _ in live) + sum(logits[c] for c, _ in outputs) + sum(split[c] for c, _ in waiting)
+        acts -= held[busy[0]] if busy in live else 0
         copies = len({v for v in live.values() if v < version}) if forward_copies else 0
         return ActionPeak(acts, copies, transient, grads)
 
@@ -312,13 +342,17 @@ def action_peak(
         return p.activations + p.copies * copy_bytes + p.transient + (grad_bytes if p.grads else 0)
 
     for act in actions:
+        key = (act.chunk, act.mb)
         if act.op is Op.FORWARD:
-            live[(act.chunk, act.mb)] = version
-            outputs.add((act.chunk, act.mb))
-            now = moment(max(train[act.chunk], evaluation if eval_mid_run and eval_after_forward else 0))
+            live[key] = version
+            outputs.add(key)
+            now = moment(running[act.chunk], key)
+            if eval_mid_run and eval_after_forward:  # an evaluation after the forward: the micro-batch held whole
+                now = max(now, moment(evaluation), key=size)
         elif act.op in (Op.BACKWARD, Op.WEIGHT):
+            whole = act.op is release and (release is Op.BACKWARD or mine[act.chunk] == 0)  # the whole backward
             idle = act.op is Op.BACKWARD and release is Op.WEIGHT and mine[act.chunk] == 0  # B of the first piece
-            now = moment(0 if idle else train[act.chunk])
+            now = moment(running[act.chunk], key) if whole else moment(0 if idle else train[act.chunk])
             outputs.discard((act.chunk, act.mb))
             if act.op is Op.BACKWARD and release is Op.WEIGHT:
                 waiting.add((act.chunk, act.mb))
@@ -326,9 +360,9 @@ def action_peak(
                 waiting.discard((act.chunk, act.mb))
             if act.op is release:
                 live.pop((act.chunk, act.mb), None)
-                if not grads:  # the window's first: its gradients replace what it frees
+                if not grads:  # the window's first: its gradients replace what it frees (made as it ends)
                     grads = True
-                    now = max(now, moment(train[act.chunk]), key=size)
+                    now = max(now, moment(0), key=size)
         elif act.op is Op.STEP:
             version += 1
             now = moment(at_step)  # the gradients are still there while the step runs
