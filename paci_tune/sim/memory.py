@@ -81,6 +81,7 @@ already counted in place, and the collective's own staging buffers are left to t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -307,7 +308,8 @@ def action_peak(
     - at a step, the weight copies in-flight micro-batches still need (``forward_copies``: one per
       older version a micro-batch in flight was forwarded on, ``copy_bytes`` each) and the step's
       temporaries; after it, with ``eval_mid_run``, an evaluation's (without the gradients), or after a
-      forward (``eval_after_forward``: PACI's later stages evaluate there);
+      forward (``eval_after_forward``: PACI's later stages evaluate there, after their step too, so
+      again without the gradients);
     - the run's last evaluation, drained: its forward at ``eval_size`` alone.
     """
     mine = list(range(stage, len(pieces), stages))
@@ -347,8 +349,9 @@ def action_peak(
             live[key] = version
             outputs.add(key)
             now = moment(running[act.chunk], key)
-            if eval_mid_run and eval_after_forward:  # an evaluation after the forward: the micro-batch held whole
-                now = max(now, moment(evaluation), key=size)
+            if eval_mid_run and eval_after_forward:  # an evaluation after the forward: the micro-batch held whole,
+                evaluating = dataclasses.replace(moment(evaluation), grads=False)  # and after the step: no gradients
+                now = max(now, evaluating, key=size)
         elif act.op in (Op.BACKWARD, Op.WEIGHT):
             whole = act.op is release and (release is Op.BACKWARD or mine[act.chunk] == 0)  # the whole backward
             idle = act.op is Op.BACKWARD and release is Op.WEIGHT and mine[act.chunk] == 0  # B of the first piece
