@@ -32,6 +32,7 @@ from ..config.layout import Layout
 from ..config.schema import PipelineConfig, RunConfig
 from ..errors import ConfigError
 from ..schedule import (
+    Program,
     balanced_partition,
     check_partition,
     inflight_cap,
@@ -154,14 +155,15 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
     for s in range(p.stages):
         units = [u for piece in pieces[s :: p.stages] for u in piece]
         acts = stage_actions(p.schedule, s, p.stages, p.window, 0, 3, p.inflight, chunks=p.layout.chunks)
+        if eval_mid_run and not torch_run:  # paci-tune's programs place evaluations themselves (PACI's undrained)
+            acts = list(Program(p.schedule, s, p.stages, p.window, 0, 2, inflight=p.inflight, eval_at=lambda k: k == 1))
         base = stage_memory(profile, units, p.microbatch_size, 0, last=s == p.stages - 1, optimizer=cfg.optimizer.name,
                             masters=prediction_steps(p, s) > 0)  # fmt: skip
         forward = p.schedule == "paci" and p.backward_weights == "forward"
         copy_bytes = sum(profile.units[i].trained_bytes for i in units) * WEIGHT_BYTES[profile.dtype] // 4
         peak = action_peak(profile, pieces, s, p.stages, p.microbatch_size, acts, copy_bytes=copy_bytes,
                            grad_bytes=base.grads, forward_copies=forward, eval_size=t.eval_microbatch_size,
-                           eval_mid_run=eval_mid_run, eval_after_forward=p.schedule == "paci" and s > 0,
-                           keeps_logits=torch_run)
+                           eval_after_step=eval_mid_run and torch_run, keeps_logits=torch_run)
         out.append(dataclasses.replace(base, activations=peak.activations, weight_copies=peak.copies * copy_bytes,
                                        transient=peak.transient, grads=base.grads if peak.grads else 0,
                                        buffers=0 if torch_run else posted_buffers(profile, pieces, s, p)))  # fmt: skip

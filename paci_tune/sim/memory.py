@@ -81,7 +81,6 @@ already counted in place, and the collective's own staging buffers are left to t
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -288,8 +287,7 @@ def action_peak(
     grad_bytes: int = 0,
     forward_copies: bool = False,
     eval_size: int | None = None,
-    eval_mid_run: bool = False,
-    eval_after_forward: bool = False,
+    eval_after_step: bool = False,
     keeps_logits: bool = False,
 ) -> ActionPeak:
     """Walk ``stage``'s ``actions`` (chunk ``j`` being piece ``stage + j * stages``) and return the moment
@@ -307,9 +305,11 @@ def action_peak(
       frees its micro-batch, to its step, which frees them;
     - at a step, the weight copies in-flight micro-batches still need (``forward_copies``: one per
       older version a micro-batch in flight was forwarded on, ``copy_bytes`` each) and the step's
-      temporaries; after it, with ``eval_mid_run``, an evaluation's (without the gradients), or after a
-      forward (``eval_after_forward``: PACI's later stages evaluate there, after their step too, so
-      again without the gradients);
+      temporaries; after it, with ``eval_after_step``, an evaluation's (without the gradients: torch's
+      schedules evaluate a drained pipeline after each step);
+    - at an ``EVAL`` of the list (a :class:`~paci_tune.schedule.program.Program`'s: PACI's later stages
+      evaluate after a forward, with micro-batches in flight), what is live there and the evaluation's
+      temporaries;
     - the run's last evaluation, drained: its forward at ``eval_size`` alone.
     """
     mine = list(range(stage, len(pieces), stages))
@@ -349,9 +349,7 @@ def action_peak(
             live[key] = version
             outputs.add(key)
             now = moment(running[act.chunk], key)
-            if eval_mid_run and eval_after_forward:  # an evaluation after the forward: the micro-batch held whole,
-                evaluating = dataclasses.replace(moment(evaluation), grads=False)  # and after the step: no gradients
-                now = max(now, evaluating, key=size)
+
         elif act.op in (Op.BACKWARD, Op.WEIGHT):
             whole = act.op is release and (release is Op.BACKWARD or mine[act.chunk] == 0)  # the whole backward
             idle = act.op is Op.BACKWARD and release is Op.WEIGHT and mine[act.chunk] == 0  # B of the first piece
@@ -370,8 +368,10 @@ def action_peak(
             version += 1
             now = moment(at_step)  # the gradients are still there while the step runs
             grads = False
-            if eval_mid_run:  # an evaluation after the step: the gradients are gone
+            if eval_after_step:  # an evaluation after the step: the gradients are gone
                 now = max(now, moment(evaluation), key=size)
+        elif act.op is Op.EVAL:  # where the program puts it: whatever is in flight, and the gradients so far
+            now = moment(evaluation)
         else:
             continue
         best = max(best, now, key=size)
