@@ -190,12 +190,17 @@ class P2P:
                 f"from {layout[0]} {layout[1]}; tensors between stages must keep one shape within a run"
             )
 
-    def wait_all(self) -> None:
-        """Finish every outstanding send (before buffers may be reused or the segment ends)."""
+    def wait_sends(self) -> None:
+        """Finish every outstanding send and let go of its tensor (on a link nothing comes back on, no
+        acknowledgement ever frees them: the evaluations between torch's schedule steps)."""
         for pending in self._sends.values():
             while pending:
                 _, work, _ = pending.popleft()
                 work.wait()
+
+    def wait_all(self) -> None:
+        """Finish every outstanding send (before buffers may be reused or the segment ends)."""
+        self.wait_sends()
         leftover = {k: list(v) for k, v in self._plan.items() if v}
         leftover |= {k: [(kind, mb) for kind, mb, _, _ in v] for k, v in self._local.items() if v}
         if leftover or any(self._posted.values()):

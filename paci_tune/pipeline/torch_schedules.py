@@ -210,4 +210,5 @@ class TorchScheduleRuntime(DistributedRuntime):
                 self._share_news()
                 for runner in self.runners:
                     runner.run(act, mine)
+                self.p2p.wait_sends()  # the evaluation's messages only go forward: nothing acknowledges them
         return self._finish(program, first_batch, mine, t0)
