@@ -15,7 +15,19 @@ A fully trainable unit's two halves are equal (a matmul's input and weight gradi
 FLOPs); a frozen or parameter-free unit has no weight gradient. Real units put their
 parameter-free work (attention scores, softmax, normalisation) into ``B``, so a measured ``B`` is
 usually the larger half: a derived split flatters zero-bubble schedules a little, and reports say
-when a split was derived. May import: the standard library only.
+when a split was derived.
+
+**Memory transients** (issue 38; :mod:`.memory`), all optional: a profile without them (every profile
+written before them) counts none, as the model did before (the device reserve was meant to hold them).
+Per micro-batch size, ``transient_bytes``: what a training forward and backward of the unit allocate
+above what they hold between them (the arriving gradient, activation gradients, a weight's new gradient
+before it is added in; the last unit's loss and its gradient: the head's logits' are the large ones);
+``eval_bytes``: the peak of an evaluation forward (no gradients), its input included, read at
+``training.eval_microbatch_size`` (linear in the size); ``split_bytes``: what a micro-batch holds from
+a split backward's ``B`` to its ``W``, as torch's zero-bubble schedules split it, in place of
+``saved_bytes``. Per unit (:class:`UnitProfile`), ``step_bytes``: an optimizer step's temporaries over
+the unit's parameters. ``paci-tune calibrate`` measures all four (:mod:`paci_tune.calibrate.memory`).
+May import: the standard library only.
 """
 
 from __future__ import annotations

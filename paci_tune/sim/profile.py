@@ -23,7 +23,8 @@ Format (every time in seconds, every size in bytes)::
         microbatch:                 # per micro-batch size (sequences) measured
           8: {forward_s: 0.001, backward_s: 0.002, activation_bytes: 524288, saved_bytes: 8192,
               backward_input_s: 0.0012, backward_weight_s: 0.001}   # optional (below)
-          16: {forward_s: 0.002, backward_s: 0.004, activation_bytes: 1048576, saved_bytes: 16384}
+          16: {forward_s: 0.002, backward_s: 0.004, activation_bytes: 1048576, saved_bytes: 16384,
+               transient_bytes: 65536, eval_bytes: 32768, split_bytes: 16384}  # optional; step_bytes: :mod:`.costs`
     p2p: {latency_s: 5.0e-05, bandwidth_Bps: 2.0e+09}   # one point-to-point send: latency + bytes / bandwidth
     allreduce: {latency_s: 1.0e-04, bandwidth_Bps: 1.0e+09, backend: gloo}   # optional: one ring step (below)
     tied: [{units: [0, 5], bytes: 131072}]   # optional: units sharing trainable parameters (:mod:`.tied`)
