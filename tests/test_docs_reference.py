@@ -531,10 +531,11 @@ def test_evidence_keys_apply_checks_and_reads(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- profile.yaml
 
 COST = {"forward_s": 0.001, "backward_s": 0.002, "activation_bytes": 64, "saved_bytes": 128,
-        "backward_input_s": 0.0012, "backward_weight_s": 0.001}  # fmt: skip
+        "backward_input_s": 0.0012, "backward_weight_s": 0.001, "transient_bytes": 256, "eval_bytes": 96,
+        "split_bytes": 32}  # fmt: skip
 LINK = {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e9, "backend": "hand"}
 UNIT = {"name": "embed", "param_bytes": 1024, "trainable_bytes": 512, "optimizer_s": 0.0001, "copy_s": 0.00001,
-        "microbatch": {4: COST}, "optimizer_steps": {"muon": 0.0003}}
+        "microbatch": {4: COST}, "optimizer_steps": {"muon": 0.0003}, "step_bytes": 1024}  # fmt: skip
 PROFILE_BASE = {"format": "paci-tune-profile/1", "machine": {"node": "h"}, "device": "cpu", "torch": "2.0",
                 "dtype": "bf16", "date": "2026-01-01", "threads": 2, "seq_len": 16, "units": [UNIT], "p2p": LINK,
                 "allreduce": LINK, "tied": [], "optimizer": "adamw", "optimizer_note": "timed alone"}  # fmt: skip

@@ -32,6 +32,7 @@ from ..sim.profile import AllReduceCost, P2PCost, Profile, UnitCost, UnitProfile
 from .allreduce import measure_allreduce
 from .corun import co_run_pattern
 from .links import measure_links
+from .memory import measure_split_bytes, measure_transients, step_transients
 from .p2p import P2P_SIZES, measure_p2p
 from .pattern import PatternSamples, StagePattern, pooled_costs, pooled_optimizer
 from .units import (
@@ -47,12 +48,14 @@ from .units import probe as probe_unit
 
 Log = Callable[[str], None]
 
-METHOD = "stage-pattern/4"
+METHOD = "stage-pattern/5"
 """How compute is measured (see the package docstring); part of the profile cache's key. /2: bf16 is
 measured with bf16 parameters and fp32 masters (no autocast), and ``param_bytes`` is 4 per parameter.
 /3: each unit's ``copy_s`` (a clone of its weights, what ``backward_weights: forward`` pays at a step).
 /4: each unit's backward split into its input and weight halves (``backward_input_s`` /
-``backward_weight_s``, :mod:`.split`), timed beside the whole backward."""
+``backward_weight_s``, :mod:`.split`), timed beside the whole backward. /5: the memory transients
+(``transient_bytes``, ``eval_bytes``, ``split_bytes`` per size, ``step_bytes`` per unit,
+:mod:`.memory`)."""
 
 
 @contextlib.contextmanager
@@ -235,16 +238,25 @@ def calibrate(
     # Bytes, and which units are identical (their samples are pooled), from one untimed pass per size.
     gen = torch.Generator(device="cpu").manual_seed(0)
     nbytes: dict[int, list[tuple[int, int]]] = {}
+    transients: dict[int, list[tuple[int, int, int]]] = {}  # per size, per unit: transient, eval, split bytes
     groups: dict[int, list[list[int]]] = {}
     n_classes = vocab
     for size in sizes:
         x = torch.randint(0, vocab, (size, model.block_size), generator=gen).to(dev)
         by_sig: dict[str, list[int]] = {}
-        nbytes[size] = []
+        nbytes[size], transients[size] = [], []
+        seen: dict[str, tuple[int, int, int]] = {}
         for i, unit in enumerate(units):
-            by_sig.setdefault(signature(unit, x, needs_grad[i]), []).append(i)
-            probe = probe_unit(unit, x, last=i == len(units) - 1, device=dev, dtype=dtype, input_grad=needs_grad[i])
+            sig = signature(unit, x, needs_grad[i])
+            by_sig.setdefault(sig, []).append(i)
+            last = i == len(units) - 1
+            probe = probe_unit(unit, x, last=last, device=dev, dtype=dtype, input_grad=needs_grad[i])
             nbytes[size].append((probe.activation_bytes, probe.saved_bytes))
+            if sig not in seen:
+                kw = {"last": last, "device": dev, "dtype": dtype, "input_grad": needs_grad[i]}
+                split = max(probe.saved_bytes + measure_split_bytes(unit, x, **kw), 0)  # what B leaves held
+                seen[sig] = (*measure_transients(unit, x, **kw), split)
+            transients[size].append(seen[sig])
             x = probe.output
         n_classes = int(x.shape[-1])  # the logits' width: the range of the pattern's targets
         groups[size] = list(by_sig.values())
@@ -267,6 +279,9 @@ def calibrate(
             copy_s = [u.copy_s for u in isolated]
         else:
             copy_s = measure_copies(units, device=dev, repeats=repeats, warmup=warmup)
+        costs = [{b: c.with_bytes(*transients[b][i]) for b, c in unit_costs.items()}
+                 for i, unit_costs in enumerate(costs)]  # fmt: skip
+        step_bytes = step_transients(units, dev, cfg.optimizer)
         others, note = other_optimizer_steps(cfg.optimizer, optimizers, units, optimizer_s, device=dev,
                                              repeats=repeats, warmup=warmup)  # fmt: skip
     unit_profiles = [
@@ -278,6 +293,7 @@ def calibrate(
             copy_s=copy_s[i],
             trainable_bytes=fp32_param_bytes(unit, trainable=True),
             optimizer_steps=others[i],
+            step_bytes=step_bytes[i],
         )
         for i, unit in enumerate(units)
     ]

@@ -331,3 +331,4 @@ def measure_units(
     for unit in units:
         unit.zero_grad(set_to_none=True)
     return out
+

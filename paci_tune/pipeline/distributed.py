@@ -46,7 +46,16 @@ from .mesh import build_mesh, rank_of, reporter_rank
 from .p2p import P2P
 from .records import all_gather_json, broadcast_json
 from .replicas import GradientAllReduce, LossAllReduce
-from .runtime import ActionRunner, BatchLosses, OnBatch, RuntimeBase, SegmentReport, StageTiming, run_warmup_action
+from .runtime import (
+    ActionRunner,
+    BatchLosses,
+    OnBatch,
+    RuntimeBase,
+    SegmentReport,
+    StageTiming,
+    metered,
+    run_warmup_action,
+)
 from .stage import Stage
 from .tied import TiedAllReduce, TiedParameter, mark_counted_elsewhere
 
@@ -106,6 +115,7 @@ class DistributedRuntime(RuntimeBase):
         self.tied = TiedAllReduce(first, tied, self.stages, replicas, self.replica, self.wire)
         if replicas > 1 or self.tied.parts:
             self.runner.grad_sync = self._grad_sync  # the first piece's step syncs them all
+        self._meter(pieces)  # this rank's pieces: the summary's peak_allocated_bytes is per stage process
 
     def _grad_sync(self, batch: int) -> None:
         """At this stage's step: average the window's gradients over the stage's replicas (every piece's),
@@ -134,6 +144,7 @@ class DistributedRuntime(RuntimeBase):
     def local_stages(self) -> list[int]:
         return [p.index for p in self.pieces]
 
+    @metered
     def warmup(self) -> None:
         for act in self._warmup_actions(self.s):
             run_warmup_action(self.runner, act)
@@ -152,6 +163,7 @@ class DistributedRuntime(RuntimeBase):
 
         return dataclasses.replace(plan, control=control)
 
+    @metered
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
         """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), drained at the end."""
         program = self._program(self.s, first_batch, n_batches, plan)
@@ -213,6 +225,7 @@ class DistributedRuntime(RuntimeBase):
         elif act.op is Op.BACKWARD and s < self.stages - 1:
             self.p2p.expect(s + 1, [("grad", act.mb)])
 
+    @metered
     @torch.no_grad()
     def evaluate(self) -> float:
         """Pipeline the validation set forward in replica 0 (drained), piece after piece; its mean loss is

@@ -38,7 +38,16 @@ from ..data.stream import MicroBatchStream, ValidationSet
 from ..schedule import Op, Placer, execution_order, sweep
 from .evaluation import EvalPlan
 from .replicas import ReplicaLosses, average_gradients
-from .runtime import ActionRunner, BatchLosses, OnBatch, RuntimeBase, SegmentReport, StageTiming, run_warmup_action
+from .runtime import (
+    ActionRunner,
+    BatchLosses,
+    OnBatch,
+    RuntimeBase,
+    SegmentReport,
+    StageTiming,
+    metered,
+    run_warmup_action,
+)
 from .stage import Stage
 from .tied import TiedParameter, mark_counted_elsewhere, sum_tied
 
@@ -100,6 +109,7 @@ class EmulatedRuntime(RuntimeBase):
                 holds = any(r.stage.index in t.names for t in self.tied)
                 if (self.n_replicas > 1 and r.stage.trains) or holds:  # nothing to train: nothing to average
                     r.grad_sync = self._sync_stage(r.stage.index)
+        self._meter([st for row in replicas for st in row])  # one process: its peak is every stage's together
 
     def _sync_stage(self, s: int) -> Callable[[int], None]:
         return lambda batch: self._sync(s, batch)
@@ -133,6 +143,7 @@ class EmulatedRuntime(RuntimeBase):
     def local_stages(self) -> list[int]:
         return list(range(self.stages))
 
+    @metered
     def warmup(self) -> None:
         lists = [self._warmup_actions(s) for s in range(self.stages)]
         for s, act in execution_order(lists):
@@ -157,6 +168,7 @@ class EmulatedRuntime(RuntimeBase):
             self.n_replicas - 1
         )
 
+    @metered
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
         """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), drained at the end."""
         programs = [self._program(s, first_batch, n_batches, plan) for s in range(self.stages)]
@@ -186,6 +198,7 @@ class EmulatedRuntime(RuntimeBase):
         assert programs[0].end is not None
         return SegmentReport(programs[0].end - first_batch + 1, wall, placer.makespan, timing, eval_seconds)
 
+    @metered
     def evaluate(self) -> float:
         """Mean loss over the validation set, running every stage in this process (a drained pipeline)."""
         losses = []

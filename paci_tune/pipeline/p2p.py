@@ -12,11 +12,14 @@ so a receive posted late makes the sender's transfer wait for a background threa
 with the sender's compute -- measured at 10-20 ms per activation on a 2-core CPU, a 15% bubble on
 its own. Posted ahead, the transfer completes from the sender's call.
 
-Every tensor is preceded by a small header (dtype, kind, micro-batch, a flag, shape): the receiver
-checks that what arrives is what its program expects, so a schedule mismatch fails loudly instead
-of silently training on the wrong data. The first message of each kind on a link is received blind
+Every tensor is preceded by a small header (dtype, kind, micro-batch, a flag, an acknowledgement,
+shape): the receiver checks that what arrives is what its program expects, so a schedule mismatch
+fails loudly instead of silently training on the wrong data. The first message of each kind on a link is received blind
 (header, then payload) to learn its shape; later ones reuse it. The flag carries one bit of news
-along a gradient (the target was reached; see :mod:`.evaluation`).
+along a gradient (the target was reached; see :mod:`.evaluation`). The acknowledgement is how many
+payloads the sender has received from the receiver so far: those sends are then complete, and the
+receiver lets go of them (gloo holds a sent tensor until its send is waited on, so without it a stage
+kept every tensor it sent until the segment's end or ``max_pending``).
 
 On gloo, which sends host memory only, CUDA tensors are staged through the CPU on both ends
 (:mod:`paci_tune.pipeline.backend`); on NCCL they go GPU to GPU. Two stages on the same rank (the
@@ -37,7 +40,10 @@ from .backend import wire_device
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64]
 _KINDS = ["act", "grad", "ctl", "eval"]
-_HEADER = 12  # dtype, kind, mb, flag, ndim, up to 7 dims
+_HEADER = 13  # dtype, kind, mb, flag, ack, ndim, up to 7 dims
+_NDIM = 5  # where ndim sits; the dims follow it
+POSTED_AHEAD = 2
+"""Receives posted ahead per neighbour: their buffers are memory a stage holds all along (:mod:`.planning`)."""
 
 
 @dataclass
@@ -57,14 +63,16 @@ class P2P:
         self,
         rank_of: list[int],
         device: torch.device,
-        depth: int = 2,
+        depth: int = POSTED_AHEAD,
         max_pending: int = 64,
         wire: torch.device | None = None,
     ) -> None:
         """``wire`` is where tensors travel; by default host memory on gloo, ``device`` otherwise."""
         self.rank_of, self.device, self.depth = rank_of, device, depth
         self.wire = wire if wire is not None else wire_device(dist.get_backend(), device)
-        self._sends: deque[tuple[dist.Work, torch.Tensor]] = deque()
+        self._sends: dict[int, deque[tuple[int, dist.Work, torch.Tensor]]] = {}  # per peer: (seq, work, tensor)
+        self._sent: dict[int, int] = {}  # per peer: payloads sent to it
+        self._received: dict[int, int] = {}  # per peer: payloads received from it (acknowledged in our headers)
         self._max_pending = max_pending
         self._layout: dict[tuple[int, str], tuple[torch.dtype, list[int]]] = {}
         self._plan: dict[int, deque[tuple[str, int]]] = {}  # per source: (kind, mb) in arrival order
@@ -78,16 +86,30 @@ class P2P:
             self._local.setdefault(src, deque()).append((kind, mb, tensor.detach().clone(), flag))
             return
         tensor = tensor.contiguous().to(self.wire)
-        if tensor.dim() > _HEADER - 5:
-            raise ValueError(f"cannot send a {tensor.dim()}-d tensor between stages (at most {_HEADER - 5})")
-        head = [_DTYPES.index(tensor.dtype), _KINDS.index(kind), mb, flag, tensor.dim(), *tensor.shape]
-        header = torch.tensor(head + [0] * (_HEADER - len(head)), dtype=torch.int64, device=self.wire)
+        if tensor.dim() > _HEADER - _NDIM - 1:
+            raise ValueError(f"cannot send a {tensor.dim()}-d tensor between stages (at most {_HEADER - _NDIM - 1})")
         peer = self.rank_of[dst]
+        ack = self._received.get(peer, 0)
+        head = [_DTYPES.index(tensor.dtype), _KINDS.index(kind), mb, flag, ack, tensor.dim(), *tensor.shape]
+        header = torch.tensor(head + [0] * (_HEADER - len(head)), dtype=torch.int64, device=self.wire)
+        seq = self._sent.get(peer, 0)
+        self._sent[peer] = seq + 1
+        pending = self._sends.setdefault(peer, deque())
         for t in (header, tensor):
-            self._sends.append((dist.isend(t, peer), t))
-        while len(self._sends) > self._max_pending:
-            work, _ = self._sends.popleft()
+            pending.append((seq, dist.isend(t, peer), t))
+        while sum(map(len, self._sends.values())) > self._max_pending:
+            _, work, _ = max(self._sends.values(), key=len).popleft()
             work.wait()
+
+    def _acknowledged(self, peer: int, count: int) -> None:
+        """``peer`` has received our first ``count`` payloads (its header says so): those sends are complete,
+        so their tensors are let go now rather than at the segment's end. gloo reports a send complete only
+        once waited on, and holds the tensor until then: without this a stage kept up to ``max_pending / 2``
+        activation-sized tensors it had sent, for nothing."""
+        pending = self._sends.get(peer)
+        while pending and pending[0][0] < count:
+            _, work, _ = pending.popleft()
+            work.wait()  # already complete: returns at once
 
     # ------------------------------------------------------------------------------------ recv
     def expect(self, src: int, items: Iterable[tuple[str, int]]) -> None:
@@ -130,6 +152,7 @@ class P2P:
             h = p.header.tolist()
             self._check(h, src, dst, kind, mb)
             p.payload_work.wait()
+            self._got(self.rank_of[src], h)
             self._post(src)
             return p.payload.to(self.device), int(h[3])
         peer = self.rank_of[src]
@@ -137,15 +160,21 @@ class P2P:
         dist.recv(header, peer)
         h = header.tolist()
         self._check(h, src, dst, kind, mb)
-        dtype, shape = _DTYPES[h[0]], h[5 : 5 + h[4]]
+        dtype, shape = _DTYPES[h[0]], h[_NDIM + 1 : _NDIM + 1 + h[_NDIM]]
         out = torch.empty(shape, dtype=dtype, device=self.wire)
         dist.recv(out, peer)
+        self._got(peer, h)
         plan = self._plan.get(src)
         if plan and plan[0] == (kind, mb):
             plan.popleft()
         self._layout[(src, kind)] = (dtype, shape)
         self._post(src)
         return out.to(self.device), int(h[3])
+
+    def _got(self, peer: int, header: list[int]) -> None:
+        """A payload from ``peer`` is in: count it, and let go of the sends its header acknowledges."""
+        self._received[peer] = self._received.get(peer, 0) + 1
+        self._acknowledged(peer, header[4])
 
     def _check(self, h: list[int], src: int, dst: int, kind: str, mb: int) -> None:
         got = (_KINDS[h[1]], h[2])
@@ -154,17 +183,24 @@ class P2P:
                 f"stage {dst} expected {kind} of micro-batch {mb} from stage {src}, got {got[0]} of {got[1]}"
             )
         layout = self._layout.get((src, kind))
-        if layout is not None and (_DTYPES[h[0]], h[5 : 5 + h[4]]) != layout:
+        shape = h[_NDIM + 1 : _NDIM + 1 + h[_NDIM]]
+        if layout is not None and (_DTYPES[h[0]], shape) != layout:
             raise RuntimeError(
-                f"stage {dst}: {kind} from stage {src} changed layout to {_DTYPES[h[0]]} {h[5 : 5 + h[4]]} "
+                f"stage {dst}: {kind} from stage {src} changed layout to {_DTYPES[h[0]]} {shape} "
                 f"from {layout[0]} {layout[1]}; tensors between stages must keep one shape within a run"
             )
 
+    def wait_sends(self) -> None:
+        """Finish every outstanding send and let go of its tensor (on a link nothing comes back on, no
+        acknowledgement ever frees them: the evaluations between torch's schedule steps)."""
+        for pending in self._sends.values():
+            while pending:
+                _, work, _ = pending.popleft()
+                work.wait()
+
     def wait_all(self) -> None:
         """Finish every outstanding send (before buffers may be reused or the segment ends)."""
-        while self._sends:
-            work, _ = self._sends.popleft()
-            work.wait()
+        self.wait_sends()
         leftover = {k: list(v) for k, v in self._plan.items() if v}
         leftover |= {k: [(kind, mb) for kind, mb, _, _ in v] for k, v in self._local.items() if v}
         if leftover or any(self._posted.values()):

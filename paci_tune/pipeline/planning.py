@@ -30,9 +30,10 @@ import torch
 
 from ..config.layout import Layout
 from ..config.memory import format_bytes
-from ..config.schema import RunConfig
+from ..config.schema import PipelineConfig, RunConfig
 from ..errors import ConfigError
 from ..schedule import (
+    Program,
     balanced_partition,
     check_partition,
     inflight_cap,
@@ -40,11 +41,24 @@ from ..schedule import (
     stage_actions,
     stage_units,
 )
-from ..sim.memory import GIB, WEIGHT_BYTES, chunked_activations, stage_copies, stage_memory
+from ..sim.memory import (
+    DEFAULT_OVERHEAD_BYTES,
+    GIB,
+    WEIGHT_BYTES,
+    StageMemory,
+    action_peak,
+    chunked_activations,
+    eval_transient,
+    stage_copies,
+    stage_memory,
+    step_transient,
+    train_transient,
+)
 from ..sim.partitioner import PartitionModel
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
 from ..sim.tied import TiedGroup
+from .p2p import POSTED_AHEAD
 from .staleness import prediction_steps
 
 
@@ -89,12 +103,15 @@ def memory_available(device: torch.device, processes_here: int) -> float:
 
 
 def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[int]:
-    """Peak bytes per stage (per device: one stage of one replica): weights, gradients, optimizer state,
-    in-flight activations, under PACI with ``pipeline.backward_weights: forward`` the weight copies, and
-    with ``pipeline.predict_weights`` the fp32 copy of the trained weights.
+    """Peak bytes per stage (per device: one stage of one replica) a budget must hold: weights, gradients,
+    optimizer state, in-flight activations, under PACI with ``pipeline.backward_weights: forward`` the
+    weight copies, with ``pipeline.predict_weights`` the fp32 copy of the trained weights, the largest
+    temporaries of an action (where the profile measured them) and the device reserve.
 
-    ``sizes`` is the run's cut: ``v * P`` pieces under interleaved 1F1B, stage ``s`` holding pieces
-    ``s, s + P, ...``, whose activations are counted chunk by chunk off the stage's own action list
+    An upper bound of :func:`predicted_stage_memory`'s peak: the copies and the temporaries are counted
+    on top of the most micro-batches in flight, whether or not they coincide. ``sizes`` is the run's cut:
+    ``v * P`` pieces under interleaved 1F1B, stage ``s`` holding pieces ``s, s + P, ...``, whose
+    activations are counted chunk by chunk off the stage's own action list
     (:func:`~paci_tune.sim.memory.chunked_activations`), as the simulator does.
     """
     p = cfg.pipeline
@@ -108,9 +125,10 @@ def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> 
             lst = stage_actions(p.schedule, s, p.stages, p.window, 0, 2, chunks=v)
             activations = chunked_activations(profile, pieces, s, p.stages, p.microbatch_size, lst)
         copies = stage_copies(p.schedule, s, p.stages, p.window, p.inflight, backward_weights=p.backward_weights)
+        units = [u for piece in pieces[s :: p.stages] for u in piece]
         mem = stage_memory(
             profile,
-            [u for units in pieces[s :: p.stages] for u in units],
+            units,
             p.microbatch_size,
             inflight,
             last=s == p.stages - 1,
@@ -118,9 +136,51 @@ def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> 
             copies=copies,
             activations=activations,
             masters=prediction_steps(p, s) > 0,
-        )
+            transient=max(train_transient(profile, units, p.microbatch_size), step_transient(profile, units),
+                          eval_transient(profile, units, cfg.training.eval_microbatch_size)),
+        )  # fmt: skip
         out.append(mem.total)
     return out
+
+
+def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[StageMemory]:
+    """Each stage's (each rank's, under interleaved 1F1B) predicted memory at its peak, the moment of its
+    action list that holds the most (:func:`~paci_tune.sim.memory.action_peak`): what
+    :attr:`~paci_tune.sim.memory.StageMemory.allocated` predicts is what ``torch.cuda.max_memory_allocated``
+    (or the CPU meter, :mod:`.meter`) measures of that stage's process. Evaluations at
+    ``training.eval_microbatch_size`` count: mid-run ones after a step, and the drained last one.
+    """
+    p, t = cfg.pipeline, cfg.training
+    pieces = [list(r) for r in stage_units(sizes)]
+    eval_mid_run = t.steps is None or t.eval_every < t.steps
+    torch_run = p.runtime == "distributed" and (p.schedule in ("zb-h1", "interleaved") or bool(p.torch_schedule))
+    out = []
+    for s in range(p.stages):
+        units = [u for piece in pieces[s :: p.stages] for u in piece]
+        acts = stage_actions(p.schedule, s, p.stages, p.window, 0, 3, p.inflight, chunks=p.layout.chunks)
+        if eval_mid_run and not torch_run:  # paci-tune's programs place evaluations themselves (PACI's undrained)
+            acts = list(Program(p.schedule, s, p.stages, p.window, 0, 2, inflight=p.inflight, eval_at=lambda k: k == 1))
+        base = stage_memory(profile, units, p.microbatch_size, 0, last=s == p.stages - 1, optimizer=cfg.optimizer.name,
+                            masters=prediction_steps(p, s) > 0)  # fmt: skip
+        forward = p.schedule == "paci" and p.backward_weights == "forward"
+        copy_bytes = sum(profile.units[i].trained_bytes for i in units) * WEIGHT_BYTES[profile.dtype] // 4
+        peak = action_peak(profile, pieces, s, p.stages, p.microbatch_size, acts, copy_bytes=copy_bytes,
+                           grad_bytes=base.grads, forward_copies=forward, eval_size=t.eval_microbatch_size,
+                           eval_after_step=eval_mid_run and torch_run, keeps_logits=torch_run)
+        out.append(dataclasses.replace(base, activations=peak.activations, weight_copies=peak.copies * copy_bytes,
+                                       transient=peak.transient, grads=base.grads if peak.grads else 0,
+                                       buffers=0 if torch_run else posted_buffers(profile, pieces, s, p)))  # fmt: skip
+    return out
+
+
+def posted_buffers(profile: Profile, pieces: Sequence[Sequence[int]], stage: int, p: PipelineConfig) -> int:
+    """Bytes of the receives paci-tune's transport keeps posted at ``stage`` (:data:`.p2p.POSTED_AHEAD` per
+    neighbour): activations from the previous stage, gradients of its output from the next. torch's
+    schedules (zb-h1, interleaved, ``torch_schedule``) receive into their own buffers, left out."""
+    costs = profile.at(p.microbatch_size)
+    into = costs[pieces[stage - 1][-1]].activation_bytes if stage > 0 else 0
+    out = costs[pieces[stage][-1]].activation_bytes if stage < p.stages - 1 else 0
+    return POSTED_AHEAD * (into + out)
 
 
 def plan_partition(
@@ -165,19 +225,26 @@ def interleaved_cut(layout: Layout, unit_costs: Sequence[float], profile: Profil
 def choose_partition(
     cfg: RunConfig, unit_costs: Sequence[float], profile: Profile | None, device: torch.device, distributed: bool
 ) -> list[int]:
-    """The run's cut (:func:`plan_partition`), with its predicted memory checked against ``hardware.memory``
-    (:func:`check_budget`) and this machine; the cut is the fastest under the tighter of the two."""
-    if profile is not None:
+    """The run's cut, with its predicted memory checked against ``hardware.memory`` (:func:`check_budget`)
+    and this machine: under a budget the fastest cut that fits it (:func:`budget_fit`), else
+    :func:`plan_partition`'s, the fastest that fits this machine."""
+    if profile is not None and cfg.hardware.memory is not None:
         check_budget(cfg, profile)
-    limit = memory_available(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) if distributed else None
-    sizes = plan_partition(cfg, unit_costs, profile, memory_bytes=_tighter(limit, cfg.hardware.memory_bytes))
+        sizes = budget_fit(cfg, profile)[0]
+    else:
+        limit = memory_available(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) if distributed else None
+        sizes = plan_partition(cfg, unit_costs, profile, memory_bytes=limit)
     if profile is not None:
         check_memory(cfg, profile, sizes, device, distributed)
     return sizes
 
 
-def _tighter(a: float | None, b: float | None) -> float | None:
-    return b if a is None else a if b is None else min(a, b)
+def budget_reserve(profile: Profile) -> int:
+    """What a device budget holds beyond the tensors the allocator counts (``StageMemory.overhead``): on a
+    GPU the CUDA context and the caching allocator's fragmentation (:data:`~paci_tune.sim.memory.
+    DEFAULT_OVERHEAD_BYTES`); nothing on a CPU profile's device, whose budget stands for the tensors a
+    device would hold (what the CPU meter measures, :mod:`.meter`)."""
+    return 0 if profile.device.lower().startswith("cpu") else DEFAULT_OVERHEAD_BYTES
 
 
 def budget_fit(cfg: RunConfig, profile: Profile) -> tuple[list[int], list[int]]:
@@ -185,19 +252,22 @@ def budget_fit(cfg: RunConfig, profile: Profile) -> tuple[list[int], list[int]]:
 
     The cut is the one the run would use: the fastest that fits the budget, or, when none does, the
     one that needs the least memory (its peak is what the budget would have to hold). A cut pinned by
-    hand or an interleaved one is taken as it is.
+    hand or an interleaved one is taken as it is. Each stage's peak is the validated model's
+    (:func:`predicted_stage_memory`: the allocated peak, walked over the stage's own actions) plus
+    :func:`budget_reserve`; the cut is chosen on the partitioner's per-stage sum.
     """
     p = cfg.pipeline
-    cap = cfg.hardware.memory_bytes
+    cap, reserve = cfg.hardware.memory_bytes, budget_reserve(profile)
     if isinstance(p.partition, list) or p.layout.chunks > 1 or cap is None:
         sizes = plan_partition(cfg, [1.0] * profile.n_units, profile)
     else:
-        model = PartitionModel(profile, p.layout, optimizer=cfg.optimizer.name, backward_weights=p.backward_weights)
+        model = PartitionModel(profile, p.layout, optimizer=cfg.optimizer.name, backward_weights=p.backward_weights,
+                               overhead_bytes=reserve)  # fmt: skip
         try:
             sizes = model.fastest(cap).sizes
         except ConfigError:
             sizes = model.leanest().sizes
-    return sizes, predicted_memory(cfg, profile, sizes)
+    return sizes, [st.allocated + reserve for st in predicted_stage_memory(cfg, profile, sizes)]
 
 
 def unit_refusal(profile: Profile, cap: int) -> str | None:

@@ -11,21 +11,24 @@ torch, :mod:`.stage`, :mod:`.evaluation`, :mod:`paci_tune.schedule`, :mod:`paci_
 
 from __future__ import annotations
 
+import functools
 import resource
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
 from ..schedule import Action, Op, Program, copies_bound, drift_bound, inflight_cap, stage_actions
 from .evaluation import EvalPlan, StageEvaluator, Transport
+from .meter import StageMeter
 from .stage import Stage
 
 OnBatch = Callable[[int, float], None]
+F = TypeVar("F", bound=Callable[..., Any])
 
 WARMUP_MB = -(10**9)
 """Micro-batch key of the warm-up pass (training micro-batches are >= 0, a drained evaluation's -1, -2, ...)."""
@@ -253,6 +256,17 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
+def metered(method: F) -> F:
+    """Run a runtime's method (warm-up, segment, evaluation) inside its :attr:`RuntimeBase.meter`."""
+
+    @functools.wraps(method)
+    def wrapper(self: RuntimeBase, *args: Any, **kwargs: Any) -> Any:
+        with self.meter.active():
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 def stage_stats(
     stage: Stage,
     timing: StageTiming,
@@ -261,10 +275,14 @@ def stage_stats(
     device: torch.device,
     schedule: str,
     inflight: int | None = None,
+    peak_allocated: int | None = None,
 ) -> dict:
     """The per-stage entry of the run summary (flush schedules cross no update: their bound is 0).
 
     ``trains: false`` marks a stage with nothing to train: no step, so nothing to drift (bound 0).
+    ``peak_allocated_bytes``: the peak of allocated tensor bytes where this stage ran (its process's
+    :class:`~.meter.StageMeter`: CUDA's counter, or the CPU meter when asked for; None when not
+    measured); ``peak_memory_bytes`` stays the process's peak resident set on the CPU.
     """
     paci = schedule == "paci" and stage.trains
     return {
@@ -288,6 +306,7 @@ def stage_stats(
         else 0,
         "parameter_bytes": stage.parameter_bytes(),
         "peak_memory_bytes": peak_memory_bytes(device),
+        "peak_allocated_bytes": peak_allocated,
     }
 
 
@@ -305,6 +324,11 @@ class RuntimeBase:
         self.units, self.val, self.schedule, self.inflight = units, val, schedule, inflight
         self.stages, self.window, self.device = first.stages, first.window, first.device
         self.clips_whole_model = schedule != "paci" and bool(first.grad_clip)  # flush schedules step together
+        self.meter = StageMeter(first.device, [])  # the subclass counts its own stages' state in (:meth:`_meter`)
+
+    def _meter(self, stages: list[Stage]) -> None:
+        """Measure allocated bytes in this process over ``stages`` (:class:`~.meter.StageMeter`), from now."""
+        self.meter = StageMeter(self.device, stages)
 
     def _program(self, s: int, first_batch: int, n_batches: int | None, plan: EvalPlan) -> Program:
         """Stage ``s``'s program of the segment from ``first_batch`` (``n_batches``, or until ``plan`` ends it)."""
@@ -319,4 +343,5 @@ class RuntimeBase:
 
     def _stage_entry(self, stage: Stage, timing: StageTiming, makespan: float) -> dict:
         """``stage``'s entry of the run summary (:func:`stage_stats`)."""
-        return stage_stats(stage, timing, makespan, self.units[stage.index], self.device, self.schedule, self.inflight)
+        return stage_stats(stage, timing, makespan, self.units[stage.index], self.device, self.schedule, self.inflight,
+                           self.meter.peak_bytes)  # fmt: skip

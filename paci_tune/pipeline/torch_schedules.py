@@ -44,7 +44,7 @@ from ..errors import ConfigError
 from ..schedule import Action, Op, Program
 from .distributed import DistributedRuntime
 from .evaluation import EvalPlan
-from .runtime import OnBatch, SegmentReport, StageTiming
+from .runtime import OnBatch, SegmentReport, StageTiming, metered
 from .stage import Stage
 
 TORCH_CLASSES: dict[str, str] = {"zb-h1": "InterleavedZeroBubble", "interleaved": "Interleaved1F1B", "1f1b": "1F1B"}
@@ -146,6 +146,7 @@ class TorchScheduleRuntime(DistributedRuntime):
         timing.busy += busy
         timing.idle += time.perf_counter() - t0 - busy
 
+    @metered
     def warmup(self) -> None:
         """One untraced batch through torch's schedule (its shape inference and buffers included),
         gradients dropped: numerically inert, and timing starts warm."""
@@ -181,6 +182,7 @@ class TorchScheduleRuntime(DistributedRuntime):
         for ev in evaluators:
             ev.news = bool(flag.item())
 
+    @metered
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:
         """Batches ``first_batch`` on (``n_batches``, or until the plan ends the run), a torch step each.
 
@@ -208,4 +210,5 @@ class TorchScheduleRuntime(DistributedRuntime):
                 self._share_news()
                 for runner in self.runners:
                     runner.run(act, mine)
+                self.p2p.wait_sends()  # the evaluation's messages only go forward: nothing acknowledges them
         return self._finish(program, first_batch, mine, t0)

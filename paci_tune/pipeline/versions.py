@@ -40,6 +40,12 @@ from dataclasses import dataclass
 import torch
 
 
+def _clone(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    """A copy of ``storage``, made by a tensor operator (a byte view's ``clone``) rather than the storage's
+    own ``clone``, so allocation meters that watch operators (:mod:`.meter`) see the copy as memory."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage).clone().untyped_storage()
+
+
 @dataclass(frozen=True)
 class _Ref:
     """What a backward will read in place of a saved tensor that lived in a parameter's storage."""
@@ -121,7 +127,7 @@ class WeightVersions:
     def preserve(self) -> None:
         """Before a step overwrites the current version: copy it if anything still holds it."""
         if self._holders.get(self.current) and self.current not in self._copies:
-            self._copies[self.current] = {k: s.clone() for k, s in self._storages.items()}
+            self._copies[self.current] = {k: _clone(s) for k, s in self._storages.items()}
             self.copies_made += 1
             self.peak_copies = max(self.peak_copies, len(self._copies))
         if self._truth is not None and self._evaluations.get(self.current) and self.current not in self._truth_copies:

@@ -15,13 +15,25 @@ A fully trainable unit's two halves are equal (a matmul's input and weight gradi
 FLOPs); a frozen or parameter-free unit has no weight gradient. Real units put their
 parameter-free work (attention scores, softmax, normalisation) into ``B``, so a measured ``B`` is
 usually the larger half: a derived split flatters zero-bubble schedules a little, and reports say
-when a split was derived. May import: the standard library only.
+when a split was derived.
+
+**Memory transients** (issue 38; :mod:`.memory`), all optional: a profile without them (every profile
+written before them) counts none, as the model did before (the device reserve was meant to hold them).
+Per micro-batch size, ``transient_bytes``: what a training forward and backward of the unit allocate
+above what they hold between them (the arriving gradient, activation gradients, a weight's new gradient
+before it is added in; the last unit's loss and its gradient: the head's logits' are the large ones);
+``eval_bytes``: the peak of an evaluation forward (no gradients), its input included, read at
+``training.eval_microbatch_size`` (linear in the size); ``split_bytes``: what a micro-batch holds from
+a split backward's ``B`` to its ``W``, as torch's zero-bubble schedules split it, in place of
+``saved_bytes``. Per unit (:class:`UnitProfile`), ``step_bytes``: an optimizer step's temporaries over
+the unit's parameters. ``paci-tune calibrate`` measures all four (:mod:`paci_tune.calibrate.memory`).
+May import: the standard library only.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -35,6 +47,13 @@ class UnitCost:
     saved_bytes: int
     backward_input_s: float | None = None  # B: the input gradient alone (measured together with W)
     backward_weight_s: float | None = None  # W: the weight gradient alone
+    transient_bytes: int | None = None  # peak of a training forward + backward above what it holds (saved + output)
+    eval_bytes: int | None = None  # peak of an evaluation forward, its input included
+    split_bytes: int | None = None  # held between a split backward's B and W, above the forward's (torch's)
+
+    def with_bytes(self, transient: int | None, evaluation: int | None, split: int | None = None) -> UnitCost:
+        """This cost with the transient sizes (:mod:`paci_tune.sim.memory`) set."""
+        return replace(self, transient_bytes=transient, eval_bytes=evaluation, split_bytes=split)
 
     @property
     def split_measured(self) -> bool:
@@ -53,7 +72,8 @@ class UnitCost:
             return None if x is None else x * factor
 
         return UnitCost(self.forward_s * factor, self.backward_s * factor, self.activation_bytes, self.saved_bytes,
-                        mul(self.backward_input_s), mul(self.backward_weight_s))  # fmt: skip
+                        mul(self.backward_input_s), mul(self.backward_weight_s), self.transient_bytes,
+                        self.eval_bytes, self.split_bytes)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -65,7 +85,23 @@ class UnitCost:
         if self.backward_input_s is not None and self.backward_weight_s is not None:
             out["backward_input_s"] = float(self.backward_input_s)
             out["backward_weight_s"] = float(self.backward_weight_s)
+        if self.transient_bytes is not None:
+            out["transient_bytes"] = int(self.transient_bytes)
+        if self.eval_bytes is not None:
+            out["eval_bytes"] = int(self.eval_bytes)
+        if self.split_bytes is not None:
+            out["split_bytes"] = int(self.split_bytes)
         return out
+
+
+def _times(nbytes: int | None, factor: float) -> int | None:
+    """A size measured at one micro-batch size, at ``factor`` times that size (None stays None)."""
+    return None if nbytes is None else round(nbytes * factor)
+
+
+def _lerp_bytes(a: int | None, b: int | None, t: float) -> int | None:
+    """A size between two measured ones (or beyond, clamped at 0); None unless both were measured."""
+    return None if a is None or b is None else max(round(a + (b - a) * t), 0)
 
 
 def derived_split(backward_s: float, trainable_share: float) -> tuple[float, float]:
@@ -85,6 +121,7 @@ class UnitProfile:
     copy_s: float | None = None  # one clone of the weights (compute dtype); None: not measured, taken as 0
     trainable_bytes: int | None = None  # 4 per trainable parameter; None: every parameter trains
     optimizer_steps: dict[str, float] = field(default_factory=dict)  # other optimizers' steps, by timing key
+    step_bytes: int | None = None  # peak of one optimizer step over the unit alone, above its state; None: not measured
 
     @property
     def trained_bytes(self) -> int:
@@ -104,7 +141,8 @@ class UnitProfile:
             f = microbatch_size / b0
             c = self.costs[b0].scaled(f)
             return UnitCost(c.forward_s, c.backward_s, round(c.activation_bytes * f), round(c.saved_bytes * f),
-                            c.backward_input_s, c.backward_weight_s)  # fmt: skip
+                            c.backward_input_s, c.backward_weight_s, _times(c.transient_bytes, f),
+                            _times(c.eval_bytes, f), _times(c.split_bytes, f))  # fmt: skip
         i = bisect.bisect_left(sizes, microbatch_size)
         i = min(max(i, 1), len(sizes) - 1)  # the segment [i-1, i] containing the size, or the nearest end one
         lo, hi = sizes[i - 1], sizes[i]
@@ -122,6 +160,9 @@ class UnitProfile:
             round(lerp(a.saved_bytes, b.saved_bytes)),
             lerp(a.backward_input_s or 0.0, b.backward_input_s or 0.0) if both else None,
             lerp(a.backward_weight_s or 0.0, b.backward_weight_s or 0.0) if both else None,
+            _lerp_bytes(a.transient_bytes, b.transient_bytes, t),
+            _lerp_bytes(a.eval_bytes, b.eval_bytes, t),
+            _lerp_bytes(a.split_bytes, b.split_bytes, t),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,5 +177,7 @@ class UnitProfile:
             out["optimizer_steps"] = {str(k): float(v) for k, v in self.optimizer_steps.items()}
         if self.copy_s is not None:
             out["copy_s"] = float(self.copy_s)
+        if self.step_bytes is not None:
+            out["step_bytes"] = int(self.step_bytes)
         out["microbatch"] = {int(b): c.to_dict() for b, c in sorted(self.costs.items())}
         return out

@@ -23,7 +23,8 @@ Format (every time in seconds, every size in bytes)::
         microbatch:                 # per micro-batch size (sequences) measured
           8: {forward_s: 0.001, backward_s: 0.002, activation_bytes: 524288, saved_bytes: 8192,
               backward_input_s: 0.0012, backward_weight_s: 0.001}   # optional (below)
-          16: {forward_s: 0.002, backward_s: 0.004, activation_bytes: 1048576, saved_bytes: 16384}
+          16: {forward_s: 0.002, backward_s: 0.004, activation_bytes: 1048576, saved_bytes: 16384,
+               transient_bytes: 65536, eval_bytes: 32768, split_bytes: 16384}  # optional; step_bytes: :mod:`.costs`
     p2p: {latency_s: 5.0e-05, bandwidth_Bps: 2.0e+09}   # one point-to-point send: latency + bytes / bandwidth
     allreduce: {latency_s: 1.0e-04, bandwidth_Bps: 1.0e+09, backend: gloo}   # optional: one ring step (below)
     tied: [{units: [0, 5], bytes: 131072}]   # optional: units sharing trainable parameters (:mod:`.tied`)
@@ -105,9 +106,11 @@ from .tied import TiedGroup, parse_tied
 FORMAT = "paci-tune-profile/1"
 _TOP_KEYS = ("format", "machine", "device", "torch", "dtype", "date", "threads", "seq_len", "units", "p2p",
              "allreduce", "tied", "optimizer", "optimizer_note")  # fmt: skip
-_UNIT_KEYS = ("name", "param_bytes", "trainable_bytes", "optimizer_s", "copy_s", "microbatch", "optimizer_steps")
+_UNIT_KEYS = ("name", "param_bytes", "trainable_bytes", "optimizer_s", "copy_s", "microbatch", "optimizer_steps",
+              "step_bytes")  # fmt: skip
 _COST_KEYS = ("forward_s", "backward_s", "activation_bytes", "saved_bytes")
 _SPLIT_KEYS = ("backward_input_s", "backward_weight_s")
+_TRANSIENT_KEYS = ("transient_bytes", "eval_bytes", "split_bytes")
 _P2P_KEYS = ("latency_s", "bandwidth_Bps", "backend")
 
 
@@ -409,7 +412,7 @@ def _unit(key: str, raw: Any, index: int) -> UnitProfile:
         if b < 1 or isinstance(b_raw, bool) or (isinstance(b_raw, float) and b != b_raw):
             raise ConfigError(f"{key}.microbatch", b_raw, "positive integer micro-batch sizes as keys")
         ck = f"{key}.microbatch.{b}"
-        _mapping(ck, c, _COST_KEYS + _SPLIT_KEYS)
+        _mapping(ck, c, _COST_KEYS + _SPLIT_KEYS + _TRANSIENT_KEYS)
         for k in _COST_KEYS:
             if k not in c:
                 raise ConfigError(f"{ck}.{k}", None, "a number >= 0 (every cost is required)")
@@ -424,6 +427,7 @@ def _unit(key: str, raw: Any, index: int) -> UnitProfile:
             _int(f"{ck}.activation_bytes", c["activation_bytes"]),
             _int(f"{ck}.saved_bytes", c["saved_bytes"]),
             *split,
+            *(None if c.get(k) is None else _int(f"{ck}.{k}", c[k]) for k in _TRANSIENT_KEYS),
         )
     param_bytes = _int(f"{key}.param_bytes", raw.get("param_bytes"))
     trainable = raw.get("trainable_bytes")
@@ -442,4 +446,5 @@ def _unit(key: str, raw: Any, index: int) -> UnitProfile:
         costs=costs,
         copy_s=None if raw.get("copy_s") is None else _number(f"{key}.copy_s", raw["copy_s"]),
         optimizer_steps={str(k): _number(f"{key}.optimizer_steps.{k}", v) for k, v in steps.items()},
+        step_bytes=None if raw.get("step_bytes") is None else _int(f"{key}.step_bytes", raw["step_bytes"]),
     )

@@ -361,6 +361,20 @@ class Trainer:
             }
         )
 
+    def _allocated(self, stats: list[dict]) -> dict[str, Any]:
+        """The run's peak of allocated tensor bytes (each stage's ``peak_allocated_bytes``: per stage process on
+        the distributed runtime, the one process's on the emulated one) and what measured it, or None where
+        nothing did (a CPU run without ``PACI_TUNE_TRACK_MEMORY=1``, :mod:`paci_tune.pipeline.meter`)."""
+        peaks = [x.get("peak_allocated_bytes") for x in stats]
+        meter = getattr(self.runtime, "meter", None)
+        return {
+            "peak_allocated_bytes": None if None in peaks else max(peaks),
+            "peak_allocated_measured_with": None if meter is None else meter.measured_with,
+            "peak_memory_measured_with": "torch.cuda.max_memory_allocated"
+            if self.setup.device.type == "cuda"
+            else "process peak resident set (ru_maxrss)",
+        }
+
     def _summary(self, timing: list[StageTiming]) -> dict[str, Any]:
         c, st = self.cfg, self.state
         stats = self.runtime.stats(timing, st.makespan)
@@ -421,6 +435,7 @@ class Trainer:
             "clock_step_time_s": st.clock_span / st.batches_done if st.batches_done else 0.0,
             "clock_bubble_fraction": clock_bubble,
             "memory_measured_per": "stage" if c.pipeline.runtime == "distributed" else "process (all stages)",
+            **self._allocated(stats),
             **against_budget(c, stats),  # hardware.memory against what the run measured
             "profile": self.cfg.training.profile,
             "stages": stats,
