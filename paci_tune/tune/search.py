@@ -250,27 +250,24 @@ class Search:
         )  # fmt: skip
 
     def _predicted_memory(self, params: TrialParams, partition: Any) -> list[int] | None:
-        """Predicted peak bytes per stage (to stand next to the measured ones).
+        """Predicted peak bytes per stage (to stand next to the measured ones, and in best.yaml's candidates).
 
-        A schedule only the simulator times (zb-h1, interleaved) is predicted by the simulator's memory
-        model, off its own action lists: an interleaved cut is ``v * P`` pieces, stage ``s`` holding
-        pieces ``s, s + P, ...`` (its stage rows ran 1f1b's numbers on ``P`` contiguous stages).
+        The figure a device budget is held to (:func:`paci_tune.pipeline.planning.budget_fit`): the
+        validated model's allocated peak walked over each stage's actions, plus the device's reserve; an
+        interleaved cut is ``v * P`` pieces, stage ``s`` holding pieces ``s, s + P, ...`` (the timed
+        schedules' stage rows ran 1f1b's numbers on ``P`` contiguous stages).
         """
         if not self.profile or not isinstance(partition, list):
             return None
-        from ..config.schema import TIMED_SCHEDULES
-        from ..pipeline.planning import predicted_memory
+        from ..pipeline.planning import budget_reserve, predicted_stage_memory
         from ..sim.profile import Profile
-        from ..sim.simulator import simulate
 
         try:
             if self._profile is None:
                 self._profile = Profile.load(self.profile)  # read once per search, not per trial
             cfg = derive_run(self.trial_doc(params))
-            if params.schedule in TIMED_SCHEDULES:
-                res = simulate(cfg.layout.with_partition(partition), self._profile, 1, optimizer=cfg.optimizer.name)
-                return [int(st.peak_memory_bytes) for st in res.per_stage]
-            return [int(x) for x in predicted_memory(cfg, self._profile, partition)]
+            reserve = budget_reserve(self._profile)
+            return [int(st.allocated + reserve) for st in predicted_stage_memory(cfg, self._profile, partition)]
         except Exception:
             return None
 
