@@ -18,7 +18,10 @@ start=$(date +%s)
   "$py" -c 'import torch, click, rich, yaml, numpy, matplotlib; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 } 2>&1 | tee "$out/gpu_check.log"
 # In one process (-o addopts="": not the suite's xdist workers): one GPU, and no xdist installed there.
-"$py" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_gpu.py 2>&1 | tee "$out/pytest-gpu.log"
+# -v names each test as it runs and the time limit leaves gpu_check.py its turn: on 2026-12-04 a lease
+# ran out inside the tests, and the log kept only dots (which test failed, and why, was lost).
+timeout "${GPU_TESTS_SECONDS:-300}" "$py" -m pytest -v --tb=short -p no:cacheprovider -o addopts="" \
+  tests/test_gpu.py 2>&1 | tee "$out/pytest-gpu.log"
 tests=${PIPESTATUS[0]}
 "$py" bench/gpu_check.py --out "$out" "${@:2}" 2>&1 | tee -a "$out/gpu_check.log"
 check=${PIPESTATUS[0]}
