@@ -190,7 +190,7 @@ def calibrate(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of a table.")
 @click.option("--batches", type=int, default=8, show_default=True, help="Global batches to simulate (PACI: >= 4P).")
 @click.option("--memory-gib", type=float, default=None,
-              help="Device memory per stage; the cut must fit it (default: the file's hardware.memory).")  # fmt: skip
+              help="Device memory per stage; the cut must fit it.")  # fmt: skip
 @_threads_option
 def simulate(
     config: str,
@@ -234,7 +234,7 @@ def simulate(
     cfg = load_config(config, overrides_from(shape))
     if timeline is not None:
         check_writable(timeline, "--timeline")
-    memory_bytes = cfg.hardware.memory_bytes if memory_gib is None else memory_gib * GIB  # the file's budget
+    memory_bytes = None if memory_gib is None else memory_gib * GIB
     prediction = predict_schedules(
         cfg,
         schedules=list(dict.fromkeys(n for x in schedules for n in (SCHEDULES if x == "all" else [x]))),

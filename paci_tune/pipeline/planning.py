@@ -137,10 +137,16 @@ def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> 
             activations=activations,
             masters=prediction_steps(p, s) > 0,
             transient=max(train_transient(profile, units, p.microbatch_size), step_transient(profile, units),
-                          eval_transient(profile, units, cfg.training.eval_microbatch_size)),
+                          eval_transient(profile, units, eval_chunk(cfg))),
         )  # fmt: skip
         out.append(mem.total)
     return out
+
+
+def eval_chunk(cfg: RunConfig) -> int:
+    """Sequences one evaluation forward holds: ``training.eval_microbatch_size``, at most the whole
+    validation set (:class:`paci_tune.pipeline.evaluation.ValidationSet` cuts it into such chunks)."""
+    return min(cfg.training.eval_microbatch_size, cfg.training.eval_sequences)
 
 
 def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[StageMemory]:
@@ -165,7 +171,7 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
         forward = p.schedule == "paci" and p.backward_weights == "forward"
         copy_bytes = sum(profile.units[i].trained_bytes for i in units) * WEIGHT_BYTES[profile.dtype] // 4
         peak = action_peak(profile, pieces, s, p.stages, p.microbatch_size, acts, copy_bytes=copy_bytes,
-                           grad_bytes=base.grads, forward_copies=forward, eval_size=t.eval_microbatch_size,
+                           grad_bytes=base.grads, forward_copies=forward, eval_size=eval_chunk(cfg),
                            eval_after_step=eval_mid_run and torch_run, keeps_logits=torch_run)
         out.append(dataclasses.replace(base, activations=peak.activations, weight_copies=peak.copies * copy_bytes,
                                        transient=peak.transient, grads=base.grads if peak.grads else 0,

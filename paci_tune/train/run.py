@@ -68,6 +68,9 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
 
         check_files(find(Path(t.init_from)), INIT_FROM)  # refused now, not after the model is built
     if (t.clock == "sim" or cfg.hardware.memory is not None) and not t.profile:  # a budget needs a prediction
+        from ..pipeline.checks import check_model_and_data
+
+        check_model_and_data(cfg)  # a bad model or data section is refused before minutes of calibration
         _, path = measured_profile(cfg, log=log)
         cfg = dataclasses.replace(cfg, training=dataclasses.replace(t, profile=str(path)))
     if trains_flush_for(cfg):  # zb-h1 on the distributed runtime runs for real, resolved like any run
