@@ -23,7 +23,8 @@ from pathlib import Path
 
 def run(args: argparse.Namespace, schedule: str, d: int, metrics: Path) -> dict:
     cmd = [
-        sys.executable, "-m", "paci_tune.cli", "train", args.config, "--schedule", schedule, "--stages", "2",
+        sys.executable, "-m", "paci_tune.cli", "train", args.config, "--memory", "none", "--schedule", schedule,
+        "--stages", "2",
         "--data-parallel", str(d), "--window", str(args.window), "--runtime", "distributed", "--device", "cpu",
         "--steps", str(args.steps), "--eval-every", str(10**6), "--metrics", str(metrics), "--no-live",
     ]  # fmt: skip

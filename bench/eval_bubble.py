@@ -23,7 +23,7 @@ from pathlib import Path
 
 def run(args: argparse.Namespace, every: int, metrics: Path) -> dict:
     cmd = [
-        sys.executable, "-m", "paci_tune.cli", "train", args.config, "--schedule", "paci",
+        sys.executable, "-m", "paci_tune.cli", "train", args.config, "--memory", "none", "--schedule", "paci",
         "--stages", str(args.stages), "--window", str(args.window), "--runtime", "distributed",
         "--steps", str(args.steps), "--seed", "0", "--device", "cpu", "--eval-every", str(every),
         "--metrics", str(metrics), "--no-live",

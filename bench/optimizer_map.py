@@ -77,7 +77,8 @@ def train(base: dict[str, Any], steps: int, eval_every: int, warm: str, task: di
         "pipeline.schedule": task["schedule"], "pipeline.stages": task["P"], "pipeline.window": task["a"],
         "training.seed": task["seed"], "optimizer.lr": task["lr"], "training.steps": steps,
         "training.eval_every": eval_every, "pipeline.runtime": "emulated", "pipeline.device": "cpu",
-        "pipeline.partition": "auto", "lr_schedule.min_ratio": 1.0, **opt, **(controls if paci else {}),
+        "pipeline.partition": "auto", "hardware.memory": None, "lr_schedule.min_ratio": 1.0,
+        **opt, **(controls if paci else {}),
         **warm_overrides(warm),
     })  # fmt: skip
     curve: list[tuple[int, float]] = []

@@ -70,7 +70,7 @@ def config_for(config: str, sched: str, tmp: Path) -> tuple[str, str]:
 def train(config: str, profile: Path, sched: str, stages: int, args: argparse.Namespace, out: Path) -> dict:
     config, schedule = config_for(config, sched, out.parent)
     cmd = [
-        sys.executable, "-m", "paci_tune.cli", "train", config, "--runtime", "distributed",
+        sys.executable, "-m", "paci_tune.cli", "train", config, "--memory", "none", "--runtime", "distributed",
         "--schedule", schedule, "--stages", str(stages), "--window", str(args.window),
         "--steps", str(args.steps), "--eval-every", str(10**6), "--device", "cpu",
         "--clock", "rst", "--profile", str(profile), "--metrics", str(out), "--no-live",

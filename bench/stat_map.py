@@ -49,7 +49,7 @@ def train(base: dict[str, Any], steps: int, eval_every: int, task: dict[str, Any
         "pipeline.schedule": schedule, "pipeline.stages": p, "pipeline.window": a, "training.seed": seed,
         "optimizer.lr": lr, "training.steps": steps, "training.eval_every": eval_every,
         "pipeline.runtime": "emulated", "pipeline.device": "cpu", "pipeline.partition": "auto",
-        "pipeline.backward_weights": task.get("bw", "current"),
+        "pipeline.backward_weights": task.get("bw", "current"), "hardware.memory": None,  # no budget
     })  # fmt: skip
     curve: list[tuple[int, float]] = []
     losses: list[float] = []

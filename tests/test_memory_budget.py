@@ -121,6 +121,11 @@ def test_train_refuses_a_run_predicted_over_the_budget_and_runs_one_under_it(tmp
     check_error(proc, metrics, "hardware.memory", str(cap))
     assert "stage 0 is predicted" in proc.stderr
     check_ok(_cli("train", config, "--stages", "2", "--data-parallel", "1", "--microbatch-size", "2", *common))
+    none = tmp_path / "none.jsonl"  # --memory none lifts the file's budget: the refused layout runs
+    lifted = [*common[:-1], none]
+    check_ok(_cli("train", config, "--memory", "none", "--stages", "1", "--data-parallel", "1",
+                  "--microbatch-size", "2", *lifted))  # fmt: skip
+    assert none.exists()
     summary = [r for r in map(yaml.safe_load, metrics.read_text().splitlines()) if r.get("event") == "summary"][-1]
     assert summary["memory_budget_bytes"] == cap
 

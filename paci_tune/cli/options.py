@@ -40,7 +40,8 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "--memory",
         "hardware.memory",
-        {"type": str, "help": "Each device's memory (24GiB, 80GB or bytes): a run predicted above it is refused."},
+        {"type": str, "help": "Each device's memory (24GiB, 80GB or bytes): a run predicted above it is refused; "
+         "none: no budget, whatever the file says."},
     ),
     ("--runtime", "pipeline.runtime", {"type": click.Choice(["emulated", "distributed"]), "help": "Runtime."}),
     ("--device", "pipeline.device", {"type": click.Choice(["auto", "cpu", "cuda"]), "help": "Device."}),
@@ -119,6 +120,8 @@ def overrides_from(kwargs: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for flag, key, _ in _RUN_OPTIONS:
         value = kwargs.pop(flag.split("/")[0].lstrip("-").replace("-", "_"), None)
-        if value is not None:
+        if key == "hardware.memory" and isinstance(value, str) and value.strip().lower() == "none":
+            out[key] = None  # unset: the file's budget is lifted (derive_doc drops a None)
+        elif value is not None:
             out[key] = value
     return out
