@@ -235,8 +235,7 @@ def choose_partition(
     and this machine: under a budget the fastest cut that fits it (:func:`budget_fit`), else
     :func:`plan_partition`'s, the fastest that fits this machine."""
     if profile is not None and cfg.hardware.memory is not None:
-        check_budget(cfg, profile)
-        sizes = budget_fit(cfg, profile)[0]
+        sizes = check_budget(cfg, profile)  # the fastest cut under the budget
     else:
         limit = memory_available(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) if distributed else None
         sizes = plan_partition(cfg, unit_costs, profile, memory_bytes=limit)
@@ -287,28 +286,22 @@ def unit_refusal(profile: Profile, cap: int) -> str | None:
     return f"at least the largest unit's weights, {format_bytes(sizes[i])} (unit {i} {name!r}): no stage holds less"
 
 
-def budget_refusal(cfg: RunConfig, profile: Profile) -> str | None:
-    """Why ``cfg`` does not fit its ``hardware.memory`` (what the key would have to be), or None when it fits."""
+def check_budget(cfg: RunConfig, profile: Profile) -> list[int]:
+    """The run's cut under ``hardware.memory`` (:func:`budget_fit`); refused, naming the key and what it
+    would have to be, when the largest unit's weights or some stage's predicted peak exceed it."""
     cap = cfg.hardware.memory_bytes
-    if cap is None:
-        return None
+    assert cap is not None, "check_budget needs a run with hardware.memory"
     if too_small := unit_refusal(profile, cap):
-        return too_small
+        raise ConfigError("hardware.memory", cfg.hardware.memory, too_small)
     sizes, peaks = budget_fit(cfg, profile)
     worst = max(range(len(peaks)), key=peaks.__getitem__)
-    if peaks[worst] <= cap:
-        return None
-    p = cfg.pipeline
-    return (f"at least {format_bytes(peaks[worst])} for {p.schedule} at P={p.stages} b={p.microbatch_size}: its "
+    if peaks[worst] > cap:
+        p = cfg.pipeline
+        raise ConfigError("hardware.memory", cfg.hardware.memory, (
+            f"at least {format_bytes(peaks[worst])} for {p.schedule} at P={p.stages} b={p.microbatch_size}: its "
             f"stage {worst} is predicted that on the leanest cut {sizes}; more stages, a smaller micro-batch or "
-            "a schedule with fewer micro-batches in flight need less")  # fmt: skip
-
-
-def check_budget(cfg: RunConfig, profile: Profile) -> None:
-    """Refuse a run whose predicted peak on some stage exceeds ``hardware.memory``, naming the key."""
-    why = budget_refusal(cfg, profile)
-    if why is not None:
-        raise ConfigError("hardware.memory", cfg.hardware.memory, why)
+            "a schedule with fewer micro-batches in flight need less"))  # fmt: skip
+    return sizes
 
 
 def memory_refusal(

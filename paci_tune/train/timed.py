@@ -32,7 +32,7 @@ from ..config.memory import RunHardware
 from ..config.schema import TIMED_SCHEDULES, RunConfig
 from ..errors import ConfigError
 from ..pipeline.factory import ResolvedRun, resolve_pieces, unit_costs
-from ..pipeline.planning import budget_fit, check_budget, plan_partition
+from ..pipeline.planning import check_budget, plan_partition
 from ..schedule import check_layout
 
 NUMERICS = "1f1b"
@@ -88,8 +88,7 @@ def resolve_timed(cfg: RunConfig) -> ResolvedRun:
     if first.profile is None:  # the config requires one for rst; resolve_run measures sim's first
         raise ConfigError("training.profile", None, f"a cost profile to time schedule {p.schedule} on")
     if cfg.hardware.memory is not None:
-        check_budget(cfg, first.profile)
-        sizes = budget_fit(cfg, first.profile)[0]  # the fastest cut under the budget
+        sizes = check_budget(cfg, first.profile)  # the fastest cut under the budget
     else:
         sizes = plan_partition(cfg, unit_costs(first.model), first.profile)
     timed = dataclasses.replace(cfg, pipeline=dataclasses.replace(p, partition=sizes))

@@ -18,6 +18,7 @@ from helpers.cli import run_in_process, summary_of, train_losses
 from helpers.configs import make_config
 from helpers.memory_probe import SavedTensors, allocated_cpu, allocated_cuda
 from helpers.oracles import oracle_lr, paci_order
+from paci_tune.calibrate.measure import torch_threads as torch_threads  # re-exported: the package's one copy
 from paci_tune.config import OptimizerConfig
 from paci_tune.data import MicroBatchStream, ValidationSet, load_source
 from paci_tune.model import GPTConfig, build_units, load_model
@@ -223,11 +224,3 @@ def bf16_fp32_gap(schedule: str, device: str = "cpu") -> tuple[list[float], list
     return fp32, bf16, summary_of(runs["fp32"]), summary_of(runs["bf16"])
 
 
-@contextlib.contextmanager
-def torch_threads(n: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
