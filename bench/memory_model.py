@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +132,14 @@ def predicted_per_rank(doc: dict[str, Any], profile: Any, partition: list[int], 
 def rows_for(stages: int, precisions: list[str], variants: list[str], device: str, workdir: Path) -> list[dict]:
     """Measure every (precision, variant) at depth ``stages`` in one launch; a row per stage process."""
     docs = {f"{prec}-{v}": run_doc(stages, prec, v, device) for prec in precisions for v in variants}
+    start = time.perf_counter()
     summaries = launch(stages, docs, workdir)
+    print(f"P={stages}: {len(docs)} runs in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     rows = []
     for prec in precisions:
+        start = time.perf_counter()
         profile = profile_for(run_doc(stages, prec, "1f1b", device), workdir)
+        print(f"P={stages} {prec}: calibrated in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         for v in variants:
             name = f"{prec}-{v}"
             summary = summaries[name]

@@ -165,3 +165,29 @@ def test_a_measured_split_is_marked_measured_and_round_trips(tmp_path: Path) -> 
     profile.save(tmp_path / "p.yaml")
     again = Profile.load(tmp_path / "p.yaml")
     assert again.split_measured and again.units[0].costs[2] == cost
+
+
+def test_split_bytes_of_the_first_unit_under_a_torch_that_refuses_an_empty_b(monkeypatch: pytest.MonkeyPatch):
+    """torch 2.11's ``stage_backward_input`` (the H200's, 2026-12-04) refuses a B with no input to
+    differentiate -- the first unit's are token ids -- where 2.13 runs it as nothing: calibrate on CUDA
+    failed there. Under such a torch the first unit's B holds nothing beyond its saved tensors (0), and a
+    unit with a floating input measures what it does under ours."""
+    from torch.distributed.pipelining import _backward
+
+    from paci_tune.calibrate.memory import measure_split_bytes
+
+    units = _units(2)
+    tokens = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    hidden = units[0](tokens).detach()
+    kw = {"last": False, "device": CPU, "dtype": "fp32"}
+    ours = measure_split_bytes(units[1], hidden, **kw)
+    original = _backward.stage_backward_input
+
+    def strict(outputs, output_grads, inputs, weights):
+        if not inputs:
+            raise ValueError("grad requires non-empty inputs.")
+        return original(outputs, output_grads, inputs, weights)
+
+    monkeypatch.setattr(_backward, "stage_backward_input", strict)
+    assert measure_split_bytes(units[0], tokens, **kw, input_grad=False) == 0
+    assert measure_split_bytes(units[1], hidden, **kw) == ours != 0
