@@ -44,6 +44,25 @@ def test_stream_is_a_pure_function_of_seed_and_index() -> None:
     assert not torch.equal(MicroBatchStream(tokens, 16, 4, seed=4).get(5)[0], x)
 
 
+@pytest.mark.parametrize("global_batch", [8, 96, 130])  # 130 crosses generator blocks at odd places
+def test_a_global_batch_is_the_same_sequences_at_every_split(global_batch: int) -> None:
+    """Sequences, not micro-batches, are drawn: global batch g is the same sequences, in the same order
+    within each replica's share, for every D x a x b = G (what a shared training curve rests on,
+    paci_tune.tune.curves). Oracle: the b = 1, D = 1 stream, sequence by sequence."""
+    tokens = np.arange(100_000, dtype=np.int64)
+    one = MicroBatchStream(tokens, seq_len=8, micro_batch_size=1, seed=7)
+    for g in range(3):
+        want = torch.cat([one.get(g * global_batch + i)[0] for i in range(global_batch)])
+        for d in (1, 2):
+            for b in (1, 2, 5, global_batch // 2):
+                if global_batch % (d * b):
+                    continue
+                a = global_batch // (d * b)
+                streams = [MicroBatchStream(tokens, 8, b, seed=7, replicas=d, replica=r) for r in range(d)]
+                got = torch.cat([streams[r].get(g * a + j)[0] for j in range(a) for r in range(d)])
+                assert torch.equal(got, want), (g, d, a, b)
+
+
 def test_stream_uses_the_whole_range_and_accepts_small_dtypes() -> None:
     tokens = np.arange(40, dtype=np.uint16)
     stream = MicroBatchStream(tokens, seq_len=8, micro_batch_size=64, seed=0)
@@ -221,3 +240,13 @@ def test_load_source_errors_name_the_key(spec: dict[str, object], hint: int | No
     with pytest.raises(ConfigError) as info:
         load_source(spec, hint)
     assert info.value.key == key
+
+
+def test_the_draw_is_named_when_wrong_and_microbatch_keeps_the_old_one() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_source({"source": "synthetic", "draw": "token"}, None)
+    assert e.value.key == "data.draw"
+    tokens = np.arange(10_000, dtype=np.int64)
+    old = MicroBatchStream(tokens, 8, 4, seed=3, draw="microbatch").get(5)[0]
+    offsets = np.random.default_rng([3, 5]).integers(0, len(tokens) - 8, size=4)  # the draw before 2026-12-04
+    assert torch.equal(old[:, 0], torch.from_numpy(offsets))

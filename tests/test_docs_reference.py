@@ -382,10 +382,15 @@ def test_presets_table_is_the_presets() -> None:
 
 
 def test_data_keys_and_defaults_are_the_sources() -> None:
-    (row,) = _table(MODEL, "data")
+    row, draw = _table(MODEL, "data")
     assert _key(row) == "source" and _run_default("data") == {"source": _default(row["default"])}
     for kind in sources.SOURCE_KEYS:
         assert f"`{kind}`" in row["allowed"]
+    from paci_tune.data.stream import DRAWS, MicroBatchStream
+
+    assert _key(draw) == "draw" and all(f"`{d}`" in draw["allowed"] for d in DRAWS)
+    params = inspect.signature(MicroBatchStream).parameters
+    assert _default(draw["default"]) == params["draw"].default
     builders = {"stdlib": sources.stdlib_corpus, "synthetic": sources.synthetic_source}  # pure: kwargs as given
     for kind, build in builders.items():
         rows = _rows(MODEL, f"data with source: {kind}")

@@ -8,6 +8,7 @@ and best.yaml's sections read back as YAML.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -165,3 +166,35 @@ def test_a_budget_below_every_point_exits_2_before_any_trial(tmp_path: Path) -> 
     assert "Traceback" not in proc.stderr
     assert "error: hardware.memory: got" in proc.stderr and "smallest predicted peak" in proc.stderr
     assert not list((tmp_path / "work").glob("trials/*/trial-*")) and not (tmp_path / "best.yaml").exists()
+
+
+def test_apply_keeps_to_the_budget_its_best_yaml_carries(tmp_path: Path) -> None:
+    """best.yaml's run holds the search's ``hardware.memory``: apply refuses a recommendation predicted over
+    it (exit 2, the key named, nothing trained), ``--memory`` can lift or change it, and under it apply trains."""
+    cap = _between_one_and_two_stages()
+    _write(tmp_path, cap)
+    run_doc, _ = split_tune_sections(merge(DOC, {"hardware": {"memory": cap}}))
+    run_doc = merge(run_doc, {"training": {"steps": 1, "clock": "sim", "profile": str(tmp_path / "profile.yaml")},
+                              "pipeline": {"schedule": "1f1b", "stages": 1, "data_parallel": 1, "window": 4,
+                                           "microbatch_size": 2}})  # fmt: skip
+    run_doc["pipeline"].pop("partition", None)
+    cfg = derive_run(run_doc)
+    opt = {"name": "adamw", "lr": cfg.optimizer.lr, "betas": list(cfg.optimizer.betas), "eps": cfg.optimizer.eps,
+           "weight_decay": cfg.optimizer.weight_decay, "grad_clip": cfg.optimizer.grad_clip}  # fmt: skip
+    best = {"recommended": {"schedule": "1f1b", "stages": 1, "data_parallel": 1, "devices": 1, "window": 4,
+                            "microbatch_size": 2, "partition": [4], "global_batch": cfg.training.global_batch,
+                            "lr": cfg.optimizer.lr, "lr_scale": 1.0, "optimizer": opt},
+            "target": {"metric": "val_loss", "value": 2.5}, "budget": {"clock": "sim", "seconds": 0.2, "grid": 2},
+            "run": run_doc}  # fmt: skip
+    path = tmp_path / "best.yaml"
+    path.write_text(yaml.safe_dump(best, sort_keys=False))
+    metrics = tmp_path / "m.jsonl"
+    proc = _cli("apply", path, "--no-live", "--metrics", metrics)
+    check_error(proc, metrics, "hardware.memory", str(cap))
+    assert "stage 0 is predicted" in proc.stderr
+    for flag, held in (("none", None), (str(2 * cap), 2 * cap)):
+        shutil.rmtree(tmp_path / "best-checkpoints", ignore_errors=True)  # each apply is a fresh run
+        check_ok(_cli("apply", path, "--no-live", "--metrics", metrics, "--memory", flag))
+        records = [yaml.safe_load(line) for line in metrics.read_text().splitlines()]
+        summary = [r for r in records if r.get("event") == "summary"][-1]
+        assert summary.get("memory_budget_bytes") == held and summary["stages"][0]["stage"] == 0

@@ -140,6 +140,22 @@ def test_checkpoints_written_before_weights_only_loading_continue_the_run_that_w
         assert got[step] == pytest.approx(want["train_loss"][str(step)], rel=tol, abs=tol), (step, got)
 
 
+def test_a_checkpoint_of_the_old_draw_resumes_only_a_run_that_draws_as_it_did(tmp_path: Path) -> None:
+    """The fixtures predate the per-sequence draw (paci_tune.data.stream): resuming one with today's draw
+    would silently change the data mid-run, so it is refused naming ``data.draw``; starting a new run from
+    its weights (``init_from``) reads no data of it and is allowed."""
+    here = FIXTURES / "paci-fp32"
+    doc = yaml.safe_load((here / "run.yaml").read_text())
+    del doc["data"]["draw"]
+    root = tmp_path / "ckpt"
+    shutil.copytree(here / "ckpt", root)
+    doc["training"]["checkpoint_dir"] = str(root)
+    with pytest.raises(ConfigError, match=r"data\.draw: checkpoint has 'microbatch', this run has 'sequence'"):
+        run_in_process(doc, resume=True)
+    doc["training"].update(init_from=str(root), checkpoint_dir=str(tmp_path / "new"))
+    assert [r["step"] for r in run_in_process(doc) if r.get("event") == "train"] == [3, 4]
+
+
 # ------------------------------------------------------------------------------------------ credentials
 URLS = [
     "postgresql+psycopg://u:p%40ss%2Fw%3Ard@127.0.0.1:5432/db",

@@ -77,6 +77,10 @@ class LRScheduleConfig:
     min_ratio: float = 0.1
     reference_batch: int | None = None
     scaling: Literal["sqrt", "linear", "none"] = "sqrt"
+    # Decay over this many steps from the run's first, whatever the budget; null: over the budget. On a
+    # budget in seconds the schedule otherwise reads the run's own clock, so every layout decays at its
+    # own pace and trains its own curve; a common horizon in steps lets layouts share one (tune/curves.py).
+    horizon_steps: int | None = None
 
     def __post_init__(self) -> None:
         self.check("lr_schedule")
@@ -88,6 +92,8 @@ class LRScheduleConfig:
             raise ConfigError(f"{key}.min_ratio", self.min_ratio, "a number in [0, 1]")
         if self.reference_batch is not None:
             _positive(f"{key}.reference_batch", self.reference_batch)
+        if self.horizon_steps is not None:
+            _positive(f"{key}.horizon_steps", self.horizon_steps)
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,18 @@
 
 In a pipeline, stage 0 needs the inputs of micro-batch ``j`` and the last stage needs its
 targets, in different processes and at different times; a checkpoint resumed at ``j`` must see
-the same data again. So there is no iterator state: micro-batch ``j`` is drawn from a generator
-seeded by ``(seed, j)`` alone, and any process can recompute it. May import: numpy, torch,
-:mod:`paci_tune.errors`.
+the same data again. So there is no iterator state: micro-batch ``j`` is a pure function of
+``(seed, j)``, and any process can recompute it.
+
+The unit drawn is the *sequence*, not the micro-batch: training sequence ``i`` of a seed is the
+same window whatever micro-batch carries it, and micro-batch ``j`` of size ``b`` is sequences
+``j*b .. j*b+b-1``. So global batch ``g`` is sequences ``g*G .. g*G+G-1`` for every split of ``G``
+into D replicas x a micro-batches x b sequences, and a schedule whose numerics are plain gradient
+accumulation trains the same curve at every layout of a global batch (PACI at every D and b of
+one depth and window): what lets a search share one training curve among those layouts
+(:mod:`paci_tune.tune.curves`). Until 2026-12-04 each micro-batch drew its ``b`` windows from its
+own generator, so the curve also depended on ``b`` (``data.draw: microbatch`` keeps that draw, for the
+runs written then). May import: numpy, torch, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -33,20 +42,28 @@ def _check(tokens: np.ndarray, seq_len: int, micro_batch_size: int) -> None:
         raise ConfigError("model.block_size", seq_len, allowed)
 
 
+DRAWS = ("sequence", "microbatch")
+"""``data.draw``: what one generator seed draws. ``microbatch`` is the draw runs made until 2026-12-04
+(each micro-batch its own ``b`` windows, so the curve depended on ``b``): it resumes their checkpoints."""
+
+BLOCK = 64
+"""Training sequences drawn per generator (module docstring): any fixed number gives every split the same data."""
+
+
 class MicroBatchStream:
-    """Random training windows; ``get(j)`` depends only on ``(seed, j)``.
+    """Random training windows; ``get(j)`` depends only on ``(seed, j)`` (and sequence ``i`` on ``(seed, i)``).
 
     Data parallelism: replica ``r`` of ``replicas`` D reads micro-batch ``j * D + r`` of the
     single-replica stream, so the D replicas' micro-batches ``j`` of a step are D consecutive
     micro-batches of the D=1 stream with the same micro-batch size, and a D-replica run with window
     ``a`` trains on exactly the sequences of a D=1 run with window ``D * a`` (the same global batch).
-    Dealing out whole micro-batches, rather than slicing micro-batches D times larger, keeps every
-    D=1 run's data (and its checkpoints) as they were: D only decides who computes which.
+    Since sequences, not micro-batches, are drawn, that is also a D=1 run with micro-batches D times
+    larger: D, a and b only decide who computes which sequences of a global batch.
     """
 
     def __init__(
         self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, seed: int, *, replicas: int = 1,
-        replica: int = 0,
+        replica: int = 0, draw: str = "sequence",
     ) -> None:  # fmt: skip
         _check(tokens, seq_len, micro_batch_size)
         if seed < 0:
@@ -54,15 +71,31 @@ class MicroBatchStream:
         if not 0 <= replica < replicas:
             raise ValueError(f"replica {replica} out of range for {replicas} replicas")
         self.tokens, self.seq_len, self.micro_batch_size, self.seed = tokens, seq_len, micro_batch_size, seed
-        self.replicas, self.replica = replicas, replica
+        if draw not in DRAWS:
+            raise ConfigError("data.draw", draw, " or ".join(DRAWS))
+        self.replicas, self.replica, self.draw = replicas, replica, draw
 
     def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), each (micro_batch_size, seq_len) int64, with y[:, t] the token after x[:, t]."""
         if j < 0:
             raise IndexError(f"micro-batch index must be non-negative, got {j}")
-        rng = np.random.default_rng([self.seed, j * self.replicas + self.replica])
-        offsets = rng.integers(0, len(self.tokens) - self.seq_len, size=self.micro_batch_size)
-        return _windows(self.tokens, offsets, self.seq_len)
+        index = j * self.replicas + self.replica
+        if self.draw == "microbatch":  # each micro-batch its own b windows, as before 2026-12-04
+            rng = np.random.default_rng([self.seed, index])
+            offsets = rng.integers(0, len(self.tokens) - self.seq_len, size=self.micro_batch_size)
+            return _windows(self.tokens, offsets, self.seq_len)
+        return _windows(self.tokens, self.offsets(index * self.micro_batch_size, self.micro_batch_size), self.seq_len)
+
+    def offsets(self, first: int, count: int) -> np.ndarray:
+        """Where training sequences ``first .. first+count-1`` start: sequence ``i`` is the
+        ``i % BLOCK``-th draw of a generator seeded by ``(seed, i // BLOCK)`` (one generator per block of
+        sequences, not per sequence: a generator costs ~20 us, a step may carry hundreds of sequences)."""
+        high = len(self.tokens) - self.seq_len
+        lo, hi = first // BLOCK, (first + count - 1) // BLOCK
+        drawn = np.concatenate([np.random.default_rng([self.seed, blk]).integers(0, high, size=BLOCK)
+                                for blk in range(lo, hi + 1)])  # fmt: skip
+        start = first - lo * BLOCK
+        return drawn[start : start + count]
 
 
 class ValidationSet:

@@ -151,7 +151,7 @@ def build_setup(
     needs_grad = input_grads(model.trainable)  # per unit: whether a unit before it trains
     streams = [
         MicroBatchStream(source.train, model.block_size, p.microbatch_size, t.seed, replicas=p.data_parallel,
-                         replica=r)
+                         replica=r, draw=cfg.data.get("draw", "sequence"))
         for r in replicas
     ]  # fmt: skip
     val = ValidationSet(source.val, model.block_size, t.eval_sequences, t.eval_microbatch_size)

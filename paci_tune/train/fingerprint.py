@@ -6,7 +6,7 @@ the budget the schedule decays over -- are recorded in the checkpoint and compar
 changes only how a run executes (the runtime, the device, where checkpoints go) is left out, and so
 are the optimizer's keys the chosen optimizer does not read (:meth:`~paci_tune.config.optimizer.
 OptimizerConfig.settings`). A key a checkpoint predates (written by an older version) matches when
-this run leaves it at its default, which is what the older version ran. May import:
+this run leaves it at what the older version ran: its default, or :data:`PREDATED`'s value. May import:
 :mod:`paci_tune.config`.
 """
 
@@ -25,6 +25,11 @@ EXECUTION_ONLY = {
 
 _SECTIONS = {"training": TrainingConfig, "lr_schedule": LRScheduleConfig, "pipeline": PipelineConfig}
 
+PREDATED = {("data", "draw"): "microbatch"}
+"""Keys older versions did not write, with what those versions ran: the data stream drew micro-batches
+until 2026-12-04 (:data:`paci_tune.data.stream.DRAWS`), so an older checkpoint resumes only a run that
+draws them too (``data.draw: microbatch``)."""
+
 
 def fingerprint(cfg: RunConfig) -> dict[str, Any]:
     """The part of a config a checkpoint must match to resume with the same numerics."""
@@ -32,13 +37,17 @@ def fingerprint(cfg: RunConfig) -> dict[str, Any]:
     doc.pop("hardware", None)  # the device budget refuses runs; it changes no number of one that runs
     for section, keys in EXECUTION_ONLY.items():
         doc[section] = {k: v for k, v in doc[section].items() if k not in keys}
+    doc["data"] = {**doc["data"], "draw": cfg.data.get("draw", "sequence")}  # the draw in effect, always
     doc["optimizer"] = cfg.optimizer.settings()
     doc["budget"] = {"steps": cfg.training.steps, "seconds": cfg.training.seconds}
     return doc
 
 
 def _default(path: list[str]) -> Any:
-    """The schema's default of a section key (``dataclasses.MISSING`` when it has none)."""
+    """What a checkpoint that lacks a key ran: :data:`PREDATED`'s value, else the schema's default of a
+    section key (``dataclasses.MISSING`` when it has none)."""
+    if tuple(path) in PREDATED:
+        return PREDATED[(path[0], path[1])]
     if len(path) != 2 or path[0] not in _SECTIONS:
         return dataclasses.MISSING
     field = {f.name: f for f in dataclasses.fields(_SECTIONS[path[0]])}.get(path[1])
@@ -49,14 +58,14 @@ def mismatch(theirs: Any, mine: Any, path: str = "") -> str | None:
     """Where a checkpoint's fingerprint (``theirs``) and this run's (``mine``) differ, or None.
 
     Only this run's keys count: a key the checkpoint has that this version no longer compares (an
-    optimizer key its optimizer ignores) does not, and one it lacks matches this run's default.
+    optimizer key its optimizer ignores) does not, and one it lacks stands for what its version ran
+    (:func:`_default`).
     """
     if isinstance(theirs, dict) and isinstance(mine, dict):
         for k in sorted(mine):
             where = f"{path}.{k}" if path else str(k)
-            if k not in theirs and mine[k] == _default(where.split(".")):
-                continue
-            m = mismatch(theirs.get(k), mine[k], where)
+            ran = theirs[k] if k in theirs else _default(where.split("."))
+            m = mismatch(None if ran is dataclasses.MISSING else ran, mine[k], where)
             if m:
                 return m
         return None

@@ -36,6 +36,7 @@ class LoopState:
     """What the loop must carry across a resume besides the stages' own state."""
 
     batches_done: int = 0
+    origin: int = 0  # the step this run started from (a checkpoint's, with training.init_from)
     segments: int = 0
     makespan: float = 0.0
     train_wall: float = 0.0
@@ -95,8 +96,11 @@ class Trainer:
         )
 
     def progress(self, update_index: int) -> float:
-        """Progress through the budget when step ``update_index`` is applied (read on the run's clock)."""
-        t = self.cfg.training
+        """Progress through the budget when step ``update_index`` is applied: read on the run's clock, or
+        in steps over ``training.steps`` or ``lr_schedule.horizon_steps`` (counted from the run's first step)."""
+        t, horizon = self.cfg.training, self.cfg.lr_schedule.horizon_steps
+        if horizon is not None:
+            return step_progress(update_index - self.state.origin, horizon)
         if t.seconds is not None:
             return self.clock.batch_done(update_index - self._segment_first) / t.seconds
         assert t.steps is not None
@@ -308,8 +312,9 @@ class Trainer:
         folder = checkpoint.find(path)
         meta, states = checkpoint.reshard(folder, self.setup.partition, self.runtime.local_stages)
         mine, theirs = fingerprint(self.cfg), meta["fingerprint"]
-        for section in ("model", "data"):
-            diff = mismatch(theirs.get(section, {}), mine.get(section, {}), section)
+        for section in ("model", "data"):  # the tokens, not how this run draws from them
+            diff = mismatch(theirs.get(section, {}), {k: v for k, v in mine.get(section, {}).items() if k != "draw"},
+                            section)  # fmt: skip
             if diff:
                 raise ConfigError(checkpoint.INIT_FROM, str(folder), f"a checkpoint of the same {section} ({diff})")
         was = (theirs.get("optimizer") or {}).get("name", "adamw")
@@ -319,7 +324,7 @@ class Trainer:
                     entry["state"] = {}
             self._init_optimizer = f"fresh: the checkpoint's {was} state is not {self.cfg.optimizer.name}'s"
         self.runtime.load_state_dicts(states)
-        self.state.batches_done = self.state.last_checkpoint = meta["loop"]["batches_done"]
+        self.state.batches_done = self.state.last_checkpoint = self.state.origin = meta["loop"]["batches_done"]
 
     # --------------------------------------------------------------------------------- records
     def _emit_start(self) -> None:
