@@ -27,13 +27,15 @@ PROFILE = Path(__file__).resolve().parents[1] / "paci_tune" / "base" / "share" /
 def _doc(schedule: str, stages: int, d: int, b: int, **more: Any) -> dict[str, Any]:
     """Global batch 16 over D x a x b; an LR that warms up and decays, so the horizon matters."""
     doc = make_config(
+        data={"draw": "sequence"},  # every split of a global batch on the same sequences
         training={"global_batch": 16, "steps": 8, "eval_every": 2, "eval_sequences": 8},
         lr_schedule={"warmup_fraction": 0.1, "min_ratio": 0.1, "scaling": "none"},
         pipeline={"schedule": schedule, "stages": stages, "data_parallel": d, "microbatch_size": b,
                   "window": 16 // (d * b), "runtime": "emulated", "device": "cpu"},
     )  # fmt: skip
-    for section, values in more.items():  # model and data are replaced whole, the rest merged
-        doc[section] = values if section in ("model", "data") else {**doc.get(section, {}), **values}
+    for section, values in more.items():  # model and data are replaced whole (drawing sequences), the rest merged
+        doc[section] = ({"draw": "sequence", **values} if section == "data" else values if section == "model"
+                        else {**doc.get(section, {}), **values})  # fmt: skip
     return doc
 
 
@@ -86,6 +88,17 @@ def test_paci_depth_and_window_change_the_curve_and_the_key() -> None:
     wider = _doc("paci", 2, 2, 4, pipeline={"partition": [1, 3]})  # a = 2
     assert len({_key(base), _key(deeper), _key(wider)}) == 3
     assert not _same(_curve(base), _curve(deeper)) and not _same(_curve(base), _curve(wider))
+
+
+def test_under_the_default_draw_b_decides_the_data_and_stays_in_the_key() -> None:
+    """``data.draw: microbatch`` (the default): each micro-batch draws its own b windows, so flush at
+    b = 4 and b = 1 train different curves and keep different keys; at one b, P, D and a still share."""
+    by_batch = {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 50_000, "n_val": 5_000,
+                "draw": "microbatch"}  # fmt: skip
+    four, one = _doc("1f1b", 1, 1, 4, data=by_batch), _doc("1f1b", 1, 1, 1, data=by_batch)
+    assert _key(four) != _key(one) and not _same(_curve(four), _curve(one))
+    other = _doc("1f1b", 2, 2, 4, data=by_batch)  # D = 2, a = 2, b = 4
+    assert _key(other) == _key(four) and _same(_curve(other), _curve(four))
 
 
 def test_paci_with_a_cut_left_to_the_planner_keeps_b_and_d() -> None:

@@ -46,11 +46,11 @@ def test_stream_is_a_pure_function_of_seed_and_index() -> None:
 
 @pytest.mark.parametrize("global_batch", [8, 96, 130])  # 130 crosses generator blocks at odd places
 def test_a_global_batch_is_the_same_sequences_at_every_split(global_batch: int) -> None:
-    """Sequences, not micro-batches, are drawn: global batch g is the same sequences, in the same order
+    """``draw="sequence"``: global batch g is the same sequences, in the same order
     within each replica's share, for every D x a x b = G (what a shared training curve rests on,
     paci_tune.tune.curves). Oracle: the b = 1, D = 1 stream, sequence by sequence."""
     tokens = np.arange(100_000, dtype=np.int64)
-    one = MicroBatchStream(tokens, seq_len=8, micro_batch_size=1, seed=7)
+    one = MicroBatchStream(tokens, seq_len=8, micro_batch_size=1, seed=7, draw="sequence")
     for g in range(3):
         want = torch.cat([one.get(g * global_batch + i)[0] for i in range(global_batch)])
         for d in (1, 2):
@@ -58,7 +58,8 @@ def test_a_global_batch_is_the_same_sequences_at_every_split(global_batch: int) 
                 if global_batch % (d * b):
                     continue
                 a = global_batch // (d * b)
-                streams = [MicroBatchStream(tokens, 8, b, seed=7, replicas=d, replica=r) for r in range(d)]
+                streams = [MicroBatchStream(tokens, 8, b, seed=7, replicas=d, replica=r, draw="sequence")
+                           for r in range(d)]  # fmt: skip
                 got = torch.cat([streams[r].get(g * a + j)[0] for j in range(a) for r in range(d)])
                 assert torch.equal(got, want), (g, d, a, b)
 
@@ -242,11 +243,11 @@ def test_load_source_errors_name_the_key(spec: dict[str, object], hint: int | No
     assert info.value.key == key
 
 
-def test_the_draw_is_named_when_wrong_and_microbatch_keeps_the_old_one() -> None:
+def test_the_draw_is_named_when_wrong_and_the_default_is_the_old_one() -> None:
     with pytest.raises(ConfigError) as e:
         load_source({"source": "synthetic", "draw": "token"}, None)
     assert e.value.key == "data.draw"
     tokens = np.arange(10_000, dtype=np.int64)
-    old = MicroBatchStream(tokens, 8, 4, seed=3, draw="microbatch").get(5)[0]
+    old = MicroBatchStream(tokens, 8, 4, seed=3).get(5)[0]  # the default
     offsets = np.random.default_rng([3, 5]).integers(0, len(tokens) - 8, size=4)  # the draw before 2026-12-04
     assert torch.equal(old[:, 0], torch.from_numpy(offsets))

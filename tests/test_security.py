@@ -141,12 +141,12 @@ def test_checkpoints_written_before_weights_only_loading_continue_the_run_that_w
 
 
 def test_a_checkpoint_of_the_old_draw_resumes_only_a_run_that_draws_as_it_did(tmp_path: Path) -> None:
-    """The fixtures predate the per-sequence draw (paci_tune.data.stream): resuming one with today's draw
-    would silently change the data mid-run, so it is refused naming ``data.draw``; starting a new run from
-    its weights (``init_from``) reads no data of it and is allowed."""
+    """The fixtures predate ``data.draw`` (they drew micro-batches, the default): resuming one with
+    ``draw: sequence`` would silently change the data mid-run, so it is refused naming ``data.draw``;
+    starting a new run from its weights (``init_from``) reads no data of it and is allowed."""
     here = FIXTURES / "paci-fp32"
     doc = yaml.safe_load((here / "run.yaml").read_text())
-    del doc["data"]["draw"]
+    doc["data"]["draw"] = "sequence"
     root = tmp_path / "ckpt"
     shutil.copytree(here / "ckpt", root)
     doc["training"]["checkpoint_dir"] = str(root)

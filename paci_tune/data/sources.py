@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from paci_tune.base.processes import physical_memory_bytes
-from paci_tune.data.stream import DRAWS
+from paci_tune.data.stream import DEFAULT_DRAW, DRAWS
 from paci_tune.data.tokenizer import ByteTokenizer
 from paci_tune.errors import ConfigError
 
@@ -346,7 +346,7 @@ def load_source(spec: Mapping[str, Any], vocab_size_hint: int | None) -> TokenSo
         if key not in ("source", "draw") and key not in SOURCE_KEYS[kind]:
             allowed = ", ".join(("source", *SOURCE_KEYS[kind], "draw"))
             raise ConfigError(f"data.{key}", value, f"one of: {allowed} (for source {kind})")
-    if spec.get("draw", "sequence") not in DRAWS:
+    if spec.get("draw", DEFAULT_DRAW) not in DRAWS:
         raise ConfigError("data.draw", spec.get("draw"), " or ".join(DRAWS))
     kwargs = {k: v for k, v in spec.items() if k not in ("source", "draw")}
     if kind == "text" and "path" not in kwargs:

@@ -22,6 +22,7 @@ import torch
 from ..config.layout import Layout
 from ..config.schema import RunConfig
 from ..data import MicroBatchStream, TokenSource, ValidationSet
+from ..data.stream import DEFAULT_DRAW
 from ..errors import ConfigError
 from ..model import LoadedModel, input_grads, load_model
 from ..schedule import stage_units
@@ -151,7 +152,7 @@ def build_setup(
     needs_grad = input_grads(model.trainable)  # per unit: whether a unit before it trains
     streams = [
         MicroBatchStream(source.train, model.block_size, p.microbatch_size, t.seed, replicas=p.data_parallel,
-                         replica=r, draw=cfg.data.get("draw", "sequence"))
+                         replica=r, draw=cfg.data.get("draw", DEFAULT_DRAW))
         for r in replicas
     ]  # fmt: skip
     val = ValidationSet(source.val, model.block_size, t.eval_sequences, t.eval_microbatch_size)

@@ -7,7 +7,7 @@ changes only how a run executes (the runtime, the device, where checkpoints go) 
 are the optimizer's keys the chosen optimizer does not read (:meth:`~paci_tune.config.optimizer.
 OptimizerConfig.settings`). A key a checkpoint predates (written by an older version) matches when
 this run leaves it at what the older version ran: its default, or :data:`PREDATED`'s value. May import:
-:mod:`paci_tune.config`.
+:mod:`paci_tune.config`, :mod:`paci_tune.data` (the default draw).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any
 
 from ..config.schema import LRScheduleConfig, PipelineConfig, RunConfig, TrainingConfig
+from ..data.stream import DEFAULT_DRAW
 
 EXECUTION_ONLY = {
     "pipeline": {"runtime", "device", "backend", "torch_schedule"},
@@ -28,7 +29,7 @@ _SECTIONS = {"training": TrainingConfig, "lr_schedule": LRScheduleConfig, "pipel
 PREDATED = {("data", "draw"): "microbatch"}
 """Keys older versions did not write, with what those versions ran: the data stream drew micro-batches
 until 2026-12-04 (:data:`paci_tune.data.stream.DRAWS`), so an older checkpoint resumes only a run that
-draws them too (``data.draw: microbatch``)."""
+draws them too (``data.draw: microbatch``, the default)."""
 
 
 def fingerprint(cfg: RunConfig) -> dict[str, Any]:
@@ -37,7 +38,7 @@ def fingerprint(cfg: RunConfig) -> dict[str, Any]:
     doc.pop("hardware", None)  # the device budget refuses runs; it changes no number of one that runs
     for section, keys in EXECUTION_ONLY.items():
         doc[section] = {k: v for k, v in doc[section].items() if k not in keys}
-    doc["data"] = {**doc["data"], "draw": cfg.data.get("draw", "sequence")}  # the draw in effect, always
+    doc["data"] = {**doc["data"], "draw": cfg.data.get("draw", DEFAULT_DRAW)}  # the draw in effect, always
     doc["optimizer"] = cfg.optimizer.settings()
     doc["budget"] = {"steps": cfg.training.steps, "seconds": cfg.training.seconds}
     return doc

@@ -4,12 +4,13 @@ On the ``sim`` and ``rst`` clocks a trial's time to target is its layout's clock
 loss curve, and many layouts train the very same curve (measured 2026-12-04, ``tests/test_curves.py``):
 
 - **synchronous schedules** (1f1b, gpipe, zb-h1, interleaved) compute plain gradient accumulation
-  over the global batch, and the data stream draws sequences, not micro-batches
-  (:mod:`paci_tune.data.stream`): their curve is the same at every P, D, a, b, cut and chunk count;
+  over the global batch: their curve is the same at every P, D, a, cut and chunk count, and at every
+  b too when the stream draws sequences (``data.draw: sequence``, :mod:`paci_tune.data.stream`); with
+  the default draw each micro-batch draws its own b windows, and b stays in the key;
 - **PACI** on one stage is flush (nothing is in flight, so no control acts): the same curve, to the bit;
 - **PACI**'s on two or more depends on P and a (its staleness), its cut (which units are how stale), ``inflight``,
-  ``backward_weights`` and the staleness controls, and not on D or b at a fixed P, a and cut (a cut
-  left ``auto`` is chosen from b and D, so such a key keeps them).
+  ``backward_weights`` and the staleness controls, and, when the stream draws sequences, not on D or b
+  at a fixed P, a and cut (a cut left ``auto`` is chosen from b and D, so such a key keeps them).
 
 Everything else that changes a number changes the key: model, data, seed, global batch, optimizer
 settings, LR schedule, the device type and precision runs resolve to (CPU and CUDA differ in the last
@@ -73,9 +74,11 @@ def numerics_doc(cfg: RunConfig) -> dict[str, Any] | None:
     device = resolve_device(p.device)
     pipeline = {**doc["pipeline"], "device": device.type, "precision": resolve_precision(p.precision, device)}
     if not reads_clock:  # else the clock reads the layout, and every key of it stays
+        by_sequence = doc["data"]["draw"] == "sequence"  # else each micro-batch's b windows: b decides the data
         if p.schedule in LAYOUT_FREE or p.stages == 1:  # PACI on one stage has nothing in flight: flush
-            pipeline = {k: v for k, v in pipeline.items() if k not in LAYOUT} | {"numerics": "synchronous"}
-        elif p.schedule == "paci" and isinstance(p.partition, list):  # "auto": b and D decide the cut
+            kept = {} if by_sequence else {"microbatch_size": p.microbatch_size}
+            pipeline = {k: v for k, v in pipeline.items() if k not in LAYOUT} | kept | {"numerics": "synchronous"}
+        elif p.schedule == "paci" and isinstance(p.partition, list) and by_sequence:  # "auto": b, D decide the cut
             pipeline = {k: v for k, v in pipeline.items() if k not in PACI_FREE}
     doc["pipeline"] = pipeline
     if t.init_from:
