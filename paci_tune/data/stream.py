@@ -57,14 +57,14 @@ BLOCK = 64
 
 
 class MicroBatchStream:
-    """Random training windows; ``get(j)`` depends only on ``(seed, j)`` (and sequence ``i`` on ``(seed, i)``).
+    """Random training windows; ``get(j)`` depends only on ``(seed, j)`` (and ``draw``: module docstring).
 
     Data parallelism: replica ``r`` of ``replicas`` D reads micro-batch ``j * D + r`` of the
     single-replica stream, so the D replicas' micro-batches ``j`` of a step are D consecutive
     micro-batches of the D=1 stream with the same micro-batch size, and a D-replica run with window
     ``a`` trains on exactly the sequences of a D=1 run with window ``D * a`` (the same global batch).
-    Since sequences, not micro-batches, are drawn, that is also a D=1 run with micro-batches D times
-    larger: D, a and b only decide who computes which sequences of a global batch.
+    With ``draw="sequence"`` that is also a D=1 run with micro-batches D times larger: D, a and b then
+    only decide who computes which sequences of a global batch.
     """
 
     def __init__(
