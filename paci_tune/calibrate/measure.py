@@ -254,10 +254,7 @@ def calibrate(
             nbytes[size].append((probe.activation_bytes, probe.saved_bytes))
             if sig not in seen:
                 kw = {"last": last, "device": dev, "dtype": dtype, "input_grad": needs_grad[i]}
-                try:  # what B leaves held until W, through torch's private split API
-                    split = max(probe.saved_bytes + measure_split_bytes(unit, x, **kw), 0)
-                except (ImportError, AttributeError, TypeError):  # another torch's split API: all of it, held
-                    split = probe.saved_bytes
+                split = max(probe.saved_bytes + measure_split_bytes(unit, x, **kw), 0)  # what B leaves held
                 seen[sig] = (*measure_transients(unit, x, **kw), split)
             transients[size].append(seen[sig])
             x = probe.output

@@ -164,9 +164,12 @@ def measure_split_bytes(
     until the weight half ``W`` (negative: frees), as torch's zero-bubble schedules split it
     (``torch.distributed.pipelining``'s ``stage_backward_input`` keeps the graph and stashes the weight
     layers' output gradients for ``W``, and frees the rest): a profile's ``split_bytes`` is the unit's
-    ``saved_bytes`` plus this (:func:`paci_tune.calibrate.measure.calibrate`)."""
-    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-
+    ``saved_bytes`` plus this (:func:`paci_tune.calibrate.measure.calibrate`). Under a torch whose private
+    split API differs (missing, or another signature) B is taken to hold all of it: 0."""
+    try:
+        from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    except ImportError:
+        return 0
     x = _like(x, unit)
     with torch.no_grad():
         out = unit(x)
@@ -182,6 +185,8 @@ def measure_split_bytes(
         g = None if grad is None else [grad.clone()]
         try:
             grads_in, groups = stage_backward_input([y], g, inputs, unit.parameters())
+        except (AttributeError, TypeError):  # another torch's signature
+            return 0
         except ValueError:  # torch before 2.13 refuses a B with nothing to differentiate: the first
             if inputs:  # unit's token ids. B computes nothing there; the whole backward is W.
                 raise

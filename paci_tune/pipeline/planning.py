@@ -272,7 +272,14 @@ def budget_fit(cfg: RunConfig, profile: Profile) -> tuple[list[int], list[int]]:
             sizes = model.fastest(cap).sizes
         except ConfigError:
             sizes = model.leanest().sizes
-    return sizes, [st.allocated + reserve for st in predicted_stage_memory(cfg, profile, sizes)]
+    return sizes, budget_peaks(cfg, profile, sizes)
+
+
+def budget_peaks(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[int]:
+    """Per stage on cut ``sizes``, the figure a device budget is held to: the validated model's allocated
+    peak (:func:`predicted_stage_memory`) plus :func:`budget_reserve`."""
+    reserve = budget_reserve(profile)
+    return [int(st.allocated + reserve) for st in predicted_stage_memory(cfg, profile, sizes)]
 
 
 def unit_refusal(profile: Profile, cap: int) -> str | None:

@@ -259,15 +259,14 @@ class Search:
         """
         if not self.profile or not isinstance(partition, list):
             return None
-        from ..pipeline.planning import budget_reserve, predicted_stage_memory
+        from ..pipeline.planning import budget_peaks
         from ..sim.profile import Profile
 
         try:
             if self._profile is None:
                 self._profile = Profile.load(self.profile)  # read once per search, not per trial
             cfg = derive_run(self.trial_doc(params))
-            reserve = budget_reserve(self._profile)
-            return [int(st.allocated + reserve) for st in predicted_stage_memory(cfg, self._profile, partition)]
+            return budget_peaks(cfg, self._profile, partition)
         except Exception:
             return None
 
