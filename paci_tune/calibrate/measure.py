@@ -386,7 +386,9 @@ def with_optimizers(profile: Profile, cfg: RunConfig, optimizers: Sequence[Optim
                                             device=dev, repeats=repeats, warmup=warmup)  # fmt: skip
     if note is None:
         return profile
-    where = f"rescaled on {platform.node()} ({platform.processor() or platform.machine()}) on " \
-            f"{_dt.date.today().isoformat()} from this profile's {profile.optimizer} step: {note}"
+    where = (
+        f"rescaled on {platform.node()} ({platform.processor() or platform.machine()}) on "
+        f"{_dt.date.today().isoformat()} from this profile's {profile.optimizer} step: {note}"
+    )
     units_out = [replace(u, optimizer_steps={**u.optimizer_steps, **steps[i]}) for i, u in enumerate(profile.units)]
     return replace(profile, units=units_out, optimizer_note=where)

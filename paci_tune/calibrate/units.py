@@ -331,4 +331,3 @@ def measure_units(
     for unit in units:
         unit.zero_grad(set_to_none=True)
     return out
-

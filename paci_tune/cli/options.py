@@ -40,8 +40,11 @@ _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "--memory",
         "hardware.memory",
-        {"type": str, "help": "Each device's memory (24GiB, 80GB or bytes): a run predicted above it is refused; "
-         "none: no budget, whatever the file says."},
+        {
+            "type": str,
+            "help": "Each device's memory (24GiB, 80GB or bytes): a run predicted above it is refused; "
+            "none: no budget, whatever the file says.",
+        },
     ),
     ("--runtime", "pipeline.runtime", {"type": click.Choice(["emulated", "distributed"]), "help": "Runtime."}),
     ("--device", "pipeline.device", {"type": click.Choice(["auto", "cpu", "cuda"]), "help": "Device."}),

@@ -24,7 +24,7 @@ UNITS: dict[str, int] = {
     "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
 }  # fmt: skip
 """Size units, case-sensitive as written by nvidia-smi and torch (``k``/``M``/``G`` alone are ambiguous)."""
-ALLOWED = ("a positive number of bytes, or a number with a unit (" + ", ".join(UNITS) + "), e.g. 24GiB")
+ALLOWED = "a positive number of bytes, or a number with a unit (" + ", ".join(UNITS) + "), e.g. 24GiB"
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 MAX_BYTES = 2**60
 """An exbibyte: more memory than any device; a larger size is a typo."""

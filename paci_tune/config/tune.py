@@ -223,6 +223,7 @@ class SearchConfig:
     heartbeat_grace: float = 60.0  # seconds without a heartbeat after which another host's trial is dead
     paci_max_drift: int | None = PACI_MAX_DRIFT  # PACI points with a larger drift bound are skipped; None: none
     study_name: str | None = None
+    share_curves: bool = True  # on the sim and rst clocks: one training per curve (paci_tune.tune.sharing)
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
     transfer_check: TransferConfig = field(default_factory=TransferConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)

@@ -170,9 +170,20 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
                             masters=prediction_steps(p, s) > 0)  # fmt: skip
         forward = p.schedule == "paci" and p.backward_weights == "forward"
         copy_bytes = sum(profile.units[i].trained_bytes for i in units) * WEIGHT_BYTES[profile.dtype] // 4
-        peak = action_peak(profile, pieces, s, p.stages, p.microbatch_size, acts, copy_bytes=copy_bytes,
-                           grad_bytes=base.grads, forward_copies=forward, eval_size=eval_chunk(cfg),
-                           eval_after_step=eval_mid_run and torch_run, keeps_logits=torch_run)
+        peak = action_peak(
+            profile,
+            pieces,
+            s,
+            p.stages,
+            p.microbatch_size,
+            acts,
+            copy_bytes=copy_bytes,
+            grad_bytes=base.grads,
+            forward_copies=forward,
+            eval_size=eval_chunk(cfg),
+            eval_after_step=eval_mid_run and torch_run,
+            keeps_logits=torch_run,
+        )
         out.append(dataclasses.replace(base, activations=peak.activations, weight_copies=peak.copies * copy_bytes,
                                        transient=peak.transient, grads=base.grads if peak.grads else 0,
                                        buffers=0 if torch_run else posted_buffers(profile, pieces, s, p)))  # fmt: skip

@@ -142,7 +142,6 @@ class PartitionModel:
             )
         return self.describe(sizes)
 
-
     def leanest(self) -> Partition:
         """The cut whose most loaded stage needs the least memory: what a device budget must hold at least."""
         sizes = min_max_partition(self.profile.n_units, self.stages, lambda s, j, i: float(self.memory(s, j, i)))

@@ -35,8 +35,10 @@ INIT_FROM = "training.init_from"
 RESUME = "--resume"
 """What errors about the checkpoint a run resumes from name."""
 
-_FOREIGN = ("a stage file paci-tune wrote: this one holds objects a paci-tune checkpoint never contains{what}, "
-            "so it was not loaded (unpickling them could run code)")
+_FOREIGN = (
+    "a stage file paci-tune wrote: this one holds objects a paci-tune checkpoint never contains{what}, "
+    "so it was not loaded (unpickling them could run code)"
+)
 
 
 def _refuse(path: Path, key: str, what: str = "") -> ConfigError:

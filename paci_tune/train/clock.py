@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..config.layout import Layout
+from ..config.schema import RunConfig
 from ..schedule import Op
 from ..sim.profile import Profile
 from ..sim.simulator import simulate
@@ -258,3 +259,11 @@ class ProfileClock:
             else:
                 hi = mid - 1
         return lo
+
+
+def run_clock(cfg: RunConfig, profile: Profile, layout: Layout, offset: float = 0.0) -> ProfileClock:
+    """The profile clock of run ``cfg`` on ``layout`` (its cut pinned): what its trainer reads, and what a
+    search reads to time a layout against a curve another layout trained (:mod:`paci_tune.tune.sharing`)."""
+    t, p = cfg.training, cfg.pipeline
+    return ProfileClock(t.clock, profile, layout, sync_steps=p.schedule != "paci" and bool(cfg.optimizer.grad_clip),
+                        backward_weights=p.backward_weights, offset=offset)  # fmt: skip

@@ -23,7 +23,7 @@ from ..pipeline.evaluation import EvalPlan, EvalResult
 from ..pipeline.factory import ResolvedRun, Setup, build_setup
 from ..pipeline.runtime import Runtime, StageTiming
 from . import checkpoint
-from .clock import Clock, ProfileClock, WallClock
+from .clock import Clock, WallClock, run_clock
 from .fingerprint import fingerprint, mismatch
 from .lr import lr_factor, peak_lr, step_progress
 from .memory_check import against_budget
@@ -82,18 +82,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ schedule over the budget
     def make_clock(self, offset: float) -> Clock:
-        t, p = self.cfg.training, self.cfg.pipeline
-        if t.clock == "wall":
+        if self.cfg.training.clock == "wall":
             return WallClock(offset)
         assert self.setup.profile is not None  # a profile clock's config names one (checked in __init__)
-        return ProfileClock(
-            t.clock,
-            self.setup.profile,
-            self.layout,
-            sync_steps=p.schedule != "paci" and bool(self.cfg.optimizer.grad_clip),
-            backward_weights=p.backward_weights,
-            offset=offset,
-        )
+        return run_clock(self.cfg, self.setup.profile, self.layout, offset)
 
     def progress(self, update_index: int) -> float:
         """Progress through the budget when step ``update_index`` is applied: read on the run's clock, or

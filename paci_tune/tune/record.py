@@ -23,6 +23,8 @@ TRANSFER = "transfer"  # on a transfer-check trial: {"of": the search trial, "fa
 RETRY_OF, ATTEMPT = "retry_of", "attempt"  # a failed trial queued again: its number; how many times so far
 REPEAT_OF = "repeat_of"  # answered from an earlier trial of the same point (its number)
 RERUN_OF = "rerun_of"  # a pruned point trained again because it now survives the pruner
+NUMERICS = "numerics"  # on a trained trial others may share: {"key", "every", "curve": [[step, val_loss], ...]}
+SHARED_FROM = "shared_from"  # answered from other trials' curve of its numerics (:mod:`.sharing`): {"study", "trial"}
 WORKER, HEARTBEAT = "worker", "heartbeat"  # {"host", "pid"} of the worker running it; its last sign of life
 LABEL, DATA_PARALLEL, DEVICES, BACKWARD_WEIGHTS = "label", "data_parallel", "devices", "backward_weights"
 OPTIMIZER, STALENESS = "optimizer", "staleness"  # a recipe the space fixes (one choice: no parameter)
@@ -169,6 +171,16 @@ def mark_rerun(trial: optuna.Trial, of: int) -> None:
     trial.set_user_attr(RERUN_OF, of)
 
 
+def write_numerics(trial: optuna.Trial, key: str, every: int, curve: list[tuple[int, float]]) -> None:
+    """The validations a trained trial scored, by step, under its numerics key: a curve later trials share."""
+    trial.set_user_attr(NUMERICS, {"key": key, "every": every, "curve": [[s, v] for s, v in curve]})
+
+
+def mark_shared(trial: optuna.Trial, study_name: str, number: int) -> None:
+    """Answered from the curve of another trial with the same numerics (the first that trained it)."""
+    trial.set_user_attr(SHARED_FROM, {"study": study_name, "trial": number})
+
+
 def copy_result(earlier: FrozenTrial, trial: optuna.Trial) -> None:
     """A repeat of a finished point: everything the earlier trial measured, and which trial it was."""
     trial.set_user_attr(REPEAT_OF, earlier.number)
@@ -219,6 +231,8 @@ class TrialRecord:
     pruned_clock: float | None
     fail_reason: str | None
     infeasible: bool
+    numerics: dict[str, Any] | None
+    shared_from: dict[str, Any] | None
     attrs: dict[str, Any] = field(repr=False)  # the raw attributes (the report's per-trial figures)
 
     @classmethod
@@ -235,7 +249,8 @@ class TrialRecord:
             optimizer=a.get(OPTIMIZER), staleness=a.get(STALENESS),
             time_to_target=a.get(TIME_TO_TARGET), best_val_loss=a.get(BEST_VAL_LOSS), wall_seconds=a.get(WALL_SECONDS),
             curve=a.get(CURVE), pruned_step=a.get(PRUNED_STEP), pruned_clock=a.get(PRUNED_CLOCK),
-            fail_reason=a.get(FAIL_REASON), infeasible=bool(a.get(INFEASIBLE)), attrs=a,
+            fail_reason=a.get(FAIL_REASON), infeasible=bool(a.get(INFEASIBLE)), numerics=a.get(NUMERICS),
+            shared_from=a.get(SHARED_FROM), attrs=a,
         )  # fmt: skip
 
     @property

@@ -47,6 +47,7 @@ class TrialJob:
     target: float
     threads: int | None = None  # CPU threads for the trial (None: torch's default, or the user's OMP_NUM_THREADS)
     timeout_factor: float = 1.0  # the runner's timeout is scaled by this (a transfer check's long run: its factor)
+    scored_every: int | None = None  # a shared curve's step grid (:mod:`.sharing`): only validations on it score
 
 
 @dataclass
@@ -58,6 +59,7 @@ class TrialResult:
     summary: dict[str, Any] | None = None
     wall_seconds: float = 0.0
     evals: list[tuple[float, float]] = field(default_factory=list)
+    by_step: list[tuple[int, float]] = field(default_factory=list)  # the scored validations: (step, val_loss)
 
 
 class TrialRunner(Protocol):
@@ -71,6 +73,7 @@ class _Watch:
         self.job, self.on_eval, self.on_record = job, on_eval, on_record
         self.progress = Progress(job.target, job.budget)
         self.evals: list[tuple[float, float]] = []
+        self.by_step: list[tuple[int, float]] = []
         self.first_loss: float | None = None
         self.summary: dict[str, Any] | None = None
         self.stop: tuple[Literal["pruned", "failed"], str, int | None] | None = None
@@ -93,11 +96,15 @@ class _Watch:
                     None,
                 )
         elif kind == "eval":
+            every = self.job.scored_every
+            if every is not None and int(rec["step"]) % every:
+                return  # off the shared step grid (the run's closing validation): recorded, not scored
             clock, val = float(rec["clock"]), float(rec["val_loss"])
             if not math.isfinite(val):
                 self.stop = ("failed", f"diverged: validation loss {val} at clock {clock:.3g}s", None)
                 return
             self.evals.append((clock, val))
+            self.by_step.append((int(rec["step"]), val))
             self.progress.add_eval(clock, val)
             step = grid_step(clock, self.job.budget, self.job.grid)
             if self.on_eval(step, self.progress) and self.progress.reached_at is None:
@@ -148,12 +155,19 @@ class SubprocessRunner:
         wall = time.monotonic() - t0
         if watch.stop is not None:
             status, reason, step = watch.stop
-            return TrialResult(status, watch.progress, reason, step, watch.summary, wall, watch.evals)
+            return TrialResult(status, watch.progress, reason, step, watch.summary, wall, watch.evals, watch.by_step)
         if returncode != 0:
             return TrialResult(
-                "failed", watch.progress, crash_reason(returncode or 0, log), None, watch.summary, wall, watch.evals
+                "failed",
+                watch.progress,
+                crash_reason(returncode or 0, log),
+                None,
+                watch.summary,
+                wall,
+                watch.evals,
+                watch.by_step,
             )
-        return TrialResult("complete", watch.progress, None, None, watch.summary, wall, watch.evals)
+        return TrialResult("complete", watch.progress, None, None, watch.summary, wall, watch.evals, watch.by_step)
 
 
 def crash_reason(returncode: int, log: Path) -> str:

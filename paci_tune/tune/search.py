@@ -28,13 +28,15 @@ from ..base.processes import threads_per_process
 from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
 from . import extra, record
+from .curves import numerics_key
 from .extra import confirm_seeds
-from .objective import Progress
+from .objective import Progress, grid_step
 from .point import TrialParams
 from .record import Outcome, PointAttrs, TrialRecord
 from .rounds import current_round
-from .runner import TrialJob, TrialResult, TrialRunner
+from .runner import OnEval, TrialJob, TrialResult, TrialRunner
 from .setup import trial_runtime
+from .sharing import Horizons, StepGrid, applies, replay_points, stored_curve
 from .space import SearchSpace
 from .study import HOST, Heartbeat, claim, counted, reap_dead, running_elsewhere
 from .warm import WarmStart, trial_overrides
@@ -73,6 +75,7 @@ class Search:
     ran: list[int] = field(default_factory=list)
     warm: WarmStart | None = None  # every trial starts from this checkpoint (:mod:`.warm`)
     _profile: Any = field(default=None, repr=False)
+    _horizons: Horizons | None = field(default=None, repr=False)
 
     @property
     def quota(self) -> int:
@@ -139,7 +142,8 @@ class Search:
             self._refuse(study, trial, params, why)
             return
         with Heartbeat(study, trial._trial_id):
-            if rec.is_extra or not self._reuse(study, trial, params):  # an extra run is trained, always
+            answered = not rec.is_extra and self._reuse(study, trial, params)  # an extra run is never a repeat
+            if not (answered or (factor == 1.0 and self._share(study, trial, params, seed))):
                 self._run_fresh(study, trial, params, seed, factor)
         self.ran.append(trial.number)
 
@@ -170,13 +174,44 @@ class Search:
             threads=self._threads(),
             timeout_factor=factor,  # search.trial_timeout is a short trial's: a long run gets factor x as long
         )
-        # Steps already reported (a pruned point's curve replayed by _reuse) are not reported twice.
-        reported = set(study._storage.get_trial(trial._trial_id).intermediate_values)
+        grid_of = self.step_grid(params) if factor == 1.0 else None
+        # A search trial of a class with other layouts trains the class's whole curve (to its horizon or the
+        # target, never pruned on the way), then is answered from it like any other (:mod:`.sharing`).
+        cover = grid_of is not None and grid_of.members > 1 and seed is None
+        if grid_of is not None:
+            job.scored_every = grid_of.every
+        if cover:
+            first = self.warm.step if self.warm else 0
+            job.run_doc = derive_doc(job.run_doc, {"training.seconds": None,
+                                                   "training.steps": first + grid_of.horizon})  # type: ignore[union-attr]  # fmt: skip
+        on_eval = self._reporter(study, trial, params, seed, factor, report=not cover)
         schedule = params.schedule
 
+        def on_record(rec: dict[str, Any]) -> None:
+            self.on_event(SearchEvent("record", schedule, trial.number, params, record=rec))
+
+        result = self.runner.run(job, on_eval, on_record)
+        self._keep_metrics(trial, job.workdir / "metrics.jsonl")
+        key = numerics_key(derive_run(self.trial_doc(params, seed))) if grid_of is not None else None
+        if key is not None and result.status != "failed" and result.by_step:
+            record.write_numerics(trial, key, grid_of.every, result.by_step)  # type: ignore[union-attr]
+        if cover and result.status != "failed":
+            if self._share(study, trial, params, seed, trained=result):
+                return
+            result = TrialResult("failed", result.progress, "crash: its curve stops short of its own budget",
+                                 None, result.summary, result.wall_seconds)  # fmt: skip
+        self._tell(study, trial, params, result)
+
+    def _reporter(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None,
+                  factor: float, *, report: bool = True) -> OnEval:  # fmt: skip
+        """Report each validation on the clock grid; True when the pruner stops the trial there (``report``
+        False: show progress only, as a run training a shared curve does)."""
+        # Steps already reported (a curve replayed by _reuse or _share) are not reported twice.
+        reported = set(study._storage.get_trial(trial._trial_id).intermediate_values)
+
         def on_eval(step: int, progress: Progress) -> bool:
-            self.on_event(SearchEvent("eval", schedule, trial.number, params, step, progress))
-            if factor != 1.0:
+            self.on_event(SearchEvent("eval", params.schedule, trial.number, params, step, progress))
+            if factor != 1.0 or not report:
                 return False  # a transfer check's long run: not reported, never pruned (.extra)
             if step in reported:
                 return False
@@ -185,12 +220,7 @@ class Search:
             # A confirmation is never pruned: its whole run is the evidence.
             return seed is None and progress.reached_at is None and trial.should_prune()
 
-        def on_record(rec: dict[str, Any]) -> None:
-            self.on_event(SearchEvent("record", schedule, trial.number, params, record=rec))
-
-        result = self.runner.run(job, on_eval, on_record)
-        self._keep_metrics(trial, job.workdir / "metrics.jsonl")
-        self._tell(study, trial, params, result)
+        return on_eval
 
     def _keep_metrics(self, trial: optuna.Trial, metrics: Path) -> None:
         """The trial's metrics file as an Optuna artifact (``WORKDIR/artifacts``), before the trial is
@@ -260,15 +290,77 @@ class Search:
         if not self.profile or not isinstance(partition, list):
             return None
         from ..pipeline.planning import budget_peaks
-        from ..sim.profile import Profile
 
         try:
-            if self._profile is None:
-                self._profile = Profile.load(self.profile)  # read once per search, not per trial
-            cfg = derive_run(self.trial_doc(params))
-            return budget_peaks(cfg, self._profile, partition)
+            return budget_peaks(derive_run(self.trial_doc(params)), self.loaded_profile(), partition)
         except Exception:
             return None
+
+    def loaded_profile(self) -> Any:
+        """The search's cost profile, read once per search, not per trial."""
+        from ..sim.profile import Profile
+
+        if self._profile is None:
+            assert self.profile is not None
+            self._profile = Profile.load(self.profile)
+        return self._profile
+
+    # -------------------------------------------------------------------- shared curves
+    def step_grid(self, params: TrialParams) -> StepGrid | None:
+        """The point's shared-curve grid (:mod:`.sharing`); None when the search does not share curves."""
+        if not applies(self.tune, self.profile):
+            return None
+        if self._horizons is None:
+            self._horizons = Horizons(self.tune, self.space.grid, self._plain_doc, self.loaded_profile())
+        return self._horizons.grid(params)
+
+    def _share(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None,
+               trained: TrialResult | None = None) -> bool:  # fmt: skip
+        """Answer a trial from the stored curve of its numerics, read on its own layout's clock
+        (:mod:`.sharing`); False when it must train: no curve stored, or one that stops short of a step it needs.
+        ``trained``: the trial's own run of the class's curve, answered the same way."""
+        grid_of = self.step_grid(params)
+        cfg = derive_run(self.trial_doc(params, seed)) if grid_of is not None else None
+        key = numerics_key(cfg) if cfg is not None else None
+        found = stored_curve(self.studies.values(), key) if key is not None else None
+        if trained is not None:
+            curve = dict(trained.by_step) | (found[0] if found is not None else {})
+            found = (curve, study.study_name, trial.number)
+        if found is None or cfg is None or grid_of is None:
+            return False
+        curve, source_study, source = found
+        b = self.tune.budget
+        budget, target = float(b.seconds or 0.0), float(self.tune.target.value or 0.0)
+        first = self.warm.step if self.warm else 0
+        replay = replay_points(cfg, self.loaded_profile(), first, grid_of.every)
+        walk: list[tuple[int, float, float]] = []
+        for step, clock in replay.points:  # what the run would validate, up to its target
+            if step not in curve:
+                return False
+            walk.append((step, clock, curve[step]))
+            if curve[step] <= target:
+                break
+        on_eval = self._reporter(study, trial, params, seed, 1.0)
+        progress, evals, by_step, pruned = Progress(target, budget), [], [], None
+        for step, clock, val in walk:
+            progress.add_eval(clock, val)
+            evals.append((clock, val))
+            by_step.append((step, val))
+            if on_eval(grid_step(clock, budget, b.grid), progress) and progress.reached_at is None:
+                pruned = grid_step(clock, budget, b.grid)
+                break
+        if trained is None:
+            record.mark_shared(trial, source_study, source)
+        ended = pruned is not None or progress.reached_at is not None
+        steps = by_step[-1][0] - first if ended and by_step else replay.steps
+        summary = {"clock": progress.clock if ended else replay.clock_end, "partition": replay.cut, "steps": steps}
+        why = f"curve of {source_study} trial {source}" if trained is None else "its class's curve trained"
+        result = TrialResult("pruned" if pruned is not None else "complete", progress,
+                             f"pruned at grid step {pruned} ({why})" if pruned is not None else why, pruned,
+                             {**(trained.summary or {}), **summary} if trained else summary,
+                             trained.wall_seconds if trained else 0.0, evals, by_step)  # fmt: skip
+        self._tell(study, trial, params, result)
+        return True
 
     # -------------------------------------------------------------------- repeated points
     def _reuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams) -> bool:
@@ -308,7 +400,14 @@ class Search:
 
     # ------------------------------------------------------------------------- configs
     def trial_doc(self, params: TrialParams, seed: int | None = None, factor: float = 1.0) -> dict[str, Any]:
-        """The complete run document of one trial: the base run, the point, the budget (and a seed).
+        """The complete run document of one trial (:meth:`_plain_doc`), its curve made its numerics' alone
+        when the search shares curves (:class:`.sharing.StepGrid`; never a transfer check's long run)."""
+        doc = self._plain_doc(params, seed, factor)
+        grid_of = self.step_grid(params) if factor == 1.0 else None
+        return doc if grid_of is None else derive_doc(doc, grid_of.overrides())
+
+    def _plain_doc(self, params: TrialParams, seed: int | None = None, factor: float = 1.0) -> dict[str, Any]:
+        """The run document of one trial without curve sharing: the base run, the point, the budget (and a seed).
 
         ``factor``: a transfer check's long run, on ``factor`` x the budget with the same validation
         spacing (:func:`.extra.long_budget`); the LR schedule decays over ``training.seconds``, the longer budget.

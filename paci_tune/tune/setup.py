@@ -173,6 +173,8 @@ def fingerprint(tune: TuneConfig, space: Any) -> dict[str, Any]:
         "sampler": tune.search.sampler,
         "pruner": tune.search.pruner,
     }
+    if tune.search.share_curves and tune.budget.clock != "wall" and tune.budget.seconds is not None:
+        out["share_curves"] = True  # absent otherwise: a search from before sharing does not resume with it
     if tune.search.warm_start.enabled:  # absent otherwise: a cold search's stored fingerprint stays the same
         out["warm_start"] = tune.search.warm_start.describe()
     return out

@@ -234,8 +234,15 @@ class SearchSpace:
         lrs = list(self.lr_scale) if self.lr_scale is not None else [1.0]
         out = []
         for s in [schedule] if schedule else self.schedules:
-            dims = itertools.product(self.stages, self.microbatch_size, lrs, self.backward_weights_of(s),
-                                     self.chunks_of(s), self.optimizers_of(s), self.staleness_of(s))
+            dims = itertools.product(
+                self.stages,
+                self.microbatch_size,
+                lrs,
+                self.backward_weights_of(s),
+                self.chunks_of(s),
+                self.optimizers_of(s),
+                self.staleness_of(s),
+            )
             for p, b, lr, bw, v, o, st in dims:
                 windows = [self.window_of(p, b)] if self.fixed_batch is not None else list(self.window)
                 points = [TrialParams(s, p, a, b, float(lr), self.data_parallel(p), bw, v, o, st) for a in windows]

@@ -329,8 +329,9 @@ def _against(
     return out
 
 
-def _misses(bests: dict[str, tuple[FrozenTrial, TrialParams, float]], confirmed: dict[str, Confirmed],
-            base: str = "1f1b") -> str:
+def _misses(
+    bests: dict[str, tuple[FrozenTrial, TrialParams, float]], confirmed: dict[str, Confirmed], base: str = "1f1b"
+) -> str:
     """Which compared runs missed the target (``"flush's best on 1 of 3 confirmed runs"``), empty when none did.
 
     The compared runs are each schedule's confirmed point over its fresh seeds, or its best search draw

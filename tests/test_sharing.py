@@ -1,0 +1,77 @@
+"""Curve sharing in a search (issue 39): a trial answered from another trial's curve scores what it
+would have scored had it trained.
+
+The oracle is a fresh training of every shared trial's own run (its layout, its budget, its step
+grid), in process: its scored validations must fall at the same clocks (stored to 1e-6 s), with losses
+within 1e-5 of the curve the search read for it. Also checked: the search trains fewer runs than it
+has trials; ``search.share_curves: false`` and the wall clock switch sharing off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from helpers.cli import check_ok, run_in_process
+from helpers.searches import run, search_cmd, studies, write_search
+from optuna.trial import TrialState
+
+from paci_tune.config.tune import load_tune_config
+from paci_tune.tune.record import TrialRecord
+from paci_tune.tune.session import open_search
+from paci_tune.tune.sharing import applies
+
+pytestmark = pytest.mark.slow  # a search with trial processes, then every shared trial trained again
+
+TOL = 1e-5
+SPACE = {"schedules": ["paci", "1f1b"], "stages": [1, 2], "microbatch_size": [2]}
+
+
+def _search(tmp: Path) -> tuple[Path, dict[str, optuna.Study]]:
+    (tmp / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    # A grid: every point once. Flush's two layouts are one curve, and PACI at P = 1 is flush's too.
+    config = write_search(tmp, search={"trials": 2, "sampler": "grid", "pruner": "none"},
+                          budget={"seconds": 0.3, "grid": 3}, training={"eval_sequences": 16})  # fmt: skip
+    check_ok(run(search_cmd(config, tmp), timeout=600))
+    return config, studies(f"sqlite:///{tmp / 'work' / 'study.db'}")
+
+
+def _finished(st: dict[str, optuna.Study]) -> list[tuple[str, optuna.trial.FrozenTrial]]:
+    return [(s, t) for s, study in st.items() for t in study.get_trials(states=(TrialState.COMPLETE,))]
+
+
+def test_shared_trials_score_what_their_own_training_scores(tmp_path: Path) -> None:
+    config, st = _search(tmp_path)
+    trials = [(s, t) for s, t in _finished(st) if TrialRecord.read(t).repeat_of is None]  # repeats: test_search
+    shared = [(s, t) for s, t in trials if TrialRecord.read(t).shared_from is not None]
+    trained = [t for _, t in trials if TrialRecord.read(t).numerics is not None]
+    assert shared and len(trained) + len(shared) == len(trials)
+    # Flush's layouts and PACI at P = 1 are one curve, trained again only by a layout that fits more steps
+    # in the budget than the curves stored so far reach; PACI at P = 2 is its own.
+    assert len(trained) < len(trials)
+    session = open_search(config, workdir=tmp_path / "work", out=tmp_path / "best.yaml")
+    search = session.search(lambda e: None)
+    target = float(session.tune.target.value or 0.0)
+    for schedule, t in shared:
+        params = search.space.suggest(optuna.trial.FixedTrial(t.params), schedule)
+        doc = search.trial_doc(params)
+        every = int(doc["training"]["eval_every"])
+        fresh = [(r["clock"], r["val_loss"]) for r in run_in_process(doc)
+                 if r.get("event") == "eval" and r["step"] % every == 0]  # fmt: skip
+        read = TrialRecord.read(t).curve
+        assert read, (schedule, t.number)
+        first_hit = next((i for i, (_, v) in enumerate(fresh) if v <= target), len(fresh) - 1)
+        assert len(read) == first_hit + 1, (schedule, t.params, read, fresh)
+        for (c, v), (c2, v2) in zip(read, fresh, strict=False):
+            assert abs(c - c2) <= 1e-6 and abs(v - v2) <= TOL, (schedule, t.params, read, fresh)
+
+
+def test_sharing_is_on_for_profile_clocks_only_and_can_be_switched_off(tmp_path: Path) -> None:
+    def tune(**sections: dict) -> object:
+        return load_tune_config(yaml.safe_load(write_search(tmp_path, **sections).read_text()), "model.yaml")
+
+    assert applies(tune(budget={"clock": "sim", "seconds": 1.0}), "profile.yaml")
+    assert not applies(tune(budget={"clock": "wall", "seconds": 1.0}), "profile.yaml")  # a wall clock measures itself
+    assert not applies(tune(search={"share_curves": False}), "profile.yaml")
