@@ -55,8 +55,14 @@ def _same(a: tuple[list[float], list[float]], b: tuple[list[float], list[float]]
 
 # Classes the key calls equal: flush at P = 1, 2, 4 across D, a and b; zb-h1 and interleaved against it
 # (on the sim clock: they are timed schedules) and PACI at P = 1; PACI across D and b at a fixed P, a and cut.
-SYNCHRONOUS = [("1f1b", 1, 1, 4), ("1f1b", 2, 2, 4), ("1f1b", 4, 1, 1), ("1f1b", 2, 1, 2), ("gpipe", 2, 2, 2),
-               ("paci", 1, 2, 2)]  # PACI on one stage: nothing in flight
+SYNCHRONOUS = [
+    ("1f1b", 1, 1, 4),
+    ("1f1b", 2, 2, 4),
+    ("1f1b", 4, 1, 1),
+    ("1f1b", 2, 1, 2),
+    ("gpipe", 2, 2, 2),
+    ("paci", 1, 2, 2),
+]  # PACI on one stage: nothing in flight
 PACI = [("paci", 2, 1, 4), ("paci", 2, 2, 2), ("paci", 2, 4, 1)]
 
 

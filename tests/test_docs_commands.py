@@ -56,10 +56,15 @@ class Command:
 # (pattern found in the command, why it is not run). The first match wins.
 SKIPPED: list[tuple[str, str]] = [
     (r"python -m pytest", "the test suite itself: .ci/run runs exactly this line (checked below)"),
-    (r"postgresql(\+psycopg)?://", "needs a PostgreSQL server: tests/test_postgres.py runs searches against a "
-     "real one"),
-    (r"--study-name gpt2m-p8", "a worker of the several-machines search on a PostgreSQL server (its URL from the "
-     "environment): tests/test_security.py runs one against a real server that requires a password"),
+    (
+        r"postgresql(\+psycopg)?://",
+        "needs a PostgreSQL server: tests/test_postgres.py runs searches against a real one",
+    ),
+    (
+        r"--study-name gpt2m-p8",
+        "a worker of the several-machines search on a PostgreSQL server (its URL from the "
+        "environment): tests/test_security.py runs one against a real server that requires a password",
+    ),
     (r"^torchrun .*--nnodes", "needs several machines: tests/test_runtimes.py runs a two-node launch on loopback"),
     (r"^optuna-dashboard", "a web server that runs until stopped (the study it reads is checked by test_report)"),
     (r"^paci-tune calibrate", "measures this machine for a minute: tests/test_sim_accuracy.py runs a calibration"),
@@ -125,8 +130,12 @@ def _reduced_example(scratch: Path) -> None:
     # The example's device memory is sized to its own model; the reduced model's points all fit it or none
     # does, depending on the hand profile's reserve, so the reduced run has no budget (tested elsewhere).
     doc["hardware"] = {k: v for k, v in example["hardware"].items() if k != "memory"}
-    doc["search"] = {**example["search"], "trials": 1, "confirm": {"top": 0},
-                     "warm_start": {"steps": 8}}  # the example's warm start, shortened past its LR ramp
+    doc["search"] = {
+        **example["search"],
+        "trials": 1,
+        "confirm": {"top": 0},
+        "warm_start": {"steps": 8},
+    }  # the example's warm start, shortened past its LR ramp
     (scratch / "examples").mkdir()
     (scratch / "examples" / "tiny-gpt.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 

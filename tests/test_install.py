@@ -77,8 +77,12 @@ def test_wheel_install_finds_the_shipped_spaces_and_example(tmp_path: Path) -> N
     doc["training"] = {**example["training"], "eval_sequences": 16}
     doc["budget"] = {"clock": "rst", "seconds": 0.2, "grid": 2, "profile": "profile.yaml"}
     doc["hardware"] = {k: v for k, v in example["hardware"].items() if k != "memory"}  # sized to the real profile
-    doc["search"] = {**example["search"], "trials": 1, "confirm": {"top": 0},
-                     "warm_start": {"steps": 8}}  # the example's warm start, shortened past its LR ramp
+    doc["search"] = {
+        **example["search"],
+        "trials": 1,
+        "confirm": {"top": 0},
+        "warm_start": {"steps": 8},
+    }  # the example's warm start, shortened past its LR ramp
     (outside / "small.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     proc = subprocess.run([cli, "search", "small.yaml", "--no-live"], capture_output=True, text=True, cwd=outside,
                           env=_env(), timeout=240)  # fmt: skip

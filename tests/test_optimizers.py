@@ -59,8 +59,12 @@ def test_each_optimizer_trains_plain_torch_numbers_at_every_flush_layout(name: s
     PACI with one micro-batch in flight (a flush by another name) are the same numbers."""
     want, _, _ = plain_training(doc_for(name))
     assert train_losses(run_in_process(doc_for(name))) == pytest.approx(want, abs=1e-6, rel=0)
-    for doc in (doc_for(name, stages=2), doc_for(name, stages=4), doc_for(name, "gpipe", stages=2),
-                doc_for(name, "paci", stages=4, inflight=1)):
+    for doc in (
+        doc_for(name, stages=2),
+        doc_for(name, stages=4),
+        doc_for(name, "gpipe", stages=2),
+        doc_for(name, "paci", stages=4, inflight=1),
+    ):
         assert train_losses(run_in_process(doc)) == pytest.approx(want, abs=1e-6, rel=0), doc["pipeline"]
     # D = 2 averages two halves of the batch: a sum in another order (~1e-7)
     dp = train_losses(run_in_process(doc_for(name, stages=2, window=2, data_parallel=2)))
@@ -256,8 +260,12 @@ def test_calibrate_times_every_optimizer_a_search_names() -> None:
     units = [torch.nn.Embedding(16, 8), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.nn.ReLU(),
              torch.nn.Linear(8, 16)]  # fmt: skip
     timed = OptimizerConfig(name="adamw")
-    wanted = [OptimizerConfig(name="muon"), OptimizerConfig(name="nadam"), timed,
-              OptimizerConfig(name="muon", ns_steps=3)]
+    wanted = [
+        OptimizerConfig(name="muon"),
+        OptimizerConfig(name="nadam"),
+        timed,
+        OptimizerConfig(name="muon", ns_steps=3),
+    ]
     steps, note = other_optimizer_steps(timed, wanted, units, [1e-3, 1e-3, 0.0, 1e-3], device=torch.device("cpu"),
                                         repeats=2, warmup=1)  # fmt: skip
     assert [sorted(s) for s in steps] == [["muon", "muon ns_steps=3", "nadam"]] * 4

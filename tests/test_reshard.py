@@ -30,8 +30,14 @@ def _losses(records: list[dict]) -> list[tuple[int, float]]:
 
 
 def _layout(p: int, d: int, precision: str, ckpt: Path | None = None, steps: int = 4) -> dict:
-    pipe = {"schedule": "1f1b", "stages": p, "data_parallel": d, "window": 4 // d, "precision": precision,
-            "partition": "auto"}
+    pipe = {
+        "schedule": "1f1b",
+        "stages": p,
+        "data_parallel": d,
+        "window": 4 // d,
+        "precision": precision,
+        "partition": "auto",
+    }
     training = {"steps": steps}
     if ckpt is not None:
         training |= {"checkpoint_dir": str(ckpt), "checkpoint_every": steps}

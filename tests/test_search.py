@@ -338,7 +338,7 @@ def test_two_workers_share_one_journal_file(tmp_path: Path) -> None:
         assert numbers == list(range(len(numbers))), "trial numbers must be unique and contiguous"
         assert not [t for t in st.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
         assert 3 <= counted(st.trials, 3) <= 4  # at most (workers - 1) extra from a race at the very end
-        fresh = [t for t in st.trials if "repeat_of" not in t.user_attrs]
+        fresh = [t for t in st.trials if not {"repeat_of", "shared_from"} & set(t.user_attrs)]  # answered: none ran
         dirs = sorted(p.name for p in (tmp_path / "work" / "trials" / f"shared.{s}").iterdir())
         assert dirs == [f"trial-{t.number:04d}" for t in sorted(fresh, key=lambda t: t.number)], "each trial ran once"
         workers |= {t.user_attrs["worker"]["pid"] for t in st.trials}

@@ -353,4 +353,3 @@ def test_a_distributed_launch_keeps_to_loopback() -> None:
     if Path("/sys/class/net/lo").exists():
         assert loopback_env({})["GLOO_SOCKET_IFNAME"] == "lo"
     assert loopback_env({"GLOO_SOCKET_IFNAME": "eth9"})["GLOO_SOCKET_IFNAME"] == "eth9"
-

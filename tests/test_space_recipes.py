@@ -135,8 +135,8 @@ def test_a_search_tunes_the_optimizer_for_every_schedule_and_staleness_for_paci(
             assert ("staleness" in t.params) == (s == "paci"), t.params
             folder = tmp_path / "work" / "trials" / f"model.{s}" / f"trial-{t.number:04d}"
             if not folder.is_dir():
-                assert "repeat_of" in t.user_attrs or t.user_attrs.get("infeasible"), t.user_attrs
-                continue  # a point already run is answered from the storage
+                assert {"repeat_of", "shared_from"} & set(t.user_attrs) or t.user_attrs.get("infeasible"), t.user_attrs
+                continue  # a point already run, or its curve, is answered from the storage
             ran = yaml.safe_load((folder / "trial.yaml").read_text())
             assert ran["optimizer"]["name"] == t.params["optimizer"].split(" ")[0]
             assert ran["optimizer"]["betas"] == [0.99, 0.999]

@@ -271,9 +271,11 @@ def test_apply_trains_what_the_recommended_trial_trained(searched: Searched) -> 
     metrics = searched.tmp / "replay.jsonl"
     check_ok(_apply(searched.tmp / "best.yaml", "--no-live", "--metrics", metrics, "--checkpoint-dir",
                     searched.tmp / "replay-checkpoints"))  # fmt: skip
-    got = _train(metrics)
-    assert got[0]["step"] == WARM + 1
-    assert [r["loss"] for r in got][: len(want)] == want
+    got = [r["loss"] for r in _train(metrics)]
+    assert _train(metrics)[0]["step"] == WARM + 1
+    # The trial may have trained past its budget: a shared curve's first run trains its class's (tune/sharing.py).
+    n = min(len(got), len(want))
+    assert n >= 3 and got[:n] == want[:n]
     assert not (searched.tmp / "best-warm-start").exists(), "the warm-up was there: nothing to train first"
 
 
@@ -302,7 +304,8 @@ def test_apply_trains_the_warm_up_first_when_its_checkpoint_is_gone(searched: Se
         assert redone["step"] == WARM and redone["val_loss"] == original["val_loss"]
         _same_weights(away / f"batch_{WARM:08d}", Path(redone["checkpoint"]))
         got = _train(metrics)
-        assert got[0]["step"] == WARM + 1 and [r["loss"] for r in got][: len(want)] == want
+        n = min(len(got), len(want))  # the trial may have trained past its budget (a shared curve's first run)
+        assert got[0]["step"] == WARM + 1 and n >= 3 and [r["loss"] for r in got][:n] == want[:n]
     finally:
         if not warm_dir.exists():
             away.rename(warm_dir)
@@ -389,7 +392,8 @@ def test_workers_on_one_journal_train_one_warm_up_and_start_every_trial_from_it(
     assert sum(err.count(TRAINING_LINE) for _, err in outs) == 1, "the warm-up was trained twice"
     done = json.loads((folder / "warm.json").read_text())
     trained = [_check_trials_start_from(tmp_path / f"w{i}", done) for i in range(2)]
-    assert min(trained) >= 1 and sum(trained) >= 4, trained  # 2 trials per schedule, both workers ran some
+    # 2 trials per schedule, both workers ran some; flush's two may be one curve, trained once (tune/sharing.py)
+    assert min(trained) >= 1 and sum(trained) >= 3, trained
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
     for s in ("paci", "1f1b"):
         st = optuna.load_study(study_name=f"model.{s}", storage=storage)
@@ -436,7 +440,7 @@ def test_workers_on_postgresql_with_other_work_folders_train_one_warm_up(tmp_pat
         assert sum(err.count(TRAINING_LINE) for _, err in outs) == 1, "the warm-up was trained twice"
         done = json.loads((folder / "warm.json").read_text())
         trained = [_check_trials_start_from(tmp_path / f"w{i}", done) for i in range(2)]
-        assert sum(trained) >= 4, trained
+        assert sum(trained) >= 3, trained  # flush's two trials may be one curve, trained once
         for st in studies(url, name).values():
             assert StudyRecord.read(st).warm_start == {"folder": str(folder), "checkpoint": done["checkpoint"]}
     finally:

@@ -7,7 +7,8 @@ goes on until each schedule's study has its quota of trials.
 A point already run (samplers propose repeats in small discrete spaces) is not trained again:
 a finished one's result is copied, a deterministic failure (out of memory, divergence) repeated,
 and a pruned one's curve is replayed against the pruner, which trains it only if it now survives
-past the point where it was stopped. May import: optuna, :mod:`paci_tune.pipeline` (predicted memory),
+past the point where it was stopped. On the sim and rst clocks a trial whose numerics another trial
+trained is answered from that curve, read on its own layout's clock (:mod:`.sharing`). May import: optuna, :mod:`paci_tune.pipeline` (predicted memory),
 :mod:`paci_tune.sim`, :mod:`paci_tune.config`, :mod:`paci_tune.base` and the tune layer's own modules.
 """
 
@@ -36,7 +37,7 @@ from .record import Outcome, PointAttrs, TrialRecord
 from .rounds import current_round
 from .runner import OnEval, TrialJob, TrialResult, TrialRunner
 from .setup import trial_runtime
-from .sharing import Horizons, StepGrid, applies, replay_points, stored_curve
+from .sharing import Horizons, StepGrid, applies, replay_points, stored_curve, walk
 from .space import SearchSpace
 from .study import HOST, Heartbeat, claim, counted, reap_dead, running_elsewhere
 from .warm import WarmStart, trial_overrides
@@ -161,7 +162,7 @@ class Search:
         self.ran.append(trial.number)
 
     def _run_fresh(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None,
-                   factor: float = 1.0) -> None:  # fmt: skip
+                   factor: float = 1.0, *, cover: bool = True) -> None:  # fmt: skip
         b = self.tune.budget
         budget, grid = extra.long_budget(float(b.seconds or 0.0), b.grid, factor)
         job = TrialJob(
@@ -177,7 +178,7 @@ class Search:
         grid_of = self.step_grid(params) if factor == 1.0 else None
         # A search trial of a class with other layouts trains the class's whole curve (to its horizon or the
         # target, never pruned on the way), then is answered from it like any other (:mod:`.sharing`).
-        cover = grid_of is not None and grid_of.members > 1 and seed is None
+        cover = cover and grid_of is not None and grid_of.members > 1 and seed is None
         if grid_of is not None:
             job.scored_every = grid_of.every
         if cover:
@@ -198,8 +199,10 @@ class Search:
         if cover and result.status != "failed":
             if self._share(study, trial, params, seed, trained=result):
                 return
-            result = TrialResult("failed", result.progress, "crash: its curve stops short of its own budget",
-                                 None, result.summary, result.wall_seconds)  # fmt: skip
+            # Its own run needs a validation the class's curve has not got (its budget holds no batch, so it
+            # validates its start): trained as itself.
+            self._run_fresh(study, trial, params, seed, factor, cover=False)
+            return
         self._tell(study, trial, params, result)
 
     def _reporter(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None,
@@ -333,16 +336,11 @@ class Search:
         budget, target = float(b.seconds or 0.0), float(self.tune.target.value or 0.0)
         first = self.warm.step if self.warm else 0
         replay = replay_points(cfg, self.loaded_profile(), first, grid_of.every)
-        walk: list[tuple[int, float, float]] = []
-        for step, clock in replay.points:  # what the run would validate, up to its target
-            if step not in curve:
-                return False
-            walk.append((step, clock, curve[step]))
-            if curve[step] <= target:
-                break
+        if (read := walk(replay, curve, target)) is None:
+            return False
         on_eval = self._reporter(study, trial, params, seed, 1.0)
         progress, evals, by_step, pruned = Progress(target, budget), [], [], None
-        for step, clock, val in walk:
+        for step, clock, val in read:
             progress.add_eval(clock, val)
             evals.append((clock, val))
             by_step.append((step, val))
@@ -353,7 +351,8 @@ class Search:
             record.mark_shared(trial, source_study, source)
         ended = pruned is not None or progress.reached_at is not None
         steps = by_step[-1][0] - first if ended and by_step else replay.steps
-        summary = {"clock": progress.clock if ended else replay.clock_end, "partition": replay.cut, "steps": steps}
+        summary = {"clock": progress.clock if ended else replay.clock_end, "partition": replay.cut, "steps": steps,
+                   "clock_step_time_s": replay.clock_end / replay.steps if replay.steps else 0.0}  # fmt: skip
         why = f"curve of {source_study} trial {source}" if trained is None else "its class's curve trained"
         result = TrialResult("pruned" if pruned is not None else "complete", progress,
                              f"pruned at grid step {pruned} ({why})" if pruned is not None else why, pruned,

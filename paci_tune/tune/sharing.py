@@ -22,8 +22,8 @@ them. A later trial with the same key reads its own layout's clock at each of it
 Where the stored curves stop short of a step it needs (the trial that trained them was pruned, or
 ran fewer steps than this layout fits in the budget) it trains, and stores the longer curve. The wall
 clock never shares: a wall-clock trial measures itself. May import: :mod:`paci_tune.train` (the clock),
-:mod:`paci_tune.pipeline` (the cut), :mod:`paci_tune.config`, optuna and the tune layer's :mod:`.curves`,
-:mod:`.point`, :mod:`.record`.
+:mod:`paci_tune.pipeline` (the cut), :mod:`paci_tune.sim` (the profile), :mod:`paci_tune.config`,
+:mod:`paci_tune.errors`, optuna and the tune layer's :mod:`.curves`, :mod:`.point`, :mod:`.record`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ..config import derive_doc, derive_run
 from ..config.schema import RunConfig
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
-from ..pipeline.planning import budget_fit
+from ..pipeline.planning import budget_fit, plan_partition
 from ..sim.profile import Profile
 from ..train.clock import ProfileClock, run_clock
 from .curves import numerics_key
@@ -80,10 +80,11 @@ class StepGrid:
 def layout_clock(cfg: RunConfig, profile: Profile) -> tuple[ProfileClock, int, list[int]]:
     """The clock of ``cfg``'s layout on the cut its run will use, the global batches it fits in the budget, the cut.
 
-    The cut is :func:`~paci_tune.pipeline.planning.budget_fit`'s: what a run resolves on a profile (the
-    fastest cut, under ``hardware.memory`` when it is set).
+    The cut is what a run resolves on a profile: the fastest (:func:`~paci_tune.pipeline.planning.plan_partition`),
+    under ``hardware.memory`` when it is set (:func:`~paci_tune.pipeline.planning.budget_fit`).
     """
-    cut, _ = budget_fit(cfg, profile)
+    cut = budget_fit(cfg, profile)[0] if cfg.hardware.memory is not None else plan_partition(
+        cfg, [1.0] * profile.n_units, profile)  # fmt: skip
     clock = run_clock(cfg, profile, cfg.layout.with_partition(cut))
     assert cfg.training.seconds is not None
     return clock, clock.batches_within(None, cfg.training.seconds), cut
@@ -102,12 +103,28 @@ class Replay:
 def replay_points(cfg: RunConfig, profile: Profile, first_step: int, every: int) -> Replay:
     """The scored validations of ``cfg``'s run, as its trainer would place them: one segment (a trial
     does not checkpoint) of the batches its budget holds, from ``first_step`` (a warm start's), a
-    validation after each global batch ``k`` with ``k % every == 0``, read when every stage has applied it."""
+    validation after each global batch ``k`` with ``k % every == 0``, read when every stage has applied it
+    (a budget that holds no batch: the run's one validation, of its start)."""
     clock, n, cut = layout_clock(cfg, profile)
+    if n == 0:  # not one batch fits: the run validates its start, at its first clock reading
+        return Replay([(first_step, clock.now())] if first_step % every == 0 else [], 0, clock.now(), cut)
     clock.begin_segment(n)
     points = [(first_step + i + 1, clock.model_done(i)) for i in range(n) if (first_step + i + 1) % every == 0]
     clock.end_segment(n)
     return Replay(points, n, clock.now(), cut)
+
+
+def walk(replay: Replay, curve: dict[int, float], target: float) -> list[tuple[int, float, float]] | None:
+    """(step, clock, val_loss) of each validation the run would score, up to its first at or below ``target``,
+    read from ``curve``; None when the curve lacks one of them (the trial must train)."""
+    out = []
+    for step, clock in replay.points:
+        if step not in curve:
+            return None
+        out.append((step, clock, curve[step]))
+        if curve[step] <= target:
+            break
+    return out
 
 
 class Horizons:

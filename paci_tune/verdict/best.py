@@ -24,6 +24,7 @@ version), :mod:`paci_tune.config`, :mod:`paci_tune.errors`, :mod:`paci_tune.tune
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import platform
 from typing import Any
 
@@ -258,7 +259,7 @@ def _comparison(
     if base_s != "1f1b":
         out["speedup_vs_baseline"] = round(b_score / rec_score, 4)
     notes: list[str] = []
-    spacing = float(budget.get("seconds") or 0.0) / int(budget.get("grid") or 1)  # time to target's resolution
+    spacing = validation_spacing([t for t, _, _ in bests.values()], budget)
     if paci is not None:
         vs = "flush" if base_s == "1f1b" else "baseline"
         keys = ("paci_speedup_vs_flush", "paci_speedup_interval") if vs == "flush" else (
@@ -288,6 +289,17 @@ def _comparison(
                      "asynchrony won")  # fmt: skip
     out["speedup_note"] = "; ".join(notes) if notes else None
     return out
+
+
+def validation_spacing(trials: list[FrozenTrial], budget: dict[str, Any]) -> float:
+    """Time to target's resolution: the clock between two validations. ``budget.seconds / budget.grid`` on
+    the clock grid; where the search shared curves (:mod:`paci_tune.tune.sharing`: validations every few
+    steps, on each layout's own clock) the widest gap between two validations of the compared points."""
+    records = [TrialRecord.read(t) for t in trials]
+    gaps = [b[0] - a[0] for r in records for a, b in itertools.pairwise(r.curve or [])]
+    if gaps and any(r.numerics is not None or r.shared_from is not None for r in records):
+        return max(gaps)
+    return float(budget.get("seconds") or 0.0) / int(budget.get("grid") or 1)
 
 
 def _against(

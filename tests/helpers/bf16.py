@@ -222,5 +222,3 @@ def bf16_fp32_gap(schedule: str, device: str = "cpu") -> tuple[list[float], list
         runs[precision] = run_in_process(doc)
     fp32, bf16 = train_losses(runs["fp32"]), train_losses(runs["bf16"])
     return fp32, bf16, summary_of(runs["fp32"]), summary_of(runs["bf16"])
-
-
