@@ -429,7 +429,7 @@ class Trainer:
             "clock": self.clock.now(),
             "clock_name": self.clock.name,
             "clock_tokens_per_s": st.tokens / st.clock_span if st.clock_span > 0 else 0.0,
-            "clock_step_time_s": st.clock_span / st.batches_done if st.batches_done else 0.0,
+            "clock_step_time_s": st.clock_span / trained if (trained := st.batches_done - st.origin) else 0.0,
             "clock_bubble_fraction": clock_bubble,
             "memory_measured_per": "stage" if c.pipeline.runtime == "distributed" else "process (all stages)",
             **self._allocated(stats),

@@ -8,8 +8,9 @@ A point already run (samplers propose repeats in small discrete spaces) is not t
 a finished one's result is copied, a deterministic failure (out of memory, divergence) repeated,
 and a pruned one's curve is replayed against the pruner, which trains it only if it now survives
 past the point where it was stopped. On the sim and rst clocks a trial whose numerics another trial
-trained is answered from that curve, read on its own layout's clock (:mod:`.sharing`). May import: optuna, :mod:`paci_tune.pipeline` (predicted memory),
-:mod:`paci_tune.sim`, :mod:`paci_tune.config`, :mod:`paci_tune.base` and the tune layer's own modules.
+trained is answered from that curve, read on its own layout's clock (:mod:`.sharing`). May import:
+optuna, :mod:`paci_tune.pipeline` (predicted memory), :mod:`paci_tune.sim`, :mod:`paci_tune.config`,
+:mod:`paci_tune.base` and the tune layer's own modules.
 """
 
 from __future__ import annotations
@@ -350,7 +351,7 @@ class Search:
         if trained is None:
             record.mark_shared(trial, source_study, source)
         ended = pruned is not None or progress.reached_at is not None
-        steps = by_step[-1][0] - first if ended and by_step else replay.steps
+        steps = by_step[-1][0] if ended and by_step else first + replay.steps  # counted as a run's: from step 0
         summary = {"clock": progress.clock if ended else replay.clock_end, "partition": replay.cut, "steps": steps,
                    "clock_step_time_s": replay.clock_end / replay.steps if replay.steps else 0.0}  # fmt: skip
         why = f"curve of {source_study} trial {source}" if trained is None else "its class's curve trained"
