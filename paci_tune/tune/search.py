@@ -180,6 +180,7 @@ class Search:
         # A search trial of a class with other layouts trains the class's whole curve (to its horizon or the
         # target, never pruned on the way), then is answered from it like any other (:mod:`.sharing`).
         cover = cover and grid_of is not None and grid_of.members > 1 and seed is None
+        key = numerics_key(derive_run(job.run_doc)) if grid_of is not None else None  # the run as its own budget has it
         if grid_of is not None:
             job.scored_every = grid_of.every
         if cover:
@@ -194,7 +195,6 @@ class Search:
 
         result = self.runner.run(job, on_eval, on_record)
         self._keep_metrics(trial, job.workdir / "metrics.jsonl")
-        key = numerics_key(derive_run(self.trial_doc(params, seed))) if grid_of is not None else None
         if key is not None and result.status != "failed" and result.by_step:
             record.write_numerics(trial, key, grid_of.every, result.by_step)  # type: ignore[union-attr]
         if cover and result.status != "failed":

@@ -68,13 +68,9 @@ class StepGrid:
     members: int = 1  # points of the space in the class
 
     def overrides(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"lr_schedule.horizon_steps": self.horizon, "training.eval_every": self.every,
-                               "training.eval_every_seconds": None}  # fmt: skip
-        return out | ({"data.draw": self.draw} if self.draw else {})
-
-    def scored(self, step: int) -> bool:
-        """A validation the score reads: one on the grid (the run's closing one, off it, is recorded only)."""
-        return step % self.every == 0
+        draw = {"data.draw": self.draw} if self.draw else {}
+        return {"lr_schedule.horizon_steps": self.horizon, "training.eval_every": self.every,
+                "training.eval_every_seconds": None, **draw}  # fmt: skip
 
 
 def layout_clock(cfg: RunConfig, profile: Profile) -> tuple[ProfileClock, int, list[int]]:
@@ -141,6 +137,7 @@ class Horizons:
         self.grid_per_budget = max(VALIDATIONS, tune.budget.grid)
         self.draw = None if "draw" in (tune.run_doc.get("data") or {}) else SHARED_DRAW
         self._horizons: dict[str, tuple[int, int]] | None = None  # class key: (horizon, members)
+        self._grids: dict[TrialParams, StepGrid] = {}  # asked for several times a trial: one simulation each
 
     def _class(self, params: TrialParams) -> tuple[str | None, int]:
         """(class key, steps in the budget) of a point."""
@@ -165,10 +162,12 @@ class Horizons:
         return self._horizons
 
     def grid(self, params: TrialParams) -> StepGrid:
-        key, n = self._class(params)
-        horizon, members = self._all().get(key, (n, 1)) if key is not None else (n, 1)
-        horizon = max(1, horizon)
-        return StepGrid(horizon, max(1, horizon // self.grid_per_budget), self.draw, members)
+        if params not in self._grids:
+            key, n = self._class(params)
+            horizon, members = self._all().get(key, (n, 1)) if key is not None else (n, 1)
+            horizon = max(1, horizon)
+            self._grids[params] = StepGrid(horizon, max(1, horizon // self.grid_per_budget), self.draw, members)
+        return self._grids[params]
 
 
 def stored_curve(studies: Iterable[optuna.Study], key: str) -> tuple[dict[int, float], str, int] | None:
