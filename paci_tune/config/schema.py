@@ -104,6 +104,9 @@ class TrainingConfig:
     seed: int = 0
     eval_every: int = 50
     eval_every_seconds: float | None = None  # evaluate on a grid of the clock instead of every N steps
+    # Far from the target, validate only every this many steps (a multiple of eval_every); every eval_every
+    # once near it (paci_tune.train.nearness): time to target at eval_every's resolution, for fewer validations.
+    eval_far_every: int | None = None
     eval_sequences: int = 256  # the validation set: the same sequences for every run of a model and data
     eval_microbatch_size: int = 32  # sequences per evaluation forward (memory, not what is measured)
     checkpoint_every: int = 0
@@ -130,6 +133,14 @@ class TrainingConfig:
         _positive(f"{key}.eval_every", self.eval_every)
         if self.eval_every_seconds is not None:
             _positive(f"{key}.eval_every_seconds", self.eval_every_seconds)
+        if self.eval_far_every is not None:
+            _positive(f"{key}.eval_far_every", self.eval_far_every)
+            if self.eval_far_every % self.eval_every:
+                raise ConfigError(f"{key}.eval_far_every", self.eval_far_every,
+                                  f"null or a multiple of training.eval_every ({self.eval_every})")  # fmt: skip
+            if self.eval_every_seconds is not None:
+                raise ConfigError(f"{key}.eval_far_every", self.eval_far_every,
+                                  "null when training.eval_every_seconds sets a clock grid")  # fmt: skip
         _positive(f"{key}.eval_sequences", self.eval_sequences)
         _positive(f"{key}.eval_microbatch_size", self.eval_microbatch_size)
         if self.checkpoint_every < 0:

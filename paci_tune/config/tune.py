@@ -224,6 +224,9 @@ class SearchConfig:
     paci_max_drift: int | None = PACI_MAX_DRIFT  # PACI points with a larger drift bound are skipped; None: none
     study_name: str | None = None
     share_curves: bool = True  # on the sim and rst clocks: one training per curve (paci_tune.tune.sharing)
+    # With shared curves: validate every step-grid point only near the target (training.eval_far_every,
+    # paci_tune.train.nearness); false: at every one, the whole run
+    validate_near_target: bool = True
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
     transfer_check: TransferConfig = field(default_factory=TransferConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)

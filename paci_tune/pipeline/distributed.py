@@ -155,7 +155,7 @@ class DistributedRuntime(RuntimeBase):
         if self.n_replicas == 1 or self.s != 0:
             return plan
 
-        def control(k: int, news: bool) -> tuple[bool, bool]:
+        def control(k: int, news: int) -> tuple[bool, bool]:
             decision = plan.control(k, news) if self.replica == 0 else (False, False)
             t = torch.tensor([int(v) for v in decision], dtype=torch.int64, device=self.wire)
             dist.broadcast(t, src=rank_of(0, 0, self.stages), group=self.mesh.dp_group)

@@ -156,12 +156,12 @@ class EmulatedRuntime(RuntimeBase):
             return [plan]
         decided: dict[int, tuple[bool, bool]] = {}
 
-        def lead(k: int, news: bool) -> tuple[bool, bool]:
+        def lead(k: int, news: int) -> tuple[bool, bool]:
             decided.clear()
             decided[k] = plan.control(k, news)
             return decided[k]
 
-        def follow(k: int, news: bool) -> tuple[bool, bool]:
+        def follow(k: int, news: int) -> tuple[bool, bool]:
             return decided[k]
 
         return [dataclasses.replace(plan, control=lead)] + [dataclasses.replace(plan, control=follow)] * (

@@ -12,9 +12,12 @@ it scored and passes on before the activations:
 - whether the run ends here (a target reached, a wall-clock budget spent): then every stage ends its
   program after the batches already started (:meth:`~paci_tune.schedule.program.Program.set_end`).
 
-News that the target was reached travels the other way, as a flag on the gradients, from the last
-stage (which computes the loss) to stage 0 (which decides). Both runtimes run this code through
-their transport, so they take the same decisions at the same points and train the same numbers.
+News travels the other way, as bits of a flag on the gradients, from the last stage (which computes
+the loss) to stage 0 (which decides): that the target was reached (:data:`REACHED`, kept once heard),
+and whether the validations are now near the target (:data:`NEAR`, the last stage's latest word: the
+run then validates at every evaluation point, not only the far ones, :mod:`paci_tune.train.nearness`).
+Both runtimes run this code through their transport, so they take the same decisions at the same points
+and train the same numbers.
 Evaluation changes no training state, whatever the cadence.
 
 Data parallelism: the D replicas of a stage hold the same weights, so replica 0 alone scores
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
 class Transport(Protocol):
     """Moves a tensor from one stage to a neighbour; ``kind`` is "act", "grad", "ctl" or "eval".
 
-    ``flag`` rides along with the tensor (the target-reached news on gradients).
+    ``flag`` rides along with the tensor (the news bits on gradients: :data:`REACHED`, :data:`NEAR`).
     """
 
     def send(self, src: int, dst: int, kind: str, mb: int, tensor: torch.Tensor, flag: int = 0) -> None: ...
@@ -63,26 +66,40 @@ class EvalResult:
     snapshots: list[bool]  # whether each stage scored a snapshot (it had stepped again first)
 
 
-def _evaluate_always(batch: int, target_reached: bool) -> tuple[bool, bool]:
-    return True, target_reached
+REACHED = 1
+"""News bit: the target was reached (kept once heard: the run ends)."""
+NEAR = 2
+"""News bit: the last validations are near the target (the last stage's latest word, not kept)."""
+
+
+def merge_news(mine: int, heard: int) -> int:
+    """A stage's news after hearing ``heard`` from downstream: REACHED kept once heard, NEAR the latest word."""
+    return ((mine | heard) & REACHED) | (heard & NEAR)
+
+
+def _evaluate_always(batch: int, news: int) -> tuple[bool, bool]:
+    return True, bool(news & REACHED)
 
 
 @dataclass
 class EvalPlan:
     """What a segment evaluates and who decides; the same on every rank.
 
-    ``eval_at(k)``: the evaluation points (candidates on the wall clock). ``control(k, news)``, at
-    stage 0: ``(evaluate now, end the run here)``, ``news`` being whether stage 0 has heard that the
-    target was reached. ``on_eval(result)``, at the last stage: report, and say whether the target is
-    reached. ``on_end(batch)``: the run will end after ``batch`` (every stage hears it).
+    ``eval_at(k)``: the evaluation points (candidates on the wall clock, or where the target may be near).
+    ``control(k, news)``, at stage 0: ``(evaluate now, end the run here)``, ``news`` the bits stage 0 has
+    heard (:data:`REACHED`, :data:`NEAR`). ``on_eval(result)``, at the last stage: report, and give the
+    news bits (True: the target is reached). ``news``: every stage's bits when the segment starts (a
+    resumed run's NEAR, which no gradient has carried yet). ``on_end(batch)``: the run will end after
+    ``batch`` (every stage hears it).
     ``spent(seconds)``: time this process just spent evaluating (the wall clock leaves it out).
     """
 
     eval_at: EvalAt
-    control: Callable[[int, bool], tuple[bool, bool]] = _evaluate_always
-    on_eval: Callable[[EvalResult], bool] = field(default=lambda r: False)
+    control: Callable[[int, int], tuple[bool, bool]] = _evaluate_always
+    on_eval: Callable[[EvalResult], int] = field(default=lambda r: 0)
     on_end: Callable[[int], None] = field(default=lambda batch: None)
     spent: Callable[[float], None] = field(default=lambda seconds: None)
+    news: int = 0
 
 
 class StageEvaluator:
@@ -90,7 +107,7 @@ class StageEvaluator:
 
     def __init__(self, stage: Stage, transport: Transport, val: ValidationSet) -> None:
         self.stage, self.transport, self.val = stage, transport, val
-        self.news = False  # the target was reached (heard on a gradient, or seen here on the last stage)
+        self.news = 0  # REACHED | NEAR bits (heard on a gradient, or seen here on the last stage)
         self.scores = True  # False on data-parallel replicas other than 0: they pass the control message only
         self.program: Program | None = None
         self.plan: EvalPlan | None = None
@@ -98,6 +115,7 @@ class StageEvaluator:
 
     def begin(self, program: Program, plan: EvalPlan) -> None:
         self.program, self.plan = program, plan
+        self.news = plan.news
         for k in list(self._awaiting):
             self._drop(k)
 
@@ -159,5 +177,4 @@ class StageEvaluator:
                 tr.send(s, s + 1, "eval", k * n + i, out)
         if st.is_last:
             result = EvalResult(k, self.val.mean_loss(losses), ctl[2::2], [bool(v) for v in ctl[3::2]])
-            if self.plan.on_eval(result):
-                self.news = True
+            self.news = int(self.plan.on_eval(result)) | (self.news & REACHED)

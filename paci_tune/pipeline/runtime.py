@@ -23,7 +23,7 @@ import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
 from ..schedule import Action, Op, Program, copies_bound, drift_bound, inflight_cap, stage_actions
-from .evaluation import EvalPlan, StageEvaluator, Transport
+from .evaluation import EvalPlan, StageEvaluator, Transport, merge_news
 from .meter import StageMeter
 from .stage import Stage
 
@@ -198,12 +198,12 @@ class ActionRunner:
             g = None
             if not st.is_last:
                 g, news = tr.recv(s + 1, s, "grad", act.mb)
-                self.evaluator.news = self.evaluator.news or bool(news)
+                self.evaluator.news = merge_news(self.evaluator.news, news)
             t1 = time.perf_counter()
             gin = st.backward(act.mb, g)
             if not st.is_first:
                 assert gin is not None
-                tr.send(s, s - 1, "grad", act.mb, gin, int(self.evaluator.news))
+                tr.send(s, s - 1, "grad", act.mb, gin, self.evaluator.news)
         else:
             if self.grad_sync is not None:
                 self.grad_sync(act.mb)  # before any norm: clipping sees the averaged gradients

@@ -43,7 +43,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_sc
 from ..errors import ConfigError
 from ..schedule import Action, Op, Program
 from .distributed import DistributedRuntime
-from .evaluation import EvalPlan
+from .evaluation import NEAR, REACHED, EvalPlan
 from .runtime import OnBatch, SegmentReport, StageTiming, metered
 from .stage import Stage
 
@@ -175,12 +175,15 @@ class TorchScheduleRuntime(DistributedRuntime):
 
     def _share_news(self) -> None:
         """Before an evaluation point: every stage of the pipe learns whether any heard the target was
-        reached (paci-tune's own runtime carries this on gradients, torch's steps carry nothing)."""
+        reached, and the last stage's word on nearness (paci-tune's own runtime carries these on gradients,
+        torch's steps carry nothing)."""
         evaluators = [r.evaluator for r in self.runners]
-        flag = torch.tensor([int(any(ev.news for ev in evaluators))], device=self.wire)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.mesh.pp_group)
+        reached = any(ev.news & REACHED for ev in evaluators)
+        near = any(ev.news & NEAR for ev in evaluators if ev.stage.is_last)
+        flags = torch.tensor([int(reached), int(near)], device=self.wire)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.mesh.pp_group)
         for ev in evaluators:
-            ev.news = bool(flag.item())
+            ev.news = (REACHED if flags[0].item() else 0) | (NEAR if flags[1].item() else 0)
 
     @metered
     def run_segment(self, first_batch: int, n_batches: int | None, on_batch: OnBatch, plan: EvalPlan) -> SegmentReport:

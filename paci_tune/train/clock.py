@@ -164,6 +164,11 @@ class SegmentPlan:
     analytic_bubble: float = 0.0  # the schedule's textbook bubble on this profile (SimResult.analytic_bubble_fraction)
 
 
+_PLANS: dict[tuple[int, Layout, bool, str], tuple[Profile, dict[int, SegmentPlan]]] = {}
+"""Every simulated segment of this process, by (profile, layout, sync_steps, backward_weights): a search
+reads the same layouts' clocks many times (:mod:`paci_tune.tune.sharing`), each a few simulations."""
+
+
 class ProfileClock:
     """``rst`` or ``sim``: readings are what ``profile`` says this pipeline's training actions take."""
 
@@ -183,7 +188,8 @@ class ProfileClock:
         self.name, self.profile, self.layout = name, profile, layout
         self.sync_steps, self.backward_weights = sync_steps, backward_weights
         self.reading = offset
-        self._plans: dict[int, SegmentPlan] = {}
+        key = (id(profile), layout, sync_steps, backward_weights)  # the profile is kept alive beside its plans
+        self._plans: dict[int, SegmentPlan] = _PLANS.setdefault(key, (profile, {}))[1]
         self._current: SegmentPlan | None = None
         self.last_busy: list[float] = []  # per stage: the last segment's simulated compute
 

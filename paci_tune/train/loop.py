@@ -19,15 +19,16 @@ from typing import Any
 
 from ..config.layout import Layout
 from ..errors import ConfigError
-from ..pipeline.evaluation import EvalPlan, EvalResult
+from ..pipeline.evaluation import NEAR, REACHED, EvalPlan, EvalResult
 from ..pipeline.factory import ResolvedRun, Setup, build_setup
 from ..pipeline.runtime import Runtime, StageTiming
 from . import checkpoint
 from .clock import Clock, WallClock, run_clock
 from .fingerprint import fingerprint, mismatch
 from .lr import lr_factor, peak_lr, step_progress
-from .memory_check import against_budget
+from .memory_check import against_budget, allocated
 from .metrics import RecordSink
+from .nearness import near, validated
 from .timed import is_timed, numerics_config, numerics_run
 
 
@@ -45,6 +46,7 @@ class LoopState:
     last_eval: int = -1
     last_eval_clock: float = 0.0
     last_val_loss: float | None = None
+    far_vals: list[float] = dataclasses.field(default_factory=list)  # the far validations (training.eval_far_every)
     target_reached: bool = False
     last_checkpoint: int = 0
     clock_busy: list[float] = dataclasses.field(default_factory=list)  # per stage, on a profile clock
@@ -147,24 +149,37 @@ class Trainer:
                 due = (end // every_s + 1) * every_s
         return points.__contains__
 
-    def _control(self, k: int, news: bool) -> tuple[bool, bool]:
-        """Stage 0 at an evaluation point: (evaluate now, end the run after the batches already started)."""
+    def _control(self, k: int, news: int) -> tuple[bool, bool]:
+        """Stage 0 at an evaluation point: (evaluate now, end the run after the batches already started).
+
+        With ``training.eval_far_every``, a point between two far ones is validated only where the last
+        stage's latest word (``news``) says the target is near (:mod:`.nearness`); none once it was reached."""
         t = self.cfg.training
-        evaluate, end = True, news
+        reached = end = bool(news & REACHED)  # the run ends, and no validation after the target's is scored
+        evaluate = t.eval_far_every is None or validated(k + 1, t.eval_every, t.eval_far_every, bool(news & NEAR))
         if self.clock.measured:  # otherwise the segment's length and its evaluation points were planned
             now = self.clock.now()
             end = end or (t.seconds is not None and now >= t.seconds)
             if t.eval_every_seconds is not None:
                 due = (self._wall_last_eval // t.eval_every_seconds + 1) * t.eval_every_seconds
-                evaluate = now >= due - 1e-12
+                evaluate = now >= due - 1e-12 and not reached
                 if evaluate:
                     self._wall_last_eval = now
-        return evaluate, end
+        return evaluate and not reached, end
 
-    def _on_eval(self, r: EvalResult) -> bool:
-        """The last stage's report of an evaluation inside the pipeline; True when the target is reached."""
-        return self._record_eval(r.batch + 1, r.val_loss, self.clock.model_done(r.batch - self._segment_first),
-                                 r.updates, r.snapshots)  # fmt: skip
+    def _on_eval(self, r: EvalResult) -> int:
+        """The last stage's report of an evaluation inside the pipeline; its news bits for stage 0: the target
+        reached, the target near (at a far point, :mod:`.nearness` decides again)."""
+        reached = self._record_eval(r.batch + 1, r.val_loss, self.clock.model_done(r.batch - self._segment_first),
+                                    r.updates, r.snapshots)  # fmt: skip
+        far = self.cfg.training.eval_far_every
+        if far is not None and (r.batch + 1) % far == 0:
+            self.state.far_vals.append(r.val_loss)
+        return (REACHED if reached else 0) | (NEAR if self._near() else 0)
+
+    def _near(self) -> bool:
+        t = self.cfg.training
+        return near(t.eval_far_every, t.target_val_loss, self.state.far_vals)
 
     # ------------------------------------------------------------------------------- the loop
     def run(self, resume: bool = False) -> dict[str, Any] | None:
@@ -186,8 +201,10 @@ class Trainer:
             if n == 0:
                 break  # the budget cannot fit one more global batch
             first = self._segment_first = self.state.batches_done
+            if t.eval_far_every is not None:  # the reporter's far validations (a resumed run's, on every rank)
+                self.state.far_vals = list(self.runtime.share(self.state.far_vals))  # type: ignore[call-overload]
             plan = EvalPlan(eval_at=self._eval_points(first, n), control=self._control, on_eval=self._on_eval,
-                            spent=self.clock.exclude)  # fmt: skip
+                            spent=self.clock.exclude, news=NEAR if self._near() else 0)  # fmt: skip
             self.clock.begin_segment(n)
             start_clock = self.clock.now()
             report = self.runtime.run_segment(first, n, self._on_batch, plan)
@@ -236,9 +253,12 @@ class Trainer:
         """Validate the drained pipeline (the run's end), every stage at the same update count."""
         val = self.runtime.evaluate()
         b = self.state.batches_done
-        self._record_eval(b, val, self.clock.now(), [b] * self.cfg.pipeline.stages, [False] * self.cfg.pipeline.stages)
+        self._record_eval(b, val, self.clock.now(), [b] * self.cfg.pipeline.stages, [False] * self.cfg.pipeline.stages,
+                          drained=True)  # fmt: skip
 
-    def _record_eval(self, step: int, val: float, clock: float, updates: list[int], snapshots: list[bool]) -> bool:
+    def _record_eval(self, step: int, val: float, clock: float, updates: list[int], snapshots: list[bool],
+                     drained: bool = False) -> bool:  # fmt: skip
+        """Record a validation (``drained``: the run's closing one); True once the target is reached."""
         self.state.last_eval, self.state.last_val_loss, self.state.last_eval_clock = step, val, clock
         self.sink.emit(
             {
@@ -248,6 +268,7 @@ class Trainer:
                 "tokens": step * self.tokens_per_batch,
                 "clock": clock,
                 "weights": {"updates": updates, "snapshot": snapshots},  # what each stage scored
+                **({"drained": True} if drained else {}),
             }
         )
         target = self.cfg.training.target_val_loss
@@ -358,20 +379,6 @@ class Trainer:
             }
         )
 
-    def _allocated(self, stats: list[dict]) -> dict[str, Any]:
-        """The run's peak of allocated tensor bytes (each stage's ``peak_allocated_bytes``: per stage process on
-        the distributed runtime, the one process's on the emulated one) and what measured it, or None where
-        nothing did (a CPU run without ``PACI_TUNE_TRACK_MEMORY=1``, :mod:`paci_tune.pipeline.meter`)."""
-        peaks = [x.get("peak_allocated_bytes") for x in stats]
-        meter = getattr(self.runtime, "meter", None)
-        return {
-            "peak_allocated_bytes": None if None in peaks else max(peaks),
-            "peak_allocated_measured_with": None if meter is None else meter.measured_with,
-            "peak_memory_measured_with": "torch.cuda.max_memory_allocated"
-            if self.setup.device.type == "cuda"
-            else "process peak resident set (ru_maxrss)",
-        }
-
     def _summary(self, timing: list[StageTiming]) -> dict[str, Any]:
         c, st = self.cfg, self.state
         stats = self.runtime.stats(timing, st.makespan)
@@ -432,7 +439,7 @@ class Trainer:
             "clock_step_time_s": st.clock_span / trained if (trained := st.batches_done - st.origin) else 0.0,
             "clock_bubble_fraction": clock_bubble,
             "memory_measured_per": "stage" if c.pipeline.runtime == "distributed" else "process (all stages)",
-            **self._allocated(stats),
+            **allocated(stats, getattr(self.runtime, "meter", None), self.setup.device.type),
             **against_budget(c, stats),  # hardware.memory against what the run measured
             "profile": self.cfg.training.profile,
             "stages": stats,

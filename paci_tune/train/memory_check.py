@@ -41,3 +41,18 @@ def against_budget(cfg: RunConfig, stats: list[dict[str, Any]]) -> dict[str, Any
         budget = cap * cfg.pipeline.stages * cfg.pipeline.data_parallel
         over = [{"stage": "all", "measured_bytes": whole, "budget_bytes": budget}] if whole > budget else []
     return {"memory_budget_bytes": cap, "memory_over_budget": over}
+
+
+def allocated(stats: list[dict[str, Any]], meter: Any, device_type: str) -> dict[str, Any]:
+    """The summary's peak of allocated tensor bytes (each stage's ``peak_allocated_bytes``: per stage process
+    on the distributed runtime, the one process's on the emulated one) and what measured it (``meter``, the
+    runtime's, :mod:`paci_tune.pipeline.meter`), or None where nothing did (a CPU run without
+    ``PACI_TUNE_TRACK_MEMORY=1``)."""
+    peaks = [x.get("peak_allocated_bytes") for x in stats]
+    return {
+        "peak_allocated_bytes": None if None in peaks else max(peaks),
+        "peak_allocated_measured_with": None if meter is None else meter.measured_with,
+        "peak_memory_measured_with": "torch.cuda.max_memory_allocated"
+        if device_type == "cuda"
+        else "process peak resident set (ru_maxrss)",
+    }

@@ -54,6 +54,8 @@ def apply_run(best: str | Path, overrides: dict[str, Any], *, until: str = "targ
     if over.get("training.steps") is not None:
         over["training.eval_every_seconds"] = None
         over["training.eval_every"] = max(1, int(over["training.steps"]) // 8)
+    if "training.eval_every" in over:  # another cadence than the trial's: its far points are not that one's
+        over.setdefault("training.eval_far_every", None)
     return derive_run(run_doc, over)
 
 

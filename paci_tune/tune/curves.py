@@ -50,7 +50,7 @@ LAYOUT = ("schedule", "stages", "window", "microbatch_size", "data_parallel", "i
 PACI_FREE = ("microbatch_size", "data_parallel")
 """The pipeline keys PACI's numbers do not read at a fixed depth and window."""
 
-EVALUATION = ("eval_every", "eval_every_seconds", "eval_microbatch_size", "target_val_loss")
+EVALUATION = ("eval_every", "eval_every_seconds", "eval_far_every", "eval_microbatch_size", "target_val_loss")
 """When a run validates and when it stops: where its curve is read, not what it is."""
 
 

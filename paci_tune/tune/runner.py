@@ -75,6 +75,7 @@ class _Watch:
         self.evals: list[tuple[float, float]] = []
         self.by_step: list[tuple[int, float]] = []
         self.first_loss: float | None = None
+        self.trained = False  # a train record was seen
         self.summary: dict[str, Any] | None = None
         self.stop: tuple[Literal["pruned", "failed"], str, int | None] | None = None
 
@@ -83,6 +84,7 @@ class _Watch:
             self.on_record(rec)
         kind = rec.get("event")
         if kind == "train":
+            self.trained = True
             loss = float(rec["loss"])
             if not math.isfinite(loss):
                 self.stop = ("failed", f"diverged: loss {loss} at step {rec.get('step')}", None)
@@ -97,8 +99,10 @@ class _Watch:
                 )
         elif kind == "eval":
             every = self.job.scored_every
-            if every is not None and int(rec["step"]) % every:
-                return  # off the shared step grid (the run's closing validation): recorded, not scored
+            if every is not None and (int(rec["step"]) % every or (rec.get("drained") and self.trained)):
+                # Off the shared step grid, or the run's closing validation (at a point the run skipped, far
+                # from the target): recorded, not scored. A run that trained no batch scores its start's.
+                return
             clock, val = float(rec["clock"]), float(rec["val_loss"])
             if not math.isfinite(val):
                 self.stop = ("failed", f"diverged: validation loss {val} at clock {clock:.3g}s", None)

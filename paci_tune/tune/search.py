@@ -337,7 +337,7 @@ class Search:
         budget, target = float(b.seconds or 0.0), float(self.tune.target.value or 0.0)
         first = self.warm.step if self.warm else 0
         replay = replay_points(cfg, self.loaded_profile(), first, grid_of.every)
-        if (read := walk(replay, curve, target)) is None:
+        if (read := walk(replay, curve, target, grid_of)) is None:
             return False
         on_eval = self._reporter(study, trial, params, seed, 1.0)
         progress, evals, by_step, pruned = Progress(target, budget), [], [], None

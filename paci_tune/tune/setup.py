@@ -175,6 +175,8 @@ def fingerprint(tune: TuneConfig, space: Any) -> dict[str, Any]:
     }
     if tune.search.share_curves and tune.budget.clock != "wall" and tune.budget.seconds is not None:
         out["share_curves"] = True  # absent otherwise: a search from before sharing does not resume with it
+        if tune.search.validate_near_target:  # likewise: stored curves were validated at every grid point
+            out["validate_near_target"] = True
     if tune.search.warm_start.enabled:  # absent otherwise: a cold search's stored fingerprint stays the same
         out["warm_start"] = tune.search.warm_start.describe()
     return out

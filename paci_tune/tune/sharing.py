@@ -11,7 +11,9 @@ trial's run is set up so that its curve is a function of its numerics alone:
   runs out of budget before the end of the decay;
 - it validates on a grid of steps, every ``max(1, H // max(20, budget.grid))`` of them (time to
   target to 1/20 of the budget or finer), and only those validations are scored (:class:`StepGrid`);
-  the pruner still reads the clock grid;
+  with ``search.validate_near_target`` (the default) only near the target, and every
+  ``H / budget.grid`` steps far from it (:mod:`paci_tune.train.nearness`: a function of the curve, so
+  every layout of a class validates at the same steps); the pruner still reads the clock grid;
 - its data are drawn sequence by sequence (``data.draw: sequence`` unless the run file names a draw),
   so every split of a global batch trains on the same sequences (:mod:`paci_tune.data.stream`).
 
@@ -42,6 +44,7 @@ from ..errors import ConfigError
 from ..pipeline.planning import budget_fit, plan_partition
 from ..sim.profile import Profile
 from ..train.clock import ProfileClock, run_clock
+from ..train.nearness import near_target, validated
 from .curves import numerics_key
 from .point import TrialParams
 from .record import TrialRecord
@@ -66,11 +69,12 @@ class StepGrid:
     every: int  # validate (and score) every this many steps
     draw: str | None  # data.draw to set (None: the run file names one)
     members: int = 1  # points of the space in the class
+    far: int | None = None  # far from the target, validate only every this many steps (training.eval_far_every)
 
     def overrides(self) -> dict[str, Any]:
         draw = {"data.draw": self.draw} if self.draw else {}
         return {"lr_schedule.horizon_steps": self.horizon, "training.eval_every": self.every,
-                "training.eval_every_seconds": None, **draw}  # fmt: skip
+                "training.eval_far_every": self.far, "training.eval_every_seconds": None, **draw}  # fmt: skip
 
 
 def layout_clock(cfg: RunConfig, profile: Profile) -> tuple[ProfileClock, int, list[int]]:
@@ -110,14 +114,23 @@ def replay_points(cfg: RunConfig, profile: Profile, first_step: int, every: int)
     return Replay(points, n, clock.now(), cut)
 
 
-def walk(replay: Replay, curve: dict[int, float], target: float) -> list[tuple[int, float, float]] | None:
+def walk(replay: Replay, curve: dict[int, float], target: float,
+         grid: StepGrid) -> list[tuple[int, float, float]] | None:  # fmt: skip
     """(step, clock, val_loss) of each validation the run would score, up to its first at or below ``target``,
-    read from ``curve``; None when the curve lacks one of them (the trial must train)."""
-    out = []
+    read from ``curve``; None when the curve lacks one of them (the trial must train). Far from the target
+    the run validates only at ``grid.far`` points, as its trainer decides (:mod:`paci_tune.train.nearness`)."""
+    out: list[tuple[int, float, float]] = []
+    far_vals: list[float] = []
+    near = False
     for step, clock in replay.points:
+        if not validated(step, grid.every, grid.far, near):
+            continue
         if step not in curve:
             return None
         out.append((step, clock, curve[step]))
+        if grid.far is not None and step % grid.far == 0:
+            far_vals.append(curve[step])
+            near = near_target(far_vals, target)
         if curve[step] <= target:
             break
     return out
@@ -135,12 +148,19 @@ class Horizons:
                  doc_for: Callable[[TrialParams], dict[str, Any]], profile: Profile) -> None:  # fmt: skip
         self.doc_for, self.profile, self._points = doc_for, profile, points
         self.grid_per_budget = max(VALIDATIONS, tune.budget.grid)
+        self.far_per_budget = tune.budget.grid if tune.search.validate_near_target else None
         self.draw = None if "draw" in (tune.run_doc.get("data") or {}) else SHARED_DRAW
         self._horizons: dict[str, tuple[int, int]] | None = None  # class key: (horizon, members)
         self._grids: dict[TrialParams, StepGrid] = {}  # asked for several times a trial: one simulation each
+        self._classes: dict[TrialParams, tuple[str | None, int]] = {}
 
     def _class(self, params: TrialParams) -> tuple[str | None, int]:
-        """(class key, steps in the budget) of a point."""
+        """(class key, steps in the budget) of a point (once per point: a layout's clock is simulated)."""
+        if params not in self._classes:
+            self._classes[params] = self._class_of(params)
+        return self._classes[params]
+
+    def _class_of(self, params: TrialParams) -> tuple[str | None, int]:
         doc = self.doc_for(params)
         over: dict[str, Any] = {"lr_schedule.horizon_steps": 1} | ({"data.draw": self.draw} if self.draw else {})
         key = numerics_key(derive_run(derive_doc(doc, over)))
@@ -166,7 +186,9 @@ class Horizons:
             key, n = self._class(params)
             horizon, members = self._all().get(key, (n, 1)) if key is not None else (n, 1)
             horizon = max(1, horizon)
-            self._grids[params] = StepGrid(horizon, max(1, horizon // self.grid_per_budget), self.draw, members)
+            every = max(1, horizon // self.grid_per_budget)
+            far = None if self.far_per_budget is None else every * max(1, round(horizon / self.far_per_budget / every))
+            self._grids[params] = StepGrid(horizon, every, self.draw, members, far if far != every else None)
         return self._grids[params]
 
 

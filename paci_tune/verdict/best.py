@@ -294,11 +294,15 @@ def _comparison(
 def validation_spacing(trials: list[FrozenTrial], budget: dict[str, Any]) -> float:
     """Time to target's resolution: the clock between two validations. ``budget.seconds / budget.grid`` on
     the clock grid; where the search shared curves (:mod:`paci_tune.tune.sharing`: validations every few
-    steps, on each layout's own clock) the widest gap between two validations of the compared points."""
+    steps, on each layout's own clock) the widest gap between the validation that reached the target and the
+    one before it, over the compared points (far from the target they validate further apart,
+    :mod:`paci_tune.train.nearness`: that spacing resolves nothing); the widest gap of all where none reached it."""
     records = [TrialRecord.read(t) for t in trials]
     gaps = [b[0] - a[0] for r in records for a, b in itertools.pairwise(r.curve or [])]
     if gaps and any(r.numerics is not None or r.shared_from is not None for r in records):
-        return max(gaps)
+        crossing = [b[0] - a[0] for r in records for a, b in itertools.pairwise(r.curve or [])
+                    if r.time_to_target is not None and abs(b[0] - r.time_to_target) < 1e-6]  # fmt: skip
+        return max(crossing or gaps)
     return float(budget.get("seconds") or 0.0) / int(budget.get("grid") or 1)
 
 
