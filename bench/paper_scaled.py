@@ -12,6 +12,12 @@ where flush's bubble is a larger share of its step. Here, the same protocol at C
   seeds for every run, the LR decaying over the budget;
 - flush tuned over its micro-batch count m and the LR, PACI over its window a and the LR (the
   micro-batch is G / a for both: the same grid), 3 seeds per point;
+- each distinct curve trained once (issue 39, :func:`simrun.train_shared`): flush and the synchronous
+  baselines of one batch, LR, seed and optimizer train plain gradient accumulation over the global batch,
+  one curve whatever m; it is trained once and read at each layout's own sim clock, as a search answers
+  shared trials. Every run's LR decays over its class's horizon in steps (the most steps one of its
+  layouts fits in the budget) and its data are drawn sequence by sequence (``data.draw: sequence``);
+  each PACI (a, semantics) is its own curve;
 - per batch, the target is the validation loss the best flush point (lowest median loss at 2/3 of
   the budget) has at 2/3 of the budget, so the fastest flush reaches it at about two thirds;
 - each point's score is its mean over seeds of the time to target (linearly interpolated between
@@ -50,7 +56,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simrun import first_reach, run_pool, train_sim, warm_checkpoint, warm_overrides
+from simrun import Layout, curve_class, first_reach, run_pool, train_shared, warm_checkpoint, warm_overrides
 
 from paci_tune.calibrate import calibrate
 from paci_tune.calibrate.cache import measured_profile
@@ -85,23 +91,47 @@ QUICK: dict[str, Any] = {
 }
 
 
-def _one(base: dict[str, Any], profile: str, seconds: float, grid: int, warm: dict[int, str],
-         task: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """One run (in a worker process of :func:`simrun.run_pool`), from the warm checkpoint of its batch if any."""
-    run_base = {**base, "training": {**base["training"], "global_batch": task["G"]}}
+def _layout(warm: dict[int, str], task: dict[str, Any]) -> tuple[dict[str, Any], Layout]:
+    """A task's base (its global batch) and layout, from the warm checkpoint of its batch if any."""
     extra: dict[str, Any] = {"pipeline.backward_weights": task["bw"]} if "bw" in task else {}
     extra.update(warm_overrides(warm.get(task["G"])))
     extra.update(OPTIMIZERS[task["opt"]] if "opt" in task else {})
     if task["schedule"] == "interleaved":
         extra["pipeline.chunks"] = 2
-    row = train_sim(run_base, profile, task["schedule"], task["P"], 1, task["a"], seconds=seconds, grid=grid,
-                    overrides={"optimizer.lr": task["lr"], "training.seed": task["seed"], **extra})  # fmt: skip
-    return {**task, **row}
+    extra.update({"optimizer.lr": task["lr"], "training.seed": task["seed"]})
+    return {"G": task["G"]}, (task["schedule"], task["P"], 1, task["a"], extra)
 
 
-def _describe(r: dict[str, Any]) -> str:
-    return (f"G={r['G']} {r['schedule']:5s} {r.get('bw', ''):7s} a={r['a']:2d} lr={r['lr']:.3g} seed {r['seed']}: "
-            f"{r['steps']} steps, best val {r['best_val_loss']:.4f}, {r['wall_s']} s wall")  # fmt: skip
+def classes(base: dict[str, Any], profile: str, seconds: float, grid: int, warm: dict[int, str],
+            tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
+    """The tasks grouped by the curve they train (:func:`simrun.curve_class`): flush and the synchronous
+    baselines of one batch, LR, seed and optimizer are one curve whatever their micro-batch count; each
+    PACI (a, semantics) its own."""
+    groups: dict[str | None, list[dict[str, Any]]] = {}
+    for t in tasks:
+        _, lay = _layout(warm, t)
+        key = curve_class(_base_for(base, t["G"]), profile, lay, seconds=seconds, grid=grid)
+        groups.setdefault(f"{t['G']}:{key}" if key is not None else f"run:{len(groups)}", []).append(t)
+    return [{"G": members[0]["G"], "members": members} for members in groups.values()]
+
+
+def _base_for(base: dict[str, Any], g: int) -> dict[str, Any]:
+    return {**base, "training": {**base["training"], "global_batch": g}}
+
+
+def _one(base: dict[str, Any], profile: str, seconds: float, grid: int, warm: dict[int, str],
+         cls: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """One curve (in a worker process of :func:`simrun.run_pool`): trained once, a row per member task."""
+    layouts = [_layout(warm, t)[1] for t in cls["members"]]
+    rows = train_shared(_base_for(base, cls["G"]), profile, layouts, seconds=seconds, grid=grid)
+    return {**cls, "rows": [{**t, **row} for t, row in zip(cls["members"], rows, strict=True)]}
+
+
+def _describe(rec: dict[str, Any]) -> str:
+    r = rec["rows"][0]
+    who = ", ".join(f"{m['schedule']} a={m['a']}" for m in rec["rows"])
+    return (f"G={r['G']} {r.get('bw', ''):7s} lr={r['lr']:.3g} seed {r['seed']}: one curve for {who}; "
+            f"{r['steps']} steps, best val {r['best_val_loss']:.4f}, {rec['wall_s']} s wall")  # fmt: skip
 
 
 def loss_at(curve: list[tuple[float, float]], at: float) -> float:
@@ -318,9 +348,12 @@ def main() -> None:
     tasks += [{"G": g, "schedule": "paci", "bw": bw, "P": args.stages, "a": a, "lr": lr, "seed": seed, **o}
               for bw in args.backward_weights for g, a in points for lr in args.lrs for seed in args.seeds
               for o in opts]  # fmt: skip
-    rows = run_pool(tasks, functools.partial(_one, base, str(profile), args.seconds, args.grid, warm),
-                    log=work / "runs.jsonl", jobs=args.jobs, describe=_describe,
+    curves = classes(base, str(profile), args.seconds, args.grid, warm, tasks)
+    print(f"{len(tasks)} runs of {len(curves)} distinct curves: each curve trained once", file=sys.stderr)
+    done = run_pool(curves, functools.partial(_one, base, str(profile), args.seconds, args.grid, warm),
+                    log=work / "curves.jsonl", jobs=args.jobs, describe=_describe,
                     depends=[base, profile.read_text(), args.seconds, args.grid, args.warm_start])  # fmt: skip
+    rows = [row for rec in done for row in rec["rows"]]
     results = [analyse(rows, g, args.seconds, bw) for bw in args.backward_weights for g in args.batches]
     check(rows, results, args.seconds)
     out = Path(args.out)

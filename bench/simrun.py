@@ -20,10 +20,13 @@ from typing import Any
 
 from paci_tune.base.processes import die_with_parent
 from paci_tune.config import derive_run
+from paci_tune.config.schema import RunConfig
 from paci_tune.pipeline.planning import plan_partition
 from paci_tune.sim.profile import Profile
 from paci_tune.sim.simulator import simulate
 from paci_tune.train.run import resolve_run, run_training
+from paci_tune.tune.curves import numerics_key
+from paci_tune.tune.sharing import layout_clock, replay_points
 
 
 def run_pool(tasks: list[dict[str, Any]], fn: Callable[[dict[str, Any]], dict[str, Any]], *, log: Path, jobs: int,
@@ -113,6 +116,38 @@ def first_reach(curve: list[tuple[float, float]], target: float) -> float | None
     return None
 
 
+def _sim_overrides(base: dict[str, Any], profile: str, schedule: str, p: int, d: int, a: int, seconds: float,
+                   grid: int, overrides: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    """A (schedule, P, D, a) run on ``seconds`` of the sim clock validating ``grid`` times (the base's batch)."""
+    b = base["training"]["global_batch"] // (d * a)
+    return {"pipeline.schedule": schedule, "pipeline.stages": p, "pipeline.window": a, "training.clock": "sim",
+            "training.profile": profile, "training.seconds": seconds, "training.steps": None,
+            "training.eval_every_seconds": seconds / grid, "training.eval_every": 10**9,
+            "training.target_val_loss": None, "pipeline.data_parallel": d, "pipeline.microbatch_size": b,
+            **(overrides or {})}  # fmt: skip
+
+
+def _planned(base: dict[str, Any], profile: str, over: dict[str, Any]) -> tuple[RunConfig, Profile]:
+    """The run with its stage cut planned on the profile, as a search's would be, and the profile its
+    optimizer's step is charged on."""
+    probe = derive_run(base, over)
+    prof = Profile.load(profile).for_optimizer(probe.optimizer.timing_key)  # charged its own optimizer's step
+    sizes = plan_partition(probe, [1.0] * prof.n_units, prof)
+    return derive_run(base, {**over, "pipeline.partition": sizes}), prof
+
+
+def _row(cfg: RunConfig, prof: Profile, curve: list[tuple[float, float]], steps: Any, t0: float) -> dict[str, Any]:
+    """A bench's row of one run: its layout, its validation curve on its clock, its simulated step time."""
+    pc = cfg.pipeline
+    sizes = list(cfg.layout.partition or ())
+    sim = simulate(cfg.layout, prof, 8, backward_weights=pc.backward_weights)
+    return {"schedule": pc.schedule, "stages": pc.stages, "data_parallel": pc.data_parallel, "window": pc.window,
+            "microbatch_size": pc.microbatch_size, "partition": sizes, "curve": curve,
+            "best_val_loss": min((v for _, v in curve), default=None), "steps": steps,
+            "step_time_s": sim.steady_step_time_s, "allreduce_fraction": sim.allreduce_fraction,
+            "wall_s": round(time.time() - t0, 1)}  # fmt: skip
+
+
 def train_sim(base: dict[str, Any], profile: str, schedule: str, p: int, d: int, a: int, *, seconds: float,
               grid: int, overrides: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Train one (schedule, P, D, a) for ``seconds`` of the sim clock, validating ``grid`` times.
@@ -121,16 +156,7 @@ def train_sim(base: dict[str, Any], profile: str, schedule: str, p: int, d: int,
     micro-batch b on the profile, as a search would; the LR decays over the clock's budget.
     Returns the validation curve on the clock, the steps run, and the simulated steady step time.
     """
-    b = base["training"]["global_batch"] // (d * a)
-    common = {"pipeline.schedule": schedule, "pipeline.stages": p, "pipeline.window": a, "training.clock": "sim",
-              "training.profile": profile, "training.seconds": seconds, "training.steps": None,
-              "training.eval_every_seconds": seconds / grid, "training.eval_every": 10**9,
-              "training.target_val_loss": None, "pipeline.data_parallel": d, "pipeline.microbatch_size": b,
-              **(overrides or {})}  # fmt: skip
-    probe = derive_run(base, common)
-    prof = Profile.load(profile).for_optimizer(probe.optimizer.timing_key)  # charged its own optimizer's step
-    sizes = plan_partition(probe, [1.0] * prof.n_units, prof)
-    cfg = derive_run(base, {**common, "pipeline.partition": sizes})
+    cfg, prof = _planned(base, profile, _sim_overrides(base, profile, schedule, p, d, a, seconds, grid, overrides))
     evals: list[tuple[float, float]] = []
 
     def on_record(rec: dict[str, Any]) -> None:
@@ -139,8 +165,66 @@ def train_sim(base: dict[str, Any], profile: str, schedule: str, p: int, d: int,
 
     t0 = time.time()
     summary = run_training(resolve_run(cfg), on_record=on_record) or {}
-    sim = simulate(cfg.layout.with_partition(sizes), prof, 8, backward_weights=cfg.pipeline.backward_weights)
-    return {"schedule": schedule, "stages": p, "data_parallel": d, "window": a, "microbatch_size": b,
-            "partition": sizes, "curve": evals, "best_val_loss": min((v for _, v in evals), default=None),
-            "steps": summary.get("steps"), "step_time_s": sim.steady_step_time_s,
-            "allreduce_fraction": sim.allreduce_fraction, "wall_s": round(time.time() - t0, 1)}  # fmt: skip
+    return _row(cfg, prof, evals, summary.get("steps"), t0)
+
+
+Layout = tuple[str, int, int, int, dict[str, Any]]
+"""(schedule, P, D, a, the layout's own overrides): one member of a class of runs with one curve."""
+
+
+def curve_class(base: dict[str, Any], profile: str, layout: Layout, *, seconds: float, grid: int,
+                overrides: dict[str, Any] | None = None) -> str | None:  # fmt: skip
+    """The numerics key of a layout's run as :func:`train_shared` trains it (:func:`paci_tune.tune.curves.numerics_key`
+    at a common horizon): the layouts of one key train one curve."""
+    schedule, p, d, a, own = layout
+    over = _sim_overrides(base, profile, schedule, p, d, a, seconds, grid, {**(overrides or {}), **own})
+    cfg, _ = _planned(base, profile, over)
+    return numerics_key(derive_run(cfg.to_doc(), {**SHARED, "lr_schedule.horizon_steps": 1}))
+
+
+SHARED = {"data.draw": "sequence", "training.eval_every_seconds": None}
+"""What makes a run's curve its numerics' alone (:mod:`paci_tune.tune.sharing`), besides a horizon in steps."""
+
+
+def train_shared(base: dict[str, Any], profile: str, layouts: list[Layout], *, seconds: float, grid: int,
+                 overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Train the one curve of ``layouts`` (one :func:`curve_class`) once, and read each layout's own sim clock
+    against it: a row per layout, as :func:`train_sim` gives, the way a search answers shared trials.
+
+    The LR decays over the class horizon in steps (the most steps a layout fits in ``seconds``), the data
+    are drawn sequence by sequence, and the layout with the most steps trains, validating every
+    ``horizon // grid`` steps; each layout then reads the validations of the steps its budget holds at
+    its own clock (:func:`paci_tune.tune.sharing.replay_points`). One layout alone is a run with its LR
+    over its own steps.
+    """
+    t0 = time.time()
+    runs = []
+    for schedule, p, d, a, own in layouts:
+        cfg, prof = _planned(base, profile, _sim_overrides(base, profile, schedule, p, d, a, seconds, grid,
+                                                            {**(overrides or {}), **own}))  # fmt: skip
+        runs.append((cfg, prof, layout_clock(cfg, prof)[1]))
+    horizon = max(1, max(n for _, _, n in runs))
+    every = max(1, horizon // grid)
+    shared = {**SHARED, "lr_schedule.horizon_steps": horizon, "training.eval_every": every}
+    runs = [(derive_run(cfg.to_doc(), shared), prof, n) for cfg, prof, n in runs]
+    keys = {numerics_key(derive_run(cfg.to_doc(), {"lr_schedule.horizon_steps": 1})) for cfg, _, _ in runs}
+    if len(keys) != 1:
+        raise ValueError(f"layouts of {len(keys)} curves given as one class: {layouts}")
+    lead, prof, _ = max(runs, key=lambda r: r[2])
+    by_step: dict[int, float] = {}
+    first: list[int] = []
+
+    def on_record(rec: dict[str, Any]) -> None:
+        if rec.get("event") == "start":
+            first.append(int(rec["resumed_at"]))
+        elif rec.get("event") == "eval" and rec["step"] % every == 0 and not rec.get("drained"):
+            by_step[int(rec["step"])] = float(rec["val_loss"])
+
+    run_training(resolve_run(lead), on_record=on_record)
+    rows = []
+    for cfg, prof, _ in runs:
+        replay = replay_points(cfg, prof, first[0], every)
+        curve = [(clock, by_step[step]) for step, clock in replay.points if step in by_step]
+        rows.append({**_row(cfg, prof, curve, first[0] + replay.steps, t0), "horizon_steps": horizon,
+                     "eval_every": every, "trained": cfg is lead})  # fmt: skip
+    return rows

@@ -83,3 +83,42 @@ def test_sharing_is_on_for_profile_clocks_only_and_can_be_switched_off(tmp_path:
     assert applies(tune(budget={"clock": "sim", "seconds": 1.0}), "profile.yaml")
     assert not applies(tune(budget={"clock": "wall", "seconds": 1.0}), "profile.yaml")  # a wall clock measures itself
     assert not applies(tune(search={"share_curves": False}), "profile.yaml")
+
+
+def test_a_bench_trains_each_curve_once_and_reads_each_layout_as_its_own_run(tmp_path: Path) -> None:
+    """``bench/simrun.train_shared`` (the paper-scaled bench's runs): flush at two micro-batch counts and ZB-H1
+    are one curve, trained once; each layout's row is what its own run (same horizon, draw and validation
+    steps) gives, read at its own clock. PACI is another curve."""
+    import sys
+
+    from helpers import REPO
+    from helpers.configs import make_config
+    from helpers.profiles import make_profile, unit
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import simrun
+
+    profile = tmp_path / "profile.yaml"
+    make_profile([unit(1e-3, 2e-3, mb=2, opt=5e-4) for _ in range(4)], p2p={"latency_s": 1e-4, "bandwidth_Bps": 1e9},
+                 seq_len=32).save(profile)  # fmt: skip
+    base = make_config(training={"global_batch": 8, "eval_sequences": 16})
+    seconds, grid = 0.12, 4
+    layouts = [("1f1b", 2, 1, 2, {}), ("1f1b", 2, 1, 4, {}), ("zb-h1", 2, 1, 4, {})]
+    keys = {simrun.curve_class(base, str(profile), lay, seconds=seconds, grid=grid) for lay in layouts}
+    assert len(keys) == 1 and None not in keys
+    assert simrun.curve_class(base, str(profile), ("paci", 2, 1, 2, {}), seconds=seconds, grid=grid) not in keys
+    rows = simrun.train_shared(base, str(profile), layouts, seconds=seconds, grid=grid)
+    assert sum(r["trained"] for r in rows) == 1 and len({r["steps"] for r in rows}) > 1  # one run, budgets differ
+    for (schedule, p, d, a, own), row in zip(layouts, rows, strict=True):
+        over = simrun._sim_overrides(base, str(profile), schedule, p, d, a, seconds, grid, own)
+        cfg, _ = simrun._planned(base, str(profile), over)
+        fresh_doc = yaml.safe_load(yaml.safe_dump(cfg.to_doc()))
+        fresh_doc["lr_schedule"]["horizon_steps"] = row["horizon_steps"]
+        fresh_doc["training"].update({"eval_every": row["eval_every"], "eval_every_seconds": None})
+        fresh_doc["data"]["draw"] = "sequence"
+        every = row["eval_every"]
+        fresh = [(r["clock"], r["val_loss"]) for r in run_in_process(fresh_doc)
+                 if r.get("event") == "eval" and r["step"] % every == 0 and not r.get("drained")]  # fmt: skip
+        assert len(fresh) == len(row["curve"]) > 1, (schedule, a)
+        for (c, v), (c2, v2) in zip(row["curve"], fresh, strict=True):
+            assert abs(c - c2) <= 1e-6 and abs(v - v2) <= TOL, (schedule, a, row["curve"], fresh)
