@@ -28,7 +28,7 @@ from .fingerprint import fingerprint, mismatch
 from .lr import lr_factor, peak_lr, step_progress
 from .memory_check import against_budget, allocated
 from .metrics import RecordSink
-from .nearness import near, validated
+from .nearness import after_validation, near, validated
 from .timed import is_timed, numerics_config, numerics_run
 
 
@@ -162,7 +162,7 @@ class Trainer:
             end = end or (t.seconds is not None and now >= t.seconds)
             if t.eval_every_seconds is not None:
                 due = (self._wall_last_eval // t.eval_every_seconds + 1) * t.eval_every_seconds
-                evaluate = now >= due - 1e-12 and not reached
+                evaluate = now >= due - 1e-12
                 if evaluate:
                     self._wall_last_eval = now
         return evaluate and not reached, end
@@ -172,14 +172,9 @@ class Trainer:
         reached, the target near (at a far point, :mod:`.nearness` decides again)."""
         reached = self._record_eval(r.batch + 1, r.val_loss, self.clock.model_done(r.batch - self._segment_first),
                                     r.updates, r.snapshots)  # fmt: skip
-        far = self.cfg.training.eval_far_every
-        if far is not None and (r.batch + 1) % far == 0:
-            self.state.far_vals.append(r.val_loss)
-        return (REACHED if reached else 0) | (NEAR if self._near() else 0)
-
-    def _near(self) -> bool:
         t = self.cfg.training
-        return near(t.eval_far_every, t.target_val_loss, self.state.far_vals)
+        dense = after_validation(self.state.far_vals, r.batch + 1, r.val_loss, t.eval_far_every, t.target_val_loss)
+        return (REACHED if reached else 0) | (NEAR if dense else 0)
 
     # ------------------------------------------------------------------------------- the loop
     def run(self, resume: bool = False) -> dict[str, Any] | None:
@@ -203,8 +198,9 @@ class Trainer:
             first = self._segment_first = self.state.batches_done
             if t.eval_far_every is not None:  # the reporter's far validations (a resumed run's, on every rank)
                 self.state.far_vals = list(self.runtime.share(self.state.far_vals))  # type: ignore[call-overload]
+            dense = near(t.eval_far_every, t.target_val_loss, self.state.far_vals)  # a resumed run's word
             plan = EvalPlan(eval_at=self._eval_points(first, n), control=self._control, on_eval=self._on_eval,
-                            spent=self.clock.exclude, news=NEAR if self._near() else 0)  # fmt: skip
+                            spent=self.clock.exclude, news=NEAR if dense else 0)  # fmt: skip
             self.clock.begin_segment(n)
             start_clock = self.clock.now()
             report = self.runtime.run_segment(first, n, self._on_batch, plan)

@@ -54,6 +54,14 @@ def near(far_every: int | None, target: float | None, far: Sequence[float]) -> b
     return far_every is not None and target is not None and near_target(far, target)
 
 
+def after_validation(far: list[float], step: int, val: float, far_every: int | None, target: float | None) -> bool:
+    """Note a validation after global batch ``step`` (a far one joins ``far``, in place) and say whether the
+    points after it are validated densely: the trainer's word at its last stage, and a shared curve's replay."""
+    if far_every is not None and step % far_every == 0:
+        far.append(val)
+    return near(far_every, target, far)
+
+
 def validated(step: int, every: int, far_every: int | None, near: bool) -> bool:
     """Whether a run validates after global batch ``step`` (counted from 1): on the ``eval_every`` grid, and
     with ``eval_far_every``, at its far points or where the target is near."""

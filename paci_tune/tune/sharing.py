@@ -44,7 +44,7 @@ from ..errors import ConfigError
 from ..pipeline.planning import budget_fit, plan_partition
 from ..sim.profile import Profile
 from ..train.clock import ProfileClock, run_clock
-from ..train.nearness import near_target, validated
+from ..train.nearness import after_validation, validated
 from .curves import numerics_key
 from .point import TrialParams
 from .record import TrialRecord
@@ -128,9 +128,7 @@ def walk(replay: Replay, curve: dict[int, float], target: float,
         if step not in curve:
             return None
         out.append((step, clock, curve[step]))
-        if grid.far is not None and step % grid.far == 0:
-            far_vals.append(curve[step])
-            near = near_target(far_vals, target)
+        near = after_validation(far_vals, step, curve[step], grid.far, target)
         if curve[step] <= target:
             break
     return out
