@@ -1,9 +1,11 @@
 """Terminal output for a search: a rich live table of trials, or plain lines off a terminal.
 
 Live: one row per trial (schedule, point, state, time to target, where it was pruned or why it
-failed), a progress bar for the running trial on the budget's clock with its latest validation
-loss, and a footer with the best of each schedule and PACI's speedup over the flush baseline.
-Plain: one line when a trial starts, one per validation, one when it ends. A trial's label carries
+failed), a progress bar per running trial on the budget's clock with its latest validation loss,
+and a footer with the best of each schedule and PACI's speedup over the flush baseline. Plain: one
+line when a trial starts, one per validation (named by its trial: with ``search.jobs`` several run
+at once), one when it ends. Events come from the trials' threads (:mod:`paci_tune.tune.lanes`): one
+lock keeps the view whole. A trial's label carries
 its optimizer recipe in brackets (``[muon momentum=0.95]``), which rich would read as markup and
 drop: labels and notes are printed as plain text. May import: rich and
 :mod:`paci_tune.tune` (the search's events).
@@ -12,12 +14,13 @@ drop: labels and notes are printed as plain text. May import: rich and
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -42,7 +45,8 @@ class SearchView:
         self.budget, self.clock, self.target = budget, clock, target
         self.rows: dict[tuple[str, int], dict[str, Any]] = {}
         self.best: dict[str, tuple[float, str]] = {}
-        self.current: tuple[str, int] | None = None
+        self.running: dict[tuple[str, int], TaskID] = {}  # trial -> its progress bar
+        self._lock = threading.Lock()
         self._live: Live | None = None
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -52,7 +56,6 @@ class SearchView:
             TimeElapsedColumn(),
             console=self.console,
         )
-        self.task = self.progress.add_task("waiting", total=budget, clock="-", val="-")
 
     def __enter__(self) -> SearchView:
         if self.live:
@@ -74,28 +77,31 @@ class SearchView:
 
     # ----------------------------------------------------------------------------- events
     def on_event(self, e: SearchEvent) -> None:
+        with self._lock:
+            self._on_event(e)
+
+    def _on_event(self, e: SearchEvent) -> None:
         key = (e.schedule, e.number)
         if e.kind == "start":
             assert e.params is not None
             point = e.params.label() + (f" ({e.reason})" if e.reason else "")  # a confirmation says so
             self.rows[key] = {"schedule": e.schedule, "number": e.number, "point": point,
                               "state": "running", "ttt": None, "note": ""}  # fmt: skip
-            self.current = key
-            self.progress.update(self.task, description=escape(f"{e.schedule}#{e.number} {point}"), completed=0,
-                                 clock="-", val="-")  # fmt: skip
+            self.running[key] = self.progress.add_task(escape(f"{e.schedule}#{e.number} {point}"),
+                                                       total=self.budget, clock="-", val="-")  # fmt: skip
             if not self.live:
                 self.console.print(f"trial {e.schedule}#{e.number}: {point} ...", markup=False)
         elif e.kind == "eval" and e.progress is not None:
             p = e.progress
             val = p.best_val
-            self.progress.update(
-                self.task, completed=min(p.clock, self.budget), clock=f"{p.clock:.3g}/{self.budget:g}s {self.clock}",
-                val=_fmt(val, ""),
-            )  # fmt: skip
-            if not self.live:
-                self.console.print(
-                    f"  step {e.step}: clock {p.clock:.3g}s val {_fmt(val, '')} (target {self.target:g})"
+            if key in self.running:
+                at = f"{p.clock:.3g}/{self.budget:g}s {self.clock}"
+                self.progress.update(
+                    self.running[key], completed=min(p.clock, self.budget), clock=at, val=_fmt(val, "")
                 )
+            if not self.live:
+                self.console.print(f"  {e.schedule}#{e.number} step {e.step}: clock {p.clock:.3g}s val "
+                                   f"{_fmt(val, '')} (target {self.target:g})")  # fmt: skip
         elif e.kind == "end":
             row = self.rows.setdefault(key, {"schedule": e.schedule, "number": e.number,
                                              "point": e.params.label() if e.params else "", "ttt": None})  # fmt: skip
@@ -114,7 +120,8 @@ class SearchView:
                 row["note"] = why if why.startswith("pruned") else at + (f" ({why})" if why else "")
             else:
                 row["note"] = e.reason or "failed"
-            self.current = None
+            if key in self.running:
+                self.progress.remove_task(self.running.pop(key))
             if not self.live:
                 self.console.print(f"trial {e.schedule}#{e.number}: {row['state']} -- {row['note']}"
                                    + (f", score {_fmt(e.value)}" if e.value is not None else ""),
@@ -138,7 +145,7 @@ class SearchView:
             table.add_row(f"{r['schedule']}#{r['number']}", Text(r["point"]), Text(st, style=_STYLE.get(st, "")),
                           _fmt(r.get("ttt")), Text(r.get("note", "")))  # fmt: skip
         parts: list[Any] = [table]
-        if self.current is not None:
+        if self.running:
             parts.append(self.progress)
         parts.append(Text(self.footer()))
         return Group(*parts)

@@ -29,6 +29,8 @@ MAX_GRID = 10_000
 MAX_TRANSFER_TOP = 50
 """Points per schedule a transfer check trains at the longer budget: each costs ``factor`` trials."""
 MAX_TRANSFER_FACTOR = 100.0
+MAX_JOBS = 256
+"""Trials one worker runs side by side: each is a process with its threads; past this, more workers."""
 MAX_DRIFT = 4096
 """A drift bound is below the pipeline depth; one beyond any depth is a typo."""
 PACI_MAX_DRIFT: int | None = None
@@ -227,6 +229,8 @@ class SearchConfig:
     # With shared curves: validate every step-grid point only near the target (training.eval_far_every,
     # paci_tune.train.nearness); false: at every one, the whole run
     validate_near_target: bool = True
+    # Trials this worker runs side by side ("auto": paci_tune.tune.setup.side_by_side); the sim and rst clocks only
+    jobs: Literal["auto"] | int = 1
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
     transfer_check: TransferConfig = field(default_factory=TransferConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
@@ -252,6 +256,9 @@ class SearchConfig:
             raise ConfigError(f"{key}.seed", self.seed, "an integer in [0, 2**32) (the samplers' seed)")
         if self.study_name is not None and (not self.study_name.strip() or "/" in self.study_name):
             raise ConfigError(f"{key}.study_name", self.study_name, "a non-empty name without '/'")
+        if self.jobs != "auto" and not (isinstance(self.jobs, int) and 1 <= self.jobs <= MAX_JOBS):
+            why = f"auto or an integer in [1, {MAX_JOBS}]: trials this worker runs side by side"
+            raise ConfigError(f"{key}.jobs", self.jobs, why)
         if not space_exists(self.space):
             names = ", ".join(shipped_names("search_spaces"))
             raise ConfigError(f"{key}.space", self.space, f"a YAML file or one of the shipped spaces: {names}")
@@ -333,6 +340,9 @@ def parse_tune_sections(tune: dict[str, Any], *, require: bool) -> dict[str, Any
     out["target"].check("target", require)
     out["budget"].check("budget", require)
     check_timed_schedules(out["search"], out["budget"], out["hardware"])
+    if out["budget"].clock == "wall" and out["search"].jobs not in (1, "auto"):
+        why = "1 or auto on the wall clock: a wall-clock trial times itself, and a trial beside it would slow it"
+        raise ConfigError("search.jobs", out["search"].jobs, why)
     if require and out["hardware"].devices is None:
         allowed = "the device budget of every trial, a positive integer (P x D = devices), e.g. 4"
         raise ConfigError("hardware.devices", None, allowed)

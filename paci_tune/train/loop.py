@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..config.layout import Layout
 from ..errors import ConfigError
 from ..pipeline.evaluation import NEAR, REACHED, EvalPlan, EvalResult
@@ -352,6 +354,7 @@ class Trainer:
                 "runtime": c.pipeline.runtime,
                 "device": str(s.device),
                 "precision": s.precision,
+                "threads": torch.get_num_threads(),  # this process's CPU threads (a search splits the cores)
                 "partition": list(self.layout.partition or ()),
                 "n_units": s.n_units,
                 "steps": c.training.steps,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,12 @@ class TrialJob:
     threads: int | None = None  # CPU threads for the trial (None: torch's default, or the user's OMP_NUM_THREADS)
     timeout_factor: float = 1.0  # the runner's timeout is scaled by this (a transfer check's long run: its factor)
     scored_every: int | None = None  # a shared curve's step grid (:mod:`.sharing`): only validations on it score
+    cancel: threading.Event | None = None  # set: the worker is stopping (:mod:`.lanes`); the run is killed, untold
+
+
+class TrialCancelled(Exception):
+    """A trial's run was killed because its worker is stopping (Ctrl-C, or a trial beside it crashed the
+    worker): the trial is left running in the storage, as one interrupted alone is, for a resume to retry."""
 
 
 @dataclass
@@ -143,6 +150,8 @@ class SubprocessRunner:
 
         def stop(active: bool) -> bool:
             nonlocal last_activity
+            if job.cancel is not None and job.cancel.is_set():
+                raise TrialCancelled(f"{job.params.label()}: its worker is stopping")
             now = time.monotonic()
             if active:
                 last_activity = now

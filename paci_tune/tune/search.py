@@ -4,18 +4,17 @@ Everything here is storage-backed, so the loop can be killed at any moment and s
 finished trials stay, the interrupted one is failed and retried (:mod:`.study`), and the loop
 goes on until each schedule's study has its quota of trials.
 
-A point already run (samplers propose repeats in small discrete spaces) is not trained again:
-a finished one's result is copied, a deterministic failure (out of memory, divergence) repeated,
-and a pruned one's curve is replayed against the pruner, which trains it only if it now survives
-past the point where it was stopped. On the sim and rst clocks a trial whose numerics another trial
-trained is answered from that curve, read on its own layout's clock (:mod:`.sharing`). May import:
-optuna, :mod:`paci_tune.pipeline` (predicted memory), :mod:`paci_tune.sim`, :mod:`paci_tune.config`,
-:mod:`paci_tune.base` and the tune layer's own modules.
+A point already run is not trained again (:mod:`.repeats`). On the sim and rst clocks a trial
+whose numerics another trial trained is answered from that curve, read on its own layout's clock
+(:mod:`.sharing`). Several trials may run at once (:mod:`.lanes`). May import: optuna,
+:mod:`paci_tune.pipeline` (predicted memory), :mod:`paci_tune.sim`, :mod:`paci_tune.config`
+and the tune layer's own modules.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -24,17 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
-from ..base.processes import threads_per_process
 from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
 from . import extra, record
 from .curves import numerics_key
 from .extra import confirm_seeds
+from .lanes import Lanes
 from .objective import Progress, grid_step
 from .point import TrialParams
 from .record import Outcome, PointAttrs, TrialRecord
+from .repeats import answer_repeat
 from .rounds import current_round
 from .runner import OnEval, TrialJob, TrialResult, TrialRunner
 from .setup import trial_runtime
@@ -42,8 +42,6 @@ from .sharing import Horizons, StepGrid, applies, replay_points, stored_curve, w
 from .space import SearchSpace
 from .study import HOST, Heartbeat, claim, counted, reap_dead, running_elsewhere
 from .warm import WarmStart, trial_overrides
-
-DETERMINISTIC_FAILURES = ("oom", "diverged", "rejected")
 
 
 @dataclass
@@ -78,6 +76,8 @@ class Search:
     warm: WarmStart | None = None  # every trial starts from this checkpoint (:mod:`.warm`)
     _profile: Any = field(default=None, repr=False)
     _horizons: Horizons | None = field(default=None, repr=False)
+    jobs: int = 1  # trials at once (search.jobs, :func:`.setup.side_by_side`)
+    _lanes: Lanes = field(default_factory=lambda: Lanes(1), repr=False)
 
     @property
     def quota(self) -> int:
@@ -85,51 +85,88 @@ class Search:
 
     def run(self) -> None:
         """Run trials until every schedule's study holds its quota of finished trials, then confirm, then
-        run the transfer check (:mod:`.extra`: it decides nothing, so the confirmation comes first)."""
-        while True:
-            for study in self.studies.values():
-                reap_dead(study, self.tune.search.retries, self.tune.search.heartbeat_grace)
-            schedule = self._next_schedule() or self._next_confirmation() or self._next_transfer()
-            if schedule is not None:
-                self.run_trial(schedule)
-                continue
-            if not any(running_elsewhere(s.get_trials(deepcopy=False)) for s in self.studies.values()):
-                return
-            self.on_event(SearchEvent("wait", "", -1))
-            time.sleep(self.poll_s)  # other workers' last trials: wait for them or for their death
+        run the transfer check (:mod:`.extra`: it decides nothing, so the confirmation comes first).
+        Up to ``jobs`` trials at once, each study's search trials in order (:mod:`.lanes`)."""
+        with Lanes(self.jobs) as lanes:
+            self._lanes = lanes
+            while True:
+                for study in self.studies.values():
+                    reap_dead(study, self.tune.search.retries, self.tune.search.heartbeat_grace)
+                batch = self._fill(lanes)
+                share = lanes.running + len(batch)
+                for schedule, trial, params, searching in batch:
+                    run = functools.partial(self.run_trial, schedule, (trial, params))
+                    lanes.start(schedule, searching, trial._trial_id, share, run)
+                if lanes.running:
+                    lanes.wait_one(self.poll_s)
+                    continue
+                if batch:
+                    continue
+                if not any(running_elsewhere(s.get_trials(deepcopy=False)) for s in self.studies.values()):
+                    return
+                self.on_event(SearchEvent("wait", "", -1))
+                time.sleep(self.poll_s)  # other workers' last trials: wait for them or for their death
 
-    def _next_schedule(self) -> str | None:
-        """The schedule furthest from its quota (ties: the order of the space's schedules)."""
+    def _fill(self, lanes: Lanes) -> list[tuple[str, optuna.Trial, TrialParams, bool]]:
+        """The trials to start now, asked and claimed here: as many as ``lanes`` has room for; a study
+        whose search trial runs in this worker gets no second one (its sampler would not have seen the first)."""
+        busy, batch = lanes.busy, []
+        while lanes.free > len(batch):
+            schedule = self._next_schedule(busy)
+            searching = schedule is not None
+            schedule = schedule or self._next_confirmation() or self._next_transfer()
+            if schedule is None:
+                break
+            trial, params = self._begin(schedule)
+            if searching:
+                busy.add(schedule)
+            batch.append((schedule, trial, params, searching))
+        return batch
+
+    def _next_schedule(self, busy: set[str] | frozenset[str] = frozenset()) -> str | None:
+        """The schedule furthest from its quota, not one of ``busy`` (ties: the order of the space's schedules)."""
         counts = {s: counted(st.get_trials(deepcopy=False), self.quota) for s, st in self.studies.items()}
-        open_ = [s for s in self.studies if counts[s] < self.quota]
+        open_ = [s for s in self.studies if counts[s] < self.quota and s not in busy]
         return min(open_, key=lambda s: counts[s]) if open_ else None
 
+    def _searched(self, study: optuna.Study) -> bool:
+        """The study's search is over: its quota is met and none of its search trials runs still, here
+        or in another worker (its best points are known)."""
+        return (counted(study.get_trials(deepcopy=False), self.quota) >= self.quota
+                and not extra.search_trials(study, (TrialState.RUNNING,)))  # fmt: skip
+
     def _next_confirmation(self) -> str | None:
-        """Once every quota is met: plan and queue the confirmations; a schedule with one waiting."""
+        """Plan and queue the confirmations of every study whose search is over (the others' trials may
+        still run beside them); a schedule with one waiting."""
         c = self.tune.search.confirm
         if not c.enabled:
             return None
         base = self.tune.run.training.seed
         seeds = confirm_seeds(base, current_round(self.studies, base, c.seeds, c.cap, c.tolerance).seeds)
         for study in self.studies.values():
-            extra.enqueue_confirmations(study, extra.confirm_plan(study, c.top), seeds)
+            if self._searched(study):
+                extra.enqueue_confirmations(study, extra.confirm_plan(study, c.top), seeds)
         return next((s for s, study in self.studies.items() if extra.waiting(study)), None)
 
     def _next_transfer(self) -> str | None:
-        """Once every quota is met and no confirmation waits: plan and queue the transfer check's long runs."""
+        """Once every study's search is over and no confirmation waits: plan and queue the transfer check's runs."""
         tc = self.tune.search.transfer_check
-        if not tc.enabled:
+        if not tc.enabled or not all(self._searched(s) for s in self.studies.values()):
             return None
         for study in self.studies.values():
             extra.enqueue_transfers(study, extra.transfer_plan(study, tc.top), tc.factor)
         return next((s for s, study in self.studies.items() if extra.transfer_queued(study)), None)
 
     # ------------------------------------------------------------------------- one trial
-    def run_trial(self, schedule: str) -> None:
-        study = self.studies[schedule]
-        trial = study.ask()
+    def _begin(self, schedule: str) -> tuple[optuna.Trial, TrialParams]:
+        """Ask the schedule's study for its next trial (a queued one first), claim it and draw its point."""
+        trial = self.studies[schedule].ask()
         claim(trial)
-        params = self.space.suggest(trial, schedule)
+        return trial, self.space.suggest(trial, schedule)
+
+    def run_trial(self, schedule: str, begun: tuple[optuna.Trial, TrialParams] | None = None) -> None:
+        study = self.studies[schedule]
+        trial, params = begun or self._begin(schedule)
         rec = TrialRecord.read(trial)
         seed, factor = rec.seed, rec.factor if rec.factor is not None else 1.0
         tag = f" seed {seed}" if seed is not None else (f" x{factor:g} budget" if factor != 1.0 else "")
@@ -173,7 +210,8 @@ class Search:
             budget=budget,
             grid=grid,
             target=float(self.tune.target.value or 0.0),
-            threads=self._threads(),
+            threads=self._threads(trial),
+            cancel=self._lanes.cancel,
             timeout_factor=factor,  # search.trial_timeout is a short trial's: a long run gets factor x as long
         )
         grid_of = self.step_grid(params) if factor == 1.0 else None
@@ -238,22 +276,21 @@ class Search:
         upload_artifact(artifact_store=FileSystemArtifactStore(str(store)), file_path=str(metrics),
                         study_or_trial=trial, mimetype="application/jsonl")  # fmt: skip
 
-    def _threads(self) -> int | None:
-        """Split this machine's cores among the workers running trials on it right now.
+    def _threads(self, trial: optuna.Trial) -> int | None:
+        """Split this machine's cores among the trials running on it right now.
 
-        Several ``paci-tune search`` workers on one CPU machine would otherwise each start trials
-        with every core's worth of threads, and oversubscribed OpenMP threads spin: trials ran
-        ten times slower in that case. One worker alone keeps torch's default.
+        Several trials at once on one CPU machine (this worker's side by side, :mod:`.lanes`, and other
+        ``paci-tune search`` workers') would otherwise each start with every core's worth of threads, and
+        oversubscribed OpenMP threads spin: trials ran ten times slower in that case. One trial alone keeps
+        torch's default.
         """
-        pids = {os.getpid()}
+        pids: set[int] = set()
         for study in self.studies.values():
             for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                 w = TrialRecord.read(t).worker
                 if isinstance(w, dict) and w.get("host") == HOST:
                     pids.add(int(w.get("pid", -1)))
-        if len(pids) == 1:
-            return None
-        return threads_per_process(len(pids))
+        return self._lanes.threads(trial._trial_id, len(pids - {os.getpid()}))
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, result: TrialResult) -> None:
         p = result.progress
@@ -364,39 +401,12 @@ class Search:
 
     # -------------------------------------------------------------------- repeated points
     def _reuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams) -> bool:
-        """Answer a repeated point from its earlier trial; False when it must be trained."""
-        earlier = _same_point(study, trial)
-        if earlier is None:
-            return False
-        if earlier.state == TrialState.COMPLETE:
-            record.copy_result(earlier, trial)
-            for step, v in sorted(earlier.intermediate_values.items()):
-                trial.report(v, step)
-            study.tell(trial, earlier.value)
-            self.on_event(SearchEvent("end", params.schedule, trial.number, params, None, None, None,
-                                      "complete", f"same point as trial {earlier.number}", earlier.value))  # fmt: skip
-            return True
-        if earlier.state == TrialState.FAIL:
-            reason = str(TrialRecord.read(earlier).fail_reason or "")
-            if not reason.startswith(DETERMINISTIC_FAILURES):
-                return False
-            repeated = f"{reason} (same point as trial {earlier.number})"
-            record.copy_failure(earlier, trial, repeated)
-            study.tell(trial, state=TrialState.FAIL)
-            self.on_event(SearchEvent("end", params.schedule, trial.number, params, None, None, None,
-                                      "failed", repeated, None))  # fmt: skip
-            return True
-        # Pruned before: replay its curve; train it again only if the pruner now lets it through.
-        for step, v in sorted(earlier.intermediate_values.items()):
-            trial.report(v, step)
-            if trial.should_prune():
-                record.copy_pruned(earlier, trial, step)
-                study.tell(trial, state=TrialState.PRUNED)
-                self.on_event(SearchEvent("end", params.schedule, trial.number, params, step, None, None,
-                                          "pruned", f"same point as trial {earlier.number}", None))  # fmt: skip
-                return True
-        record.mark_rerun(trial, earlier.number)  # survives where it was pruned: train it again
-        return False
+        """Answer a repeated point from its earlier trial (:mod:`.repeats`); False when it must be trained."""
+        told = answer_repeat(study, trial)
+        if told is not None:
+            self.on_event(SearchEvent("end", params.schedule, trial.number, params, told.step, None, None,
+                                      told.state, told.reason, told.value))  # fmt: skip
+        return told is not None
 
     # ------------------------------------------------------------------------- configs
     def trial_doc(self, params: TrialParams, seed: int | None = None, factor: float = 1.0) -> dict[str, Any]:
@@ -438,13 +448,3 @@ class Search:
         if b.clock != "wall":
             over["training.eval_every"] = 10**9  # segments end on the clock grid only (no extra fills)
         return derive_doc(copy.deepcopy(t.run_doc), over)
-
-
-def _same_point(study: optuna.Study, trial: optuna.Trial) -> FrozenTrial | None:
-    """The most recent finished trial of ``study`` with exactly ``trial``'s parameters."""
-    done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    same = [t for t in extra.search_trials(study, done) if t.params == trial.params]
-    if not same:
-        return None
-    complete = [t for t in same if t.state == TrialState.COMPLETE]
-    return (complete or same)[-1]

@@ -30,6 +30,7 @@ from .setup import (
     enqueue_start_points,
     fingerprint,
     profile_for,
+    side_by_side,
     trial_runtime,
 )
 from .space import SearchSpace
@@ -57,7 +58,7 @@ class SearchSession:
         s = self.tune.search
         runner = SubprocessRunner(stall_seconds=s.stall_seconds, timeout=s.trial_timeout)
         return Search(self.tune, self.space, self.studies, runner, self.workdir, self.profile, on_event=on_event,
-                      warm=self.warm)  # fmt: skip
+                      warm=self.warm, jobs=side_by_side(self.tune))  # fmt: skip
 
 
 def open_search(

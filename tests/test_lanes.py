@@ -1,0 +1,132 @@
+"""``search.jobs``: one worker's trials side by side (paci_tune.tune.lanes).
+
+Oracles: the same search run with one job (each study's trials, confirmations and verdict must be
+the same), the trials' own clocks in the storage (some must have overlapped), the thread count each
+trial's run recorded, and the operating system (a cancelled trial's process group is gone).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers.cli import check_ok, cli_env, read_metrics
+from helpers.searches import SEARCH_DOC, run, search_cmd, studies, write_search
+from optuna.trial import TrialState
+
+from paci_tune.base.processes import threads_per_process
+from paci_tune.config.tune import load_tune_config
+from paci_tune.errors import ConfigError
+from paci_tune.tune.lanes import Lanes
+from paci_tune.tune.point import TrialParams
+from paci_tune.tune.runner import SubprocessRunner, TrialCancelled, TrialJob
+
+
+def _search(tmp: Path, jobs: int) -> tuple[dict, dict]:
+    tmp.mkdir()
+    config = write_search(tmp, search={"trials": 3, "jobs": jobs, "confirm": {"top": 1, "seeds": 2, "max_seeds": 2}})
+    env = cli_env()
+    env.pop("OMP_NUM_THREADS", None)  # the worker splits the cores itself
+    check_ok(run(search_cmd(config, tmp), env=env))
+    return studies(f"sqlite:///{tmp / 'work' / 'study.db'}"), yaml.safe_load((tmp / "best.yaml").read_text())
+
+
+def _threads(tmp: Path, schedule: str, number: int) -> int | None:
+    metrics = tmp / "work" / "trials" / f"model.{schedule}" / f"trial-{number:04d}" / "metrics.jsonl"
+    if not metrics.is_file():
+        return None  # answered from another trial's curve or result: nothing trained
+    return next(r["threads"] for r in read_metrics(metrics) if r["event"] == "start")
+
+
+@pytest.mark.slow
+def test_two_jobs_run_trials_side_by_side_and_find_what_one_job_finds(tmp_path: Path) -> None:
+    one, best_one = _search(tmp_path / "one", 1)
+    two, best_two = _search(tmp_path / "two", 2)
+    for schedule in one:
+        a, b = one[schedule].trials, two[schedule].trials
+        search = [(t.params, t.state) for t in a if "confirm" not in t.user_attrs]
+        assert [(t.params, t.state) for t in b if "confirm" not in t.user_attrs] == search, schedule
+        conf = {(t.user_attrs["confirm"]["seed"], str(t.params)): t.value for t in a if "confirm" in t.user_attrs}
+        got = {(t.user_attrs["confirm"]["seed"], str(t.params)): t.value for t in b if "confirm" in t.user_attrs}
+        assert got.keys() == conf.keys() and len(conf) == 2, schedule
+        assert [got[k] for k in conf] == pytest.approx(list(conf.values()), rel=1e-6), schedule
+        assert [t.value for t in b] == pytest.approx([t.value for t in a], rel=1e-6, nan_ok=True), schedule
+    for key in ("verdict", "recommended", "paci_speedup_interval"):
+        assert best_two[key] == best_one[key], key
+
+    # Side by side: trained trials whose clocks overlap, each on its share of the cores.
+    trained = [(s, t) for s, st in two.items() for t in st.trials
+               if t.state != TrialState.WAITING and _threads(tmp_path / "two", s, t.number) is not None]  # fmt: skip
+    pairs = [((s, x), (r, y)) for i, (s, x) in enumerate(trained) for r, y in trained[i + 1 :]
+             if x.datetime_start < y.datetime_complete and y.datetime_start < x.datetime_complete]  # fmt: skip
+    assert pairs, "no two trials ran at once"
+    share = threads_per_process(2)
+    for pair in pairs:
+        for s, t in pair:
+            assert _threads(tmp_path / "two", s, t.number) == share, (s, t.number)
+    assert all(_threads(tmp_path / "one", s, t.number) in (None, os.cpu_count(), torch_default())
+               for s, st in one.items() for t in st.trials)  # fmt: skip
+
+
+def torch_default() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+@pytest.mark.parametrize(
+    ("jobs", "clock"), [(0, "sim"), (-1, "sim"), ("many", "sim"), (257, "sim"), (2, "wall"), (True, "sim")]
+)
+def test_bad_jobs_are_refused_naming_the_key(jobs: object, clock: str) -> None:
+    with pytest.raises(ConfigError, match=r"search\.jobs"):
+        load_tune_config(_doc(jobs, clock))
+
+
+def _doc(jobs: object, clock: str) -> dict:
+    """The tests' search file with ``search.jobs`` and ``budget.clock`` set (parsed, never run)."""
+    doc = copy.deepcopy(SEARCH_DOC)
+    doc["search"]["jobs"], doc["budget"]["clock"] = jobs, clock
+    return doc
+
+
+def test_jobs_auto_and_one_on_the_wall_clock_are_accepted() -> None:
+    from paci_tune.tune.setup import side_by_side
+
+    for jobs, clock in (("auto", "sim"), ("auto", "wall"), (1, "wall"), (3, "sim")):
+        n = side_by_side(load_tune_config(_doc(jobs, clock)))
+        assert n == (1 if clock == "wall" else 3 if jobs == 3 else min(os.cpu_count() or 1, 4)) or (
+            jobs == "auto" and n == 1  # GPUs visible: trials would share them
+        ), (jobs, clock, n)
+
+
+def test_a_cancelled_trial_kills_its_process_group_and_is_left_untold(tmp_path: Path) -> None:
+    """What a worker stopping on an exception does to the trials beside it (:class:`Lanes`)."""
+    doc = {k: copy.deepcopy(v) for k, v in SEARCH_DOC.items() if k not in ("target", "budget", "hardware", "search")}
+    doc["training"]["steps"] = 10_000  # runs until stopped
+    job = TrialJob(TrialParams("paci", 2, 4, 2), doc, tmp_path / "trial", 1.0, 2, 1.0)
+    runner = SubprocessRunner(stall_seconds=120)
+    told: list[int] = []
+
+    def trial() -> None:
+        runner.run(job, lambda step, progress: False)
+        told.append(1)
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), Lanes(2) as lanes:
+        job.cancel = lanes.cancel  # as the search gives each trial's job its worker's
+        lanes.start("paci", True, 1, 2, trial)
+        deadline = time.monotonic() + 60
+        while runner.last_pid is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise KeyboardInterrupt  # Ctrl-C in the worker's thread: every trial beside it must stop
+    assert lanes.cancel.is_set() and not told and lanes.running == 0
+    assert time.monotonic() - t0 < 60
+    assert runner.last_pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(runner.last_pid, 0)
+    with pytest.raises(TrialCancelled):
+        runner.run(job, lambda step, progress: False)  # a stopping worker starts nothing
