@@ -26,7 +26,17 @@ How (a tabular benchmark, as HPOBench and NAS-Bench do):
    same sum for the grid. Also as device-seconds (clock x P: a P=8 trial holds 8 devices) and as
    wall seconds on this machine (a pruned trial's share of its full run's wall time).
 
+With shared curves (the product's default on the sim clock, issue 39) the grid trains each distinct
+curve once: every 1F1B-flush layout of one LR is one curve, each PACI (P, a) its own. A point
+answered from a curve costs nothing, and the first trial of a class with other members trains the
+class's whole curve (to its horizon or the target, as a live search does). The replay charges the
+same: a class's training once, when its first trial runs, and nothing for the others. Compute is
+given against the shared grid (``compute``) and against the grid of one training per point
+(``vs unshared``: what the grid cost before sharing). ``--no-share`` runs and replays the grid
+without sharing (its own table), the "before" of the same space.
+
     python bench/tuner_vs_grid.py --seeds 20 --plot docs/tuner-vs-grid.png
+    python bench/tuner_vs_grid.py --no-share --seeds 20        # before sharing, same space
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from paci_tune.base.files import read_yaml
@@ -65,6 +76,7 @@ from paci_tune.verdict.best import build_best, params_of
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "bench/tuner_vs_grid/model.yaml"
 GOAL_RATIO, GOAL_COMPUTE = 1.05, 0.30
+SHARED_GOAL_SHARE, SHARED_GOAL_COMPUTE = 0.95, 0.10  # issue 39: 95% of seeds within 5% at <= 10% of the grid
 METHODS = ("tpe+hyperband", "random+hyperband", "tpe+none", "random+none")
 
 
@@ -83,10 +95,17 @@ class Point:
     best_val_loss: float | None
     fail_reason: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    numerics: str | None = None  # its curve's class (shared curves): the numerics key it trained or read
+    trained_clock: float | None = None  # the clock it trained itself (a class's whole curve); 0: read a curve
 
     @property
     def device_seconds(self) -> float:
         return self.clock_used * self.params.stages
+
+    @property
+    def own_clock(self) -> float:
+        """What training this point cost in the grid: its own run, or (shared curves) its class's run or nothing."""
+        return self.clock_used if self.trained_clock is None else self.trained_clock
 
 
 @dataclass
@@ -101,6 +120,14 @@ class Table:
     def best(self) -> float:
         return min(p.score for p in self.points.values())
 
+    def members(self, key: str | None) -> int:
+        """Points of the grid on the curve class ``key`` (1: a class of its own, or no sharing)."""
+        return 1 if key is None else sum(p.numerics == key for p in self.points.values())
+
+    def class_clock(self, key: str) -> float:
+        """What training the class's curve cost: its one trained run's clock."""
+        return sum(p.trained_clock or 0.0 for p in self.points.values() if p.numerics == key)
+
     def to_json(self) -> dict[str, Any]:
         rows = []
         for p in self.points.values():
@@ -110,7 +137,7 @@ class Table:
                 "lr_scale": q.lr_scale, "state": p.state, "score": p.score if math.isfinite(p.score) else None,
                 "time_to_target": p.time_to_target, "best_val_loss": p.best_val_loss, "clock_used": p.clock_used,
                 "wall_seconds": p.wall_seconds, "fail_reason": p.fail_reason, "evidence": p.evidence,
-                "curve": [list(c) for c in p.curve],
+                "numerics": p.numerics, "trained_clock": p.trained_clock, "curve": [list(c) for c in p.curve],
             })  # fmt: skip
         return {"fingerprint": self.fingerprint, "target": self.target, "budget": self.budget, "grid": self.grid,
                 "points": rows}  # fmt: skip
@@ -123,7 +150,8 @@ class Table:
             points[q] = Point(
                 q, r["state"], math.inf if r["score"] is None else r["score"],
                 tuple((float(c), float(v)) for c, v in r["curve"]), r["clock_used"], r["wall_seconds"],
-                r["time_to_target"], r["best_val_loss"], r["fail_reason"], r["evidence"],
+                r["time_to_target"], r["best_val_loss"], r["fail_reason"], r["evidence"], r.get("numerics"),
+                r.get("trained_clock"),
             )  # fmt: skip
         return cls(doc["fingerprint"], doc["target"], doc["budget"], doc["grid"], points)
 
@@ -133,9 +161,17 @@ def tune_config(doc: dict[str, Any], **search: Any) -> TuneConfig:
     return load_tune_config(derive_doc(doc, over), CONFIG)
 
 
-def grid_point(t: FrozenTrial, schedule: str, space: SearchSpace) -> Point:
+def grid_point(t: FrozenTrial, schedule: str, space: SearchSpace, keys: dict[tuple[str, int], str],
+               trials_dir: Path) -> Point:  # fmt: skip
+    """One grid trial as a table row. Shared curves: ``keys`` has the numerics key of every trained trial
+    by (study, number); ``trials_dir`` the study's trial folders (a trained run's clock is in its metrics)."""
     r = TrialRecord.read(t)
     failed = t.state == TrialState.FAIL
+    numerics, trained = None, None
+    if r.shared_from is not None:  # answered from another trial's curve: trained nothing
+        numerics, trained = keys[(r.shared_from["study"], int(r.shared_from["trial"]))], 0.0
+    elif r.numerics is not None:  # trained its class's curve (or its own)
+        numerics, trained = r.numerics["key"], _trained_clock(trials_dir, t)
     return Point(
         params=params_of(t, schedule, space.fixed_batch),
         state="failed" if failed else "complete",
@@ -147,7 +183,17 @@ def grid_point(t: FrozenTrial, schedule: str, space: SearchSpace) -> Point:
         best_val_loss=r.best_val_loss,
         fail_reason=r.fail_reason,
         evidence={k: r.figure(k) for k in SUMMARY_KEYS},
+        numerics=numerics,
+        trained_clock=trained,
     )
+
+
+def _trained_clock(trial_dir: Path, t: FrozenTrial) -> float:
+    """The clock the trial's own run reached (its metrics file's summary): a class's whole curve when it
+    trained one, where its table row reads its own layout's clock off that curve."""
+    metrics = trial_dir / f"trial-{t.number:04d}" / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return float(next(r["clock"] for r in reversed(rows) if r.get("event") == "summary"))
 
 
 def grid_command(config: str, workdir: Path, name: str, trials: int) -> list[str]:
@@ -180,13 +226,15 @@ def run_grid(config: str, doc: dict[str, Any], workdir: Path, name: str, threads
     storage = open_storage(f"sqlite:///{workdir / 'study.db'}")
     stamp = fingerprint(tune, space)
     points: dict[TrialParams, Point] = {}
-    for schedule in space.schedules:
-        study = optuna.load_study(study_name=f"{name}.{schedule}", storage=storage)
+    studies = {s: optuna.load_study(study_name=f"{name}.{s}", storage=storage) for s in space.schedules}
+    keys = {(st.study_name, t.number): r.numerics["key"] for st in studies.values()
+            for t in st.get_trials(deepcopy=False) if (r := TrialRecord.read(t)).numerics is not None}  # fmt: skip
+    for schedule, study in studies.items():
         if StudyRecord.read(study).fingerprint != stamp:
             raise SystemExit(f"study {study.study_name} in {workdir} is of another search: give another --workdir")
         for t in study.get_trials(deepcopy=False):
             if t.state in (TrialState.COMPLETE, TrialState.FAIL) and not TrialRecord.read(t).is_repeat:
-                p = grid_point(t, schedule, space)
+                p = grid_point(t, schedule, space, keys, workdir / "trials" / study.study_name)
                 if p.params not in points or p.state == "complete":
                     points[p.params] = p
     missing = [q.label() for q in space.grid() if q not in points]
@@ -231,12 +279,15 @@ class TableRunner:
     Each validation of the point's curve is reported in order (``on_eval``), exactly as
     ``SubprocessRunner`` reports a live trial's; the trial stops where the pruner stops it, or
     where the recorded run stopped (the target reached, the budget spent). What each call would
-    have cost is kept in ``spent``.
+    have cost is kept in ``spent``: a point's own run up to where it stopped, or, on a shared curve
+    class of several points, the class's whole training the first time one of them runs and
+    nothing after (as a live search with shared curves spends).
     """
 
     def __init__(self, table: Table) -> None:
         self.table = table
         self.spent: list[Spent] = []
+        self.trained_classes: set[str] = set()
 
     def run(self, job: TrialJob, on_eval: OnEval, on_record: OnRecord | None = None) -> TrialResult:
         t = self.table
@@ -260,6 +311,16 @@ class TableRunner:
         return TrialResult("complete", progress, None, None, summary, wall, evals)
 
     def _spend(self, point: Point, clock: float, status: str) -> float:
+        key = point.numerics if self.table.members(point.numerics) > 1 else None
+        if key is not None:  # a shared class: its first trial trains the whole curve, unpruned; the rest read it
+            trained = [p for p in self.table.points.values() if p.numerics == key and p.trained_clock]
+            first = key not in self.trained_classes
+            self.trained_classes.add(key)
+            clock = sum(p.trained_clock or 0.0 for p in trained) if first else 0.0
+            wall = sum(p.wall_seconds for p in trained) if first else 0.0
+            dev = sum((p.trained_clock or 0.0) * p.params.stages for p in trained) if first else 0.0
+            self.spent.append(Spent(point.params, clock, dev, wall, status if first else "shared"))
+            return wall
         share = clock / point.clock_used if point.clock_used > 0 else 1.0
         wall = point.wall_seconds * min(1.0, share)
         self.spent.append(Spent(point.params, clock, clock * point.params.stages, wall, status))
@@ -273,7 +334,8 @@ class Outcome:
     seed: int
     recommended: TrialParams | None
     ratio: float  # the recommendation's grid score over the grid's best (inf: nothing finished)
-    compute: float  # clock spent / the grid's clock
+    compute: float  # clock spent / the grid's clock (shared curves: the grid's distinct curves)
+    unshared_compute: float  # clock spent / the clock of the grid of one training per point
     device_compute: float  # device-seconds spent / the grid's
     wall_compute: float  # wall seconds spent / the grid's
     trained: int  # runner calls (trials that cost compute)
@@ -305,12 +367,14 @@ def replay(doc: dict[str, Any], space: SearchSpace, table: Table, method: str, t
         rec, ratio = None, math.inf
     pts = table.points.values()
     spent = runner.spent
+    used = sum(s.clock for s in spent)
     return Outcome(
         method, trials, seed, rec, ratio,
-        compute=sum(s.clock for s in spent) / sum(p.clock_used for p in pts),
-        device_compute=sum(s.device_seconds for s in spent) / sum(p.device_seconds for p in pts),
+        compute=used / sum(p.own_clock for p in pts),
+        unshared_compute=used / sum(p.clock_used for p in pts),
+        device_compute=sum(s.device_seconds for s in spent) / sum((p.own_clock * p.params.stages) for p in pts),
         wall_compute=sum(s.wall for s in spent) / sum(p.wall_seconds for p in pts),
-        trained=len(spent), pruned=sum(s.status == "pruned" for s in spent),
+        trained=sum(s.status != "shared" for s in spent), pruned=sum(s.status == "pruned" for s in spent),
         asked=sum(len(s.get_trials(deepcopy=False)) for s in studies.values()),
     )  # fmt: skip
 
@@ -330,6 +394,11 @@ def describe_grid(table: Table) -> None:
     print(f"grid: {len(pts)} points, {len(reached)} reach val_loss {table.target:g} within {table.budget:g}s "
           f"(sim clock); clock {sum(p.clock_used for p in pts):.1f}s, device-seconds "
           f"{sum(p.device_seconds for p in pts):.1f}, wall {sum(p.wall_seconds for p in pts):.0f}s")  # fmt: skip
+    if any(p.numerics is not None for p in pts):
+        runs = sum(p.trained_clock is None or p.trained_clock > 0 for p in pts)
+        print(f"shared curves: {runs} trained runs for {len(pts)} points, {len({p.numerics for p in pts})} curve "
+              f"classes; clock trained {sum(p.own_clock for p in pts):.1f}s (one run per point: "
+              f"{sum(p.clock_used for p in pts):.1f}s)")  # fmt: skip
     print(f"{'point':32s} {'score':>7s} {'/best':>6s} {'ttt':>6s} {'best val':>8s} {'clock':>6s} {'wall':>6s}")
     for p in pts:
         ttt = f"{p.time_to_target:.2f}" if p.time_to_target is not None else "-"
@@ -346,6 +415,8 @@ def summarize(rows: list[Outcome]) -> dict[str, Any]:
         "worst_ratio": max(ratios),
         "within_5pct": sum(r <= GOAL_RATIO for r in ratios) / len(rows),
         "median_compute": statistics.median(o.compute for o in rows),
+        "median_unshared_compute": statistics.median(o.unshared_compute for o in rows),
+        "worst_unshared_compute": max(o.unshared_compute for o in rows),
         "worst_compute": max(o.compute for o in rows),
         "median_device_compute": statistics.median(o.device_compute for o in rows),
         "median_wall_compute": statistics.median(o.wall_compute for o in rows),
@@ -402,11 +473,15 @@ def plot(path: Path, results: dict[tuple[str, int], list[Outcome]], methods: lis
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=CONFIG, help="The search file (model, budget, target, space).")
-    ap.add_argument("--workdir", default="runs/tuner-vs-grid", help="The grid study, its profile and trial logs.")
+    ap.add_argument("--workdir", default=None, help="The grid study, its profile and trial logs (default: "
+                    "runs/tuner-vs-grid, or runs/tuner-vs-grid-unshared with --no-share).")  # fmt: skip
+    ap.add_argument("--no-share", action="store_true", help="The grid and the tuner without shared curves "
+                    "(search.share_curves: false): one training per point, the cost before issue 39.")  # fmt: skip
     ap.add_argument("--study-name", default="tuner-vs-grid")
-    ap.add_argument("--table", default="bench/tuner_vs_grid/table.json",
+    ap.add_argument("--table", default=None,
                     help="The grid's curves: read when it matches the config, else the grid is run (or resumed) "
-                         "and the table written.")  # fmt: skip
+                         "and the table written (default: bench/tuner_vs_grid/table.json, or table-unshared.json "
+                         "with --no-share).")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1, help="CPU threads of each grid trial (OMP_NUM_THREADS).")
     ap.add_argument("--seeds", type=int, default=20, help="Sampler seeds per method and trial count.")
     ap.add_argument("--trials", default="3,4,6,9,12", help="Trials per schedule to try (comma-separated).")
@@ -424,10 +499,17 @@ def main() -> None:
     # Search reports a re-trained pruned point's replayed steps twice; Optuna keeps the first (equal) value.
     warnings.filterwarnings("ignore", message="The reported value is ignored because")
 
-    doc = read_yaml(args.config)
+    doc, config = read_yaml(args.config), args.config
+    suffix = "-unshared" if args.no_share else ""
+    workdir = Path(args.workdir or f"runs/tuner-vs-grid{suffix}").resolve()
+    if args.no_share:  # the grid search reads its file: the same file with sharing off, in the work folder
+        doc = derive_doc(doc, {"search.share_curves": False})
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = str(workdir / "model.yaml")
+        Path(config).write_text(yaml.safe_dump(doc, sort_keys=False))
     space = bind_space(tune_config(doc))
     expect = fingerprint(tune_config(doc, sampler="grid", pruner="none"), space)
-    table_path = Path(args.table)
+    table_path = Path(args.table or f"bench/tuner_vs_grid/table{suffix}.json")
     table = None
     if table_path.is_file():
         table = Table.from_json(json.loads(table_path.read_text()))
@@ -435,13 +517,13 @@ def main() -> None:
             print(f"{table_path} is of another config or space: running the grid again", flush=True)
             table = None
     if table is None:
-        table = run_grid(args.config, doc, Path(args.workdir).resolve(), args.study_name, args.threads)
+        table = run_grid(config, doc, workdir, args.study_name, args.threads)
         table_path.parent.mkdir(parents=True, exist_ok=True)
         table_path.write_text(json.dumps(table.to_json(), indent=1) + "\n")
         print(f"wrote {table_path}")
     describe_grid(table)
     if args.noise_check:
-        noise_check(doc, space, table, Path(args.workdir).resolve(), args.noise_check, args.threads)
+        noise_check(doc, space, table, workdir, args.noise_check, args.threads)
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     trials = sorted({int(x) for x in args.trials.split(",")})
@@ -459,15 +541,16 @@ def main() -> None:
     )
     hdr = (
         f"{'method':17s} {'trials':>6s} {'ratio med':>9s} {'p90':>6s} {'worst':>6s} {'<=1.05':>6s} "
-        f"{'compute med':>11s} {'worst':>6s} {'dev-s med':>9s} {'wall med':>8s} {'trained':>7s} {'goal':>5s}"
+        f"{'compute med':>11s} {'worst':>6s} {'vs unshared':>11s} {'dev-s med':>9s} {'wall med':>8s} "
+        f"{'trained':>7s} {'goal':>5s}"
     )
     print(hdr)  # fmt: skip
     for (m, n), rows in results.items():
         s = summarize(rows)
         print(f"{m:17s} {n:6d} {_r(s['median_ratio']):>9s} {_r(s['p90_ratio']):>6s} {_r(s['worst_ratio']):>6s} "
               f"{s['within_5pct']:6.0%} {s['median_compute']:11.3f} {s['worst_compute']:6.3f} "
-              f"{s['median_device_compute']:9.3f} {s['median_wall_compute']:8.3f} {s['median_trained']:7.1f} "
-              f"{s['goal_rate']:5.0%}")  # fmt: skip
+              f"{s['median_unshared_compute']:11.3f} {s['median_device_compute']:9.3f} "
+              f"{s['median_wall_compute']:8.3f} {s['median_trained']:7.1f} {s['goal_rate']:5.0%}")  # fmt: skip
 
     head = results.get(("tpe+hyperband", headline)) or results[(methods[0], headline)]
     print(f"\nheadline: {head[0].method}, {headline} trials per schedule, {len(head)} seeds")
@@ -481,6 +564,18 @@ def main() -> None:
           f"{'met' if met else 'NOT met'} (ratio {_r(s['median_ratio'])}, compute {s['median_compute']:.3f}); "
           f"worst seed: ratio {_r(s['worst_ratio'])}, compute {s['worst_compute']:.3f}; "
           f"seeds meeting both: {s['goal_rate']:.0%}")  # fmt: skip
+    for label, key in (("the shared grid", "median_compute"), ("one run per point", "median_unshared_compute")):
+        ok = s["within_5pct"] >= SHARED_GOAL_SHARE and s[key] <= SHARED_GOAL_COMPUTE
+        print(f"issue 39's goal ({SHARED_GOAL_SHARE:.0%} of seeds within 5% at <= {SHARED_GOAL_COMPUTE:.0%} of the "
+              f"grid's compute), against {label}: {'met' if ok else 'NOT met'} ({s['within_5pct']:.0%} within 5%, "
+              f"median compute {s[key]:.3f})")  # fmt: skip
+    for (m, n), rows in results.items():
+        t = summarize(rows)
+        if t["within_5pct"] >= SHARED_GOAL_SHARE:
+            print(f"  fewest trials with {SHARED_GOAL_SHARE:.0%} within 5% ({m}): {n} per schedule, median compute "
+                  f"{t['median_compute']:.3f} of the shared grid, {t['median_unshared_compute']:.3f} of one run "
+                  f"per point")  # fmt: skip
+            break
     print(f"command: python bench/tuner_vs_grid.py {' '.join(sys.argv[1:])}")
 
     if args.plot:

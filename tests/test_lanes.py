@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers.cli import check_ok, cli_env, read_metrics
-from helpers.searches import SEARCH_DOC, run, search_cmd, studies, write_search
+from helpers.searches import SEARCH_DOC, quick_search, run, search_cmd, studies
 from optuna.trial import TrialState
 
 from paci_tune.base.processes import threads_per_process
@@ -27,8 +28,19 @@ from paci_tune.tune.runner import SubprocessRunner, TrialCancelled, TrialJob
 
 
 def _search(tmp: Path, jobs: int) -> tuple[dict, dict]:
+    """bench/search_seeds.py's QUICK search (rst clock on a hand-written profile: nothing measured) with
+    2 trials per schedule and 2 confirmation seeds, at ``jobs``; its studies and best.yaml."""
+    seeds = quick_search()
     tmp.mkdir()
-    config = write_search(tmp, search={"trials": 3, "jobs": jobs, "confirm": {"top": 1, "seeds": 2, "max_seeds": 2}})
+    (tmp / "profile.yaml").write_text(yaml.safe_dump(seeds.QUICK_PROFILE))
+    space = {**seeds.QUICK_SPACE, "lr_scale": [1.0, 2.0]}
+    (tmp / "space.yaml").write_text(yaml.safe_dump(space))
+    doc = copy.deepcopy(seeds.QUICK)
+    doc["budget"]["profile"] = str(tmp / "profile.yaml")
+    doc["search"] = {**doc["search"], "trials": 2, "jobs": jobs, "space": str(tmp / "space.yaml"),
+                     "confirm": {"top": 1, "seeds": 2, "max_seeds": 2}}  # fmt: skip
+    config = tmp / "model.yaml"
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
     env = cli_env()
     env.pop("OMP_NUM_THREADS", None)  # the worker splits the cores itself
     check_ok(run(search_cmd(config, tmp), env=env))
@@ -130,3 +142,43 @@ def test_a_cancelled_trial_kills_its_process_group_and_is_left_untold(tmp_path: 
         os.killpg(runner.last_pid, 0)
     with pytest.raises(TrialCancelled):
         runner.run(job, lambda step, progress: False)  # a stopping worker starts nothing
+
+
+def test_the_view_shows_every_running_trial_and_names_each_validation() -> None:
+    """Events of two trials from two threads: a bar each while they run, plain lines that say whose."""
+    import io
+
+    from rich.console import Console
+
+    from paci_tune.cli.search_view import SearchView
+    from paci_tune.tune.objective import Progress
+    from paci_tune.tune.search import SearchEvent
+
+    def events(schedule: str, number: int) -> list[SearchEvent]:
+        params, progress = TrialParams(schedule, 2, 4, 2, data_parallel=2), Progress(2.75, 4.0)
+        out = [SearchEvent("start", schedule, number, params)]
+        for step, val in enumerate((2.9, 2.8, 2.7), start=1):
+            progress.add_eval(step * 1.0, val)
+            out.append(SearchEvent("eval", schedule, number, params, step, Progress(**vars(progress))))
+        return out
+
+    for live in (True, False):
+        out = io.StringIO()
+        view = SearchView(4.0, "rst", 2.75, console=Console(file=out, force_terminal=live, width=160), live=live)
+        with view:
+            threads = [threading.Thread(target=lambda v=view, s=s, n=n: [v.on_event(e) for e in events(s, n)])
+                       for s, n in (("paci", 3), ("1f1b", 5))]  # fmt: skip
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            bars = {view.progress.tasks[i].description for i in range(len(view.progress.tasks))}
+            assert len(view.running) == 2 and any("paci#3" in d for d in bars) and any("1f1b#5" in d for d in bars)
+            view.on_event(SearchEvent("end", "paci", 3, None, state="complete", value=3.0))
+            assert list(view.running) == [("1f1b", 5)]
+        text = out.getvalue()
+        if not live:
+            for who in ("paci#3", "1f1b#5"):
+                assert [ln for ln in text.splitlines() if ln.strip().startswith(f"{who} step ")] and (
+                    f"{who} step 3: clock 3s val 2.7" in text
+                ), text

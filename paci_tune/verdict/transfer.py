@@ -10,11 +10,12 @@ run's ``training.seconds`` is the longer budget and the schedule follows progres
 ``best.yaml`` then carries, per schedule and over both pooled, Spearman's rank correlation between
 the points' short-budget scores and their long-budget ones (:func:`section`).
 
-**When.** Once every study has its quota of search trials *and* no confirmation is queued: the
-confirmation decides the recommendation, the transfer check only reports on the search, so a search
-killed during the (longer) transfer runs already has its recommendation's evidence complete, and a
-search without confirmation starts it right after the quota. The plan is fixed on the first look
-(the study's ``transfer_plan`` attribute), as the confirmation's is, so every worker agrees on it.
+**When.** Once every study's search is over (its quota met, none of its search trials running)
+*and* no confirmation is queued: the confirmation decides the recommendation, the transfer check
+only reports on the search, so a search killed during the (longer) transfer runs already has its
+recommendation's evidence complete, and a search without confirmation starts it right after the
+quota. The plan is fixed on the first look (the study's ``transfer_plan`` attribute), as the
+confirmation's is, so every worker agrees on it.
 
 **The grid.** The validation *spacing* is kept (``budget.seconds / budget.grid``): a long run is
 validated ``ceil(grid * f)`` times, so its time to target has the same resolution as a short
