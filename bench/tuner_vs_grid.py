@@ -134,7 +134,8 @@ class Table:
             q = p.params
             rows.append({
                 "schedule": q.schedule, "stages": q.stages, "window": q.window, "microbatch_size": q.microbatch_size,
-                "lr_scale": q.lr_scale, "state": p.state, "score": p.score if math.isfinite(p.score) else None,
+                "lr_scale": q.lr_scale, "data_parallel": q.data_parallel, "state": p.state,
+                "score": p.score if math.isfinite(p.score) else None,
                 "time_to_target": p.time_to_target, "best_val_loss": p.best_val_loss, "clock_used": p.clock_used,
                 "wall_seconds": p.wall_seconds, "fail_reason": p.fail_reason, "evidence": p.evidence,
                 "numerics": p.numerics, "trained_clock": p.trained_clock, "curve": [list(c) for c in p.curve],
@@ -146,7 +147,8 @@ class Table:
     def from_json(cls, doc: dict[str, Any]) -> Table:
         points = {}
         for r in doc["points"]:
-            q = TrialParams(r["schedule"], r["stages"], r["window"], r["microbatch_size"], r["lr_scale"])
+            q = TrialParams(r["schedule"], r["stages"], r["window"], r["microbatch_size"], r["lr_scale"],
+                            r.get("data_parallel", 1))  # fmt: skip
             points[q] = Point(
                 q, r["state"], math.inf if r["score"] is None else r["score"],
                 tuple((float(c), float(v)) for c, v in r["curve"]), r["clock_used"], r["wall_seconds"],
@@ -233,7 +235,8 @@ def run_grid(config: str, doc: dict[str, Any], workdir: Path, name: str, threads
         if StudyRecord.read(study).fingerprint != stamp:
             raise SystemExit(f"study {study.study_name} in {workdir} is of another search: give another --workdir")
         for t in study.get_trials(deepcopy=False):
-            if t.state in (TrialState.COMPLETE, TrialState.FAIL) and not TrialRecord.read(t).is_repeat:
+            r = TrialRecord.read(t)
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL) and not (r.is_repeat or r.is_extra):
                 p = grid_point(t, schedule, space, keys, workdir / "trials" / study.study_name)
                 if p.params not in points or p.state == "complete":
                     points[p.params] = p
@@ -361,7 +364,7 @@ def replay(doc: dict[str, Any], space: SearchSpace, table: Table, method: str, t
                           fixed_batch=space.fixed_batch, target={}, budget={}, provenance={})  # fmt: skip
         r = best["recommended"]
         rec: TrialParams | None = TrialParams(r["schedule"], r["stages"], r["window"], r["microbatch_size"],
-                                              float(r["lr_scale"]))  # fmt: skip
+                                              float(r["lr_scale"]), int(r.get("data_parallel") or 1))  # fmt: skip
         ratio = table.points[rec].score / table.best
     except ConfigError:  # no trial finished: nothing to recommend
         rec, ratio = None, math.inf
@@ -499,14 +502,15 @@ def main() -> None:
     # Search reports a re-trained pruned point's replayed steps twice; Optuna keeps the first (equal) value.
     warnings.filterwarnings("ignore", message="The reported value is ignored because")
 
-    doc, config = read_yaml(args.config), args.config
+    doc = read_yaml(args.config)
     suffix = "-unshared" if args.no_share else ""
     workdir = Path(args.workdir or f"runs/tuner-vs-grid{suffix}").resolve()
-    if args.no_share:  # the grid search reads its file: the same file with sharing off, in the work folder
-        doc = derive_doc(doc, {"search.share_curves": False})
-        workdir.mkdir(parents=True, exist_ok=True)
-        config = str(workdir / "model.yaml")
-        Path(config).write_text(yaml.safe_dump(doc, sort_keys=False))
+    # The grid search reads a file: the config without confirmation runs (the grid trains each point
+    # once; the table keeps the search trials only), with sharing off for --no-share, in the work folder.
+    doc = derive_doc(doc, {"search.confirm": {"top": 0}, **({"search.share_curves": False} if args.no_share else {})})
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = str(workdir / "model.yaml")
+    Path(config).write_text(yaml.safe_dump(doc, sort_keys=False))
     space = bind_space(tune_config(doc))
     expect = fingerprint(tune_config(doc, sampler="grid", pruner="none"), space)
     table_path = Path(args.table or f"bench/tuner_vs_grid/table{suffix}.json")

@@ -73,17 +73,22 @@ class Lanes:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Wait for every running trial; on an exception, stop them first (each runner kills its child
+        at its next poll and raises :class:`TrialCancelled`). A trial's own error raises here."""
         if self._pool is None:
             return
         if exc is not None:
-            self.cancel.set()  # each runner kills its child at its next poll and raises TrialCancelled
+            self.cancel.set()
+        failed: BaseException | None = None
         for f in list(self._running):
             try:
                 f.result()
             except TrialCancelled:
                 pass
-            except Exception:
-                if exc is None:
-                    raise
+            except Exception as e:  # a trial's thread broke: stop the others too
+                self.cancel.set()
+                failed = failed or e
         self._running.clear()
         self._pool.shutdown(wait=True)
+        if exc is None and failed is not None:
+            raise failed
