@@ -124,9 +124,11 @@ class Table:
         """Points of the grid on the curve class ``key`` (1: a class of its own, or no sharing)."""
         return 1 if key is None else sum(p.numerics == key for p in self.points.values())
 
-    def class_clock(self, key: str) -> float:
-        """What training the class's curve cost: its one trained run's clock."""
-        return sum(p.trained_clock or 0.0 for p in self.points.values() if p.numerics == key)
+    def class_cost(self, key: str) -> tuple[float, float, float]:
+        """What training the class's curve cost (its trained runs): clock, device-seconds, wall."""
+        runs = [p for p in self.points.values() if p.numerics == key and p.trained_clock]
+        clock = sum(p.trained_clock or 0.0 for p in runs)
+        return clock, sum((p.trained_clock or 0.0) * p.params.stages for p in runs), sum(p.wall_seconds for p in runs)
 
     def to_json(self) -> dict[str, Any]:
         rows = []
@@ -316,12 +318,9 @@ class TableRunner:
     def _spend(self, point: Point, clock: float, status: str) -> float:
         key = point.numerics if self.table.members(point.numerics) > 1 else None
         if key is not None:  # a shared class: its first trial trains the whole curve, unpruned; the rest read it
-            trained = [p for p in self.table.points.values() if p.numerics == key and p.trained_clock]
             first = key not in self.trained_classes
             self.trained_classes.add(key)
-            clock = sum(p.trained_clock or 0.0 for p in trained) if first else 0.0
-            wall = sum(p.wall_seconds for p in trained) if first else 0.0
-            dev = sum((p.trained_clock or 0.0) * p.params.stages for p in trained) if first else 0.0
+            clock, dev, wall = self.table.class_cost(key) if first else (0.0, 0.0, 0.0)
             self.spent.append(Spent(point.params, clock, dev, wall, status if first else "shared"))
             return wall
         share = clock / point.clock_used if point.clock_used > 0 else 1.0
