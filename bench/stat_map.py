@@ -5,9 +5,8 @@ PACI removes the pipeline bubble, so per *second* it wins whenever its statistic
 against weights up to ceil((P-s-1)/a) updates newer than its forward. This bench measures that
 cost alone, on the emulated runtime (exact numerics, no clock): for each depth P and window a at a
 fixed global batch, the steps PACI needs to reach a fixed validation loss over the steps flush
-needs at the same window (flush's numerics do not depend on P: one run per window and seed), at
-every seed, at two learning rates. A ratio of 1 means PACI's staleness is free; above 1, PACI
-must be that much faster per step to win on time.
+needs at the same window, at every seed, at two learning rates. A ratio of 1 means PACI's
+staleness is free; above 1, PACI must be that much faster per step to win on time.
 
 The target is the median, over flush's runs at the first LR, of the validation loss at two thirds
 of the step budget, so flush reaches it well inside the budget; runs that never reach it are
@@ -18,8 +17,21 @@ ceil((P-1)/a) beside it.
 PACI runs once per ``--backward-weights`` semantics (``forward``: each backward reads the weights its
 forward used; ``current``: the weights of now), side by side against the same flush runs.
 
-    python bench/stat_map.py --out runs/stat-map          # the full map, both semantics (~38 min, 2 cores)
+**Each distinct curve is trained once** (issue 39): many tasks of the map train the very same curve,
+and training it again only spends the cores. The tasks are grouped by their run's numerics key
+(:func:`paci_tune.tune.curves.numerics_key`: equal keys, equal validation curves, tested in
+``tests/test_curves.py``); each class trains once, its cheapest member (fewest stages, then fewest
+micro-batches), and every task of the class reads that run (its row says which ``class`` and whether
+it was the one ``trained``). The data are drawn sequence by sequence (``data.draw: sequence``, unless
+the config names a draw), so every split of a global batch sees the same sequences: flush computes
+plain gradient accumulation over the global batch, so its curve does not depend on P, a or b (one
+run per seed and LR for every window), and PACI on one stage is flush to the bit (it reads flush's
+run). PACI on two or more stages depends on P, a and its semantics: each is its own run. The bench
+prints and records (``curves``) how many runs it trained for how many tasks.
+
+    python bench/stat_map.py --out runs/stat-map          # the full map, both semantics (~33 min, 2 cores)
     python bench/stat_map.py --quick --out /tmp/map        # seconds: P {1,2} x a {1,2}, one seed (CI)
+    python bench/stat_map.py --plan                        # how many distinct curves for how many tasks; trains nothing
 """
 
 from __future__ import annotations
@@ -37,20 +49,28 @@ from typing import Any
 from simrun import first_reach, run_pool
 
 from paci_tune.config import derive_run, load_config
+from paci_tune.config.schema import RunConfig
 from paci_tune.schedule import drift_bound
 from paci_tune.train import resolve_run, run_training
+from paci_tune.tune.curves import numerics_key
+
+
+def run_config(base: dict[str, Any], steps: int, eval_every: int, task: dict[str, Any]) -> RunConfig:
+    """A task's run: its schedule, P, a, seed, LR and semantics on ``base``, emulated on the CPU."""
+    return derive_run(base, {
+        "pipeline.schedule": task["schedule"], "pipeline.stages": task["P"], "pipeline.window": task["a"],
+        "training.seed": task["seed"], "optimizer.lr": task["lr"], "training.steps": steps,
+        "training.eval_every": eval_every, "pipeline.runtime": "emulated", "pipeline.device": "cpu",
+        "pipeline.partition": "auto", "pipeline.backward_weights": task.get("bw", "current"),
+        "hardware.memory": None,  # no budget
+    })  # fmt: skip
 
 
 def train(base: dict[str, Any], steps: int, eval_every: int, task: dict[str, Any]) -> dict:
     """One emulated run (in a worker of :func:`simrun.run_pool`): its validation curve, per-batch
     train losses and per-stage drift."""
-    schedule, p, a, seed, lr = task["schedule"], task["P"], task["a"], task["seed"], task["lr"]
-    cfg = derive_run(base, {
-        "pipeline.schedule": schedule, "pipeline.stages": p, "pipeline.window": a, "training.seed": seed,
-        "optimizer.lr": lr, "training.steps": steps, "training.eval_every": eval_every,
-        "pipeline.runtime": "emulated", "pipeline.device": "cpu", "pipeline.partition": "auto",
-        "pipeline.backward_weights": task.get("bw", "current"), "hardware.memory": None,  # no budget
-    })  # fmt: skip
+    p, a = task["P"], task["a"]
+    cfg = run_config(base, steps, eval_every, task)
     curve: list[tuple[int, float]] = []
     losses: list[float] = []
 
@@ -64,6 +84,31 @@ def train(base: dict[str, Any], steps: int, eval_every: int, task: dict[str, Any
     drift = [(st["max_drift"], drift_bound(st["stage"], p, a)) for st in summary.get("stages", [])]
     read_ahead = [st.get("max_read_ahead", 0) for st in summary.get("stages", [])]
     return {**task, "curve": curve, "losses": losses, "drift": drift, "read_ahead": read_ahead}
+
+
+def classes(base: dict[str, Any], steps: int, eval_every: int, tasks: list[dict]) -> list[dict[str, Any]]:
+    """The tasks grouped by the curve they train (their run's numerics key), each class with its lead:
+    the member of fewest stages, then fewest micro-batches (the cheapest run), flush before PACI."""
+    groups: dict[str, list[dict]] = {}
+    for t in tasks:
+        key = numerics_key(run_config(base, steps, eval_every, t))
+        groups.setdefault(key if key is not None else f"run:{len(groups)}", []).append(t)
+    return [{"class": key, "lead": min(members, key=lambda t: (t["P"], t["a"], t["schedule"] != "1f1b")),
+             "members": members} for key, members in groups.items()]  # fmt: skip
+
+
+def shared_rows(tasks: list[dict], curves: list[dict[str, Any]], trained: list[dict]) -> list[dict]:
+    """A row per task, in task order: its class's run read as its own (the drift bounds its own P and a's),
+    with the ``class`` it was read from and whether it was the run ``trained`` (only that one is timed)."""
+    rows: dict[int, dict] = {}
+    for cls, rec in zip(curves, trained, strict=True):
+        for t in cls["members"]:
+            mine = t is cls["lead"]
+            drift = [(d, drift_bound(s, t["P"], t["a"])) for s, (d, _) in enumerate(rec["drift"])]
+            rows[id(t)] = {**t, **({"wall_s": rec["wall_s"]} if mine and "wall_s" in rec else {}),
+                           "curve": rec["curve"], "losses": rec["losses"], "drift": drift,
+                           "read_ahead": rec["read_ahead"], "class": cls["class"], "trained": mine}  # fmt: skip
+    return [rows[id(t)] for t in tasks]
 
 
 def main() -> None:
@@ -90,6 +135,7 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--jobs", type=int, default=2, help="Runs trained at once (one thread each).")
     ap.add_argument("--quick", action="store_true", help="P {1,2} x a {1,2}, one seed and LR, 6 steps: a smoke run")
+    ap.add_argument("--plan", action="store_true", help="Print how many distinct curves the tasks train, and exit.")
     args = ap.parse_args()
     if args.quick:
         args.stages, args.windows, args.seeds, args.lr_scales = [1, 2], [1, 2], [0], [1.0]
@@ -103,6 +149,7 @@ def main() -> None:
     base["training"]["eval_sequences"] = 64 if args.quick else 256
     if args.quick:  # no corpus to read: a small synthetic source
         base["data"] = {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 20_000, "n_val": 4_000}
+    base["data"] = {"draw": "sequence", **base["data"]}  # every split sees the same sequences: flush is one curve
     base["pipeline"].pop("microbatch_size", None)
     if args.warmup is not None:
         base["lr_schedule"] = {**base["lr_schedule"], "warmup_fraction": args.warmup}
@@ -116,19 +163,24 @@ def main() -> None:
     tasks += [{"schedule": "paci", "P": p, "a": a, "seed": seed, "lr": lr0 * scale, "bw": bw}
               for bw in args.backward_weights for scale in args.lr_scales for seed in args.seeds
               for a in args.windows for p in args.stages]  # fmt: skip
-    runs = run_pool(tasks, functools.partial(train, base, args.steps, args.eval_every),
-                    log=Path(args.out) / "runs.jsonl", jobs=args.jobs, describe=_describe,
-                    depends=[base, args.steps, args.eval_every])  # fmt: skip
+    curves = classes(base, args.steps, args.eval_every, tasks)
+    shared = f"{len(curves)} distinct curves for {len(tasks)} tasks, each curve trained once"
+    print(shared, file=sys.stderr)
+    if args.plan:
+        return
+    trained = run_pool([c["lead"] for c in curves], functools.partial(train, base, args.steps, args.eval_every),
+                       log=Path(args.out) / "runs.jsonl", jobs=args.jobs, describe=_describe,
+                       depends=[base, args.steps, args.eval_every])  # fmt: skip
+    runs = shared_rows(tasks, curves, trained)
 
     def flush_of(r: dict) -> dict:
         key = (r["a"], r["seed"], r["lr"])
         return next(f for f in runs if f["schedule"] == "1f1b" and (f["a"], f["seed"], f["lr"]) == key)
 
-    # Checks that hold whatever the machine: P=1 PACI is flush; no stage drifts past its bound.
+    # Checks that hold whatever the machine: no stage drifts past its bound (that P=1 PACI is flush and
+    # every task of a class trains its class's curve, tests/test_benches.py checks against fresh runs).
     for r in runs:
         assert all(d <= b for d, b in r["drift"]), f"drift above the bound: {r['drift']} at P={r['P']} a={r['a']}"
-        if r["schedule"] == "paci" and r["P"] == 1:
-            assert r["losses"] == flush_of(r)["losses"], f"P=1 PACI differs from flush at a={r['a']}"
         if r["schedule"] == "paci" and r["bw"] == "forward":
             assert all(x == 0 for x in r.get("read_ahead", [0])), f"a forward-mode backward read newer weights: {r}"
     at = max(1, round(2 * args.steps / 3))
@@ -169,7 +221,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"command": "python bench/stat_map.py " + " ".join(sys.argv[1:]), "target_val_loss": target,
-           "steps": args.steps, "jobs": args.jobs, "global_batch": cfg.training.global_batch,
+           "curves": {"trained": len(curves), "tasks": len(tasks)}, "base": base, "steps": args.steps,
+           "eval_every": args.eval_every, "jobs": args.jobs, "global_batch": cfg.training.global_batch,
            "seconds": round(time.time() - t0, 1), "run_seconds": run_seconds(runs, args.jobs),
            "model": base["model"], "lr_schedule": base["lr_schedule"], "flush": flush,
            "cells": list(cells.values()), "stale_limit": stale_limit(list(cells.values())),
@@ -179,7 +232,7 @@ def main() -> None:
     (out / "map.md").write_text(table)
     draw(doc, args, out / "map.png")
     print(table)
-    print(f"target val loss {target:.4f}; {len(runs)} runs in {doc['seconds']:.0f}s; wrote {out}/map.{{json,md,png}}")
+    print(f"target val loss {target:.4f}; {shared} in {doc['seconds']:.0f}s; wrote {out}/map.{{json,md,png}}")
 
 
 def paired_semantics(runs: list[dict], target: float) -> list[dict[str, Any]]:
@@ -248,13 +301,15 @@ def run_seconds(runs: list[dict], jobs: int) -> dict[str, Any]:
     """What the map's runs cost on this machine, from the seconds each took in its worker (a bench
     resumed from its run log only times the runs it trained, so this, not the bench's own wall
     time, says how long one run of the whole map takes): the sum, the mean per window, and the sum
-    over ``jobs`` workers -- the wall time of the map from scratch."""
-    timed = [r for r in runs if "wall_s" in r]
+    over ``jobs`` workers -- the wall time of the map from scratch. Only the runs trained count (``of``):
+    a task that read its class's run cost nothing."""
+    timed = [r for r in runs if "wall_s" in r and r.get("trained", True)]
     by_a: dict[int, list[float]] = {}
     for r in timed:
         by_a.setdefault(r["a"], []).append(r["wall_s"])
     total = sum(r["wall_s"] for r in timed)
-    return {"timed": len(timed), "of": len(runs), "sum": round(total, 1), "from_scratch_wall": round(total / jobs, 1),
+    return {"timed": len(timed), "of": sum(r.get("trained", True) for r in runs), "sum": round(total, 1),
+            "from_scratch_wall": round(total / jobs, 1),
             "mean_by_window": {a: round(statistics.fmean(v), 1) for a, v in sorted(by_a.items())}}  # fmt: skip
 
 
@@ -315,7 +370,8 @@ def markdown(doc: dict, args: argparse.Namespace) -> str:
     rs = doc["run_seconds"]
     if rs["timed"]:
         per = ", ".join(f"a={a}: {v:.0f} s" for a, v in rs["mean_by_window"].items())
-        lines.append(f"\nRuns: {rs['timed']} of {rs['of']} timed, {rs['sum']:.0f} s in all (per run, mean: {per}); "
+        lines.append(f"\nRuns: {rs['timed']} of {rs['of']} timed (each distinct curve trained once, for "
+                     f"{len(doc['runs'])} tasks), {rs['sum']:.0f} s in all (per run, mean: {per}); "
                      f"from scratch on {doc['jobs']} workers ~{rs['from_scratch_wall'] / 60:.0f} min.")  # fmt: skip
     return "\n".join(lines) + "\n"
 
