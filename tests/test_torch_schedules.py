@@ -303,13 +303,14 @@ def own_runtime_records(tmp_path: Path, doc: dict[str, Any], *args: str) -> list
 def test_a_reached_target_ends_zb_h1_where_it_ends_1f1b(tmp_path: Path) -> None:
     """The target is reached at the evaluation of step 2; the news reaches stage 0 before its next
     evaluation point (torch's steps carry no flag: a pipe all-reduce at each point does), so the run
-    ends at step 4, as paci-tune's own 1f1b ends, with the same losses and evaluations."""
+    ends at step 4, as paci-tune's own 1f1b ends, with the same losses and evaluations (no closing
+    one: nothing after the target's validation is scored)."""
     doc = merge(run_doc("zb-h1", 2), {"training": {"steps": 12, "eval_every": 2, "target_val_loss": 4.1}})
     records, traces = traced_run(tmp_path, doc)
     want = own_runtime_records(tmp_path, doc)
     evals = [(r["step"], r["val_loss"]) for r in records if r["event"] == "eval"]
     want_evals = [(r["step"], r["val_loss"]) for r in want if r["event"] == "eval"]
-    assert [s for s, _ in evals] == [s for s, _ in want_evals] == [2, 4]
+    assert [s for s, _ in evals] == [s for s, _ in want_evals] == [2]
     assert [v for _, v in evals] == pytest.approx([v for _, v in want_evals], abs=1e-5, rel=0)
     assert train_losses(records) == pytest.approx(train_losses(want), abs=1e-5, rel=0)
     assert summary_of(records)["steps"] == summary_of(want)["steps"] == 4

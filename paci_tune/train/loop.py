@@ -225,7 +225,8 @@ class Trainer:
                 self._checkpoint()
             if ended:
                 break
-        if self.runtime.share(self.state.last_eval) != self.state.batches_done:
+        reached = bool(self.runtime.share(self.state.target_reached))  # nothing after the target's is scored
+        if not reached and self.runtime.share(self.state.last_eval) != self.state.batches_done:
             self._evaluate()
         if self.ckpt_root is not None and self.state.last_checkpoint != self.state.batches_done:
             self._checkpoint()  # the run's final state, at a point that depends on the step count only
@@ -248,7 +249,8 @@ class Trainer:
         )
 
     def _evaluate(self) -> None:
-        """Validate the drained pipeline (the run's end), every stage at the same update count."""
+        """Validate the drained pipeline (the run's end, unless it reached its target: nothing after that
+        validation is scored), every stage at the same update count."""
         val = self.runtime.evaluate()
         b = self.state.batches_done
         self._record_eval(b, val, self.clock.now(), [b] * self.cfg.pipeline.stages, [False] * self.cfg.pipeline.stages,
