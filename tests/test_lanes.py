@@ -151,8 +151,8 @@ def test_the_view_shows_every_running_trial_and_names_each_validation() -> None:
     from rich.console import Console
 
     from paci_tune.cli.search_view import SearchView
+    from paci_tune.tune.events import SearchEvent
     from paci_tune.tune.objective import Progress
-    from paci_tune.tune.search import SearchEvent
 
     def events(schedule: str, number: int) -> list[SearchEvent]:
         params, progress = TrialParams(schedule, 2, 4, 2, data_parallel=2), Progress(2.75, 4.0)
@@ -182,3 +182,48 @@ def test_the_view_shows_every_running_trial_and_names_each_validation() -> None:
                 assert [ln for ln in text.splitlines() if ln.strip().startswith(f"{who} step ")] and (
                     f"{who} step 3: clock 3s val 2.7" in text
                 ), text
+
+
+@pytest.mark.parametrize("fits", [1, 2, 3])
+def test_auto_runs_no_more_trials_than_the_free_memory_holds(fits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Oracle: each trial's own memory check (``check_memory``, all stages of all replicas in one
+    process). With the free RAM set to hold the example space's largest trial ``fits`` times and a
+    little more, ``auto`` runs that many side by side (the core cap aside): at that share of the RAM
+    every point passes the check, at one more some point is refused."""
+    import torch
+
+    from paci_tune.base.shipped import resolve_path
+    from paci_tune.config import derive_run
+    from paci_tune.pipeline import planning
+    from paci_tune.sim.profile import Profile
+    from paci_tune.tune import setup
+    from paci_tune.tune.setup import bind_space, side_by_side
+
+    tune = load_tune_config(yaml.safe_load(resolve_path("examples/tiny-gpt.yaml").read_text()))
+    space = bind_space(tune)
+    path = str(resolve_path(tune.budget.profile))
+    profile = Profile.load(path, "budget.profile")
+
+    def refused(have: float) -> bool:
+        for schedule in space.schedules:
+            for p, a, b in space.points:
+                q = TrialParams(schedule, p, a, b, 1.0, space.data_parallel(p), space.backward_weights_of(schedule)[0])
+                cfg = derive_run(tune.run_doc, {**q.overrides(), "pipeline.partition": "auto",
+                                                "pipeline.runtime": "emulated", "pipeline.inflight": None})  # fmt: skip
+                sizes = planning.plan_partition(cfg, [1.0] * profile.n_units, profile)
+                monkeypatch.setattr(planning, "memory_available", lambda device, n: have)
+                try:
+                    planning.check_memory(cfg, profile, sizes, torch.device("cpu"), False)
+                except ConfigError:
+                    return True
+        return False
+
+    lo, hi = 1.0, 64 * 2**30  # the largest trial's need, by bisection on the trial's own check
+    while hi - lo > 1024:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if refused(mid) else (lo, mid)
+    monkeypatch.setattr(planning, "memory_available", lambda device, n: hi * fits + hi / 2)
+    monkeypatch.setattr(setup, "cpu_count", lambda: 8)
+    monkeypatch.setattr(setup, "_uses_gpus", lambda tune: False)
+    n = side_by_side(tune, space, path)
+    assert n == fits  # the RAM shared out n ways passes every point's own check, n + 1 ways it does not

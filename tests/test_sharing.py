@@ -16,6 +16,7 @@ import pytest
 import yaml
 from helpers.cli import check_ok, run_in_process
 from helpers.searches import run, search_cmd, studies, write_search
+from helpers.sharing import scores_as_trained
 from optuna.trial import TrialState
 
 from paci_tune.config.tune import load_tune_config
@@ -54,25 +55,7 @@ def test_shared_trials_score_what_their_own_training_scores(tmp_path: Path) -> N
     session = open_search(config, workdir=tmp_path / "work", out=tmp_path / "best.yaml")
     search = session.search(lambda e: None)
     target = float(session.tune.target.value or 0.0)
-    far_apart = 0
-    for schedule, t in shared:
-        params = search.space.suggest(optuna.trial.FixedTrial(t.params), schedule)
-        doc = search.trial_doc(params)
-        every, far = int(doc["training"]["eval_every"]), doc["training"].get("eval_far_every")
-        records = run_in_process(doc)
-        trained = any(r.get("event") == "train" for r in records)
-        # Scored: the validations on the step grid, not the closing one of a run that trained (tune.runner).
-        evals = [r for r in records if r.get("event") == "eval" and not (r.get("drained") and trained)]
-        fresh = [(r["clock"], r["val_loss"]) for r in evals if r["step"] % every == 0]
-        steps = {r["step"] for r in evals if not r.get("drained")}
-        skipped = set(range(every, max(steps, default=0), every)) - steps
-        far_apart += far is not None and bool(skipped) and any(s % far for s in steps)
-        read = TrialRecord.read(t).curve
-        assert read, (schedule, t.number)
-        first_hit = next((i for i, (_, v) in enumerate(fresh) if v <= target), len(fresh) - 1)
-        assert len(read) == first_hit + 1, (schedule, t.params, read, fresh)
-        for (c, v), (c2, v2) in zip(read, fresh, strict=False):
-            assert abs(c - c2) <= 1e-6 and abs(v - v2) <= TOL, (schedule, t.params, read, fresh)
+    far_apart = sum(scores_as_trained(search, target, schedule, t) for schedule, t in shared)
     assert far_apart  # some runs validated far apart, then densely near the target (train.nearness)
 
 

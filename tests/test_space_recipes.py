@@ -156,8 +156,8 @@ def test_the_search_view_prints_the_optimizer_recipe_in_brackets(live: bool):
     from rich.console import Console
 
     from paci_tune.cli.search_view import SearchView
+    from paci_tune.tune.events import SearchEvent
     from paci_tune.tune.point import TrialParams
-    from paci_tune.tune.search import SearchEvent
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=live, width=200, color_system=None)

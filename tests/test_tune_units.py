@@ -19,7 +19,7 @@ from paci_tune.errors import ConfigError
 from paci_tune.tune.bestfile import write_best
 from paci_tune.tune.objective import Progress, grid_step, score
 from paci_tune.tune.space import TrialParams, load_space
-from paci_tune.tune.study import counted
+from paci_tune.tune.study import counted, exhausted
 from paci_tune.verdict.best import build_best
 
 
@@ -127,6 +127,23 @@ def test_counted_skips_retried_failures_and_free_repeats() -> None:
     assert counted(trials, quota=5) == 3  # the failure was retried: its retry counts instead
     many = trials + [_trial(TrialState.COMPLETE, 1.0, repeat_of=0) for _ in range(12)]
     assert counted(many, quota=5) == 3 + (13 - 10)  # repeats beyond 2x the quota count
+
+
+def test_counted_skips_queued_layouts_of_a_curve() -> None:
+    trials = [_trial(TrialState.COMPLETE, 1.0), _trial(TrialState.COMPLETE, 2.0, sibling_of=0),
+              _trial(TrialState.PRUNED, sibling_of=0)]  # fmt: skip
+    assert counted(trials, quota=5) == 1  # siblings.py: the simulator's cost, not a trial's
+
+
+def test_a_space_is_exhausted_once_each_point_has_a_finished_search_trial() -> None:
+    points = [{"microbatch_size": 4}, {"microbatch_size": 8}]
+    eight = _trial(TrialState.PRUNED)
+    eight.params = {"microbatch_size": 8}
+    assert not exhausted([_trial(TrialState.COMPLETE, 1.0)], points)
+    assert exhausted([_trial(TrialState.COMPLETE, 1.0), eight], points)
+    assert not exhausted([_trial(TrialState.RUNNING), eight], points)  # running is not run
+    assert not exhausted([_trial(TrialState.COMPLETE, 1.0, confirm={"of": 0, "seed": 1}), eight], points)
+    assert not exhausted([], [])  # no points to enumerate (a continuous LR): never exhausted
 
 
 # ----------------------------------------------------------------------------- best.yaml

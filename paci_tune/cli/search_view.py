@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 from rich.text import Text
 
-from ..tune.search import SearchEvent
+from ..tune.events import SearchEvent
 
 _STYLE = {"complete": "green", "pruned": "yellow", "failed": "red", "running": "cyan", "rejected": "dim"}
 MAX_ROWS = 24

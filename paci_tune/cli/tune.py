@@ -162,7 +162,9 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
     counts = best["provenance"]["trials"]
     stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed"
                                   + (f", {c['infeasible']} outside the device budget (unrun)" if c.get("infeasible")
-                                     else "") for s, c in counts.items()))  # fmt: skip
+                                     else "")
+                                  + (f", {c['other_layouts']} of them other layouts of a trained curve (unrun)"
+                                     if c.get("other_layouts") else "") for s, c in counts.items()))  # fmt: skip
     stderr(f"wrote {path}; the trials' curves: {best['provenance'].get('plot')}")
 
 

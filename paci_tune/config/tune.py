@@ -226,11 +226,14 @@ class SearchConfig:
     paci_max_drift: int | None = PACI_MAX_DRIFT  # PACI points with a larger drift bound are skipped; None: none
     study_name: str | None = None
     share_curves: bool = True  # on the sim and rst clocks: one training per curve (paci_tune.tune.sharing)
+    # With shared curves: each curve a study trains is read on every other point of its space it holds
+    # (paci_tune.tune.siblings); false: only on the points its sampler proposes
+    every_layout: bool = True
     # With shared curves: validate every step-grid point only near the target (training.eval_far_every,
     # paci_tune.train.nearness); false: at every one, the whole run
     validate_near_target: bool = True
     # Trials this worker runs side by side ("auto": paci_tune.tune.setup.side_by_side); the sim and rst clocks only
-    jobs: Literal["auto"] | int = 1
+    jobs: Literal["auto"] | int = "auto"
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
     transfer_check: TransferConfig = field(default_factory=TransferConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)

@@ -288,7 +288,8 @@ def budget_fit(cfg: RunConfig, profile: Profile) -> tuple[list[int], list[int]]:
 
 def budget_peaks(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[int]:
     """Per stage on cut ``sizes``, the figure a device budget is held to: the validated model's allocated
-    peak (:func:`predicted_stage_memory`) plus :func:`budget_reserve`."""
+    peak walked over each stage's actions (:func:`predicted_stage_memory`) plus the device's reserve
+    (:func:`budget_reserve`). An interleaved cut is ``v * P`` pieces, stage ``s`` holding pieces ``s, s + P, ...``."""
     reserve = budget_reserve(profile)
     return [int(st.allocated + reserve) for st in predicted_stage_memory(cfg, profile, sizes)]
 

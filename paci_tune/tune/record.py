@@ -25,6 +25,7 @@ REPEAT_OF = "repeat_of"  # answered from an earlier trial of the same point (its
 RERUN_OF = "rerun_of"  # a pruned point trained again because it now survives the pruner
 NUMERICS = "numerics"  # on a trained trial others may share: {"key", "every", "curve": [[step, val_loss], ...]}
 SHARED_FROM = "shared_from"  # answered from other trials' curve of its numerics (:mod:`.sharing`): {"study", "trial"}
+SIBLING_OF = "sibling_of"  # queued as another layout of a search trial's curve (:mod:`.siblings`): its number
 WORKER, HEARTBEAT = "worker", "heartbeat"  # {"host", "pid"} of the worker running it; its last sign of life
 LABEL, DATA_PARALLEL, DEVICES, BACKWARD_WEIGHTS = "label", "data_parallel", "devices", "backward_weights"
 OPTIMIZER, STALENESS = "optimizer", "staleness"  # a recipe the space fixes (one choice: no parameter)
@@ -41,7 +42,7 @@ MEASURED_KEYS = ("measured_peak_memory_bytes", "stage_drift", "predicted_peak_me
 """Per-stage figures kept beside them (measured and predicted peak memory, drift)."""
 EXTRA_KEYS = (CONFIRM, TRANSFER)
 """The attributes that make a trial an extra run of a point the search already ran, not a search trial."""
-NOT_COPIED = (WORKER, HEARTBEAT, LABEL, RETRY_OF, ATTEMPT, REPEAT_OF)
+NOT_COPIED = (WORKER, HEARTBEAT, LABEL, RETRY_OF, ATTEMPT, REPEAT_OF, SIBLING_OF)
 """What a repeat does not copy from the earlier trial that answers it."""
 
 FINGERPRINT, SCHEDULE = "fingerprint", "schedule"  # on a study: what the search was run with; its schedule
@@ -233,6 +234,7 @@ class TrialRecord:
     infeasible: bool
     numerics: dict[str, Any] | None
     shared_from: dict[str, Any] | None
+    sibling_of: int | None
     attrs: dict[str, Any] = field(repr=False)  # the raw attributes (the report's per-trial figures)
 
     @classmethod
@@ -250,7 +252,7 @@ class TrialRecord:
             time_to_target=a.get(TIME_TO_TARGET), best_val_loss=a.get(BEST_VAL_LOSS), wall_seconds=a.get(WALL_SECONDS),
             curve=a.get(CURVE), pruned_step=a.get(PRUNED_STEP), pruned_clock=a.get(PRUNED_CLOCK),
             fail_reason=a.get(FAIL_REASON), infeasible=bool(a.get(INFEASIBLE)), numerics=a.get(NUMERICS),
-            shared_from=a.get(SHARED_FROM), attrs=a,
+            shared_from=a.get(SHARED_FROM), sibling_of=a.get(SIBLING_OF), attrs=a,
         )  # fmt: skip
 
     @property
@@ -282,6 +284,16 @@ class TrialRecord:
 def is_extra(t: AnyTrial) -> bool:
     """Not a search trial (:attr:`TrialRecord.is_extra`), without reading the rest."""
     return any(k in t.user_attrs for k in EXTRA_KEYS)
+
+
+def queue_sibling(study: optuna.Study, params: dict[str, Any], of: int) -> None:
+    """Queue another layout of search trial ``of``'s curve in ``study`` (:mod:`.siblings`)."""
+    study.enqueue_trial(params, user_attrs={SIBLING_OF: of})
+
+
+def is_sibling(t: AnyTrial) -> bool:
+    """Queued as another layout of a search trial's curve (:func:`queue_sibling`)."""
+    return SIBLING_OF in t.user_attrs
 
 
 def is_confirmation(t: AnyTrial) -> bool:

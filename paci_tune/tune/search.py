@@ -6,9 +6,10 @@ goes on until each schedule's study has its quota of trials.
 
 A point already run is not trained again (:mod:`.repeats`). On the sim and rst clocks a trial
 whose numerics another trial trained is answered from that curve, read on its own layout's clock
-(:mod:`.sharing`). Several trials may run at once (:mod:`.lanes`). May import: optuna,
-:mod:`paci_tune.pipeline` (predicted memory), :mod:`paci_tune.sim`, :mod:`paci_tune.config`
-and the tune layer's own modules.
+(:mod:`.sharing`), and the study's other points of that curve are queued and answered from it too
+(:mod:`.siblings`). Several trials may run at once (:mod:`.lanes`). May import: optuna,
+:mod:`paci_tune.pipeline` (predicted memory), :mod:`paci_tune.sim`, :mod:`paci_tune.config`,
+:mod:`paci_tune.errors` and the tune layer's own modules.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from optuna.trial import TrialState
 
 from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
-from . import extra, record
+from ..errors import ConfigError
+from . import extra, record, siblings
 from .curves import numerics_key
+from .events import SearchEvent
 from .extra import confirm_seeds
 from .lanes import Lanes
 from .objective import Progress, grid_step
@@ -40,24 +43,8 @@ from .runner import OnEval, TrialJob, TrialResult, TrialRunner
 from .setup import trial_runtime
 from .sharing import Horizons, StepGrid, applies, replay_points, stored_curve, walk
 from .space import SearchSpace
-from .study import HOST, Heartbeat, claim, counted, reap_dead, running_elsewhere
+from .study import HOST, Heartbeat, claim, counted, exhausted, reap_dead, running_elsewhere
 from .warm import WarmStart, trial_overrides
-
-
-@dataclass
-class SearchEvent:
-    """What the live view hears: a trial started, made progress, or ended."""
-
-    kind: str  # "start" | "eval" | "record" | "end" | "wait"
-    schedule: str
-    number: int
-    params: TrialParams | None = None
-    step: int | None = None
-    progress: Progress | None = None
-    record: dict[str, Any] | None = None
-    state: str | None = None
-    reason: str | None = None
-    value: float | None = None
 
 
 @dataclass
@@ -124,16 +111,27 @@ class Search:
         return batch
 
     def _next_schedule(self, busy: set[str] | frozenset[str] = frozenset()) -> str | None:
-        """The schedule furthest from its quota, not one of ``busy`` (ties: the order of the space's schedules)."""
+        """The schedule furthest from its quota (a space all run is done) or with a layout of a curve queued,
+        not one of ``busy`` (ties: the order of the space's schedules)."""
         counts = {s: counted(st.get_trials(deepcopy=False), self.quota) for s, st in self.studies.items()}
-        open_ = [s for s in self.studies if counts[s] < self.quota and s not in busy]
+        searching = {s for s in self.studies if counts[s] < self.quota and not self._exhausted(s)}
+        open_ = [s for s, st in self.studies.items() if (s in searching or siblings.waiting(st)) and s not in busy]
         return min(open_, key=lambda s: counts[s]) if open_ else None
 
     def _searched(self, study: optuna.Study) -> bool:
-        """The study's search is over: its quota is met and none of its search trials runs still, here
-        or in another worker (its best points are known)."""
-        return (counted(study.get_trials(deepcopy=False), self.quota) >= self.quota
-                and not extra.search_trials(study, (TrialState.RUNNING,)))  # fmt: skip
+        """The study's search is over: its quota is met, none of its search trials runs still, here or in
+        another worker, and no layout of a curve waits (its best points are known)."""
+        schedule = next(s for s, st in self.studies.items() if st is study)
+        return ((counted(study.get_trials(deepcopy=False), self.quota) >= self.quota or self._exhausted(schedule))
+                and not extra.search_trials(study, (TrialState.RUNNING,)) and not siblings.waiting(study))  # fmt: skip
+
+    def _exhausted(self, schedule: str) -> bool:
+        """Every feasible point of the schedule's space has run (:func:`.study.exhausted`; an LR range never has)."""
+        try:
+            points = [self.space.params_of(q) for q in self.space.grid(schedule)]
+        except ConfigError:
+            return False
+        return exhausted(self.studies[schedule].get_trials(deepcopy=False), points)
 
     def _next_confirmation(self) -> str | None:
         """Plan and queue the confirmations of every study whose search is over (the others' trials may
@@ -184,6 +182,8 @@ class Search:
             answered = not rec.is_extra and self._reuse(study, trial, params)  # an extra run is never a repeat
             if not (answered or (factor == 1.0 and self._share(study, trial, params, seed))):
                 self._run_fresh(study, trial, params, seed, factor)
+            if not (answered or rec.is_extra or rec.sibling_of is not None):
+                self._queue_siblings(study, trial.number, params)
         self.ran.append(trial.number)
 
     def _refuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, why: str) -> None:
@@ -321,13 +321,8 @@ class Search:
         )  # fmt: skip
 
     def _predicted_memory(self, params: TrialParams, partition: Any) -> list[int] | None:
-        """Predicted peak bytes per stage (to stand next to the measured ones, and in best.yaml's candidates).
-
-        The figure a device budget is held to (:func:`paci_tune.pipeline.planning.budget_fit`): the
-        validated model's allocated peak walked over each stage's actions, plus the device's reserve; an
-        interleaved cut is ``v * P`` pieces, stage ``s`` holding pieces ``s, s + P, ...`` (the timed
-        schedules' stage rows ran 1f1b's numbers on ``P`` contiguous stages).
-        """
+        """Predicted peak bytes per stage, beside the measured ones and in best.yaml's candidates: the figure
+        a device budget is held to (:func:`paci_tune.pipeline.planning.budget_peaks`)."""
         if not self.profile or not isinstance(partition, list):
             return None
         from ..pipeline.planning import budget_peaks
@@ -399,6 +394,13 @@ class Search:
         self._tell(study, trial, params, result)
         return True
 
+    def _queue_siblings(self, study: optuna.Study, number: int, params: TrialParams) -> None:
+        """Queue the study's other points of the trial's curve (:mod:`.siblings`), with shared curves on."""
+        s, first, target = self.tune.search, self.warm.step if self.warm else 0, float(self.tune.target.value or 0)
+        if self.step_grid(params) is not None and s.every_layout and s.sampler != "grid" and self._horizons:
+            queue = siblings.Siblings(self.space, self._horizons, self.trial_doc, self.loaded_profile(), first, target)
+            queue.queue(study, self.studies.values(), number, params)
+
     # -------------------------------------------------------------------- repeated points
     def _reuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams) -> bool:
         """Answer a repeated point from its earlier trial (:mod:`.repeats`); False when it must be trained."""
@@ -425,20 +427,14 @@ class Search:
         """
         t, b, hw = self.tune, self.tune.budget, self.tune.hardware
         over: dict[str, Any] = dict(params.overrides())
-        over.update(
-            {
-                "training.seconds": b.seconds * factor if b.seconds is not None and factor != 1.0 else b.seconds,
-                "training.clock": b.clock,
-                "training.profile": self.profile,
-                "training.eval_every_seconds": (b.seconds or 0.0) / b.grid,
-                "training.target_val_loss": t.target.value,
-                "training.checkpoint_every": 0,
-                "pipeline.partition": "auto",
-                "pipeline.runtime": trial_runtime(self.tune),
-                "pipeline.inflight": None,
-                "optimizer.lr": float(t.run.optimizer.lr) * params.lr_scale,
-            }
-        )
+        over.update({
+            "training.seconds": b.seconds * factor if b.seconds is not None and factor != 1.0 else b.seconds,
+            "training.clock": b.clock, "training.profile": self.profile,
+            "training.eval_every_seconds": (b.seconds or 0.0) / b.grid, "training.target_val_loss": t.target.value,
+            "training.checkpoint_every": 0, "pipeline.partition": "auto",
+            "pipeline.runtime": trial_runtime(self.tune), "pipeline.inflight": None,
+            "optimizer.lr": float(t.run.optimizer.lr) * params.lr_scale,
+        })  # fmt: skip
         over.update({k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v})
         over.update(trial_overrides(self.warm))
         if params.chunks == 1 and "chunks" in (t.run_doc.get("pipeline") or {}):

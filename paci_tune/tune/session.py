@@ -20,9 +20,10 @@ from ..base.shipped import resolve_path
 from ..config import derive_doc
 from ..config.tune import TuneConfig, load_tune_config
 from ..errors import ConfigError, Failure
+from .events import SearchEvent
 from .preflight import check_outputs, check_trials
 from .runner import SubprocessRunner
-from .search import Search, SearchEvent
+from .search import Search
 from .setup import (
     bind_space,
     drop_over_budget,
@@ -58,7 +59,7 @@ class SearchSession:
         s = self.tune.search
         runner = SubprocessRunner(stall_seconds=s.stall_seconds, timeout=s.trial_timeout)
         return Search(self.tune, self.space, self.studies, runner, self.workdir, self.profile, on_event=on_event,
-                      warm=self.warm, jobs=side_by_side(self.tune))  # fmt: skip
+                      warm=self.warm, jobs=side_by_side(self.tune, self.space, self.profile))  # fmt: skip
 
 
 def open_search(

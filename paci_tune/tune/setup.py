@@ -128,22 +128,51 @@ AUTO_JOBS = 4
 """``search.jobs: auto``'s most trials side by side: a small model's op uses a few threads well, not many."""
 
 
-def side_by_side(tune: TuneConfig) -> int:
-    """Trials one worker runs at once (``search.jobs``; :mod:`.lanes`).
+def side_by_side(tune: TuneConfig, space: SearchSpace | None = None, profile_path: str | None = None) -> int:
+    """Trials one worker runs at once (``search.jobs``, ``auto`` by default; :mod:`.lanes`).
 
     ``auto`` runs several only where they cannot disturb each other's results or timing: on the sim and
-    rst clocks, on the emulated runtime, on CPUs, one per core up to :data:`AUTO_JOBS`. One trial's
+    rst clocks, on the emulated runtime, on CPUs, one per core up to :data:`AUTO_JOBS`, and no more than
+    this machine's free memory holds of the space's largest trial (:func:`trials_in_memory`). One trial's
     small ops leave cores idle that another trial can use: on the example's tiny GPT (2 cores), two
-    one-thread runs side by side finished 1.28x as many runs per second as one two-thread run. A
-    wall-clock trial times itself (``search.jobs`` > 1 is refused there), trials on a GPU would share it,
-    and a distributed trial is already P x D processes.
+    one-thread runs side by side finished 1.28x as many runs per second as one two-thread run, and a
+    one-thread trial spends less CPU time than a two-thread one. A wall-clock trial times itself
+    (``search.jobs`` > 1 is refused there), trials on a GPU would share it, and a distributed trial is
+    already P x D processes.
     """
     jobs = tune.search.jobs
     if jobs != "auto":
         return int(jobs)
     if tune.budget.clock == "wall" or trial_runtime(tune) != "emulated" or _uses_gpus(tune):
         return 1
-    return max(1, min(cpu_count(), AUTO_JOBS))
+    most = max(1, min(cpu_count(), AUTO_JOBS))
+    if most > 1 and space is not None and profile_path is not None:
+        most = min(most, trials_in_memory(tune, space, profile_path))
+    return most
+
+
+def trials_in_memory(tune: TuneConfig, space: SearchSpace, profile_path: str) -> int:
+    """How many emulated trials of the space's largest point this machine's free RAM holds at once (at least 1).
+
+    An emulated trial holds all P stages of all D replicas in one process: the prediction the memory
+    check refuses one trial by (:func:`paci_tune.pipeline.planning.check_memory`), here for several.
+    """
+    import torch
+
+    from ..pipeline.planning import memory_available, plan_partition, predicted_memory
+    from ..sim.profile import Profile
+
+    profile = Profile.load(profile_path, "budget.profile")
+    worst = 0
+    for schedule in space.schedules:
+        for p, a, b in space.points:
+            q = TrialParams(schedule, p, a, b, 1.0, space.data_parallel(p), space.backward_weights_of(schedule)[0])
+            over = {**q.overrides(), "pipeline.partition": "auto", "pipeline.runtime": "emulated",
+                    "pipeline.inflight": None}  # fmt: skip
+            cfg = derive_run(tune.run_doc, over)
+            sizes = plan_partition(cfg, [1.0] * profile.n_units, profile)
+            worst = max(worst, sum(predicted_memory(cfg, profile, sizes)) * cfg.pipeline.data_parallel)
+    return max(1, int(memory_available(torch.device("cpu"), 1) // max(worst, 1)))
 
 
 def _uses_gpus(tune: TuneConfig) -> bool:

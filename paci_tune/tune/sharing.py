@@ -164,6 +164,10 @@ class Horizons:
         key = numerics_key(derive_run(derive_doc(doc, over)))
         return key, layout_clock(derive_run(doc), self.profile)[1]
 
+    def key_of(self, params: TrialParams) -> str | None:
+        """The point's class: the numerics key of its run at any horizon (None: its LR reads the wall clock)."""
+        return self._class(params)[0]
+
     def _all(self) -> dict[str, tuple[int, int]]:
         if self._horizons is None:
             horizons: dict[str, tuple[int, int]] = {}

@@ -227,6 +227,21 @@ class SearchSpace:
             stale = str(trial.suggest_categorical("staleness", [stale, *more_stale]))
         return TrialParams(schedule, stages, a, b, lr, self.data_parallel(stages), bw, v, opt, stale)
 
+    def params_of(self, q: TrialParams) -> dict[str, Any]:
+        """The Optuna parameters :meth:`suggest` records for point ``q`` (to queue it as a trial)."""
+        out: dict[str, Any] = {"stages": q.stages, "microbatch_size": q.microbatch_size}
+        if self.fixed_batch is None:
+            out["window"] = q.window
+        if self.lr_scale is not None:
+            out["lr_scale"] = q.lr_scale
+        named = ((self.backward_weights_of(q.schedule), "backward_weights", q.backward_weights),
+                 (self.optimizers_of(q.schedule), "optimizer", q.optimizer),
+                 (self.staleness_of(q.schedule), "staleness", q.staleness))  # fmt: skip
+        out |= {name: value for choices, name, value in named if len(choices) > 1}
+        if q.schedule == INTERLEAVED:
+            out["chunks"] = q.chunks
+        return out
+
     def grid(self, schedule: str | None = None) -> list[TrialParams]:
         """Every feasible point (of one schedule, or all); a continuous LR range has no grid."""
         if self.lr_is_range:

@@ -172,16 +172,8 @@ def enqueue_grid(study: optuna.Study, space: SearchSpace, schedule: str, seed: i
 
     points = space.grid(schedule)
     random.Random(seed).shuffle(points)
-    for p in points:
-        params: dict[str, Any] = {"stages": p.stages, "microbatch_size": p.microbatch_size}
-        if space.fixed_batch is None:
-            params["window"] = p.window
-        if space.lr_scale is not None:
-            params["lr_scale"] = p.lr_scale
-        if space.tunes_backward_weights(schedule):
-            params["backward_weights"] = p.backward_weights
-        if schedule == "interleaved":
-            params["chunks"] = p.chunks
+    for p in points:  # the grid sampler draws the recipes itself: its own grid names them
+        params = {k: v for k, v in space.params_of(p).items() if k not in ("optimizer", "staleness")}
         study.enqueue_trial(params, skip_if_exists=True)
 
 
@@ -189,7 +181,8 @@ def counted(trials: list[FrozenTrial], quota: int) -> int:
     """Trials that use up the quota: running or finished ones.
 
     Not counted: queued ones (not started yet), failures that were enqueued again (their retry
-    counts), confirmation and transfer-check runs (:attr:`.record.TrialRecord.is_extra`), and repeats of a
+    counts), confirmation and transfer-check runs (:attr:`.record.TrialRecord.is_extra`), the other layouts
+    of a trained curve (``sibling_of``, :mod:`.siblings`: the simulator's cost, not a trial's), and repeats of a
     point already run (answered from the earlier trial, no compute spent) -- samplers propose repeats
     often in small discrete spaces, and counting them would leave most of the quota unexplored.
     Repeats beyond twice the quota do count, so a search of an exhausted space still ends. So do
@@ -200,13 +193,22 @@ def counted(trials: list[FrozenTrial], quota: int) -> int:
     retried = {r.retry_of for _, r in records}
     fresh = repeats = 0
     for t, r in records:
-        if t.state == TrialState.WAITING or (t.state == TrialState.FAIL and t.number in retried) or r.is_extra:
+        unstarted = t.state == TrialState.WAITING or (t.state == TrialState.FAIL and t.number in retried)
+        if unstarted or r.is_extra or r.sibling_of is not None:
             continue
         if r.is_repeat or r.infeasible:
             repeats += 1
         else:
             fresh += 1
     return fresh + max(0, repeats - 2 * quota)
+
+
+def exhausted(trials: list[FrozenTrial], points: list[dict[str, Any]]) -> bool:
+    """Every point (as its Optuna parameters) has a finished search trial: the sampler has nothing new to
+    propose, and its repeats would only run on until they count (:func:`counted`)."""
+    done = {tuple(sorted(t.params.items())) for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not TrialRecord.read(t).is_extra}  # fmt: skip
+    return bool(points) and all(tuple(sorted(p.items())) in done for p in points)
 
 
 def running_elsewhere(trials: list[FrozenTrial]) -> int:

@@ -53,6 +53,7 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
     search = [(t, r) for t, r in trials if not r.is_extra]
     infeasible = sum(r.infeasible for _, r in search)  # outside the device budget, unrun
     long = sum(r.is_transfer and t.state.is_finished() for t, r in trials)  # the transfer check's
+    layouts = sum(r.sibling_of is not None and t.state.is_finished() for t, r in search)  # tune/siblings.py
     return {
         "complete": sum(t.state == TrialState.COMPLETE for t, _ in search),
         "pruned": sum(t.state == TrialState.PRUNED and not r.infeasible for t, r in search),
@@ -61,6 +62,7 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
         "repeats_reused": sum(r.is_repeat and t.state != TrialState.FAIL for t, r in search),
         "confirmation": sum(r.is_confirmation and t.state.is_finished() for t, r in trials),
         **({"transfer": long} if long else {}),
+        **({"other_layouts": layouts} if layouts else {}),
     }
 
 

@@ -174,3 +174,18 @@ def guide_model_search(tmp: Path, model: dict[str, Any], stages: list[int], froz
     config = tmp / "model.yaml"
     config.write_text(yaml.safe_dump(doc, sort_keys=False))
     return config
+
+
+def quota_met(trials: list[optuna.trial.FrozenTrial], quota: int, extra: int = 0) -> bool:
+    """A study of a :data:`SPACE` search ended where it should: ``quota`` to ``quota + extra`` counted trials
+    (``extra``: a race of several workers at the very end), or fewer once every point of the space has a
+    finished trial (every point of SPACE is feasible at 4 devices: a study whose space is all run is done,
+    and one curve answers flush's other layouts, tune.siblings)."""
+    from optuna.trial import TrialState
+
+    from paci_tune.tune.study import counted
+
+    ran = {(t.params.get("stages"), t.params.get("microbatch_size")) for t in trials
+           if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}  # fmt: skip
+    every_point = ran >= {(p, b) for p in SPACE["stages"] for b in SPACE["microbatch_size"]}
+    return quota <= counted(trials, quota) <= quota + extra or every_point
