@@ -63,7 +63,8 @@ class Siblings:
             points = self.space.grid(params.schedule)
         except ConfigError:  # a continuous LR range: no points to enumerate
             return 0
-        taken = [t.params for t in extra.search_trials(study)]
+        # A queued trial's point is in Optuna's fixed parameters until it starts (another worker's, say).
+        taken = [t.params or t.system_attrs.get("fixed_params", {}) for t in extra.search_trials(study)]
         grid = self.horizons.grid(params)
         queued = 0
         for q in points:
