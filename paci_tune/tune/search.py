@@ -65,6 +65,7 @@ class Search:
     _horizons: Horizons | None = field(default=None, repr=False)
     jobs: int = 1  # trials at once (search.jobs, :func:`.setup.side_by_side`)
     _lanes: Lanes = field(default_factory=lambda: Lanes(1), repr=False)
+    _points: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)  # each schedule's, by _exhausted
 
     @property
     def quota(self) -> int:
@@ -127,11 +128,12 @@ class Search:
 
     def _exhausted(self, schedule: str) -> bool:
         """Every feasible point of the schedule's space has run (:func:`.study.exhausted`; an LR range never has)."""
-        try:
-            points = [self.space.params_of(q) for q in self.space.grid(schedule)]
-        except ConfigError:
-            return False
-        return exhausted(self.studies[schedule].get_trials(deepcopy=False), points)
+        if schedule not in self._points:  # the space is fixed: its points are enumerated once
+            try:
+                self._points[schedule] = [self.space.params_of(q) for q in self.space.grid(schedule)]
+            except ConfigError:
+                self._points[schedule] = []
+        return exhausted(self.studies[schedule].get_trials(deepcopy=False), self._points[schedule])
 
     def _next_confirmation(self) -> str | None:
         """Plan and queue the confirmations of every study whose search is over (the others' trials may

@@ -68,6 +68,13 @@ def trial_runtime(tune: TuneConfig) -> str:
     return tune.hardware.runtime or ("distributed" if tune.budget.clock == "wall" else "emulated")
 
 
+def point_run(tune: TuneConfig, q: TrialParams, runtime: str) -> Any:
+    """The run a point's trial makes on ``runtime``, as a memory check reads it: the cut left to the
+    planner, the in-flight depth the schedule's own."""
+    over = {**q.overrides(), "pipeline.partition": "auto", "pipeline.runtime": runtime, "pipeline.inflight": None}
+    return derive_run(tune.run_doc, over)
+
+
 def drop_unfit(tune: TuneConfig, space: SearchSpace, profile_path: str | None) -> SearchSpace:
     """The space less the points the memory check would refuse (with the reasons kept in ``dropped``).
 
@@ -87,8 +94,7 @@ def drop_unfit(tune: TuneConfig, space: SearchSpace, profile_path: str | None) -
     device = resolve_device(tune.hardware.device or tune.run.pipeline.device)
 
     def why_not(q: Any) -> str | None:
-        over = {**q.overrides(), "pipeline.partition": "auto", "pipeline.runtime": runtime, "pipeline.inflight": None}
-        cfg = derive_run(tune.run_doc, over)
+        cfg = point_run(tune, q, runtime)
         reason = memory_refusal(cfg, profile, device, distributed=runtime == "distributed", processes=q.devices)
         return None if reason is None else f"P={q.stages} D={q.data_parallel} b={q.microbatch_size}: {reason}"
 
@@ -116,8 +122,7 @@ def drop_over_budget(tune: TuneConfig, space: SearchSpace, profile_path: str | N
     runtime = trial_runtime(tune)
 
     def predict(q: TrialParams) -> MemoryDrop:
-        over = {**q.overrides(), "pipeline.partition": "auto", "pipeline.runtime": runtime, "pipeline.inflight": None}
-        sizes, peaks = budget_fit(derive_run(tune.run_doc, over), profile)
+        sizes, peaks = budget_fit(point_run(tune, q, runtime), profile)
         worst = max(range(len(peaks)), key=peaks.__getitem__)
         return MemoryDrop(q, peaks[worst], worst, tuple(sizes), cap)
 
@@ -167,9 +172,7 @@ def trials_in_memory(tune: TuneConfig, space: SearchSpace, profile_path: str) ->
     for schedule in space.schedules:
         for p, a, b in space.points:
             q = TrialParams(schedule, p, a, b, 1.0, space.data_parallel(p), space.backward_weights_of(schedule)[0])
-            over = {**q.overrides(), "pipeline.partition": "auto", "pipeline.runtime": "emulated",
-                    "pipeline.inflight": None}  # fmt: skip
-            cfg = derive_run(tune.run_doc, over)
+            cfg = point_run(tune, q, "emulated")
             sizes = plan_partition(cfg, [1.0] * profile.n_units, profile)
             worst = max(worst, sum(predicted_memory(cfg, profile, sizes)) * cfg.pipeline.data_parallel)
     return max(1, int(memory_available(torch.device("cpu"), 1) // max(worst, 1)))

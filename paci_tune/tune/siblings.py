@@ -65,11 +65,11 @@ class Siblings:
             return 0
         # A queued trial's point is in Optuna's fixed parameters until it starts (another worker's, say).
         taken = [t.params or t.system_attrs.get("fixed_params", {}) for t in extra.search_trials(study)]
-        grid = self.horizons.grid(params)
+        grid, cls = self.horizons.grid(params), self.horizons.key_of(params)
         queued = 0
         for q in points:
             named = self.space.params_of(q)
-            if named in taken or self.horizons.key_of(q) != self.horizons.key_of(params) or self._key(q) != key:
+            if named in taken or self.horizons.key_of(q) != cls:  # one class: one horizon, so one stored key
                 continue
             replay = replay_points(derive_run(self.trial_doc(q)), self.profile, self.first_step, grid.every)
             if walk(replay, found[0], self.target, grid) is None:
