@@ -64,6 +64,7 @@ from paci_tune.base.files import read_yaml
 from paci_tune.config import derive_doc
 from paci_tune.config.tune import TuneConfig, load_tune_config
 from paci_tune.errors import ConfigError
+from paci_tune.tune.capping import capped
 from paci_tune.tune.objective import Progress, grid_step
 from paci_tune.tune.record import SUMMARY_KEYS, StudyRecord, TrialRecord
 from paci_tune.tune.runner import OnEval, OnRecord, SubprocessRunner, TrialJob, TrialResult
@@ -309,6 +310,10 @@ class TableRunner:
                 wall = self._spend(point, clock, "pruned")
                 reason = f"pruned at grid step {step} (clock {clock:.3g}s)"
                 return TrialResult("pruned", progress, reason, step, None, wall, evals)
+            if capped(progress, job.cap):  # as SubprocessRunner stops a live trial (paci_tune.tune.capping)
+                wall = self._spend(point, clock, "capped")
+                reason = f"capped at grid step {step}: clock {clock:.3g}s, past {job.cap:.3g}s"
+                return TrialResult("pruned", progress, reason, step, None, wall, evals, capped_at=job.cap)
         wall = self._spend(point, point.clock_used, point.state)
         summary = {**point.evidence, "clock": point.clock_used}
         if point.state == "failed":
@@ -349,9 +354,10 @@ class Outcome:
         return self.ratio <= GOAL_RATIO and self.compute <= GOAL_COMPUTE
 
 
-def replay(doc: dict[str, Any], space: SearchSpace, table: Table, method: str, trials: int, seed: int) -> Outcome:
+def replay(doc: dict[str, Any], space: SearchSpace, table: Table, method: str, trials: int, seed: int,
+           capping: bool = True) -> Outcome:  # fmt: skip
     sampler, pruner = method.split("+")
-    tune = tune_config(doc, sampler=sampler, pruner=pruner, trials=trials, seed=seed)
+    tune = tune_config(doc, sampler=sampler, pruner=pruner, trials=trials, seed=seed, adaptive_capping=capping)
     studies = open_studies(optuna.storages.InMemoryStorage(), "replay", space.schedules, tune.search, space,
                            tune.budget.grid, fingerprint(tune, space))  # fmt: skip
     enqueue_start_points(tune, space, studies)
@@ -479,6 +485,8 @@ def main() -> None:
                     "runs/tuner-vs-grid, or runs/tuner-vs-grid-unshared with --no-share).")  # fmt: skip
     ap.add_argument("--no-share", action="store_true", help="The grid and the tuner without shared curves "
                     "(search.share_curves: false): one training per point, the cost before issue 39.")  # fmt: skip
+    ap.add_argument("--no-capping", action="store_true", help="The tuner without adaptive capping (search."
+                    "adaptive_capping: false): every trial to its end or its pruner, as before 2026-12-05")  # fmt: skip
     ap.add_argument("--study-name", default="tuner-vs-grid")
     ap.add_argument("--table", default=None,
                     help="The grid's curves: read when it matches the config, else the grid is run (or resumed) "
@@ -505,8 +513,10 @@ def main() -> None:
     suffix = "-unshared" if args.no_share else ""
     workdir = Path(args.workdir or f"runs/tuner-vs-grid{suffix}").resolve()
     # The grid search reads a file: the config without confirmation runs (the grid trains each point
-    # once; the table keeps the search trials only), with sharing off for --no-share, in the work folder.
-    doc = derive_doc(doc, {"search.confirm": {"top": 0}, **({"search.share_curves": False} if args.no_share else {})})
+    # once; the table keeps the search trials only) and without capping (the table holds every point's
+    # whole curve: a replayed tuner caps them itself), with sharing off for --no-share, in the work folder.
+    doc = derive_doc(doc, {"search.confirm": {"top": 0}, "search.adaptive_capping": False,
+                           **({"search.share_curves": False} if args.no_share else {})})  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)
     config = str(workdir / "model.yaml")
     Path(config).write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -537,7 +547,7 @@ def main() -> None:
     t0 = time.monotonic()
     for m in methods:
         for n in trials:
-            results[(m, n)] = [replay(doc, space, table, m, n, seed) for seed in range(args.seeds)]
+            results[(m, n)] = [replay(doc, space, table, m, n, seed, not args.no_capping) for seed in range(args.seeds)]
     print(
         f"\nreplayed {len(methods) * len(trials) * args.seeds} searches in {time.monotonic() - t0:.0f}s; "
         f"ratio = time to target of the recommendation / the grid's best; compute = clock spent / the grid's"

@@ -186,15 +186,22 @@ def test_pruning_stops_the_trial_process(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- crash recovery
-def _children_of(pid: int) -> list[int]:
+def _children_of(pid: int, server: bool = False) -> list[int]:
+    """The trial processes of search ``pid``: started as ``-m paci_tune.tune.child PID ...``, or forked from its
+    fork server (``-m paci_tune.base.zygote PID paci_tune.tune.child:preload``), whose command line they keep;
+    with ``server``, the server too."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
                 cmd = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            if b"paci_tune.tune.child" in cmd and str(pid).encode() in cmd:
+            if str(pid).encode() not in cmd:
+                continue
+            forked = b"paci_tune.base.zygote" in cmd and any(c.startswith(b"paci_tune.tune.child") for c in cmd)
+            if b"paci_tune.tune.child" in cmd or (forked and (server or ppid != pid)):
                 out.append(int(d.name))
     return out
 
@@ -235,9 +242,9 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path) -> None:
                     if t.state == TrialState.RUNNING and "repeat_of" not in t.user_attrs), None)  # fmt: skip
     assert running is not None, "the killed search left no running trial behind"
     deadline = time.monotonic() + 20
-    while _children_of(proc.pid) and time.monotonic() < deadline:
+    while _children_of(proc.pid, server=True) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _children_of(proc.pid), "the trial outlived its killed search"
+    assert not _children_of(proc.pid, server=True), "the trial (or its fork server) outlived its killed search"
     before = {(s, t.number): (t.state, t.value) for s, st in studies(storage).items() for t in st.trials
               if t.state.is_finished()}  # fmt: skip
 

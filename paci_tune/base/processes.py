@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from .credentials import child_environment
 
@@ -119,6 +119,17 @@ def tethered(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "paci_tune.base.tether", str(os.getpid()), module, *args]
 
 
+def start_in_group(cmd: Sequence[str], **popen: Any) -> subprocess.Popen[str]:
+    """``cmd`` in a new session and process group of its own (what :meth:`kill_group` stops), as text."""
+    return subprocess.Popen(list(cmd), start_new_session=True, text=True, **popen)
+
+
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to the process group ``pid`` leads (gone already: nothing to do)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
 class EventTail:
     """The complete JSON lines appended to a file since the last read (a line being written waits)."""
 
@@ -137,30 +148,49 @@ class EventTail:
         self._file.close()
 
 
+class Process(Protocol):
+    """What :class:`Child` uses of its process: :class:`subprocess.Popen`, or a fork server's child
+    (:class:`paci_tune.base.zygote.Forked`)."""
+
+    pid: int
+    stdin: IO[str] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+Fork = Callable[[dict[str, str], Path], Process | None]
+"""Starts the child from a fork server instead (its environment, its log); None: start it the ordinary way."""
+
+
 class Child:
     """A command in its own process group, watched through its log and its events file (module doc).
 
     Use as a context manager: leaving the block kills the group if it still runs, whatever the
     reason. ``stdin=True`` gives the child a pipe for :meth:`send` (a start barrier, a stop word).
+    ``fork``: the same program forked from a server that has its imports done (:mod:`.zygote`).
     """
 
     def __init__(
-        self, cmd: Sequence[str], *, log: Path, events: Path, env: dict[str, str] | None = None, stdin: bool = False
-    ) -> None:
+        self, cmd: Sequence[str], *, log: Path, events: Path, env: dict[str, str] | None = None, stdin: bool = False,
+        fork: Fork | None = None,
+    ) -> None:  # fmt: skip
         self.cmd, self.log_path, self.events_path = list(cmd), Path(log), Path(events)
-        self.env, self.stdin = child_environment(os.environ if env is None else env), stdin
-        self.proc: subprocess.Popen[str] | None = None
+        self.env, self.stdin, self.fork = child_environment(os.environ if env is None else env), stdin, fork
+        self.proc: Process | None = None
         self._tail: EventTail | None = None
         self._log_size = -1
 
     def __enter__(self) -> Child:
         self.events_path.write_text("")
         self._tail = EventTail(self.events_path)
+        self.proc = self.fork(self.env, self.log_path) if self.fork is not None and not self.stdin else None
+        if self.proc is not None:
+            return self
         with open(self.log_path, "w") as logf:
-            self.proc = subprocess.Popen(
-                self.cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env, start_new_session=True, text=True,
-                stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL,
-            )  # fmt: skip
+            self.proc = start_in_group(self.cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
+                                       stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL)  # fmt: skip
         return self
 
     def __exit__(
@@ -212,8 +242,7 @@ class Child:
         """Stop the whole process group: SIGTERM, then SIGKILL if it is not gone after ``grace_s``."""
         assert self.proc is not None
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
+            kill_group(self.proc.pid, sig)
             if self.wait(grace_s) is not None:
                 return
 

@@ -160,7 +160,9 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
         stderr(line)
     _print_candidates(best)
     counts = best["provenance"]["trials"]
-    stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned, {c['failed']} failed"
+    stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned"
+                                  + (f" ({c['capped']} of them capped: they could not rank)" if c.get("capped") else "")
+                                  + f", {c['failed']} failed"
                                   + (f", {c['infeasible']} outside the device budget (unrun)" if c.get("infeasible")
                                      else "")
                                   + (f", {c['other_layouts']} of them other layouts of a trained curve (unrun)"

@@ -232,6 +232,9 @@ class SearchConfig:
     # With shared curves: validate every step-grid point only near the target (training.eval_far_every,
     # paci_tune.train.nearness); false: at every one, the whole run
     validate_near_target: bool = True
+    # Stop a search trial once its clock passes the score of the study's k-th best point (k: confirm.top,
+    # transfer_check.top, at least 1) without reaching the target (paci_tune.tune.capping); false: never
+    adaptive_capping: bool = True
     # Trials this worker runs side by side ("auto": paci_tune.tune.setup.side_by_side); the sim and rst clocks only
     jobs: Literal["auto"] | int = "auto"
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)

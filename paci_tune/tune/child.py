@@ -4,13 +4,18 @@ It trains the trial's run through the train layer (:func:`paci_tune.train.run_tr
 every record to EVENTS as it happens (the search tails it) and writing METRICS at the end; it dies
 with the search that started it (SIGKILL included), so a killed search leaves no trial training.
 Exit codes and the log's last line tell the runner why a trial failed (:func:`.runner.crash_reason`):
-2 with an ``error:`` line for a configuration this machine refuses, a traceback otherwise. May
-import: :mod:`paci_tune.train`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
+2 with an ``error:`` line for a configuration this machine refuses, a traceback otherwise.
+
+A search forks its trials from a server that has already imported this module (:func:`preload`,
+:mod:`paci_tune.base.zygote`) and calls :func:`forked`, the same :func:`main` with torch's threads
+set from the environment the runner asked for. May import: :mod:`paci_tune.train`,
+:mod:`paci_tune.config`, :mod:`paci_tune.model`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from ..base.files import read_yaml
@@ -50,6 +55,30 @@ def main(config: str, events_path: str, metrics: str) -> int:
             print(e.message, file=sys.stderr, flush=True)
             return e.exit_code
     return 0
+
+
+def preload() -> None:
+    """The fork server's one-time work: this module's imports, and torch's first model built on the meta
+    device (its kernels load lazily, about a CPU-second). Nothing is computed: a server that has run a
+    parallel region cannot fork safely."""
+    import torch
+
+    from ..model.gpt import Block, Embedding, GPTConfig, Head
+
+    cfg = GPTConfig(n_layer=1, n_head=1, d_model=8, block_size=8, vocab_size=8)
+    with torch.device("meta"):
+        Embedding(cfg), Block(cfg), Head(cfg)
+
+
+def forked(config: str, events_path: str, metrics: str) -> int:
+    """:func:`main` in a child forked from the server: torch's threads as ``OMP_NUM_THREADS`` asks (read by
+    OpenMP when the server started, so it is set here)."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads and threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    return main(config, events_path, metrics)
 
 
 if __name__ == "__main__":

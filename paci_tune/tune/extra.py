@@ -36,6 +36,11 @@ def search_trials(study: optuna.Study, states: tuple[TrialState, ...] | None = N
 
 
 def best_distinct(study: optuna.Study, top: int) -> list[int]:
+    """The numbers of the ``top`` best finished search trials with distinct points (:func:`best_distinct_trials`)."""
+    return [t.number for t in best_distinct_trials(study, top)]
+
+
+def best_distinct_trials(study: optuna.Study, top: int) -> list[FrozenTrial]:
     """The ``top`` best finished search trials with distinct points, best first (ties: the earlier).
 
     Repeats (answered from an earlier trial) are not new evidence and are left out.
@@ -46,7 +51,7 @@ def best_distinct(study: optuna.Study, top: int) -> list[int]:
     for t in sorted(done, key=lambda t: (t.value, t.number)):
         if len(chosen) < top and all(t.params != c.params for c in chosen):
             chosen.append(t)
-    return [t.number for t in chosen]
+    return chosen
 
 
 def kept_plan(study: optuna.Study, top: int, key: str) -> list[int]:

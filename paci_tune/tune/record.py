@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -32,6 +33,7 @@ OPTIMIZER, STALENESS = "optimizer", "staleness"  # a recipe the space fixes (one
 TIME_TO_TARGET, BEST_VAL_LOSS, CLOCK_USED = "time_to_target", "best_val_loss", "clock_used"
 WALL_SECONDS, CURVE = "wall_seconds", "curve"
 PRUNED_STEP, PRUNED_CLOCK = "pruned_step", "pruned_clock"
+CAPPED_AT = "capped_at"  # pruned by adaptive capping (:mod:`.capping`): the clock it could not rank past
 FAIL_REASON, INFEASIBLE = "fail_reason", "infeasible"
 SUMMARY_KEYS = (
     "clock_tokens_per_s", "clock_step_time_s", "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift",
@@ -153,9 +155,11 @@ class Outcome:
             trial.set_user_attr(k, v)
 
 
-def mark_pruned(trial: optuna.Trial, step: int | None, clock: Any) -> None:
+def mark_pruned(trial: optuna.Trial, step: int | None, clock: Any, capped_at: float | None = None) -> None:
     trial.set_user_attr(PRUNED_STEP, step)
     trial.set_user_attr(PRUNED_CLOCK, clock)
+    if capped_at is not None:
+        trial.set_user_attr(CAPPED_AT, capped_at)
 
 
 def mark_failed(trial: optuna.Trial, reason: str | None) -> None:
@@ -203,6 +207,8 @@ def copy_pruned(earlier: FrozenTrial, trial: optuna.Trial, step: int) -> None:
     trial.set_user_attr(PRUNED_CLOCK, a.get(PRUNED_CLOCK))
     trial.set_user_attr(BEST_VAL_LOSS, a.get(BEST_VAL_LOSS))
     trial.set_user_attr(CURVE, a.get(CURVE))
+    if a.get(CAPPED_AT) is not None:
+        trial.set_user_attr(CAPPED_AT, a[CAPPED_AT])
 
 
 # ------------------------------------------------------------------------------------ readers
@@ -230,6 +236,7 @@ class TrialRecord:
     curve: list[Any] | None
     pruned_step: int | None
     pruned_clock: float | None
+    capped_at: float | None
     fail_reason: str | None
     infeasible: bool
     numerics: dict[str, Any] | None
@@ -251,7 +258,8 @@ class TrialRecord:
             optimizer=a.get(OPTIMIZER), staleness=a.get(STALENESS),
             time_to_target=a.get(TIME_TO_TARGET), best_val_loss=a.get(BEST_VAL_LOSS), wall_seconds=a.get(WALL_SECONDS),
             curve=a.get(CURVE), pruned_step=a.get(PRUNED_STEP), pruned_clock=a.get(PRUNED_CLOCK),
-            fail_reason=a.get(FAIL_REASON), infeasible=bool(a.get(INFEASIBLE)), numerics=a.get(NUMERICS),
+            capped_at=a.get(CAPPED_AT), fail_reason=a.get(FAIL_REASON), infeasible=bool(a.get(INFEASIBLE)),
+            numerics=a.get(NUMERICS),
             shared_from=a.get(SHARED_FROM), sibling_of=a.get(SIBLING_OF), attrs=a,
         )  # fmt: skip
 
@@ -338,3 +346,15 @@ class StudyRecord:
 
     def plan(self, key: str) -> list[int] | None:
         return self.confirm_plan if key == CONFIRM_PLAN else self.transfer_plan
+
+
+def keep_metrics(trial: optuna.Trial, metrics: Path, store: Path) -> None:
+    """The trial's metrics file as an Optuna artifact in ``store`` (``WORKDIR/artifacts``), before the trial
+    is told: ``optuna-dashboard --artifact-dir WORKDIR/artifacts`` then offers it beside the curve."""
+    if not metrics.is_file():
+        return
+    from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+
+    store.mkdir(parents=True, exist_ok=True)
+    upload_artifact(artifact_store=FileSystemArtifactStore(str(store)), file_path=str(metrics),
+                    study_or_trial=trial, mimetype="application/jsonl")  # fmt: skip

@@ -2,8 +2,9 @@
 
 A finished one's result is copied, a deterministic failure (out of memory, divergence, a refusal)
 repeated, and a pruned one's curve is replayed against the pruner, which trains it only if it now
-survives past the point where it was stopped. Each answer is told to the study here; the search
-loop (:mod:`.search`) shows it. May import: optuna and the tune layer's :mod:`.record`, :mod:`.extra`.
+survives past the point where it was stopped (a capped one is not trained again). Each answer is
+told to the study here; the search loop (:mod:`.search`) shows it. May import: optuna and the tune
+layer's :mod:`.record`, :mod:`.extra`.
 """
 
 from __future__ import annotations
@@ -48,10 +49,13 @@ def answer_repeat(study: optuna.Study, trial: optuna.Trial) -> Told | None:
         record.copy_failure(earlier, trial, repeated)
         study.tell(trial, state=TrialState.FAIL)
         return Told("failed", repeated)
-    # Pruned before: replay its curve; train it again only if the pruner now lets it through.
-    for step, v in sorted(earlier.intermediate_values.items()):
+    # Pruned before: replay its curve; train it again only if the pruner now lets it through. One capped
+    # (:mod:`.capping`) stays stopped where it was: the cap only falls, so its run would be capped there again.
+    capped = TrialRecord.read(earlier).capped_at is not None
+    steps = sorted(earlier.intermediate_values.items())
+    for step, v in steps:
         trial.report(v, step)
-        if trial.should_prune():
+        if trial.should_prune() or (capped and step == steps[-1][0]):
             record.copy_pruned(earlier, trial, step)
             study.tell(trial, state=TrialState.PRUNED)
             return Told("pruned", f"same point as trial {earlier.number}", step=step)

@@ -5,12 +5,14 @@
 :class:`paci_tune.base.processes.Child`), streaming its records through an events file. The
 parent reads them as they come, reports each validation on the clock grid (``on_eval``), and
 kills the child when the pruner says so, when the loss goes non-finite or blows up, when it
-falls silent (a hang) or runs past its timeout. Its exit code and log tail classify a crash
-(out of memory, a configuration the machine refuses, anything else).
+falls silent (a hang) or runs past its timeout, or once it cannot rank (:mod:`.capping`). Its exit
+code and log tail classify a crash (out of memory, a configuration the machine refuses, anything
+else). In a search the child is forked from a server that has done the imports once
+(:func:`fork_server`, :mod:`paci_tune.base.zygote`): most of a short trial's start was imports.
 
 A runner is pluggable (:class:`TrialRunner`): the benchmark replays recorded curves through the
 same search loop with a table runner. May import: :mod:`paci_tune.base` and the tune layer's
-:mod:`.objective` and :mod:`.space`.
+:mod:`.objective`, :mod:`.capping` and :mod:`.space`.
 """
 
 from __future__ import annotations
@@ -25,13 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ..base.credentials import child_environment
 from ..base.files import write_yaml
 from ..base.processes import Child, follow
+from ..base.zygote import Zygote
+from .capping import capped
 from .objective import Progress, grid_step
 from .point import TrialParams
 
 OnEval = Callable[[int, Progress], bool]  # (grid step, progress so far) -> prune now?
 OnRecord = Callable[[dict[str, Any]], None]
+
+FORKED = "paci_tune.tune.child:forked"  # what a trial's child runs when a fork server starts it
+PRELOAD = "paci_tune.tune.child:preload"  # the fork server's one-time imports
 
 DIVERGENCE_FACTOR = 2.0  # a train loss above this many times the first one is a divergence
 
@@ -50,6 +58,8 @@ class TrialJob:
     timeout_factor: float = 1.0  # the runner's timeout is scaled by this (a transfer check's long run: its factor)
     scored_every: int | None = None  # a shared curve's step grid (:mod:`.sharing`): only validations on it score
     cancel: threading.Event | None = None  # set: the worker is stopping (:mod:`.lanes`); the run is killed, untold
+    server: Zygote | None = None  # the search's fork server: the child forked with its imports done (:mod:`.child`)
+    cap: float | None = None  # the clock past which it cannot rank (:mod:`.capping`): stopped there, pruned
 
 
 class TrialCancelled(Exception):
@@ -67,6 +77,7 @@ class TrialResult:
     wall_seconds: float = 0.0
     evals: list[tuple[float, float]] = field(default_factory=list)
     by_step: list[tuple[int, float]] = field(default_factory=list)  # the scored validations: (step, val_loss)
+    capped_at: float | None = None  # pruned by adaptive capping (:mod:`.capping`): the cap it passed
 
 
 class TrialRunner(Protocol):
@@ -120,6 +131,8 @@ class _Watch:
             step = grid_step(clock, self.job.budget, self.job.grid)
             if self.on_eval(step, self.progress) and self.progress.reached_at is None:
                 self.stop = ("pruned", f"pruned at grid step {step} (clock {clock:.3g}s)", step)
+            elif capped(self.progress, cap := self.job.cap):
+                self.stop = ("pruned", f"capped at grid step {step}: clock {clock:.3g}s, past {cap:.3g}s", step)
         elif kind == "summary":
             self.summary = rec
 
@@ -161,14 +174,19 @@ class SubprocessRunner:
                 watch.stop = ("failed", f"timeout: still running after {timeout:g}s", None)
             return watch.stop is not None
 
-        with Child(cmd, log=log, events=events, env=env) as child:
+        fork = None
+        if (server := job.server) is not None:
+            args = cmd[4:]
+            fork = lambda env, log: server.spawn(FORKED, args, env, log)  # noqa: E731
+        with Child(cmd, log=log, events=events, env=env, fork=fork) as child:
             self.last_pid = child.pid
             follow(child, feed, poll_s=self.poll_s, stop=stop)
             returncode = child.returncode
         wall = time.monotonic() - t0
         if watch.stop is not None:
             status, reason, step = watch.stop
-            return TrialResult(status, watch.progress, reason, step, watch.summary, wall, watch.evals, watch.by_step)
+            return TrialResult(status, watch.progress, reason, step, watch.summary, wall, watch.evals, watch.by_step,
+                               job.cap if reason.startswith("capped") else None)  # fmt: skip
         if returncode != 0:
             return TrialResult(
                 "failed",
@@ -197,3 +215,8 @@ def crash_reason(returncode: int, log: Path) -> str:
     if last.startswith("error: pipeline worker rank"):  # one rank of a distributed trial died first
         return f"crash: {last[len('error: pipeline worker ') :].split('; the other ranks')[0][:200]}"
     return f"crash: exit code {returncode}: {last[:200]}"
+
+
+def fork_server(workdir: Path) -> Zygote:
+    """The search's fork server for its trials (started on the first trial; its own errors in WORKDIR/trials)."""
+    return Zygote(PRELOAD, child_environment(os.environ), workdir / "trials" / "fork-server.log")

@@ -9,7 +9,7 @@ whose numerics another trial trained is answered from that curve, read on its ow
 (:mod:`.sharing`), and the study's other points of that curve are queued and answered from it too
 (:mod:`.siblings`). Several trials may run at once (:mod:`.lanes`). May import: optuna,
 :mod:`paci_tune.pipeline` (predicted memory), :mod:`paci_tune.sim`, :mod:`paci_tune.config`,
-:mod:`paci_tune.errors` and the tune layer's own modules.
+:mod:`paci_tune.base` (the fork server), :mod:`paci_tune.errors` and the tune layer's own modules.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from ..base.zygote import Zygote
 from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
 from . import extra, record, siblings
+from .capping import cap_of, capped
 from .curves import numerics_key
 from .events import SearchEvent
 from .extra import confirm_seeds
@@ -39,7 +41,7 @@ from .point import TrialParams
 from .record import Outcome, PointAttrs, TrialRecord
 from .repeats import answer_repeat
 from .rounds import current_round
-from .runner import OnEval, TrialJob, TrialResult, TrialRunner
+from .runner import OnEval, TrialJob, TrialResult, TrialRunner, fork_server
 from .setup import trial_runtime
 from .sharing import Horizons, StepGrid, applies, replay_points, stored_curve, walk
 from .space import SearchSpace
@@ -66,6 +68,7 @@ class Search:
     jobs: int = 1  # trials at once (search.jobs, :func:`.setup.side_by_side`)
     _lanes: Lanes = field(default_factory=lambda: Lanes(1), repr=False)
     _points: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)  # each schedule's, by _exhausted
+    _server: Zygote | None = field(default=None, repr=False)  # trials are forked from it (:func:`.runner.fork_server`)
 
     @property
     def quota(self) -> int:
@@ -75,7 +78,7 @@ class Search:
         """Run trials until every schedule's study holds its quota of finished trials, then confirm, then
         run the transfer check (:mod:`.extra`: it decides nothing, so the confirmation comes first).
         Up to ``jobs`` trials at once, each study's search trials in order (:mod:`.lanes`)."""
-        with Lanes(self.jobs) as lanes:
+        with Lanes(self.jobs) as lanes, fork_server(self.workdir) as self._server:
             self._lanes = lanes
             while True:
                 for study in self.studies.values():
@@ -214,12 +217,14 @@ class Search:
             target=float(self.tune.target.value or 0.0),
             threads=self._threads(trial),
             cancel=self._lanes.cancel,
+            server=self._server,
             timeout_factor=factor,  # search.trial_timeout is a short trial's: a long run gets factor x as long
         )
         grid_of = self.step_grid(params) if factor == 1.0 else None
         # A search trial of a class with other layouts trains the class's whole curve (to its horizon or the
         # target, never pruned on the way), then is answered from it like any other (:mod:`.sharing`).
         cover = cover and grid_of is not None and grid_of.members > 1 and seed is None
+        job.cap = None if cover or seed is not None or factor != 1.0 else cap_of(study, self.tune.search, budget)
         key = numerics_key(derive_run(job.run_doc)) if grid_of is not None else None  # the run as its own budget has it
         if grid_of is not None:
             job.scored_every = grid_of.every
@@ -234,7 +239,7 @@ class Search:
             self.on_event(SearchEvent("record", schedule, trial.number, params, record=rec))
 
         result = self.runner.run(job, on_eval, on_record)
-        self._keep_metrics(trial, job.workdir / "metrics.jsonl")
+        record.keep_metrics(trial, job.workdir / "metrics.jsonl", self.workdir / "artifacts")
         if key is not None and result.status != "failed" and result.by_step:
             record.write_numerics(trial, key, grid_of.every, result.by_step)  # type: ignore[union-attr]
         if cover and result.status != "failed":
@@ -265,18 +270,6 @@ class Search:
             return seed is None and progress.reached_at is None and trial.should_prune()
 
         return on_eval
-
-    def _keep_metrics(self, trial: optuna.Trial, metrics: Path) -> None:
-        """The trial's metrics file as an Optuna artifact (``WORKDIR/artifacts``), before the trial is
-        told: ``optuna-dashboard --artifact-dir WORKDIR/artifacts`` then offers it beside the curve."""
-        if not metrics.is_file():
-            return
-        from optuna.artifacts import FileSystemArtifactStore, upload_artifact
-
-        store = self.workdir / "artifacts"
-        store.mkdir(parents=True, exist_ok=True)
-        upload_artifact(artifact_store=FileSystemArtifactStore(str(store)), file_path=str(metrics),
-                        study_or_trial=trial, mimetype="application/jsonl")  # fmt: skip
 
     def _threads(self, trial: optuna.Trial) -> int | None:
         """Split this machine's cores among the trials running on it right now.
@@ -312,7 +305,7 @@ class Search:
             value = p.value
             study.tell(trial, value)
         elif result.status == "pruned":
-            record.mark_pruned(trial, result.pruned_step, p.clock)
+            record.mark_pruned(trial, result.pruned_step, p.clock, result.capped_at)
             study.tell(trial, state=TrialState.PRUNED)
         else:
             record.mark_failed(trial, result.reason)
@@ -373,14 +366,17 @@ class Search:
         replay = replay_points(cfg, self.loaded_profile(), first, grid_of.every)
         if (read := walk(replay, curve, target, grid_of)) is None:
             return False
-        on_eval = self._reporter(study, trial, params, seed, 1.0)
-        progress, evals, by_step, pruned = Progress(target, budget), [], [], None
+        on_eval, cap = self._reporter(study, trial, params, seed, 1.0), cap_of(study, self.tune.search, budget)
+        progress, evals, by_step, pruned, why, capped_at = Progress(target, budget), [], [], None, "pruned", None
         for step, clock, val in read:
             progress.add_eval(clock, val)
             evals.append((clock, val))
             by_step.append((step, val))
             if on_eval(grid_step(clock, budget, b.grid), progress) and progress.reached_at is None:
                 pruned = grid_step(clock, budget, b.grid)
+            elif capped(progress, None if seed is not None else cap):  # as its own run would have been (.capping)
+                pruned, why, capped_at = grid_step(clock, budget, b.grid), f"capped past {cap:.3g}s", cap
+            if pruned is not None:
                 break
         if trained is None:
             record.mark_shared(trial, source_study, source)
@@ -388,11 +384,11 @@ class Search:
         steps = by_step[-1][0] if ended and by_step else first + replay.steps  # counted as a run's: from step 0
         summary = {"clock": progress.clock if ended else replay.clock_end, "partition": replay.cut, "steps": steps,
                    "clock_step_time_s": replay.clock_end / replay.steps if replay.steps else 0.0}  # fmt: skip
-        why = f"curve of {source_study} trial {source}" if trained is None else "its class's curve trained"
+        how = f"curve of {source_study} trial {source}" if trained is None else "its class's curve trained"
         result = TrialResult("pruned" if pruned is not None else "complete", progress,
-                             f"pruned at grid step {pruned} ({why})" if pruned is not None else why, pruned,
+                             f"{why} at grid step {pruned} ({how})" if pruned is not None else how, pruned,
                              {**(trained.summary or {}), **summary} if trained else summary,
-                             trained.wall_seconds if trained else 0.0, evals, by_step)  # fmt: skip
+                             trained.wall_seconds if trained else 0.0, evals, by_step, capped_at)  # fmt: skip
         self._tell(study, trial, params, result)
         return True
 

@@ -54,9 +54,11 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
     infeasible = sum(r.infeasible for _, r in search)  # outside the device budget, unrun
     long = sum(r.is_transfer and t.state.is_finished() for t, r in trials)  # the transfer check's
     layouts = sum(r.sibling_of is not None and t.state.is_finished() for t, r in search)  # tune/siblings.py
+    capped = sum(t.state == TrialState.PRUNED and r.capped_at is not None for t, r in search)  # tune/capping.py
     return {
         "complete": sum(t.state == TrialState.COMPLETE for t, _ in search),
         "pruned": sum(t.state == TrialState.PRUNED and not r.infeasible for t, r in search),
+        **({"capped": capped} if capped else {}),
         **({"infeasible": infeasible} if infeasible else {}),
         "failed": sum(t.state == TrialState.FAIL for t, _ in search),
         "repeats_reused": sum(r.is_repeat and t.state != TrialState.FAIL for t, r in search),
