@@ -117,7 +117,7 @@ class SearchView:
             elif e.state == "pruned":
                 why = e.reason or ""
                 at = f"pruned at step {e.step}"
-                row["note"] = why if why.startswith("pruned") else at + (f" ({why})" if why else "")
+                row["note"] = why if why.startswith(("pruned", "capped")) else at + (f" ({why})" if why else "")
             else:
                 row["note"] = e.reason or "failed"
             if key in self.running:

@@ -100,7 +100,8 @@ def _existing_rows(studies: dict[str, Any], fixed_batch: int | None) -> list[dic
                 continue
             state = t.state.name.lower().replace("fail", "failed")
             r = TrialRecord.read(t)
-            note = r.fail_reason or (f"pruned at step {r.pruned_step}" if state == "pruned" else "from the storage")
+            note = r.fail_reason or (f"{'capped' if r.capped_at is not None else 'pruned'} at step {r.pruned_step}"
+                                     if state == "pruned" else "from the storage")  # fmt: skip
             rows.append({"schedule": schedule, "number": t.number, "point": params_of(t, schedule, fixed_batch).label(),
                          "state": state, "ttt": r.time_to_target, "note": note,
                          "value": t.value})  # fmt: skip

@@ -169,6 +169,8 @@ def _row(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialRow:
     elif state == "pruned":
         where = r.pruned_clock
         reason = f"pruned at step {r.pruned_step}" + (f" ({where:.3g}s)" if isinstance(where, float) else "")
+        if r.capped_at is not None:  # tune/capping.py: it could not rank
+            reason = f"capped at step {r.pruned_step}, past {r.capped_at:.3g}s"
     return TrialRow(
         schedule=schedule, number=t.number, state=state, point=point, score=t.value,
         time_to_target=r.time_to_target, best_val_loss=r.best_val_loss,

@@ -64,6 +64,7 @@ def preload() -> None:
     import torch
 
     from ..model.gpt import Block, Embedding, GPTConfig, Head
+    from ..train import loop  # noqa: F401 - the trainer's modules load when a run starts; here, once
 
     cfg = GPTConfig(n_layer=1, n_head=1, d_model=8, block_size=8, vocab_size=8)
     with torch.device("meta"):
