@@ -96,6 +96,7 @@ class _Watch:
         self.trained = False  # a train record was seen
         self.summary: dict[str, Any] | None = None
         self.stop: tuple[Literal["pruned", "failed"], str, int | None] | None = None
+        self.capped_at: float | None = None  # the cap it was stopped at (:mod:`.capping`)
 
     def feed(self, rec: dict[str, Any]) -> None:
         if self.on_record is not None:
@@ -133,6 +134,7 @@ class _Watch:
                 self.stop = ("pruned", f"pruned at grid step {step} (clock {clock:.3g}s)", step)
             elif capped(self.progress, cap := self.job.cap):
                 self.stop = ("pruned", f"capped at grid step {step}: clock {clock:.3g}s, past {cap:.3g}s", step)
+                self.capped_at = cap
         elif kind == "summary":
             self.summary = rec
 
@@ -186,7 +188,7 @@ class SubprocessRunner:
         if watch.stop is not None:
             status, reason, step = watch.stop
             return TrialResult(status, watch.progress, reason, step, watch.summary, wall, watch.evals, watch.by_step,
-                               job.cap if reason.startswith("capped") else None)  # fmt: skip
+                               watch.capped_at)  # fmt: skip
         if returncode != 0:
             return TrialResult(
                 "failed",

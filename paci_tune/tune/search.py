@@ -366,7 +366,8 @@ class Search:
         replay = replay_points(cfg, self.loaded_profile(), first, grid_of.every)
         if (read := walk(replay, curve, target, grid_of)) is None:
             return False
-        on_eval, cap = self._reporter(study, trial, params, seed, 1.0), cap_of(study, self.tune.search, budget)
+        on_eval = self._reporter(study, trial, params, seed, 1.0)
+        cap = None if seed is not None else cap_of(study, self.tune.search, budget)  # as its own run's (.capping)
         progress, evals, by_step, pruned, why, capped_at = Progress(target, budget), [], [], None, "pruned", None
         for step, clock, val in read:
             progress.add_eval(clock, val)
@@ -374,7 +375,7 @@ class Search:
             by_step.append((step, val))
             if on_eval(grid_step(clock, budget, b.grid), progress) and progress.reached_at is None:
                 pruned = grid_step(clock, budget, b.grid)
-            elif capped(progress, None if seed is not None else cap):  # as its own run would have been (.capping)
+            elif capped(progress, cap):
                 pruned, why, capped_at = grid_step(clock, budget, b.grid), f"capped past {cap:.3g}s", cap
             if pruned is not None:
                 break
