@@ -39,7 +39,7 @@ QUICK: dict[str, Any] = {
     "target": {"value": 2.9},
     "budget": {"clock": "rst", "seconds": 0.05, "grid": 3},  # on QUICK_PROFILE: a smoke run measures nothing
     "hardware": {"devices": 2},
-    "search": {"trials": 1, "stall_seconds": 120, "confirm": {"top": 1, "seeds": 2}},
+    "search": {"trials": 1, "stall_seconds": 120, "confirm": {"top": 1, "seeds": 2, "max_seeds": 2}},
 }
 QUICK_SPACE = {"schedules": ["paci", "1f1b"], "stages": [2], "microbatch_size": [2, 4]}
 # A hand-written reference system for QUICK's model (embed, 2 blocks, head; sequence 16).
@@ -68,18 +68,19 @@ def run_search(config: Path, seed: int, work: Path) -> tuple[dict[str, Any], flo
 
 def _row(best: dict[str, Any], wall: float, cpu: float, seed: int, mode: str) -> dict[str, Any]:
     r = best["recommended"]
-    iv = best.get("paci_speedup_interval")
+    c = best.get("comparison") or {}
+    iv = c.get("interval")
     return {
         "mode": mode, "seed": seed, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
         "recommended": f"{r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} lr={r['lr']:.3g}",
         "paci": best["confirmation"]["paci"][0]["point"] if best.get("confirmation") else None,
-        "speedup": best.get("paci_speedup_vs_flush"), "interval": iv,
+        "baseline": (c.get("baseline") or {}).get("point"), "speedup": c.get("speedup"), "interval": iv,
         "width": round(iv[1] - iv[0], 4) if iv else None,
         "seeds": len((best.get("confirmation") or {}).get("seeds") or []),
         "target": best["target"]["value"],
         "reached": _reached(best),
         "verdict": best.get("verdict"),
-        "verdict_reason": best.get("verdict_reason"),
+        "verdict_reason": c.get("reason"),
         "warm_start": (best.get("warm_start") or {}).get("note"),
     }  # fmt: skip
 
@@ -88,7 +89,7 @@ def _reached(best: dict[str, Any]) -> str:
     """Confirmed runs that reached the target, per schedule: ``paci 3/3, 1f1b 2/3``."""
     conf = best.get("confirmation") or {}
     out = []
-    for schedule in ("paci", "1f1b"):
+    for schedule in ("paci", best.get("baseline_schedule") or "1f1b"):
         points = conf.get(schedule) or []
         if points:
             ttt = [s.get("time_to_target") for s in (points[0].get("seeds") or {}).values()]
@@ -190,12 +191,12 @@ def main() -> None:
     print(json.dumps({"rows": rows, "summary": summary}))
     assert all(r["verdict"] in ("paci", "flush", "tie", "undecided") for r in rows)
     for r in rows:
-        lo, hi = r["interval"]
-        if r["verdict"] == "undecided":  # a confirmed run missed the target: no verdict, whatever the interval
+        assert (r["warm_start"] is not None) == (r["mode"] == "warm"), r
+        if r["verdict"] == "undecided":  # a confirmed run missed the target: no verdict, no interval
             assert r["verdict_reason"], r
         elif r["verdict"] != "tie":  # a tie may exclude 1 (mean times within one validation interval)
+            lo, hi = r["interval"]
             assert r["verdict"] == ("paci" if lo > 1 else "flush" if hi < 1 else "tie"), r
-        assert (r["warm_start"] is not None) == (r["mode"] == "warm"), r
 
 
 if __name__ == "__main__":

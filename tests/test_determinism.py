@@ -62,11 +62,10 @@ def test_two_searches_on_the_rst_clock_answer_the_same(tmp_path: Path) -> None:
     a, b = (yaml.safe_load((tmp / "best.yaml").read_text()) for tmp in folders)
     trials = [_trials(f"sqlite:///{tmp / 'work' / 'study.db'}") for tmp in folders]
     assert a["verdict"] in ("paci", "flush", "tie", "undecided")
-    for key in ("verdict", "recommended", "baseline", "paci_speedup_vs_flush", "paci_speedup_interval",
-                "speedup_vs_flush"):  # fmt: skip
+    for key in ("verdict", "recommended", "baseline_schedule", "comparison"):
         assert a.get(key) == b.get(key), f"{key}: {a.get(key)!r} != {b.get(key)!r}"
     assert _on_the_clock(a["evidence"]) == _on_the_clock(b["evidence"])
-    assert a["paci_speedup_interval"] is not None  # confirmed: the bootstrap interval is compared too
+    assert a["comparison"]["n"] == 2 and len(a["comparison"]["ratios"]) == 2  # confirmed: every seed's ratio too
     assert a["confirmation"] == b["confirmation"]  # every confirmed seed's score
     assert trials[0] == trials[1]
     assert all(len(ts) == 4 for ts in trials[0].values())  # 2 search trials and 2 confirmation seeds each

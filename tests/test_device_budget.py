@@ -76,9 +76,13 @@ def test_budget_keeps_only_points_that_divide(tmp_path: Path) -> None:
     assert set(s.points) == {(1, 1, 2), (2, 2, 2), (2, 1, 4), (4, 4, 2), (4, 2, 4)}  # (P, a, b)
     assert any(why.startswith("P=3:") for why in s.dropped)
     assert any(why.startswith("P=1 D=4 b=4:") for why in s.dropped)
-    grid = s.grid("paci")
+    grid = s.grid("1f1b")
     assert len(grid) == 5 and all(q.devices == 4 and q.global_batch == 8 for q in grid)
-    bad = TrialParams("paci", 1, s.window_of(1, 4), 4, 1.0, 4)
+    # PACI at P = 1 is flush: its study leaves that layout to flush's
+    assert {(q.stages, q.microbatch_size) for q in s.grid("paci")} == {(q.stages, q.microbatch_size) for q in grid
+                                                                      if q.stages > 1}  # fmt: skip
+    assert "1f1b's study searches this layout" in (s.why_not(TrialParams("paci", 1, 1, 2, 1.0, 4)) or "")
+    bad = TrialParams("1f1b", 1, s.window_of(1, 4), 4, 1.0, 4)
     assert bad.window == 0 and "not a whole number" in (s.why_not(bad) or "")
     assert s.why_not(TrialParams("paci", 2, 1, 4, 1.0, 2)) is None
     # Without a budget (the API default) every P is D = 1, as before.
@@ -113,8 +117,8 @@ def test_an_infeasible_proposal_is_answered_unrun_and_not_counted(tmp_path: Path
     space = _space(tmp_path, SPACE, devices=4)
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
     study.enqueue_trial({"stages": 1, "microbatch_size": 4})  # D=4: a = 8/(4*4) is not whole
-    search = Search(tune, space, {"paci": study}, runner=None, workdir=tmp_path, profile=None)  # type: ignore[arg-type]
-    search.run_trial("paci")  # never reaches the runner
+    search = Search(tune, space, {"1f1b": study}, runner=None, workdir=tmp_path, profile=None)  # type: ignore[arg-type]
+    search.run_trial("1f1b")  # never reaches the runner
     (t,) = study.trials
     assert t.state == TrialState.PRUNED and t.user_attrs["fail_reason"].startswith("rejected: P=1 D=4 b=4")
     assert not t.intermediate_values and t.value is None

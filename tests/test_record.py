@@ -60,15 +60,19 @@ def test_best_yaml_round_trips_through_its_dataclasses(tmp_path: Path) -> None:
                         "backward_weights": "forward", "inflight": None},
         "evidence": {"trial": "s.paci#0", "time_to_target": 1.0, "reached_target": True, "best_val_loss": 2.0,
                      "score": 1.0, "clock_used": 3.0, "partition": (1, 1), "steps": 9},
-        "baseline": None, "speedup_vs_flush": None, "verdict": "paci", "speedup_note": "no flush",
+        "verdict": "paci", "baseline_schedule": None, "comparison": None,
         "target": {"metric": "val_loss", "value": 2.0}, "budget": {"clock": "sim", "seconds": 3.0, "grid": 3},
         "provenance": {"study_name": "s"}, "run": {"pipeline": {"schedule": "paci"}},
     }  # fmt: skip
     best = BestFile.from_doc(doc)
     assert best.recommended.extra == {"inflight": None} and best.evidence is not None and best.evidence.steps == 9
-    assert best.paci_speedup_vs_flush is None and "paci_speedup_vs_flush" not in best.keys
+    assert best.comparison is None and best.verdict_record is None and "lr_edges" not in best.keys
     out = best.to_doc()
     assert list(out) == list(doc) and list(out["recommended"]) == list(doc["recommended"])
-    assert out["evidence"]["partition"] == [1, 1] and out["baseline"] is None
+    assert out["evidence"]["partition"] == [1, 1] and out["comparison"] is None
+    legacy = BestFile.from_doc(
+        {**doc, "paci_speedup_vs_flush": 2.0, "speedup_note": "x"}
+    )  # before issue 53: read, not kept
+    assert legacy.to_doc() == out
     write_best(tmp_path / "best.yaml", doc)
     assert yaml.safe_load((tmp_path / "best.yaml").read_text()) == out

@@ -310,7 +310,8 @@ def test_best_yaml_round_trip_keeps_the_recommended_value(tmp_path: Path, as_att
     assert best.run["pipeline"]["backward_weights"] == "current"
     assert best.run_config is not None and best.run_config.pipeline.backward_weights == "current"
     assert apply_run(path, {}).pipeline.backward_weights == "current"
-    assert best.baseline is not None and best.baseline["backward_weights"] is None  # flush: no effect, nothing stated
+    base = best.verdict_record.baseline  # type: ignore[union-attr]
+    assert base["schedule"] == "1f1b" and "w=" not in base["point"]  # flush: no effect, nothing stated
 
     written = yaml.safe_load(path.read_text())
     for wrong in ("forward", "stale", 1):  # recommended contradicting run, or not a value at all
@@ -345,7 +346,7 @@ def test_a_space_without_the_key_recommends_the_runs_own_value(tmp_path: Path, w
 def test_an_old_best_yaml_without_the_key_loads_and_trains_its_run_as_written(tmp_path: Path) -> None:
     path = _best_file(tmp_path, _studies([_trial(2.0, 4, "current")], [_trial(4.0, 2)]))
     old = yaml.safe_load(path.read_text())
-    del old["recommended"]["backward_weights"], old["baseline"]["backward_weights"]
+    del old["recommended"]["backward_weights"]
     del old["run"]["pipeline"]["backward_weights"]
     path.write_text(yaml.safe_dump(old))
     best = read_best(path)

@@ -150,7 +150,7 @@ def test_transfer_trials_are_no_search_trials() -> None:
         provenance={"study_name": "t"}, transfer_factor=4.0,
     )  # fmt: skip
     assert best["recommended"]["microbatch_size"] == 2 and best["evidence"]["trial"] == "t.paci#1"
-    assert best["baseline"]["trial"] == "t.1f1b#0"
+    assert best["comparison"]["baseline"]["trial"] == "t.1f1b#0"
     assert best["provenance"]["compute"]["transfer_s"] == 28.0
 
 
@@ -223,7 +223,7 @@ def test_the_loop_trains_each_long_run_once_after_the_quota(tmp_path: Path) -> N
                                                          "microbatch_size": [1, 2, 4]}))  # fmt: skip
     config = write_search(tmp_path, target={"value": 0.5}, budget={"seconds": 1.0, "grid": 4},
                           hardware={"devices": 2}, search={"trials": 3, "sampler": "grid", "pruner": "none",
-                          "confirm": {"top": 1, "seeds": 1, "max_seeds": 1},
+                          "confirm": {"top": 1, "seeds": 2, "max_seeds": 2},
                           "transfer_check": {"top": 2, "factor": 2.5}})  # fmt: skip
     tune = load_tune_config(read_yaml(config))
     space = load_space(str(tmp_path / "space.yaml"), global_batch=8, n_units=4, max_stages=None, devices=2)
@@ -239,7 +239,7 @@ def test_the_loop_trains_each_long_run_once_after_the_quota(tmp_path: Path) -> N
 
     s, runner = search()
     s.run()
-    assert len(runner.jobs) == 2 * (3 + 1 + 2)  # per schedule: 3 search trials, 1 confirmation, 2 long runs
+    assert len(runner.jobs) == 2 * (3 + 2 + 2)  # per schedule: 3 search trials, 2 confirmations, 2 long runs
     long_jobs = [j for j in runner.jobs if j.budget != 1.0]
     assert len(long_jobs) == 4 and runner.jobs[-4:] == long_jobs  # after the quota and the confirmation
     for j in long_jobs:

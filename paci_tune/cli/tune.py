@@ -112,7 +112,7 @@ def _outcome(best: dict[str, Any], schedule: str, search_ttt: float | None) -> s
     """How a schedule's point did: over the confirmation's seeds when there is one, else its search trial."""
     rows = (best.get("confirmation") or {}).get(schedule)
     if rows:
-        row = min(rows, key=lambda x: x["mean"])
+        row = rows[0]  # the plan's first: the point the search ranked best
         reached = sum(v["time_to_target"] is not None for v in row["seeds"].values())
         return f"mean score {row['mean']:.3g}s over {len(row['seeds'])} fresh seeds (target reached on {reached})"
     if search_ttt is not None:
@@ -131,28 +131,26 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
            f"b={r['microbatch_size']} {w}"
            f"lr={r['lr']:.3g}: {_outcome(best, r['schedule'], e.get('time_to_target'))} on the "
            f"{best['budget']['clock']} clock")  # fmt: skip
-    base = best.get("baseline")
-    sched = best.get("baseline_schedule") or (base or {}).get("schedule") or "1f1b"
-    flush = sched == "1f1b"  # another baseline has its own keys; the flush ones stay the paper's comparison
-    name = "flush" if flush else sched
-    if base:
-        stderr(f"{'flush' if flush else 'strongest synchronous'} baseline: {sched} P={base['stages']} "
-               f"D={base.get('data_parallel', 1)} m={base['window']} b={base['microbatch_size']}: "
-               f"{_outcome(best, sched, base.get('time_to_target'))}")  # fmt: skip
-    speedup = "paci_speedup_vs_flush" if flush else "paci_speedup_vs_baseline"
-    if "verdict" in best and speedup in best:
-        interval = best.get("paci_speedup_interval" if flush else "paci_baseline_interval")
-        iv = f" (95% interval {interval[0]:g}-{interval[1]:g})" if interval else ""
-        ratio = f"{best[speedup]:g}x{iv}"
-        if best.get("verdict_reason"):  # undecided: the ratio is of not-reached penalties, not of times
-            stderr(f"verdict: {best['verdict']} -- {best['verdict_reason']}; score ratio {name}/PACI {ratio}")
-        else:
-            key = "speedup_vs_flush" if flush else "speedup_vs_baseline"
-            stderr(f"verdict: {best['verdict']} -- PACI's best over {name}'s best {ratio}; "
-                   f"{key} {best[key]:g}x")  # fmt: skip
-        if not flush and best.get("verdict_vs_flush"):
-            stderr(f"against 1F1B-flush (the paper's baseline): {best['verdict_vs_flush']}, PACI's best over "
-                   f"flush's best {best['paci_speedup_vs_flush']:g}x")  # fmt: skip
+    from ..tune.comparison import Comparison
+
+    if best.get("comparison"):
+        c = Comparison.from_doc(best["comparison"])
+        base = c.baseline
+        runs = f"over {base['runs']} fresh seeds" if c.interval is not None or c.n > 1 else "(one draw)"
+        stderr(f"{'flush' if base['schedule'] == '1f1b' else 'strongest synchronous'} baseline: {base['point']}: "
+               f"mean score {base['mean']:.3g}s {runs} (target reached on {base['reached']})")  # fmt: skip
+        stderr(f"verdict: {c.sentence()}")
+        if c.interval is not None:
+            ratios = ", ".join(f"{r:.4g}" for r in c.ratios.values())
+            stderr(
+                f"  {c.method}; n = {c.n} (min {c.min_seeds}, max {c.max_seeds}), stopped by {c.stopped_by}; "
+                f"per-seed {c.baseline_name}/PACI ratios {ratios}; level of this look {c.look_level:.3g}"
+            )
+        for note in c.notes:
+            stderr(f"  note: {note}")
+    elif best.get("lr_edges"):
+        for edge in best["lr_edges"]:
+            stderr(f"  note: {edge['note']}")
     if best.get("warm_start"):
         stderr(f"warm start: every trial {best['warm_start']['note']}")
     from ..verdict.transfer import summary_line

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..base.files import read_yaml
-from ..base.shipped import resolve_path, shipped, shipped_names
+from ..base.shipped import resolve_path, shipped, shipped_dir, shipped_names
 from ..errors import ConfigError
 from .schema import TIMED_ONLY, TIMED_SCHEDULES, RunConfig, from_dict, load_run_config
 
@@ -108,33 +108,37 @@ class HardwareConfig:
 @dataclass
 class ConfirmConfig:
     """Before recommending, train the ``top`` best points of each schedule again on fresh seeds: at least
-    ``seeds``, then one paired seed more per round until PACI-vs-flush is decided (the interval excludes 1,
-    or is narrower than ``tolerance`` x its point estimate) or ``max_seeds`` is reached
-    (:mod:`paci_tune.tune.rounds`).
+    ``seeds``, then one paired seed more per look until PACI-vs-baseline is decided by the sequential paired
+    t-test (its interval excludes 1, or is narrower than ``tolerance`` x its point estimate) or ``max_seeds``
+    is reached (:mod:`paci_tune.tune.rounds`, :mod:`paci_tune.tune.comparison`). The verdict compares each
+    side's best point as the search ranked it; the others are confirmed for the table.
 
-    ``top: 0`` (or ``seeds: 0``) recommends from the search's single draws, as a quick look.
+    ``top: 0`` (or ``seeds: 0``) recommends from the search's single draws, as a quick look (no interval).
     """
 
-    top: int = 2
+    top: int = 1
     seeds: int = 3  # the minimum: every confirmation runs at least these
-    max_seeds: int | None = None  # the cap (None: 2 x seeds); paired rounds are added until decided
-    tolerance: float = 0.1  # an interval narrower than this x its point estimate counts as decided
+    max_seeds: int | None = None  # the cap (None: DEFAULT_MAX_SEEDS, or ``seeds`` when more)
+    tolerance: float = 0.1  # an interval narrower than this x its point estimate counts as decided (a tie)
+
+    DEFAULT_MAX_SEEDS = 8  # with the example's noise a 1.2x difference is decided 9 times in 10 within it
 
     def check(self, key: str) -> None:
         for name in ("top", "seeds"):
             if not 0 <= getattr(self, name) <= MAX_CONFIRM:
                 raise ConfigError(f"{key}.{name}", getattr(self, name), f"an integer in [0, {MAX_CONFIRM}]")
-        if self.max_seeds is not None and not self.seeds <= self.max_seeds <= MAX_CONFIRM:
+        if self.max_seeds is not None and not max(self.seeds, 2) <= self.max_seeds <= MAX_CONFIRM:
             raise ConfigError(f"{key}.max_seeds", self.max_seeds,
-                              f"an integer in [{key}.seeds = {self.seeds}, {MAX_CONFIRM}]")  # fmt: skip
+                              f"an integer in [{max(self.seeds, 2)}, {MAX_CONFIRM}]: at least {key}.seeds = "
+                              f"{self.seeds}, and at least 2 (a paired t-test needs two seeds to decide)")  # fmt: skip
         if not (isinstance(self.tolerance, (int, float)) and 0 < self.tolerance <= 10):
             raise ConfigError(f"{key}.tolerance", self.tolerance, "a number in (0, 10]: the relative interval width "
                               "below which the confirmation stops adding seeds")  # fmt: skip
 
     @property
     def cap(self) -> int:
-        """The most seeds a confirmation runs: ``max_seeds``, or twice the minimum."""
-        return self.max_seeds if self.max_seeds is not None else 2 * self.seeds
+        """The most seeds a confirmation runs: ``max_seeds``, or the default cap (at least ``seeds``)."""
+        return self.max_seeds if self.max_seeds is not None else max(self.DEFAULT_MAX_SEEDS, self.seeds)
 
     @property
     def enabled(self) -> bool:
@@ -301,8 +305,12 @@ def check_timed_schedules(search: SearchConfig, budget: BudgetConfig, hardware: 
     """Refuse a space whose trials would run a schedule where it cannot run: interleaved or zb-h1 on the
     wall clock on the emulated runtime (it trains 1F1B-flush's numbers there, timed by the simulator on
     the sim/rst clocks; both run for real only on the distributed runtime, through torch's own classes).
-    A space file that does not parse is left to the space's loader."""
+    A shipped space names every synchronous schedule the layers support, and binding it leaves these out
+    there (:func:`paci_tune.tune.narrow.skip_untimed`). A space file that does not parse is left to the
+    space's loader."""
     path = _space_file(search.space)
+    if path is not None and path.resolve() in {p.resolve() for p in shipped_dir("search_spaces").glob("*.yaml")}:
+        return
     doc = read_yaml(path, "search.space") if path is not None else None
     schedules = doc.get("schedules") if isinstance(doc, dict) else None
     timed = [s for s in schedules if s in TIMED_SCHEDULES] if isinstance(schedules, list) else []

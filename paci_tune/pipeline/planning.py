@@ -159,7 +159,9 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
     p, t = cfg.pipeline, cfg.training
     pieces = [list(r) for r in stage_units(sizes)]
     eval_mid_run = t.steps is None or t.eval_every < t.steps
-    torch_run = p.runtime == "distributed" and (p.schedule in ("zb-h1", "interleaved") or bool(p.torch_schedule))
+    # zb-h1 and interleaved run torch's own classes wherever they really run (the emulated runtime trains
+    # their numbers as flush's and times them by the simulator): a device budget holds them to torch's
+    torch_run = p.schedule in ("zb-h1", "interleaved") or (p.runtime == "distributed" and bool(p.torch_schedule))
     out = []
     for s in range(p.stages):
         units = [u for piece in pieces[s :: p.stages] for u in piece]

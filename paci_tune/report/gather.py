@@ -80,13 +80,15 @@ class Evidence:
     def winner(self, schedule: str) -> TrialRow | None:
         """The schedule's chosen search trial: best.yaml's (confirmed) pick, else its best single draw."""
         wanted = None
+        compared = self.best.verdict_record if self.best is not None else None
+        sides = {side["schedule"]: side for side in (compared.paci, compared.baseline)} if compared else {}
         if self.best is not None:
-            if self.best.recommended.schedule == schedule:
+            if schedule in sides:
+                wanted = _trial_number(sides[schedule].get("trial"))
+            elif self.best.recommended.schedule == schedule:
                 wanted = _trial_number(self.best.evidence.trial if self.best.evidence else None)
-            elif self.best.baseline and self.best.baseline.get("schedule", "1f1b") == schedule:
-                wanted = _trial_number(self.best.baseline.get("trial"))
             elif (rows := (self.best.confirmation or {}).get(schedule)) and rows:
-                wanted = min(rows, key=lambda r: r["mean"])["trial"]
+                wanted = rows[0]["trial"]  # the plan's first: the search's best
         search = [r for r in self.rows.get(schedule, []) if r.is_search]
         if wanted is not None:
             return next((r for r in search if r.number == wanted), None)
@@ -112,8 +114,7 @@ class Evidence:
 
 def baseline_schedule(best: BestFile | None) -> str:
     """The synchronous schedule PACI is compared with: best.yaml's (files before the key: 1f1b)."""
-    named = (best.baseline_schedule or (best.baseline or {}).get("schedule")) if best is not None else None
-    return str(named or "1f1b")
+    return str((best.baseline_schedule if best is not None else None) or "1f1b")
 
 
 def gather(best_path: str | Path | None, storage: str | None, study_name: str | None) -> Evidence:

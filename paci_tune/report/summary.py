@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gather import Evidence, baseline_schedule
+from .gather import Evidence
 
 
 @dataclass(frozen=True)
@@ -48,29 +48,31 @@ def _verdict(ev: Evidence) -> str:
     if r.optimizer:  # the optimizer it trains with, and PACI's staleness controls that are on
         controls = [k for k in ("stage_momentum", "predict_weights", "stale_lr") if r.extra.get(k) not in (None, False)]
         point += f" on {r.optimizer.get('name')}" + "".join(f" +{k}" for k in controls)
-    base = baseline_schedule(best)
-    flush = base == "1f1b"  # another baseline has its own keys; the flush ones stay the paper's comparison
-    sp = best.paci_speedup_vs_flush if flush else best.paci_speedup_vs_baseline
-    iv = best.paci_speedup_interval if flush else best.paci_baseline_interval
-    verdict, name = best.verdict, "flush" if flush else base
-    if sp is None:
-        return f"Recommended {point}; no synchronous baseline finished, so there is no comparison."
-    if best.verdict_reason:  # undecided: a compared run missed the target
-        ratio = f"{sp:.3g}x" + (f" (95% interval {iv[0]:.3g}-{iv[1]:.3g})" if iv else "")
-        return (
-            f"Verdict: undecided -- {best.verdict_reason}. The score ratio {name}/PACI, {ratio}, is shown as a "
-            f"comparison of those penalties only. Recommended: {point} on the {ev.clock} clock."
-        )
-    if iv:
-        how = f"{sp:.3g}x {name}'s time to target (95% interval {iv[0]:.3g}-{iv[1]:.3g}, confirmed seeds)"
-    else:
-        how = f"{sp:.3g}x {name}'s time to target (single draws, no interval)"
-    said = {"paci": "PACI wins", "flush": f"{name} wins", "tie": "a tie"}.get(verdict or "", str(verdict))
-    paper = ""
-    if not flush and best.verdict_vs_flush is not None and best.paci_speedup_vs_flush is not None:
-        paper = (f" Against 1F1B-flush (the paper's baseline): {best.verdict_vs_flush}, "
-                 f"{best.paci_speedup_vs_flush:.3g}x.")  # fmt: skip
-    return f"Verdict: {said} -- PACI's best runs at {how}.{paper} Recommended: {point} on the {ev.clock} clock."
+    comparison = best.verdict_record
+    if comparison is None:
+        if best.verdict:  # a file from before the comparison record: its verdict as written
+            return f"Verdict: {best.verdict}. Recommended: {point} on the {ev.clock} clock."
+        return f"Recommended {point}; no PACI and synchronous pair finished, so there is no comparison."
+    notes = "".join(f" Note: {n}." for n in comparison.notes)
+    return (
+        f"Verdict: {comparison.sentence()}. Method: {comparison.method}.{notes} "
+        f"Recommended: {point} on the {ev.clock} clock."
+    )
+
+
+def comparison_table(ev: Evidence) -> Table | None:
+    """The verdict's evidence: each compared point, and the ratio on every paired seed."""
+    c = ev.best.verdict_record if ev.best is not None else None
+    if c is None:
+        return None
+    rows = [[side["schedule"], side["point"], side["trial"], _g(side["mean"], "s"), f"{side['reached']}/{side['runs']}"]
+            for side in (c.paci, c.baseline)]  # fmt: skip
+    rows += [
+        [f"seed {seed}", f"{c.baseline_name} / PACI", "-", f"{ratio:.4g}x", "-"] for seed, ratio in c.ratios.items()
+    ]
+    iv = f"[{c.interval[0]:.4g}, {c.interval[1]:.4g}]" if c.interval else "none"
+    rows.append(["all", f"geometric mean, interval {iv}", c.stopped_by or "-", f"{c.speedup:.4g}x", f"n = {c.n}"])
+    return Table(f"Comparison: {c.method}", ["side", "point", "trial", "mean score / ratio", "reached"], rows)
 
 
 def chosen_points(ev: Evidence) -> Table:
@@ -156,6 +158,8 @@ def memory_dropped(ev: Evidence) -> Table:
 
 def tables(ev: Evidence) -> list[Table]:
     out = [chosen_points(ev), candidates(ev), confirmation(ev), counts(ev), compute(ev)]
+    if (compared := comparison_table(ev)) is not None:
+        out.insert(1, compared)
     if ev.best is not None and ev.best.memory:
         out.insert(2, memory_dropped(ev))
     return out

@@ -6,8 +6,8 @@
 - Drift: per stage, the most optimizer updates a micro-batch crossed between its forward and its
   backward, measured in the trial and predicted by the simulator, against PACI's bound
   ceil((P-s-1)/a).
-- Speedup: flush's score over PACI's on each confirmed seed, their ratio of means and its
-  bootstrap interval (best.yaml's), and the line at 1 that the verdict is about.
+- Speedup: the baseline's score over PACI's on each confirmed seed, their geometric mean and the
+  verdict's interval (best.yaml's ``comparison``), and the line at 1 that the verdict is about.
 May import: matplotlib, :mod:`.gather`, :mod:`.figures`, :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`.
 """
 
@@ -119,51 +119,32 @@ def draw_drift(ev: Evidence) -> Figure | None:
     return fig
 
 
-def seed_ratios(ev: Evidence) -> dict[int, float]:
-    """The baseline's score over PACI's, per paired confirmation seed of the two chosen points."""
-    conf = (ev.best.confirmation if ev.best else None) or {}
-    picks = {}
-    base = ev.baseline_schedule
-    for s in ("paci", base):
-        rows = conf.get(s) or []
-        if rows:
-            picks[s] = min(rows, key=lambda r: r["mean"])["seeds"]
-    if len(picks) < 2:
-        return {}
-    seeds = sorted(set(picks["paci"]) & set(picks[base]), key=int)
-    return {int(k): picks[base][k]["score"] / picks["paci"][k]["score"] for k in seeds}
-
-
 def draw_speedup(ev: Evidence) -> Figure | None:
-    """PACI's speedup over the baseline with its interval; None when best.yaml has no such figure."""
-    if ev.best is None:
+    """The baseline's time over PACI's on each paired seed, their geometric mean and the verdict's interval;
+    None when best.yaml has no comparison."""
+    c = ev.best.verdict_record if ev.best is not None else None
+    if c is None:
         return None
-    best, base = ev.best, ev.baseline_schedule
-    flush = base == "1f1b"  # another baseline has its own keys (the flush ones stay the paper's comparison)
-    point = best.paci_speedup_vs_flush if flush else best.paci_speedup_vs_baseline
-    interval = best.paci_speedup_interval if flush else best.paci_baseline_interval
-    name = "flush" if flush else base
-    if point is None:
-        return None
+    name = c.baseline_name
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 2.6))
-    ratios = seed_ratios(ev)
-    if ratios:
+    if c.interval is not None:
+        ratios = c.ratios
         ax.scatter(list(ratios.values()), [0.15] * len(ratios), color="grey", label=f"one seed ({name} / PACI)")
         for i, (seed, r) in enumerate(ratios.items()):  # staggered: equal ratios must stay legible
             ax.annotate(f"seed {seed}", (r, 0.15), textcoords="offset points", xytext=(0, 6 + 9 * (i % 3)),
                         ha="center", fontsize=7)  # fmt: skip
-    if interval:
-        label = f"ratio of means, 95% interval [{interval[0]:.3g}, {interval[1]:.3g}]"
-        ax.errorbar([point], [0], xerr=[[point - interval[0]], [interval[1] - point]], fmt="o", color="black",
-                    capsize=6, label=label)  # fmt: skip
+        lo, hi = c.interval
+        label = f"geometric mean, {c.level:.0%} interval [{lo:.3g}, {hi:.3g}] (n = {c.n})"
+        ax.errorbar([c.speedup], [0], xerr=[[c.speedup - lo], [hi - c.speedup]], fmt="o", color="black", capsize=6,
+                    label=label)  # fmt: skip
     else:
-        ax.scatter([point], [0], color="black", label="single draws (no interval)")
+        ax.scatter([c.speedup], [0], color="black", label="single draws (no interval)")
     ax.axvline(1.0, color="#CC6611", ls="--", lw=1, label="1 = tie")
     ax.set_yticks([])
     ax.set_ylim(-0.5, 0.6)
-    ax.set_xlabel(f"PACI speedup over {name} ({name}'s score / PACI's; > 1: PACI faster)")
-    ax.set_title(f"verdict: {best.verdict}")
+    ax.set_xlabel(f"PACI speedup over {name} ({name}'s time / PACI's; > 1: PACI faster)")
+    ax.set_title(f"verdict: {c.verdict} ({c.method.split(',')[0]})", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig

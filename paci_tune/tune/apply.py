@@ -103,6 +103,7 @@ class PreparedApply:
     best: Path
     run: ResolvedRun
     run_path: Path
+    verdict: str | None = None  # the search's comparison in one line (best.yaml's ``comparison``)
 
     def launch_commands(self, *, resume: bool, metrics: str | None) -> list[list[str]]:
         """What a user would type to train the written run: ``paci-tune train``, and for the distributed
@@ -117,8 +118,9 @@ class PreparedApply:
 
     def describe(self) -> str:
         lay = self.run.layout
+        said = f"\nthe search's verdict: {self.verdict}" if self.verdict else ""
         return (f"training {lay.schedule} P={lay.stages} D={lay.data_parallel} a={lay.window} "
-                f"b={lay.microbatch_size} from {self.best} (config {self.run_path})")  # fmt: skip
+                f"b={lay.microbatch_size} from {self.best} (config {self.run_path}){said}")  # fmt: skip
 
 
 def prepare_apply(
@@ -139,8 +141,11 @@ def prepare_apply(
     if not dry_run and not resume and folder and checkpoint.latest(Path(folder)):
         raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {folder} already holds "
                           "checkpoints of a run")  # fmt: skip
+    compared = read_best(best, trainable=False).verdict_record
+    said = compared.sentence() if compared is not None else None
     if pending is None:
         run = resolve_run(cfg, log=log)
-        return PreparedApply(Path(best), run, write_resolved(run.config, run_file_for(best)))
+        return PreparedApply(Path(best), run, write_resolved(run.config, run_file_for(best)), said)
     run = resolve_run(_starting_from(cfg, None), log=log)  # a dry run: the warm-up's checkpoint is not written yet
-    return PreparedApply(Path(best), run, write_resolved(_starting_from(run.config, pending), run_file_for(best)))
+    return PreparedApply(Path(best), run, write_resolved(_starting_from(run.config, pending), run_file_for(best)),
+                         said)  # fmt: skip

@@ -24,6 +24,7 @@ A report reads the file with ``trainable=False``: every section is checked the s
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from ..errors import ConfigError
 from ..model.loader import MAX_UNITS
 from ..pipeline.checks import check_model_and_data
 from .choices import BACKWARD_WEIGHTS
+from .comparison import VERDICTS, Comparison
 
 EVIDENCE = (
     "clock_tokens_per_s", "clock_step_time_s", "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift",
@@ -52,26 +54,32 @@ HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}
 
 EVIDENCE_KEYS = ("trial", "time_to_target", "reached_target", "best_val_loss", "score", *EVIDENCE, "steps")
 INFORMATIVE: dict[str, tuple[type, ...]] = {
+    "verdict": (str,),
+    "baseline_schedule": (str,),
+    "comparison": (dict,),
+    "lr_edges": (list,),
     "confirmation": (dict,),
     "transfer_check": (dict,),
+    "provenance": (dict,),
+    "warm_start": (dict,),
+    "candidates": (dict,),
+    "memory": (dict,),
+}
+LEGACY: dict[str, tuple[type, ...]] = {
     "baseline": (dict,),
-    "baseline_schedule": (str,),
     "speedup_vs_flush": (int, float),
     "speedup_vs_baseline": (int, float),
     "paci_speedup_vs_flush": (int, float),
     "paci_speedup_interval": (list,),
     "paci_speedup_vs_baseline": (int, float),
     "paci_baseline_interval": (list,),
-    "verdict": (str,),
     "verdict_vs_flush": (str,),
     "verdict_reason": (str,),
     "paci_won": (bool,),
     "speedup_note": (str,),
-    "provenance": (dict,),
-    "warm_start": (dict,),
-    "candidates": (dict,),
-    "memory": (dict,),
 }
+"""Keys of files written before the verdict was one ``comparison`` record (issue 53): read (their shape
+checked) and ignored; such a file's ``verdict`` still shows."""
 TOP = ("recommended", "evidence", "target", "budget", "run", *INFORMATIVE)
 WHAT = "a file written by `paci-tune search`: recommended, evidence, ..., run"
 
@@ -151,19 +159,10 @@ class BestFile:
     evidence: BestEvidence | None = None
     confirmation: dict[str, Any] | None = None
     transfer_check: dict[str, Any] | None = None
-    baseline: dict[str, Any] | None = None
-    baseline_schedule: str | None = None  # the synchronous schedule of the baseline (absent in older files: 1f1b)
-    speedup_vs_flush: float | None = None
-    speedup_vs_baseline: float | None = None
-    paci_speedup_vs_flush: float | None = None
-    paci_speedup_interval: list[float] | None = None
-    paci_speedup_vs_baseline: float | None = None
-    paci_baseline_interval: list[float] | None = None
-    verdict: str | None = None
-    verdict_vs_flush: str | None = None
-    verdict_reason: str | None = None
-    paci_won: bool | None = None
-    speedup_note: str | None = None
+    verdict: str | None = None  # the comparison's verdict, for a reader that wants one word
+    baseline_schedule: str | None = None  # the comparison's synchronous schedule (absent in older files: 1f1b)
+    comparison: dict[str, Any] | None = None  # paci_tune.tune.comparison.Comparison's document
+    lr_edges: list[dict[str, Any]] | None = None  # compared points at an edge of their LR grid (verdict/edges.py)
     target: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
@@ -177,6 +176,7 @@ class BestFile:
     def from_doc(cls, doc: dict[str, Any], run_config: RunConfig | None = None) -> BestFile:
         """The typed file of a document (its shape as :func:`read_best` checks it; nothing checked here)."""
         ev = doc.get("evidence")
+        doc = {k: v for k, v in doc.items() if k not in LEGACY}
         return cls(
             recommended=Recommended.from_doc(doc["recommended"]), run=doc["run"],
             evidence=BestEvidence.from_doc(ev) if isinstance(ev, dict) else None,
@@ -191,6 +191,12 @@ class BestFile:
             v = getattr(self, k)
             out[k] = v.to_doc() if isinstance(v, (Recommended, BestEvidence)) else v
         return _plain(out)
+
+    @property
+    def verdict_record(self) -> Comparison | None:
+        """The typed comparison (None in a file without one: unconfirmed searches with one kind of schedule, and
+        files written before the record)."""
+        return Comparison.from_doc(self.comparison) if self.comparison else None
 
     @property
     def trial_steps(self) -> int | None:
@@ -226,12 +232,12 @@ def read_best(path: str | Path, *, trainable: bool = True) -> BestFile:
     """
     doc = read_mapping(path, "best.yaml", WHAT)
     for k, v in doc.items():
-        if k not in TOP:
+        if k not in TOP and k not in LEGACY:
             raise ConfigError(f"best.yaml.{k}", v, "a key of " + ", ".join(TOP))
     for k in ("recommended", "run"):
         if not isinstance(doc.get(k), dict) or not doc[k]:
             raise ConfigError(f"best.yaml.{k}", doc.get(k), WHAT)
-    for k, kinds in INFORMATIVE.items():
+    for k, kinds in {**INFORMATIVE, **LEGACY}.items():
         v = doc.get(k)
         if v is not None and (not isinstance(v, kinds) or (bool not in kinds and isinstance(v, bool))):
             raise ConfigError(f"best.yaml.{k}", v, f"null or {' or '.join(t.__name__ for t in kinds)}")
@@ -244,6 +250,7 @@ def read_best(path: str | Path, *, trainable: bool = True) -> BestFile:
             raise ConfigError(f"best.yaml.run.{e.key}", e.value, e.allowed) from None
     _check_recommended(doc["recommended"], run)
     _check_evidence(doc.get("evidence"))
+    _check_comparison(doc.get("comparison"))
     for key, cls in (("target", TargetConfig), ("budget", BudgetConfig)):
         if doc.get(key) is not None:
             from_dict(cls, doc[key], f"best.yaml.{key}").check(f"best.yaml.{key}", require=False)
@@ -283,6 +290,34 @@ def _check_recommended(rec: dict[str, Any], run: RunConfig | None) -> None:
         want = f"{p.backward_weights!r}, what the run apply trains says (one of" if p is not None else "one of ("
         raise ConfigError("best.yaml.recommended.backward_weights", bw,
                           f"null or {want} {', '.join(BACKWARD_WEIGHTS)})")  # fmt: skip
+
+
+def _check_comparison(c: Any) -> None:
+    """``comparison``, which apply and the report read: its verdict, its numbers and its two sides."""
+    if c is None:
+        return
+    key = "best.yaml.comparison"
+    if c.get("verdict") not in VERDICTS:
+        raise ConfigError(f"{key}.verdict", c.get("verdict"), "one of " + ", ".join(VERDICTS))
+    sp = c.get("speedup")
+    if not (_number(sp, strict=False) or (isinstance(sp, float) and math.isnan(sp))):  # NaN: a failed run's
+        raise ConfigError(f"{key}.speedup", sp, "a finite number >= 0 (or .nan where a compared run failed)")
+    iv = c.get("interval")
+    if iv is not None and (not isinstance(iv, list) or len(iv) != 2 or not all(_number(x, strict=False) for x in iv)):
+        raise ConfigError(f"{key}.interval", iv, "null or [low, high], two finite numbers >= 0")
+    ratios = c.get("ratios")
+    seed = lambda k: (isinstance(k, int) and not isinstance(k, bool)) or (isinstance(k, str) and k.isdigit())  # noqa: E731
+    if not isinstance(ratios, dict) or not all(seed(k) and not isinstance(v, bool) and isinstance(v, (int, float))
+                                               for k, v in ratios.items()):  # fmt: skip
+        raise ConfigError(f"{key}.ratios", ratios, "a mapping of seed (an integer) to a ratio (a number)")
+    for side in ("paci", "baseline"):
+        v = c.get(side)
+        if not isinstance(v, dict) or not all(isinstance(v.get(k), str) for k in ("schedule", "point", "trial")):
+            raise ConfigError(f"{key}.{side}", v, "a mapping with the point's schedule, point and trial (strings)")
+    for k in ("n", "notes", "method"):
+        want = {"n": int, "notes": list, "method": str}[k]
+        if not isinstance(c.get(k), want) or isinstance(c.get(k), bool):
+            raise ConfigError(f"{key}.{k}", c.get(k), f"a {want.__name__}")
 
 
 NUMBERS = ("time_to_target", "best_val_loss", "score", "clock_tokens_per_s", "clock_step_time_s",

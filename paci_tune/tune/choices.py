@@ -98,3 +98,13 @@ def lr_space(spec: Any) -> tuple[Any, bool]:
             raise ConfigError("space.lr_scale", spec, allowed)
         return (float(low), float(high), log), True
     raise ConfigError("space.lr_scale", spec, allowed)
+
+
+def lr_grid(scales: Any, is_range: bool) -> list[float] | dict[str, float]:
+    """The LR scales a space searches, as the edge rule reads them (:mod:`paci_tune.verdict.edges`): its
+    choices, ``{low, high}`` of a range, or ``[1.0]`` where the space has no ``lr_scale``."""
+    if scales is None:
+        return [1.0]
+    if is_range:
+        return {"low": float(scales[0]), "high": float(scales[1])}
+    return [float(x) for x in scales]

@@ -1,8 +1,9 @@
 """The extra runs a search queues once its quotas are met: confirmation seeds and the transfer check's long runs.
 
 **Confirmation** (:mod:`paci_tune.verdict.confirm` reads it): the ``search.confirm.top`` best distinct
-finished search points of each schedule are trained again with ``search.confirm.seeds`` fresh seeds
-(``training.seed`` + 1, + 2, ...), the same seeds for every point and schedule. **Transfer check**
+finished search points of the compared studies (:func:`.rounds.confirmed_schedules`) are trained again
+with fresh seeds (``training.seed`` + 1, + 2, ...; as many as :mod:`.rounds` says), the same seeds for
+every point and schedule. **Transfer check**
 (:mod:`paci_tune.verdict.transfer` reads it): the ``search.transfer_check.top`` best distinct points
 are trained once more at ``factor`` x the trial budget, with the same validation spacing
 (:func:`long_budget`). Both plans are fixed on the first look (the study's ``confirm_plan`` /

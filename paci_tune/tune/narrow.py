@@ -104,6 +104,20 @@ def skip_stale(space: SearchSpace, max_drift: int | None) -> SearchSpace:
     return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))
 
 
+def skip_untimed(space: SearchSpace, wall_emulated: bool) -> SearchSpace:
+    """A shipped space without the schedules only the simulator times (``zb-h1``, ``interleaved``) where the
+    trials run on the wall clock on the emulated runtime: there they have no time of their own. A shipped
+    space names every synchronous schedule the layers support; a user's own space that names them there is
+    refused when the file is read (:func:`paci_tune.config.tune.check_timed_schedules`)."""
+    timed = [s for s in space.schedules if s in (ZB_H1, INTERLEAVED)]
+    if not wall_emulated or not timed:
+        return space
+    why = (f"{' and '.join(timed)}: no trial of theirs runs on the wall clock on the emulated runtime (the "
+           "simulator times them on the sim and rst clocks; they run for real on the distributed runtime)")  # fmt: skip
+    kept = tuple(s for s in space.schedules if s not in timed)
+    return dataclasses.replace(space, schedules=kept, dropped=(*space.dropped, why))
+
+
 def skip_tied(space: SearchSpace, tied: str | None) -> SearchSpace:
     """``space`` with PACI skipping its points of two or more stages when the model's units share ``tied``.
 

@@ -1,19 +1,19 @@
-"""Confirmation until decided: how many fresh seeds the confirmation runs, one paired round at a time.
+"""Confirmation until decided: which two points are compared, and how many fresh seeds the confirmation runs.
 
-The confirmation starts with ``search.confirm.seeds`` seeds (the minimum). Once every queued run of
-every schedule's planned points has finished, each schedule's best confirmed point (the lowest mean
-score over the seeds so far) is found, and PACI's is compared with the strongest synchronous
-schedule's (the baseline: the lowest mean among ``1f1b``, ``zb-h1``, ``interleaved`` searched), the
-baseline's mean over PACI's with a paired bootstrap interval (:func:`paired_ratio`). The confirmation
-stops when that interval excludes 1 (``excludes_1``), or is narrower than ``search.confirm.tolerance``
-relative to its point estimate (``narrow``: the answer is known to that precision, even if it is
-"about equal"), or when ``search.confirm.max_seeds`` is reached (``max_seeds``); otherwise one more
-seed is added, for every planned point of every schedule, so the seeds stay paired. One seed decides
-nothing: its bootstrap "interval" is a single point. Nothing is spent where the answer is
-already clear, and every worker and every resume computes the same count from the stored trials.
+**The compared points are chosen on the search's draws**, before any confirmation seed is read: PACI's
+best pipelined point (the first of its study's confirmation plan; PACI at P = 1 is flush and is searched by
+the synchronous studies) and the strongest synchronous point over every layout (the synchronous study
+whose planned best has the lowest search score, 1F1B-flush first on a tie). The fresh seeds only report
+on them, so picking the best of many noisy draws does not bias the comparison.
+
+**Seeds.** The confirmation starts with ``search.confirm.seeds`` seeds (the minimum). Once both compared
+points have finished a round, the sequential paired test (:class:`.comparison.Design`) reads their per-seed
+ratios: it stops when it decides, when the answer is known to ``tolerance``, when a compared run missed the
+target, or at ``max_seeds``; otherwise one more seed is due, for every planned point of every schedule, so
+the seeds stay paired. Every worker and every resume computes the same count from the stored trials.
 
 A search without PACI or without a synchronous schedule has nothing to decide: it runs the minimum.
-May import: optuna, numpy and the tune layer's :mod:`.record`, :mod:`.extra`.
+May import: optuna, numpy and the tune layer's :mod:`.record`, :mod:`.extra`, :mod:`.comparison`.
 """
 
 from __future__ import annotations
@@ -21,48 +21,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from .extra import confirm_seeds, retried_numbers
+from .comparison import Design
+from .extra import best_distinct_trials, confirm_seeds, retried_numbers
 from .record import StudyRecord, TrialRecord
 
-BOOTSTRAP_DRAWS = 4000
-LEVEL = 0.95
-STOPPED_BY = ("excludes_1", "narrow", "max_seeds")
-"""Why a confirmation stopped adding seeds (best.yaml's ``confirmation.stopped_by``)."""
-
-
-def paired_ratio(
-    num: dict[int, float], den: dict[int, float], draws: int = BOOTSTRAP_DRAWS
-) -> tuple[float, float, float]:
-    """mean(num) / mean(den) over their common seeds, and a percentile bootstrap interval.
-
-    Seeds are paired: each resample draws seed indices with replacement and takes the ratio of the
-    two means over the same seeds. A seed that failed in either scores inf there.
-    """
-    common = sorted(set(num) & set(den))
-    if not common:
-        return math.nan, math.nan, math.nan
-    f = np.array([num[s] for s in common])
-    p = np.array([den[s] for s in common])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        point = float(f.mean() / p.mean())
-        idx = np.random.default_rng(0).integers(0, len(common), size=(draws, len(common)))
-        ratios = f[idx].mean(axis=1) / p[idx].mean(axis=1)
-    lo, hi = np.nanquantile(ratios, [(1 - LEVEL) / 2, 1 - (1 - LEVEL) / 2])
-    return point, float(lo), float(hi)
-
-
-def decided(point: float, low: float, high: float, tolerance: float) -> str | None:
-    """``excludes_1`` when the interval lies wholly on one side of 1, ``narrow`` when its width is under
-    ``tolerance`` x the point estimate, else None (more seeds could change the answer)."""
-    if low > 1.0 or high < 1.0:
-        return "excludes_1"
-    if math.isfinite(point) and point > 0 and (high - low) < tolerance * point:
-        return "narrow"
-    return None
+SYNCHRONOUS_ORDER = ("1f1b", "zb-h1", "interleaved", "gpipe")
+"""Ties between synchronous schedules go to the earlier (flush first, as the paper compares)."""
 
 
 @dataclass(frozen=True)
@@ -73,51 +40,98 @@ class Round:
     stopped_by: str | None
 
 
-def _scores(study: optuna.Study, seeds: list[int]) -> tuple[dict[int, dict[int, float]], bool]:
-    """Per planned search trial, its finished confirmation scores by seed (inf for a failed run); and
-    whether every run of ``seeds`` of every planned point has finished."""
-    plan = StudyRecord.read(study).confirm_plan or []
+@dataclass(frozen=True)
+class Compared:
+    """The two points a search's verdict compares: (schedule, search trial number) each."""
+
+    paci: tuple[str, int]
+    baseline: tuple[str, int]
+
+
+def confirmed_schedules(studies: dict[str, optuna.Study]) -> set[str]:
+    """The studies whose points the confirmation trains: PACI's and the strongest synchronous one's, by each
+    study's best search draw (only those two are compared, so the others' fresh seeds would buy nothing);
+    every study where there is nothing to compare (no PACI, or no synchronous schedule)."""
+    sync = [s for s in studies if s != "paci"]
+    if "paci" not in studies or not sync:
+        return set(studies)
+    firsts = {s: best[0].value for s in sync if (best := best_distinct_trials(studies[s], 1))}
+    if not firsts:
+        return {"paci"}
+    rank = {s: i for i, s in enumerate(SYNCHRONOUS_ORDER)}
+    return {"paci", min(firsts, key=lambda s: (firsts[s], rank.get(s, len(rank))))}
+
+
+def compared(studies: dict[str, optuna.Study]) -> Compared | None:
+    """PACI's planned best and the strongest synchronous schedule's (module docstring); None while a plan is
+    missing or the search has no PACI or no synchronous schedule."""
+    sync = [s for s in studies if s != "paci"]
+    if "paci" not in studies or not sync:
+        return None
+    firsts: dict[str, tuple[int, float]] = {}
+    for s in ("paci", *sync):
+        plan = StudyRecord.read(studies[s]).confirm_plan or []
+        if not plan:
+            continue
+        t = next((t for t in studies[s].get_trials(deepcopy=False) if t.number == plan[0]), None)
+        if t is not None and t.value is not None:
+            firsts[s] = (plan[0], float(t.value))
+    ranked = [s for s in sync if s in firsts]
+    if "paci" not in firsts or not ranked:
+        return None
+    rank = {s: i for i, s in enumerate(SYNCHRONOUS_ORDER)}
+    base = min(ranked, key=lambda s: (firsts[s][1], rank.get(s, len(rank))))
+    return Compared(("paci", firsts["paci"][0]), (base, firsts[base][0]))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished confirmation run: its score (inf for a failed run), its time to target (None: missed) and
+    its trial."""
+
+    score: float
+    time_to_target: float | None
+    trial: int
+
+    @property
+    def reached(self) -> bool:
+        return self.time_to_target is not None and math.isfinite(self.score)
+
+
+def confirmed_runs(study: optuna.Study, of: int) -> dict[int, Run]:
+    """The finished confirmation runs of search trial ``of``, by seed. A retried run counts through its retry;
+    a finished run beats a failed duplicate (two workers queued the same seed)."""
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
-    out: dict[int, dict[int, float]] = {n: {} for n in plan}
+    out: dict[int, Run] = {}
     for t in trials:
         r = TrialRecord.read(t)
-        if r.confirm_of not in out or r.seed not in seeds or t.number in retried:
+        if r.confirm_of != of or r.seed is None or t.number in retried:
             continue
         if t.state == TrialState.COMPLETE and t.value is not None:
-            out[r.confirm_of][int(r.seed)] = float(t.value)  # type: ignore[arg-type]
-        elif t.state == TrialState.FAIL:
-            out[r.confirm_of].setdefault(int(r.seed), math.inf)  # type: ignore[arg-type]
-    done = bool(plan) and all(set(seeds) <= set(by_seed) for by_seed in out.values())
-    return out, done
+            out[int(r.seed)] = Run(float(t.value), r.time_to_target, t.number)
+        elif t.state == TrialState.FAIL and int(r.seed) not in out:
+            out[int(r.seed)] = Run(math.inf, None, t.number)
+    return out
 
 
-def _best(scores: dict[int, dict[int, float]]) -> dict[int, float]:
-    """The scores of the point with the lowest mean (ties: the earlier trial)."""
-    n = min(scores, key=lambda k: (float(np.mean(list(scores[k].values()))), k))
-    return scores[n]
-
-
-def current_round(
-    studies: dict[str, optuna.Study], base_seed: int, minimum: int, maximum: int, tolerance: float
-) -> Round:
-    """How many seeds the confirmation needs now (module docstring): the minimum until it has run, then
-    one more per undecided round up to ``maximum``."""
-    n = minimum
-    while True:
-        sync = [s for s in studies if s != "paci"]
-        if "paci" not in studies or not sync:
-            return Round(n, None)
-        seeds = confirm_seeds(base_seed, n)
-        tables = {s: _scores(studies[s], seeds) for s in ("paci", *sync)}
-        if not all(done for _, done in tables.values()):
-            return Round(n, None)  # this round is still running (or not planned yet)
-        bests = {s: _best(tables[s][0]) for s in sync}
-        base = min(sync, key=lambda s: (float(np.mean(list(bests[s].values()))), sync.index(s)))
-        point, low, high = paired_ratio(bests[base], _best(tables["paci"][0]))
-        why = decided(point, low, high, tolerance) if n >= 2 else None  # one seed's "interval" is its point
-        if why is not None:
-            return Round(n, why)
-        if n >= maximum:
-            return Round(n, "max_seeds")
-        n += 1
+def current_round(studies: dict[str, optuna.Study], base_seed: int, design: Design) -> Round:
+    """How many seeds the confirmation needs now (module docstring): the minimum until the compared points
+    have run it, then one more per undecided look up to ``design.max_seeds``."""
+    pair = compared(studies)
+    if pair is None:
+        return Round(design.min_seeds, None)
+    runs = [confirmed_runs(studies[s], n) for s, n in (pair.baseline, pair.paci)]
+    ratios, missed = [], []
+    for seed in confirm_seeds(base_seed, design.max_seeds):
+        if seed not in runs[0] or seed not in runs[1]:
+            break  # seeds are read in order: the prefix both have finished
+        base, paci = runs[0][seed], runs[1][seed]
+        ratios.append(base.score / paci.score if paci.score > 0 and math.isfinite(paci.score) else math.inf)
+        missed.append(not (base.reached and paci.reached))
+    if len(ratios) < design.min_seeds:
+        return Round(design.min_seeds, None)  # the minimum is still running (or not queued yet)
+    look = design.settle(ratios, missed)
+    if look.stopped_by is not None:
+        return Round(look.n, look.stopped_by)
+    return Round(len(ratios) + 1, None)

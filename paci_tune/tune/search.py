@@ -32,6 +32,7 @@ from ..config.tune import TuneConfig
 from ..errors import ConfigError
 from . import extra, record, siblings
 from .capping import cap_of, capped
+from .comparison import Design
 from .curves import numerics_key
 from .events import SearchEvent
 from .extra import confirm_seeds
@@ -40,7 +41,7 @@ from .objective import Progress, grid_step
 from .point import TrialParams
 from .record import Outcome, PointAttrs, TrialRecord
 from .repeats import answer_repeat
-from .rounds import current_round
+from .rounds import confirmed_schedules, current_round
 from .runner import OnEval, TrialJob, TrialResult, TrialRunner, fork_server
 from .setup import trial_runtime
 from .sharing import Horizons, StepGrid, applies, replay_points, stored_curve, walk
@@ -139,15 +140,18 @@ class Search:
         return exhausted(self.studies[schedule].get_trials(deepcopy=False), self._points[schedule])
 
     def _next_confirmation(self) -> str | None:
-        """Plan and queue the confirmations of every study whose search is over (the others' trials may
-        still run beside them); a schedule with one waiting."""
+        """Plan and queue the confirmations of the compared studies whose search is over (PACI's as soon as its
+        own is; the strongest synchronous one's once every synchronous search is over, :func:`.rounds.
+        confirmed_schedules`); a schedule with one waiting."""
         c = self.tune.search.confirm
         if not c.enabled:
             return None
         base = self.tune.run.training.seed
-        seeds = confirm_seeds(base, current_round(self.studies, base, c.seeds, c.cap, c.tolerance).seeds)
-        for study in self.studies.values():
-            if self._searched(study):
+        seeds = confirm_seeds(base, current_round(self.studies, base, Design(c.seeds, c.cap, c.tolerance)).seeds)
+        sync_done = all(self._searched(st) for s, st in self.studies.items() if s != "paci")
+        wanted = confirmed_schedules(self.studies) if sync_done else {"paci"}  # the baseline: once all are searched
+        for schedule, study in self.studies.items():
+            if schedule in wanted and self._searched(study):
                 extra.enqueue_confirmations(study, extra.confirm_plan(study, c.top), seeds)
         return next((s for s, study in self.studies.items() if extra.waiting(study)), None)
 

@@ -31,7 +31,7 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
     On the wall clock the budget's devices must exist here: each trial runs P x D processes.
     """
     from ..pipeline.factory import resolve_pieces
-    from .narrow import skip_incompatible, skip_stale, skip_tied
+    from .narrow import skip_incompatible, skip_stale, skip_tied, skip_untimed
     from .space import load_space
 
     devices = tune.hardware.devices
@@ -47,6 +47,7 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
     meta = resolve_pieces(one_stage, distributed=True).model
     space = load_space(tune.search.space, global_batch=tune.run.training.global_batch, n_units=meta.n_units,
                        max_stages=None, devices=devices, distributed=trial_runtime(tune) == "distributed")  # fmt: skip
+    space = skip_untimed(space, tune.budget.clock == "wall" and trial_runtime(tune) == "emulated")
     space = skip_tied(skip_stale(space, tune.search.paci_max_drift), _tied(meta))
     return skip_incompatible(space, tune.run_doc)
 
@@ -70,8 +71,11 @@ def trial_runtime(tune: TuneConfig) -> str:
 
 def point_run(tune: TuneConfig, q: TrialParams, runtime: str) -> Any:
     """The run a point's trial makes on ``runtime``, as a memory check reads it: the cut left to the
-    planner, the in-flight depth the schedule's own."""
+    planner, the in-flight depth the schedule's own, on a profile clock where the search times its trials on
+    one (zb-h1 and interleaved on the emulated runtime exist only there; memory does not read the clock)."""
     over = {**q.overrides(), "pipeline.partition": "auto", "pipeline.runtime": runtime, "pipeline.inflight": None}
+    if tune.budget.clock != "wall":
+        over["training.clock"] = "sim"
     return derive_run(tune.run_doc, over)
 
 
@@ -171,7 +175,10 @@ def trials_in_memory(tune: TuneConfig, space: SearchSpace, profile_path: str) ->
     worst = 0
     for schedule in space.schedules:
         for p, a, b in space.points:
-            q = TrialParams(schedule, p, a, b, 1.0, space.data_parallel(p), space.backward_weights_of(schedule)[0])
+            q = TrialParams(schedule, p, a, b, 1.0, space.data_parallel(p), space.backward_weights_of(schedule)[0],
+                            space.chunks_of(schedule)[0])  # fmt: skip
+            if space.why_not(q) is not None:
+                continue  # a point its study never runs
             cfg = point_run(tune, q, "emulated")
             sizes = plan_partition(cfg, [1.0] * profile.n_units, profile)
             worst = max(worst, sum(predicted_memory(cfg, profile, sizes)) * cfg.pipeline.data_parallel)

@@ -35,9 +35,9 @@ feasible values and the grid is finite:
   points whose devices would not hold their stage. Optuna samples P and b as two categoricals over
   the values some feasible point uses; a pair outside the feasible set is answered without training
   (:meth:`SearchSpace.why_not`, :mod:`.search`). Without a budget (``devices=None``, the API's
-  default) D = 1 for every P. PACI may also skip the points too stale to win (:func:`skip_stale`),
-  and skips every point of two or more stages for a model whose units share a trainable parameter
-  (:func:`skip_tied`: PACI refuses one split across stages, and a trial's cut is chosen when it starts).
+  default) D = 1 for every P. P = 1 is plain data parallelism under every schedule: where the space
+  pipelines, only flush's study searches it (:meth:`SearchSpace.stages_of`). PACI may skip points too
+  stale to win (:func:`skip_stale`), and P >= 2 for a model whose units share a parameter (:func:`skip_tied`).
 The file's values are parsed by :mod:`.choices`. May import: optuna, :mod:`paci_tune.base`,
 :mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the :class:`~paci_tune.config.layout.Layout`),
 :mod:`paci_tune.errors` and the tune layer's :mod:`.budget`, :mod:`.choices`, :mod:`.recipes` (the optimizer
@@ -140,6 +140,8 @@ class SearchSpace:
             return f"{params.label()}: {why}"
         if params.schedule == "paci" and (why := self._tied(params.stages)):
             return f"{params.label()}: {why}"
+        if why := self._single_stage(params.schedule, params.stages):
+            return f"{params.label()}: {why}"
         if params.window and (why := self._unrunnable(params)):
             return f"{params.label()}: {why}"
         if drop := next((d for d in self.over_memory if d.matches(params)), None):
@@ -192,6 +194,22 @@ class SearchSpace:
         return (f"drift bound ceil(({stages}-1)/{window}) = {bound} > search.paci_max_drift = {self.paci_max_drift} "
                 "(PACI skips points this stale; flush keeps the point)")  # fmt: skip
 
+    def stages_of(self, schedule: str) -> list[int]:
+        """The depths ``schedule``'s study samples: where the space pipelines, P = 1 only in one study (flush's)."""
+        if self._single_stage(schedule, 1) is None:
+            return list(self.stages)
+        return [p for p in self.stages if p >= 2]
+
+    def _single_stage(self, schedule: str, stages: int) -> str | None:
+        sync = [s for s in self.schedules if s != "paci"]
+        owner = "1f1b" if "1f1b" in sync else (sync[0] if sync else "paci")
+        if stages != 1 or schedule == owner or (schedule == "paci" and self.paci_tied is not None):
+            return None
+        if not any(p >= 2 for p in self.stages):
+            return None
+        return (f"at P = 1 every schedule is plain data parallelism (PACI has nothing in flight): {owner}'s study "
+                "searches this layout, and the verdict compares it with PACI's pipelined points")  # fmt: skip
+
     def _tied(self, stages: int) -> str | None:
         if self.paci_tied is None or stages < 2:
             return None
@@ -200,7 +218,7 @@ class SearchSpace:
 
     def suggest(self, trial: optuna.trial.BaseTrial, schedule: str) -> TrialParams:
         """Ask Optuna for one point; ``schedule`` is fixed by the study the trial belongs to."""
-        stages = int(trial.suggest_categorical("stages", list(self.stages)))
+        stages = int(trial.suggest_categorical("stages", self.stages_of(schedule)))
         b = int(trial.suggest_categorical("microbatch_size", list(self.microbatch_size)))
         if self.fixed_batch is not None:
             a = self.window_of(stages, b)
@@ -272,7 +290,7 @@ class SearchSpace:
                                  self.optimizers_of(schedule), self.staleness_of(schedule))  # fmt: skip
         for bw, v, o, st in dims:
             out += [TrialParams(schedule, p, a, b, 1.0, self.data_parallel(p), bw, v, o, st)
-                    for p, a, b in sorted(self.points)]  # fmt: skip
+                    for p, a, b in sorted(self.points) if p in self.stages_of(schedule)]  # fmt: skip
         return out
 
     def grid_params(self, schedule: str = "paci") -> dict[str, list[Any]]:
@@ -280,7 +298,7 @@ class SearchSpace:
         ``backward_weights``, and only with two choices; only interleaved's has ``chunks``)."""
         if self.lr_is_range:
             raise ConfigError("search.sampler", "grid", "a space whose lr_scale is a list of choices, not a range")
-        out: dict[str, list[Any]] = {"stages": list(self.stages), "microbatch_size": list(self.microbatch_size)}
+        out: dict[str, list[Any]] = {"stages": self.stages_of(schedule), "microbatch_size": list(self.microbatch_size)}
         if self.fixed_batch is None:
             out["window"] = list(self.window)
         if self.lr_scale is not None:

@@ -1,24 +1,22 @@
-"""``best.yaml``: the recommendation, the evidence behind it, and the strongest tuned synchronous baseline.
+"""``best.yaml``: the recommendation, the evidence behind it, and the verdict against the strongest tuned baseline.
 
-Only finished (not pruned) trials are candidates: a pruned trial never showed it reaches the
-target. The recommendation is the best score over every schedule; the baseline is the best trial of
-the best synchronous schedule searched (``baseline_schedule``: ``1f1b``, ``zb-h1`` or ``interleaved``,
-ranked by confirmed score), since an efficient method has to beat the strongest baseline, not the
-easiest (No Train No Gain). ``speedup_vs_flush`` is 1F1B-flush's score over the recommendation's
-(1.0 when flush itself wins), and ``paci_speedup_vs_flush`` is what the best PACI trial achieved
-against it, below 1 when PACI lost: the paper's comparison. The verdict compares PACI with the
-baseline; where that is not flush, ``paci_speedup_vs_baseline`` and its interval say by how much,
-and ``verdict_vs_flush`` gives the paper's verdict beside it. Scores are times to target, or the not-reached penalty
-(:mod:`paci_tune.tune.objective`), so a speedup against a baseline that never reached the target is a lower
-bound, and the file says so.
+Only finished (not pruned) trials are candidates: a pruned trial never showed it reaches the target.
+The verdict (:mod:`.compare`) is one comparison: PACI's best pipelined point against the strongest
+synchronous point over every layout, each chosen on the search's draws and read on fresh seeds with the
+sequential paired test (:mod:`paci_tune.tune.comparison`), since an efficient method has to beat the
+strongest baseline, not the easiest (No Train No Gain). best.yaml keeps it whole under ``comparison``
+(the two points, the method, n, the per-seed ratios, the interval, why the confirmation stopped), and
+``verdict`` and ``baseline_schedule`` beside it for a reader that wants one word. The recommendation
+follows the verdict: PACI only where it is shown faster. ``lr_edges`` names a compared point whose LR
+sits at the edge of its grid (:mod:`.edges`): a point at an unexplored edge is not tuned.
 
 The file also carries ``run``: the complete run configuration of the recommended trial, which
 ``paci-tune apply`` trains -- with ``pipeline.data_parallel``, so it runs on the P x D devices the
 trial was timed on (``recommended`` states P, D, a, b and the devices, and for PACI the
 ``backward_weights`` the run has: the point's, else the run's own; null for flush). The document
-is written through ``best.yaml``'s schema (:mod:`paci_tune.tune.bestfile`). May import: optuna, torch (its
-version), :mod:`paci_tune.config`, :mod:`paci_tune.errors`, :mod:`paci_tune.tune` and the verdict layer's
-:mod:`.confirm`, :mod:`.transfer`.
+is written through ``best.yaml``'s schema (:mod:`paci_tune.tune.bestfile`). May import: optuna, torch and
+scipy (their versions), :mod:`paci_tune.config`, :mod:`paci_tune.errors`, :mod:`paci_tune.tune` and the
+verdict layer's :mod:`.confirm`, :mod:`.transfer`, :mod:`.compare`, :mod:`.edges`.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ import platform
 from typing import Any
 
 import optuna
+import scipy
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
@@ -39,13 +38,13 @@ from ..config.schema import STALENESS_KEYS, from_dict
 from ..errors import ConfigError
 from ..tune.bestfile import EVIDENCE, RECOMMENDED
 from ..tune.choices import DEFAULT_BACKWARD_WEIGHTS
-from ..tune.extra import search_trials
+from ..tune.comparison import LEVEL, Design
 from ..tune.point import TrialParams
 from ..tune.record import TrialRecord
-from ..tune.rounds import LEVEL
-from ..tune.space import SYNCHRONOUS
 from . import candidates, confirm, transfer
+from .compare import best_trial, recommended_schedule, verdict_of
 from .confirm import Confirmed
+from .edges import lr_edges
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
@@ -78,12 +77,6 @@ def compute_used(studies: dict[str, optuna.Study]) -> dict[str, float]:
                 key = "confirmation_s" if r.is_confirmation else "transfer_s" if r.is_transfer else "search_s"
                 out[key] = out.get(key, 0.0) + float(r.wall_seconds or 0)
     return {k: round(v, 1) for k, v in out.items()}
-
-
-def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    """Lowest score among finished search trials; the earliest on a tie (a repeat is not new evidence)."""
-    done = [t for t in search_trials(study, (TrialState.COMPLETE,)) if t.value is not None]
-    return min(done, key=lambda t: (t.value, t.number)) if done else None
 
 
 def describe_trial(t: FrozenTrial, schedule: str, params: TrialParams, lr: float) -> dict[str, Any]:
@@ -141,13 +134,17 @@ def build_best(
     transfer_factor: float | None = None,
     warm_started: bool = False,
     memory: dict[str, Any] | None = None,
+    design: Design | None = None,
+    lr_grid: list[float] | dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The ``best.yaml`` document (module docstring); ConfigError when no trial finished.
 
-    With ``confirm_seeds``, schedules are ranked by their confirmed points' mean over those seeds
-    (:mod:`.confirm`); without, by the search's single draws (an anecdote, and the file says so).
-    ``confirm_rounds``: the confirmation's minimum and cap, its tolerance and why it stopped adding seeds
-    (:mod:`paci_tune.tune.rounds`), written into the ``confirmation`` section as given.
+    With ``confirm_seeds``, the verdict reads the compared points on those seeds with ``design`` (the
+    sequential test; default: one look at all of them); without, the search's single draws (an anecdote,
+    and the file says so). ``confirm_rounds``: the confirmation's minimum and cap, its tolerance and why it
+    stopped adding seeds (:mod:`paci_tune.tune.rounds`), written into the ``confirmation`` section as given.
+    ``lr_grid``: the space's LR scales (a list, ``[1.0]`` where it fixes the LR, or ``{low, high}`` for a
+    range), for the LR edge rule (:mod:`.edges`); None: not checked.
     With ``transfer_factor``, ``transfer_check`` reports how the short trials' ranking held at that
     many times the budget (:mod:`.transfer`); it changes nothing else in the file. ``warm_started``:
     the trials started from a checkpoint (an undecided verdict's advice says so). ``memory``: the device
@@ -160,26 +157,24 @@ def build_best(
 
     seeds = confirm_seeds or []
     tables = {s: confirm.confirmed(st, s, seeds, point_of) for s, st in studies.items()} if seeds else {}
-    confirmed: dict[str, Confirmed] = {}
-    for schedule, table in tables.items():
-        points = [c for c in table if c.complete]
-        if points:
-            confirmed[schedule] = min(points, key=lambda c: (c.mean, c.trial))
-    bests: dict[str, tuple[FrozenTrial, TrialParams, float]] = {}
-    for schedule, study in studies.items():
-        if schedule in confirmed:
-            c = confirmed[schedule]
-            t = next(x for x in study.get_trials(deepcopy=False) if x.number == c.trial)
-            bests[schedule] = (t, c.params, c.mean)
-        elif (t := best_trial(study)) is not None:
-            bests[schedule] = (t, params_of(t, schedule, fixed_batch), float(t.value))
-    if not bests:
+    chosen = {s: t for s, st in studies.items() if (t := _chosen_trial(st, tables.get(s))) is not None}
+    if not chosen:
         raise ConfigError(
             "search", "no finished trial", "at least one trial that ran to its target or budget: "
             "see the failure reasons above, or give budget.seconds / target.value room",
         )  # fmt: skip
-    rec_schedule = min(bests, key=lambda s: (bests[s][2], s != "paci"))
-    rec_t, rec_p, _ = bests[rec_schedule]
+    spacing = validation_spacing(list(chosen.values()), budget)
+    if seeds and design is None:
+        design = Design(len(seeds), max(len(seeds), 2))
+    found = verdict_of(studies, tables, point_of, design if seeds else None, spacing=spacing,
+                       advice=confirm.what_to_change(warm_started))  # fmt: skip
+    comparison = found[0] if found else None
+    if found:
+        chosen.update(found[1])
+    means = {s: _mean(t, tables.get(s)) for s, t in chosen.items()}
+    rec_schedule = recommended_schedule(comparison, means)
+    rec_t = chosen[rec_schedule]
+    rec_p = point_of(rec_t, rec_schedule)
     a = TrialRecord.read(rec_t)
     described = describe_trial(rec_t, rec_schedule, rec_p, base_lr * rec_p.lr_scale)
     doc: dict[str, Any] = {
@@ -194,12 +189,20 @@ def build_best(
             "steps": a.figure("steps"),
         },
     }
+    compared_points = {s: point_of(t, s) for s, t in found[1].items()} if found else {rec_schedule: rec_p}
+    edges = lr_edges(compared_points, lr_grid) if lr_grid is not None else []
+    if comparison is not None:
+        comparison.notes.extend(e["note"] for e in edges)
+        doc["verdict"] = comparison.verdict
+        doc["baseline_schedule"] = comparison.baseline["schedule"]
+        doc["comparison"] = comparison.to_doc()
+    if edges:
+        doc["lr_edges"] = edges
     if confirm_seeds:
         doc["confirmation"] = {"seeds": list(confirm_seeds), "level": LEVEL, **(confirm_rounds or {}),
                                **{s: [c.to_dict() for c in table] for s, table in tables.items()}}  # fmt: skip
     if transfer_factor:
         doc["transfer_check"] = transfer.section(studies, transfer_factor, budget.get("seconds"), point_of)
-    doc.update(_comparison(studies, bests, confirmed, rec_schedule, budget, warm_started))
     doc["candidates"] = candidates.ranked(studies, point_of)
     if memory is not None:
         doc["memory"] = memory
@@ -213,6 +216,7 @@ def build_best(
             "paci_tune": __version__,
             "torch": str(torch.__version__),
             "optuna": optuna.__version__,
+            "scipy": scipy.__version__,
             "python": platform.python_version(),
         },
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -231,68 +235,19 @@ def build_best(
     return doc
 
 
-def _comparison(
-    studies: dict[str, optuna.Study],
-    bests: dict[str, tuple[FrozenTrial, TrialParams, float]],
-    confirmed: dict[str, Confirmed],
-    rec_schedule: str,
-    budget: dict[str, Any],
-    warm_started: bool = False,
-    memory: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The baseline (the best synchronous schedule), the speedups, the intervals and the verdicts.
+def _chosen_trial(study: optuna.Study, table: list[Confirmed] | None) -> FrozenTrial | None:
+    """A schedule's chosen point: its search-ranked best confirmed point (the plan's first with runs), else its
+    best search draw."""
+    for c in table or []:
+        if c.complete:
+            return next(t for t in study.get_trials(deepcopy=False) if t.number == c.trial)
+    return best_trial(study)
 
-    The verdict is PACI against the baseline; with another baseline than 1F1B-flush, PACI against
-    1F1B-flush (the paper's comparison) is reported beside it (``verdict_vs_flush``). For a search of
-    ``[paci, 1f1b]`` the baseline is flush and the file has the keys and meanings it always had.
-    """
-    sync = [s for s in bests if s != "paci"]
-    paci = bests.get("paci")
-    if not sync:
-        return {"baseline": None, "baseline_schedule": None, "speedup_vs_flush": None,
-                "verdict": "paci" if paci else None,
-                "speedup_note": "no synchronous trial finished (or the space has no synchronous schedule)"}  # fmt: skip
-    base_s = min(sync, key=lambda s: (bests[s][2], SYNCHRONOUS.index(s)))  # ties: flush first, as the paper's
-    bt, bp, b_score = bests[base_s]
-    out: dict[str, Any] = {"baseline_schedule": base_s, "baseline": describe_trial(bt, base_s, bp, 0.0)}
-    out["baseline"].pop("lr")
-    out["baseline"]["trial"] = f"{studies[base_s].study_name}#{bt.number}"
-    out["baseline"]["score"] = b_score
-    rec_score = bests[rec_schedule][2]
-    out["speedup_vs_flush"] = round(bests["1f1b"][2] / rec_score, 4) if "1f1b" in bests else None
-    if base_s != "1f1b":
-        out["speedup_vs_baseline"] = round(b_score / rec_score, 4)
-    notes: list[str] = []
-    spacing = validation_spacing([t for t, _, _ in bests.values()], budget)
-    if paci is not None:
-        vs = "flush" if base_s == "1f1b" else "baseline"
-        keys = ("paci_speedup_vs_flush", "paci_speedup_interval") if vs == "flush" else (
-            "paci_speedup_vs_baseline", "paci_baseline_interval")  # fmt: skip
-        out.update(_against(bests, confirmed, base_s, spacing, warm_started, notes, keys, "verdict"))
-        if base_s != "1f1b" and "1f1b" in bests:  # the paper's comparison, beside the strongest baseline's
-            flush_notes: list[str] = []
-            out.update(_against(bests, confirmed, "1f1b", spacing, warm_started, flush_notes,
-                                ("paci_speedup_vs_flush", "paci_speedup_interval"), "verdict_vs_flush"))  # fmt: skip
-            notes.append(f"against 1F1B-flush (the paper's baseline): {out['verdict_vs_flush']}, "
-                         f"{out['paci_speedup_vs_flush']:g}x")  # fmt: skip
-        out["paci_won"] = out["verdict"] == "paci"
-    for schedule, who in ((base_s, f"the {base_s} baseline"), (rec_schedule, "the recommendation")):
-        if schedule == base_s and who == "the recommendation":
-            continue
-        c = confirmed.get(schedule)
-        missed = (sum(v is None for v in c.time_to_target.values()), len(c.time_to_target)) if c else (
-            int(TrialRecord.read(bests[schedule][0]).time_to_target is None), 1)  # fmt: skip
-        if missed[0]:
-            notes.append(f"{who} missed the target on {missed[0]} of {missed[1]} runs: a miss scores the "
-                         "not-reached penalty (budget x (1 + excess loss / target)), so a speedup against it is "
-                         "a bound, not a measured ratio of times")  # fmt: skip
-    if paci is not None and paci[1].stages == 1:
-        notes.append(f"PACI's best is a single stage (P=1 x D={paci[1].data_parallel}): no pipeline and nothing "
-                     f"stale, so it trains flush's numbers at window {paci[1].window}; the comparison is between two "
-                     "flush-like points, and a gap means the flush study did not find that point, not that PACI's "
-                     "asynchrony won")  # fmt: skip
-    out["speedup_note"] = "; ".join(notes) if notes else None
-    return out
+
+def _mean(t: FrozenTrial, table: list[Confirmed] | None) -> float:
+    """The chosen point's score: its confirmed mean, else its search draw."""
+    c = next((c for c in table or [] if c.trial == t.number and c.complete), None)
+    return c.mean if c is not None else float(t.value)  # type: ignore[arg-type]
 
 
 def validation_spacing(trials: list[FrozenTrial], budget: dict[str, Any]) -> float:
@@ -308,62 +263,3 @@ def validation_spacing(trials: list[FrozenTrial], budget: dict[str, Any]) -> flo
                     if r.time_to_target is not None and abs(b[0] - r.time_to_target) < 1e-6]  # fmt: skip
         return max(crossing or gaps)
     return float(budget.get("seconds") or 0.0) / int(budget.get("grid") or 1)
-
-
-def _against(
-    bests: dict[str, tuple[FrozenTrial, TrialParams, float]], confirmed: dict[str, Confirmed], base: str,
-    spacing: float, warm_started: bool, notes: list[str], keys: tuple[str, str], verdict_key: str,
-) -> dict[str, Any]:  # fmt: skip
-    """PACI against the synchronous schedule ``base``: ``keys`` (the speedup, its interval) and the verdict
-    under ``verdict_key`` (its reason, when undecided, in ``verdict_reason``); notes appended to ``notes``."""
-    out: dict[str, Any] = {}
-    paci, b_score = bests["paci"], bests[base][2]
-    name = "flush" if base == "1f1b" else base
-    if "paci" in confirmed and base in confirmed:
-        point, low, high = confirm.paired_speedup(confirmed[base], confirmed["paci"])
-        out[keys[0]], out[keys[1]] = round(point, 4), [round(low, 4), round(high, 4)]
-        out[verdict_key] = confirm.verdict(low, high)
-        seeds = sorted(set(confirmed[base].scores) & set(confirmed["paci"].scores))
-        notes.append(f"confirmed on {len(seeds)} paired seeds; {LEVEL:.0%} bootstrap interval of {name}'s mean "
-                     f"score over PACI's: [{low:.3g}, {high:.3g}]")  # fmt: skip
-        if out[verdict_key] != "tie" and abs(confirmed[base].mean - confirmed["paci"].mean) < spacing:
-            # Runs that reach the target at the same validation on every seed give an interval of no width
-            # (warm starts do: little seed noise is left), but a gap below one interval is not resolved.
-            out[verdict_key] = "tie"
-            notes.append(f"the interval excludes 1, but the mean times differ by less than one validation interval "
-                         f"({spacing:.3g}s), the resolution of time to target: a tie")  # fmt: skip
-    else:
-        out[keys[0]] = round(b_score / paci[2], 4)
-        tied = abs(paci[2] - b_score) < spacing
-        out[verdict_key] = "tie" if tied else ("paci" if paci[2] < b_score else "flush")
-        notes.append("not confirmed: single draws of the search (an anecdote; search.confirm gives an interval)")
-        if tied:
-            notes.append(f"PACI and {name} are within one validation interval ({spacing:.3g}s), the resolution of "
-                         "time to target")  # fmt: skip
-    if misses := _misses(bests, confirmed, base):
-        out[verdict_key] = confirm.UNDECIDED
-        if verdict_key == "verdict":
-            advice = confirm.what_to_change(warm_started)
-            out["verdict_reason"] = (f"{misses} missed the target, so the ratio above compares not-reached penalties "
-                                     f"(final losses), not times to accuracy; {advice}")  # fmt: skip
-    return out
-
-
-def _misses(
-    bests: dict[str, tuple[FrozenTrial, TrialParams, float]], confirmed: dict[str, Confirmed], base: str = "1f1b"
-) -> str:
-    """Which compared runs missed the target (``"flush's best on 1 of 3 confirmed runs"``), empty when none did.
-
-    The compared runs are each schedule's confirmed point over its fresh seeds, or its best search draw
-    when the search was not confirmed.
-    """
-    said = []
-    for schedule, who in (("paci", "PACI's best"), (base, "flush's best" if base == "1f1b" else f"{base}'s best")):
-        c = confirmed.get(schedule)
-        if c is not None:
-            n, total, what = confirm.missed(c), len(c.scores), "confirmed runs"
-        else:
-            n, total, what = int(TrialRecord.read(bests[schedule][0]).time_to_target is None), 1, "search draw"
-        if n:
-            said.append(f"{who} on {n} of {total} {what}")
-    return " and ".join(said)

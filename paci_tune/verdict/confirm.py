@@ -1,19 +1,17 @@
-"""Confirmation: the best few points of each schedule trained again on fresh seeds, ranked by their mean.
+"""Confirmation: the compared points trained again on fresh seeds, read back per seed.
 
 A search picks the best of many single noisy draws, so its winner's score is biased low (the
-winner's curse). Before recommending, the ``search.confirm.top`` best distinct points of each
-schedule are trained again with ``search.confirm.seeds`` fresh seeds (each a different model
-initialisation and data order: ``training.seed`` + 1, + 2, ...), the same seeds for every point and
-schedule, so PACI and flush are compared seed by seed. The search's own draw is not in the mean:
-it is the one that was selected. Confirmation trials are ordinary trials of the study (enqueued with
-the point's parameters and a ``confirm`` attribute by :mod:`paci_tune.tune.extra`; resumable; never
-pruned; not counted against ``search.trials``). This module reads them back.
+winner's curse). Before recommending, the ``search.confirm.top`` best distinct points of PACI's study
+and of the strongest synchronous study are trained again with at least ``search.confirm.seeds`` fresh
+seeds (each a different model initialisation and data order: ``training.seed`` + 1, + 2, ...), the
+same seeds for every point, so PACI and its baseline are compared seed by seed. The search's own draw
+is not among them: it is the one that was selected. Confirmation trials are ordinary trials of the
+study (enqueued with the point's parameters and a ``confirm`` attribute by :mod:`paci_tune.tune.extra`;
+resumable; never pruned; not counted against ``search.trials``). This module reads them back.
 
-``speedup_vs_flush`` is the ratio of the two schedules' mean scores, with a percentile bootstrap
-interval over the paired seeds; the verdict is ``paci`` or ``flush`` only when the interval
-excludes 1, else ``tie`` -- and :data:`UNDECIDED` when a confirmed run of either compared point missed
-the target, since then the ratio compares not-reached penalties, not times to accuracy. May
-import: optuna, numpy, :mod:`paci_tune.tune` (the point, the trial record, the plan).
+The verdict reads two of these rows, one per side, with the sequential paired test
+(:mod:`.compare`, :mod:`paci_tune.tune.comparison`). May import: optuna, numpy, :mod:`paci_tune.tune`
+(the point, the trial record, the plan).
 """
 
 from __future__ import annotations
@@ -24,12 +22,10 @@ from typing import Any
 
 import numpy as np
 import optuna
-from optuna.trial import TrialState
 
-from ..tune.extra import retried_numbers
 from ..tune.point import TrialParams
-from ..tune.record import StudyRecord, TrialRecord
-from ..tune.rounds import BOOTSTRAP_DRAWS, paired_ratio
+from ..tune.record import StudyRecord
+from ..tune.rounds import confirmed_runs
 
 
 @dataclass
@@ -69,39 +65,21 @@ class Confirmed:
 
 
 def confirmed(study: optuna.Study, schedule: str, seeds: list[int], params_of: Any) -> list[Confirmed]:
-    """The study's confirmed points in plan order, with every seed that has finished."""
+    """The study's confirmed points in plan order, with every seed of ``seeds`` that has finished."""
     numbers = StudyRecord.read(study).confirm_plan or []
-    trials = study.get_trials(deepcopy=False)
-    by_number, retried = {t.number: t for t in trials}, retried_numbers(trials)
-    out = {n: Confirmed(n, params_of(by_number[n], schedule)) for n in numbers}
-    for t in trials:
-        r = TrialRecord.read(t)
-        if (
-            r.confirm_of is None
-            or r.confirm_of not in out
-            or r.seed not in seeds
-            or t.state not in (TrialState.COMPLETE, TrialState.FAIL)
-        ):
-            continue
-        if t.number in retried:
-            continue  # an interrupted run that was queued again: its retry counts
-        point, seed = out[r.confirm_of], int(r.seed)  # type: ignore[arg-type]
-        if seed in point.scores and t.state == TrialState.FAIL:
-            continue  # a duplicate (two workers queued the same seed): a finished run wins
-        point.scores[seed] = float(t.value) if t.state == TrialState.COMPLETE and t.value is not None else math.inf
-        point.time_to_target[seed] = r.time_to_target
-        point.trials[seed] = t.number
-    return [out[n] for n in numbers]
-
-
-def paired_speedup(flush: Confirmed, paci: Confirmed, draws: int = BOOTSTRAP_DRAWS) -> tuple[float, float, float]:
-    """Flush's mean score over PACI's, and a percentile bootstrap interval over the seeds both ran."""
-    return paired_ratio(flush.scores, paci.scores, draws)
-
-
-UNDECIDED = "undecided"
-"""The verdict when a compared run missed the target: its score is the not-reached penalty (a final
-loss turned into seconds), so a ratio of scores is not a ratio of times to accuracy."""
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    out = []
+    for n in numbers:
+        point = Confirmed(n, params_of(by_number[n], schedule))
+        for seed, run in sorted(confirmed_runs(study, n).items()):
+            if seed in seeds:
+                point.scores[seed], point.time_to_target[seed], point.trials[seed] = (
+                    run.score,
+                    run.time_to_target,
+                    run.trial,
+                )
+        out.append(point)
+    return out
 
 
 def what_to_change(warm_started: bool) -> str:
@@ -111,17 +89,3 @@ def what_to_change(warm_started: bool) -> str:
     return (
         f"what to change: a longer budget (budget.seconds or training.steps), a looser target (target.value), or {warm}"
     )
-
-
-def missed(point: Confirmed) -> int:
-    """How many of the point's confirmed runs did not reach the target."""
-    return sum(point.time_to_target.get(s) is None for s in point.scores)
-
-
-def verdict(low: float, high: float) -> str:
-    """``paci`` when the whole interval is above 1, ``flush`` when below, otherwise ``tie``."""
-    if low > 1.0:
-        return "paci"
-    if high < 1.0:
-        return "flush"
-    return "tie"

@@ -12,6 +12,8 @@ from typing import Any
 
 from ..base.credentials import without_password
 from ..tune.bestfile import write_best
+from ..tune.choices import lr_grid
+from ..tune.comparison import Design
 from ..tune.extra import confirm_seeds
 from ..tune.rounds import current_round
 from ..tune.search import Search
@@ -26,7 +28,8 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
 
     tune, b = session.tune, session.tune.budget
     c = tune.search.confirm
-    rounds = current_round(session.studies, tune.run.training.seed, c.seeds, c.cap, c.tolerance)
+    design = Design(c.seeds, c.cap, c.tolerance)
+    rounds = current_round(session.studies, tune.run.training.seed, design)
     # apply reads the budget back: an rst clock needs its reference profile, wherever apply runs from
     budget = {"clock": b.clock, "seconds": b.seconds, "grid": b.grid,
               **({"profile": str(Path(b.profile).resolve())} if b.profile else {})}  # fmt: skip
@@ -47,6 +50,8 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
         transfer_factor=tune.search.transfer_check.factor if tune.search.transfer_check.enabled else None,
         warm_started=session.warm is not None,
         memory=memory_section(tune.run.hardware.memory, session.space.memory_bytes, session.space.over_memory),
+        design=design,
+        lr_grid=lr_grid(session.space.lr_scale, session.space.lr_is_range),
     )  # fmt: skip
     rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
     picture = plot_search(session.studies, target=float(tune.target.value or 0), budget=float(b.seconds or 0),
