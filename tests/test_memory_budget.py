@@ -151,7 +151,7 @@ def test_search_never_trains_a_point_over_the_budget(tmp_path: Path) -> None:
     mem = best["memory"]
     assert mem["memory_bytes"] == cap
     dropped = {(d["schedule"], d["stages"], d["microbatch_size"]) for d in mem["dropped"]}
-    assert {("paci", 1, 2), ("1f1b", 1, 2)} <= dropped
+    assert ("1f1b", 1, 2) in dropped and not any(p == 1 for sched, p, _ in dropped if sched == "paci")  # P = 1: flush's
     assert all(d["predicted_peak_bytes"] > cap for d in mem["dropped"])
     rows = [r for table in best["candidates"].values() for r in table]
     assert rows and all(r["predicted_peak_bytes"] <= cap for r in rows if r["predicted_peak_bytes"] is not None)
@@ -198,3 +198,25 @@ def test_apply_keeps_to_the_budget_its_best_yaml_carries(tmp_path: Path) -> None
         records = [yaml.safe_load(line) for line in metrics.read_text().splitlines()]
         summary = [r for r in records if r.get("event") == "summary"][-1]
         assert summary.get("memory_budget_bytes") == held and summary["stages"][0]["stage"] == 0
+
+
+def test_a_baseline_no_point_fits_leaves_the_search_and_one_left_without_any_is_refused(tmp_path: Path) -> None:
+    """Oracle: a predictor that prices every point of one schedule over the cap. A synchronous schedule that fits
+    nowhere leaves the search, said in ``dropped`` (the shipped spaces name them all); PACI that fits nowhere,
+    or every synchronous schedule, is refused naming ``hardware.memory``."""
+    from paci_tune.tune.narrow import drop_over_memory
+    from paci_tune.tune.point import MemoryDrop
+    from paci_tune.tune.space import load_space
+
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({**SPACE, "schedules": ["paci", "1f1b", "zb-h1"], "stages": [2]}))
+    space = load_space(str(tmp_path / "s.yaml"), global_batch=8, n_units=4, max_stages=None, devices=4)
+
+    def pricing(heavy: set[str]) -> Any:
+        return lambda q: MemoryDrop(q, 10**9 if q.schedule in heavy else 10, 0, (2, 2), 1000)
+
+    kept = drop_over_memory(space, pricing({"zb-h1"}), 1000, "1000")
+    assert kept.schedules == ("paci", "1f1b") and any(d.startswith("zb-h1: left out") for d in kept.dropped)
+    for heavy in ({"paci"}, {"1f1b", "zb-h1"}):
+        with pytest.raises(ConfigError) as e:
+            drop_over_memory(space, pricing(heavy), 1000, "1000")
+        assert e.value.key == "hardware.memory" and "none of them fits" in e.value.allowed

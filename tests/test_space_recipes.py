@@ -145,7 +145,8 @@ def test_a_search_tunes_the_optimizer_for_every_schedule_and_staleness_for_paci(
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["recommended"]["optimizer"]["name"] == best["run"]["optimizer"]["name"]
     assert best["recommended"]["optimizer"]["betas"] == [0.99, 0.999]
-    assert "optimizer" in best["baseline"] or best["baseline"].get("schedule") == "1f1b"
+    base = best["comparison"]["baseline"]  # the compared synchronous point names its optimizer recipe
+    assert base["schedule"] == "1f1b" and ("[adamw betas=0.99,0.999]" in base["point"] or "[nadam" in base["point"])
 
 
 @pytest.mark.parametrize("live", [False, True])

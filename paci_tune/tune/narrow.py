@@ -59,25 +59,35 @@ def drop_over_memory(space: SearchSpace, predict: Callable[[TrialParams], Memory
     Every schedule's variants of every point are asked (backward weights, chunks, optimizer and staleness
     recipes: each changes what a stage holds). A variant over the cap is answered unrun
     (:meth:`SearchSpace.why_not`) and listed in ``dropped``; a point no schedule can run leaves the
-    space, so no sampler proposes it. A schedule left with nothing is a ConfigError on ``hardware.memory``
-    naming the smallest predicted peak of its points (what the budget would have to hold).
+    space, so no sampler proposes it. A synchronous schedule left with nothing leaves the search (listed in
+    ``dropped``: the shipped spaces name every schedule, and one that holds more per device may fit nowhere);
+    PACI left with nothing, or every synchronous schedule, is a ConfigError on ``hardware.memory`` naming
+    the smallest predicted peak of its points (what the budget would have to hold).
     """
     over: list[MemoryDrop] = []
     fits: set[tuple[int, int, int]] = set()
+    left_out: dict[str, MemoryDrop] = {}
     for schedule in space.schedules:
         variants = [q for q in space.grid_variants(schedule) if space.why_not(q) is None]
         predicted = [predict(q) for q in variants]
         if predicted and all(d.peak_bytes > cap for d in predicted):
-            least = min(predicted, key=lambda d: d.peak_bytes)
+            left_out[schedule] = min(predicted, key=lambda d: d.peak_bytes)
+        over += [d for d in predicted if d.peak_bytes > cap]
+        fits |= {(d.params.stages, d.params.window, d.params.microbatch_size) for d in predicted if d.peak_bytes <= cap}
+    sync = [s for s in space.schedules if s != "paci"]
+    for schedule, least in left_out.items():
+        if schedule == "paci" or all(s in left_out for s in sync):  # no PACI, or no baseline left to compare with
             raise ConfigError("hardware.memory", written, f"at least {format_bytes(least.peak_bytes)}, the smallest "
                               f"predicted peak of {schedule}'s points ({least.params.label()}, stage {least.stage}); "
                               f"none of them fits {format_bytes(cap)}")  # fmt: skip
-        over += [d for d in predicted if d.peak_bytes > cap]
-        fits |= {(d.params.stages, d.params.window, d.params.microbatch_size) for d in predicted if d.peak_bytes <= cap}
+    gone = tuple(f"{s}: left out of the search, none of its points fits {format_bytes(cap)} (its leanest, "
+                 f"{d.params.label()}, is predicted at {format_bytes(d.peak_bytes)} on stage {d.stage})"
+                 for s, d in left_out.items())  # fmt: skip
     points = {(p, a, b) for p, a, b in space.points if (p, a, b) in fits} if space.points else fits
     return dataclasses.replace(
         space, points=frozenset(points), over_memory=tuple(over), memory_bytes=cap,
-        dropped=space.dropped + tuple(d.reason() for d in over),
+        schedules=tuple(s for s in space.schedules if s not in left_out),
+        dropped=space.dropped + tuple(d.reason() for d in over) + gone,
         stages=tuple(sorted({p for p, _, _ in points})), microbatch_size=tuple(sorted({b for _, _, b in points})),
     )  # fmt: skip
 

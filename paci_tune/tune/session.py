@@ -99,6 +99,7 @@ def open_search(
         raise Failure(f"opening the study storage {shown(storage_url)}", _storage_reason(e)) from e
     profile = profile_for(tune, space, work, log)
     space = drop_over_budget(tune, space, profile)  # hardware.memory: every schedule's points predicted above it
+    studies = {s: st for s, st in studies.items() if s in space.schedules}  # a schedule nothing fits is left out
     space = drop_unfit(tune, space, profile)  # after the fingerprint: it depends on this machine's free memory
     if log:
         for why in space.dropped:
