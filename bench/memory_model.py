@@ -168,8 +168,10 @@ def main() -> None:
     head = f"{'P':>2} {'precision':9} {'schedule':13} {'stage':>5} {'predicted MiB':>13} {'measured MiB':>12}"
     print(f"{head} {'error':>7}")
     for r in rows:
-        print(f"{r['P']:>2} {r['precision']:9} {r['schedule']:13} {r['stage']:>5} {r['predicted'] / 2**20:>13.2f} "
-              f"{r['measured'] / 2**20:>12.2f} {r['error']:>+7.1%}")
+        print(
+            f"{r['P']:>2} {r['precision']:9} {r['schedule']:13} {r['stage']:>5} {r['predicted'] / 2**20:>13.2f} "
+            f"{r['measured'] / 2**20:>12.2f} {r['error']:>+7.1%}"
+        )
     worst = max(abs(r["error"]) for r in rows)
     print(f"worst |error| {worst:.1%} (bar {TOLERANCE:.0%})")
     print(json.dumps({"rows": rows, "worst": worst}))

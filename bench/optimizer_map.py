@@ -267,8 +267,10 @@ def main() -> None:
     (out / "map.md").write_text(text)
     draw(res, args, out / "map.png")
     print(text)
-    print(f"{doc['command']}: {len(runs)} runs, {doc['seconds']} s ({doc['run_seconds']} s of runs); "
-          f"wrote {out}/map.{{json,md,png}}")
+    print(
+        f"{doc['command']}: {len(runs)} runs, {doc['seconds']} s ({doc['run_seconds']} s of runs); "
+        f"wrote {out}/map.{{json,md,png}}"
+    )
 
 
 if __name__ == "__main__":

@@ -5,51 +5,56 @@ faster than the fastest 1F1B-flush configuration at global batch 128 and 1.41x a
 1.48x against flush at the same micro-batch count -- so the gain is larger at the smaller batch,
 where flush's bubble is a larger share of its step. Here, the same protocol at CPU scale:
 
-- a GPT of 8 blocks (10 units: embedding, blocks, head) cut into P = 8 stages, trained on the
+- a GPT of 14 blocks (16 units: embedding, blocks, head) cut into P = 8 stages, trained on the
   built-in corpus with exact numerics (emulated runtime) and timed on the **sim clock**: 8 devices
-  of this machine's measured profile, each stage as its own device;
-- two global batches G and 2G (the paper's 1:2), the same sim-clock budget, validation set and
-  seeds for every run, the LR decaying over the budget;
-- flush tuned over its micro-batch count m and the LR, PACI over its window a and the LR (the
-  micro-batch is G / a for both: the same grid), 3 seeds per point;
-- each distinct curve trained once (issue 39, :func:`simrun.train_shared`): flush and the synchronous
-  baselines of one batch, LR, seed and optimizer train plain gradient accumulation over the global batch,
-  one curve whatever m; it is trained once and read at each layout's own sim clock, as a search answers
-  shared trials. Every run's LR decays over its class's horizon in steps (the most steps one of its
-  layouts fits in the budget) and its data are drawn sequence by sequence (``data.draw: sequence``);
-  each PACI (a, semantics) is its own curve;
-- per batch, the target is the validation loss the best flush point (lowest median loss at 2/3 of
-  the budget) has at 2/3 of the budget, so the fastest flush reaches it at about two thirds;
-- each point's score is its mean over seeds of the time to target (linearly interpolated between
-  validations; a miss scores as the search does, more than the budget); PACI's speedup is
-  flush's mean over PACI's, with a paired percentile-bootstrap 95% interval over the seeds, against
-  the best flush point and against flush at PACI's micro-batch count (its best LR there).
+  of this machine's measured profile, each stage as its own device. 16 units is what interleaved
+  1F1B needs at P = 8 (v = 2 chunks a stage, one unit a chunk);
+- two global batches G and 2G (the paper's 1:2), the same sim-clock budget and validation set for
+  every run, the LR decaying over the budget, every run warm-started (``--warm-start``) from a
+  checkpoint of AdamW 1F1B-flush at P = 1 past the loss plateau;
+- every schedule tuned over the same grid: micro-batch size b (window / micro-batch count G / b),
+  the optimizer (``--optimizers``, default AdamW and Muon) and, for each optimizer, the LR (``--lrs``,
+  ``--opt-lrs``). The synchronous schedules are 1F1B-flush and ``--baselines`` (default ZB-H1 and
+  interleaved 1F1B with 2 chunks a stage); PACI runs under each ``--backward-weights`` semantics;
+- **search, then report on fresh seeds.** Every grid point trains on the search seeds
+  (``--search-seeds``). The target is set there (per batch, the validation loss the best flush point
+  -- lowest median loss at 2/3 of the budget -- has at 2/3 of the budget), and each schedule's best
+  point per optimizer is chosen there (lowest mean score: time to target, a miss scored as the search
+  does, :func:`paci_tune.tune.objective.score`). Then only the chosen points train again on the fresh
+  seeds (``--seeds``, disjoint from the search seeds), and every reported ratio and interval is on the
+  fresh seeds alone: the pick's optimism does not reach the figures;
+- **the interval**: per fresh seed, r = the baseline's score over PACI's; a paired t-test on log r
+  (:class:`paci_tune.tune.comparison.Design`, one look at all fresh seeds: a plain 95% t-interval),
+  the speedup its geometric mean. A fresh seed on which either compared run missed the target is
+  censored: the comparison is then ``undecided`` with no interval;
+- PACI is compared, per optimizer, with the strongest synchronous point on that optimizer (lowest
+  search mean among flush's, ZB-H1's and interleaved's bests, flush first on a tie: No Train No Gain,
+  beat the strongest baseline, not the easiest), with each synchronous schedule's best, and with
+  flush at PACI's micro-batch count (its best LR there: the paper's second comparison); and, "each
+  schedule on its best optimizer", PACI's best over every optimizer with the strongest synchronous
+  point over every optimizer.
 
-The synchronous baselines (``--baselines``, default ``zb-h1``) are tuned like flush, over the same
-grid, LRs and seeds: ZB-H1 computes flush's gradients and is timed on its own simulated timeline
-(its B and W halves from the profile), so its runs differ from flush's only in the clock. The
-"strongest synchronous" column compares PACI with the best of flush and the baselines, as a search's
-best.yaml does (No Train No Gain: beat the strongest baseline, not the easiest). Interleaved 1F1B
-needs ``v * P`` chunks: at P = 8 that is 16 or more units, and this model has 10, so it is left out
-here (``--baselines interleaved`` with ``--stages 4`` runs it).
+Each distinct curve is trained once (issue 39, :func:`simrun.train_shared`): the synchronous schedules
+of one batch, LR, seed and optimizer train plain gradient accumulation over the global batch, one curve
+whatever the schedule and micro-batch count, read at each layout's own sim clock; each PACI (a,
+semantics) is its own curve. Every run's LR decays over its class's horizon in steps (the most steps
+one of its layouts fits in the budget), so a synchronous curve on a fresh seed is trained with every
+layout of its class, as on the search seeds (the same horizon, the same LR schedule), and only the
+chosen layouts are read. Finished curves are kept in ``--workdir``, so a killed bench resumes where it
+stopped; ``--plan`` says how many runs and curves a configuration costs before training any.
 
-PACI runs under each ``--backward-weights`` semantics (``forward``: every backward reads the weights
-its forward used, as the reference code's autocast casts did; ``current``: the weights of now), each
-compared with the same flush runs, side by side.
-
-The best points are picked on the same seeds the ratio is measured on, as a grid search's winner
-is: an optimistic pick for both schedules alike. Finished runs are kept in ``--workdir``, so a killed
-bench resumes where it stopped.
-
-    python bench/paper_scaled.py                 # the table in docs/benchmarks.md (~1 h on a 2-core CPU)
-    python bench/paper_scaled.py --quick         # seconds: a tiny model on 4 stages, 2 seeds (CI)
+    python bench/paper_scaled.py --plan          # the cost: runs and distinct curves
+    python bench/paper_scaled.py                 # the table in docs/benchmarks.md (hours on a 2-core CPU)
+    python bench/paper_scaled.py --quick         # a minute: a tiny model on 4 stages (CI)
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
+import math
 import statistics
 import sys
 import time
@@ -61,9 +66,8 @@ from simrun import Layout, curve_class, first_reach, run_pool, train_shared, war
 from paci_tune.calibrate import calibrate
 from paci_tune.calibrate.cache import measured_profile
 from paci_tune.config import derive_run
+from paci_tune.tune.comparison import Design
 from paci_tune.tune.objective import score
-from paci_tune.tune.rounds import paired_ratio
-from paci_tune.verdict.confirm import verdict
 
 OPTIMIZERS: dict[str, dict[str, Any]] = {
     "adamw": {"optimizer.name": "adamw", "optimizer.betas": [0.9, 0.95]},
@@ -74,7 +78,7 @@ OPTIMIZERS: dict[str, dict[str, Any]] = {
 literature's high momentum, Muon on the hidden matrices (AdamW on the rest)."""
 PAPER = {"small": {"batch": 128, "best": 1.69, "same_m": 1.83}, "large": {"batch": 256, "best": 1.41, "same_m": 1.48}}
 FULL: dict[str, Any] = {
-    "model": {"preset": "tiny", "n_layer": 8, "d_model": 64, "n_head": 2, "block_size": 64},
+    "model": {"preset": "tiny", "n_layer": 14, "d_model": 64, "n_head": 2, "block_size": 64},
     "data": {"source": "stdlib"},
     "training": {"seed": 0, "eval_sequences": 128},
     "optimizer": {"name": "adamw", "betas": [0.9, 0.95], "weight_decay": 0.1},
@@ -82,15 +86,20 @@ FULL: dict[str, Any] = {
     "pipeline": {"runtime": "emulated", "device": "cpu"},
 }
 QUICK: dict[str, Any] = {
-    "model": {"preset": "tiny", "n_layer": 2, "d_model": 32, "n_head": 2, "block_size": 16},
+    "model": {"preset": "tiny", "n_layer": 6, "d_model": 32, "n_head": 2, "block_size": 16},
     "data": {"source": "synthetic", "vocab_size": 32, "branching": 4, "n_train": 20_000, "n_val": 2_000},
     "training": {"seed": 0, "eval_sequences": 16},
     "optimizer": {"name": "adamw"},
     "lr_schedule": {"warmup_fraction": 0.0, "min_ratio": 0.1},
     "pipeline": {"runtime": "emulated", "device": "cpu"},
 }
+"""The quick mode's model: 8 units, so interleaved (v = 2) fits its P = 4."""
+SYNC_ORDER = ("1f1b", "zb-h1", "interleaved")
+"""The synchronous schedules, flush first: the order ties between them break in."""
+NAMES = {"paci": "PACI", "1f1b": "flush"}
 
 
+# ------------------------------------------------------------------------------------ the runs
 def _layout(warm: dict[int, str], task: dict[str, Any]) -> tuple[dict[str, Any], Layout]:
     """A task's base (its global batch) and layout, from the warm checkpoint of its batch if any."""
     extra: dict[str, Any] = {"pipeline.backward_weights": task["bw"]} if "bw" in task else {}
@@ -104,9 +113,9 @@ def _layout(warm: dict[int, str], task: dict[str, Any]) -> tuple[dict[str, Any],
 
 def classes(base: dict[str, Any], profile: str, seconds: float, grid: int, warm: dict[int, str],
             tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
-    """The tasks grouped by the curve they train (:func:`simrun.curve_class`): flush and the synchronous
-    baselines of one batch, LR, seed and optimizer are one curve whatever their micro-batch count; each
-    PACI (a, semantics) its own."""
+    """The tasks grouped by the curve they train (:func:`simrun.curve_class`): the synchronous schedules of
+    one batch, LR, seed and optimizer are one curve whatever their micro-batch count; each PACI (a,
+    semantics) its own. Groups keep the tasks' order."""
     groups: dict[str | None, list[dict[str, Any]]] = {}
     for t in tasks:
         _, lay = _layout(warm, t)
@@ -130,195 +139,419 @@ def _one(base: dict[str, Any], profile: str, seconds: float, grid: int, warm: di
 def _describe(rec: dict[str, Any]) -> str:
     r = rec["rows"][0]
     who = ", ".join(f"{m['schedule']} a={m['a']}" for m in rec["rows"])
-    return (f"G={r['G']} {r.get('bw', ''):7s} lr={r['lr']:.3g} seed {r['seed']}: one curve for {who}; "
-            f"{r['steps']} steps, best val {r['best_val_loss']:.4f}, {rec['wall_s']} s wall")  # fmt: skip
+    best = r["best_val_loss"] if r["best_val_loss"] is not None else math.nan
+    return (f"G={r['G']} {r.get('opt', '')} {r.get('bw', ''):7s} lr={r['lr']:.3g} seed {r['seed']}: one curve for "
+            f"{who}; {r['steps']} steps, best val {best:.4f}, {rec['wall_s']} s wall")  # fmt: skip
 
 
+def _key(depends: Any, cls: dict[str, Any]) -> str:
+    """The key :func:`simrun.run_pool` files a curve under (to count, for ``--plan``, what is done)."""
+    return hashlib.sha256(json.dumps([depends, cls], sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def lrs_for(args: argparse.Namespace, opt: str) -> list[float]:
+    """The LR grid of ``opt``: its ``--opt-lrs`` if given, else ``--lrs``."""
+    return args.opt_lrs.get(opt, args.lrs)
+
+
+def grid_points(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """The (G, a) of the grid: every b of ``--microbatch-sizes`` that divides G into 2 or more
+    micro-batches, less ``--skip``."""
+    skip = {tuple(int(x) for x in s.split(":")) for s in args.skip}
+    return [(g, g // b) for g in args.batches for b in args.microbatch_sizes
+            if g % b == 0 and g // b > 1 and (g, b) not in skip]  # fmt: skip
+
+
+def sync_class(args: argparse.Namespace, g: int, lr: float, seed: int, opt: str) -> list[dict[str, Any]]:
+    """Every synchronous layout of one (G, LR, seed, optimizer): one curve, its LR over their horizon."""
+    return [{"G": g, "schedule": s, "P": args.stages, "a": a, "lr": lr, "seed": seed, "opt": opt}
+            for s in ["1f1b", *args.baselines] for gg, a in grid_points(args) if gg == g]  # fmt: skip
+
+
+def paci_task(args: argparse.Namespace, g: int, a: int, lr: float, seed: int, opt: str, bw: str) -> dict[str, Any]:
+    return {"G": g, "schedule": "paci", "bw": bw, "P": args.stages, "a": a, "lr": lr, "seed": seed, "opt": opt}
+
+
+def search_tasks(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every grid point of every schedule on every search seed, seed by seed (a trimmed re-run keeps the
+    seeds it finished)."""
+    tasks: list[dict[str, Any]] = []
+    for seed in args.search_seeds:
+        for opt in args.optimizers:
+            for g in args.batches:
+                for lr in lrs_for(args, opt):
+                    tasks += sync_class(args, g, lr, seed, opt)
+                    tasks += [paci_task(args, gg, a, lr, seed, opt, bw) for bw in args.backward_weights
+                              for gg, a in grid_points(args) if gg == g]  # fmt: skip
+    return tasks
+
+
+def fresh_tasks(args: argparse.Namespace, chosen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chosen points on the fresh seeds: each chosen PACI point's own curve, and each synchronous
+    (G, LR, optimizer) a chosen synchronous point is on, trained with every layout of its class."""
+    paci = sorted({(p["G"], p["a"], p["lr"], p["opt"], p["bw"]) for p in chosen if p["schedule"] == "paci"})
+    sync = sorted({(p["G"], p["lr"], p["opt"]) for p in chosen if p["schedule"] != "paci"})
+    tasks: list[dict[str, Any]] = []
+    for seed in args.seeds:
+        for g, lr, opt in sync:
+            tasks += sync_class(args, g, lr, seed, opt)
+        tasks += [paci_task(args, g, a, lr, seed, opt, bw) for g, a, lr, opt, bw in paci]
+    return tasks
+
+
+# ------------------------------------------------------------------------------------ the analysis
 def loss_at(curve: list[tuple[float, float]], at: float) -> float:
     """The validation loss of the validation nearest to clock ``at``."""
     return min(curve, key=lambda cv: abs(cv[0] - at))[1]
 
 
-def analyse(rows: list[dict], g: int, seconds: float, bw: str) -> dict[str, Any]:
-    """One global batch and PACI semantics: the target, every point's scores per seed, the best points, the ratios.
+def pkey(p: dict[str, Any]) -> tuple:
+    """A point's identity: (G, schedule, a, lr, optimizer, PACI semantics or '')."""
+    return (p["G"], p["schedule"], p["a"], p["lr"], p["opt"], p.get("bw") or "")
 
-    The target depends on flush alone, so it is the same for both semantics.
-    """
-    mine = [r for r in rows if r["G"] == g and r.get("bw", bw) == bw]
-    points: dict[tuple[str, int, float, str], dict[str, Any]] = {}
-    for r in mine:
-        pt = points.setdefault((r["schedule"], r["a"], r["lr"], r.get("opt", "")), {
-            "schedule": r["schedule"], "a": r["a"], "b": r["microbatch_size"], "lr": r["lr"], "runs": {},
-            "opt": r.get("opt", ""), "step_time_s": r["step_time_s"]})  # fmt: skip
-        pt["runs"][r["seed"]] = r
-    flush = [p for p in points.values() if p["schedule"] == "1f1b"]
-    for p in flush:
-        p["loss_at_2_3"] = statistics.median(loss_at(r["curve"], 2 * seconds / 3) for r in p["runs"].values())
-    target = min(p["loss_at_2_3"] for p in flush)
+
+def points_of(rows: list[dict], seeds: list[int]) -> dict[tuple, dict[str, Any]]:
+    """The grid points of ``rows`` on ``seeds``, each with its runs by seed."""
+    points: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        if r["seed"] not in seeds:
+            continue
+        pt = {"G": r["G"], "schedule": r["schedule"], "a": r["a"], "b": r["microbatch_size"], "lr": r["lr"],
+              "opt": r["opt"], "bw": r.get("bw") or "", "step_time_s": r["step_time_s"]}  # fmt: skip
+        points.setdefault(pkey(pt), {**pt, "runs": {}})["runs"][r["seed"]] = r
+    return points
+
+
+def targets(points: dict[tuple, dict[str, Any]], seconds: float) -> dict[int, float]:
+    """Per batch, the validation loss at 2/3 of the budget of the flush point lowest there (median over
+    the search seeds), over every LR and optimizer."""
+    out: dict[int, float] = {}
     for p in points.values():
-        p["times"] = {s: first_reach(r["curve"], target) for s, r in p["runs"].items()}
-        p["scores"] = {s: (t if t is not None else score(None, p["runs"][s]["best_val_loss"], target, seconds))
-                       for s, t in p["times"].items()}  # fmt: skip
+        if p["schedule"] == "1f1b":
+            p["loss_at_2_3"] = statistics.median(loss_at(r["curve"], 2 * seconds / 3) for r in p["runs"].values())
+            out[p["G"]] = min(out.get(p["G"], math.inf), p["loss_at_2_3"])
+    return out
+
+
+def scored(points: dict[tuple, dict[str, Any]], target: dict[int, float], seconds: float) -> None:
+    """Each point's time to target per seed, its score (a miss scored as the search does) and their mean."""
+    for p in points.values():
+        t = target[p["G"]]
+        p["times"] = {s: first_reach(r["curve"], t) for s, r in p["runs"].items()}
+        p["scores"] = {s: (x if x is not None else score(None, p["runs"][s]["best_val_loss"], t, seconds))
+                       for s, x in p["times"].items()}  # fmt: skip
         p["mean"] = statistics.fmean(p["scores"].values())
-        p["reached"] = sum(t is not None for t in p["times"].values())
-    best = {s: min((p for p in points.values() if p["schedule"] == s), key=lambda p: p["mean"])
-            for s in {p["schedule"] for p in points.values()}}  # fmt: skip
-    same_m = min((p for p in flush if p["a"] == best["paci"]["a"]), key=lambda p: p["mean"])
-    # the strongest synchronous baseline: the lowest mean score, flush first on a tie (the paper's)
-    strongest = min((best[s] for s in best if s != "paci"), key=lambda p: (p["mean"], p["schedule"] != "1f1b"))
-    ratios = {}
-    for name, ref in (("best", best["1f1b"]), ("same_m", same_m), ("strongest", strongest)):
-        point, lo, hi = paired_ratio(ref["scores"], best["paci"]["scores"])
-        ratios[name] = {"flush": _label(ref), "speedup": point, "low": lo, "high": hi, "verdict": verdict(lo, hi)}
-    return {"G": g, "bw": bw, "target": target, "best_paci": _label(best["paci"]), "best_flush": _label(best["1f1b"]),
-            "ratios": ratios, "points": [_public(p) for p in points.values()]}  # fmt: skip
+        p["reached"] = sum(x is not None for x in p["times"].values())
 
 
-NAMES = {"paci": "PACI", "1f1b": "flush"}
+def _lowest(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """The lowest mean score, ties broken by the smaller LR, then a, then the optimizer's name."""
+    return min(points, key=lambda p: (p["mean"], p["lr"], p["a"], p["opt"]))
+
+
+def choose(points: dict[tuple, dict[str, Any]], g: int, bw: str, opt: str | None) -> dict[str, dict[str, Any]]:
+    """The chosen points of batch ``g`` for PACI semantics ``bw`` on optimizer ``opt`` (None: every optimizer,
+    each schedule on its best) by their search means: each schedule's best, the strongest synchronous,
+    flush at PACI's window."""
+    mine = [p for p in points.values() if p["G"] == g and (opt is None or p["opt"] == opt)
+            and p["bw"] in ("", bw)]  # fmt: skip
+    best = {s: _lowest([p for p in mine if p["schedule"] == s]) for s in ["paci", *SYNC_ORDER]
+            if any(p["schedule"] == s for p in mine)}  # fmt: skip
+    sync = [best[s] for s in SYNC_ORDER if s in best]
+    strongest = min(sync, key=lambda p: (p["mean"], SYNC_ORDER.index(p["schedule"])))
+    same_m = _lowest([p for p in mine if p["schedule"] == "1f1b" and p["a"] == best["paci"]["a"]])
+    return {**best, "strongest": strongest, "same_m": same_m}
+
+
+def compare(paci: dict[str, Any], base: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+    """PACI's chosen point against a baseline's on the fresh seeds: per seed r = the baseline's score over
+    PACI's; a paired t-test on log r (:class:`Design`, one look at all the seeds); a seed where either
+    run missed the target makes the comparison undecided (a censored time)."""
+    ratios = [base["scores"][s] / paci["scores"][s] for s in seeds]
+    missed = sum(paci["times"][s] is None or base["times"][s] is None for s in seeds)
+    look = Design(len(seeds), len(seeds)).look(ratios, missed)
+    return {"baseline": _label(base), "baseline_schedule": base["schedule"], "paci": _label(paci), "seeds": seeds,
+            "paci_scores": [paci["scores"][s] for s in seeds], "baseline_scores": [base["scores"][s] for s in seeds],
+            "ratios": ratios, "missed": missed, "speedup": look.speedup, "low": look.low, "high": look.high,
+            "verdict": look.verdict, "paci_mean": statistics.fmean(paci["scores"][s] for s in seeds),
+            "baseline_mean": statistics.fmean(base["scores"][s] for s in seeds)}  # fmt: skip
 
 
 def _label(p: dict) -> str:
-    opt = f" {p['opt']}" if p.get("opt") else ""
-    return f"{NAMES.get(p['schedule'], p['schedule'])} a={p['a']} b={p['b']} lr={p['lr']:.3g}{opt}"
+    bw = f" {p['bw']}" if p.get("bw") else ""
+    return f"{NAMES.get(p['schedule'], p['schedule'])}{bw} a={p['a']} b={p['b']} lr={p['lr']:.3g} {p['opt']}"
 
 
 def _public(p: dict) -> dict:
-    keep = ("schedule", "a", "b", "lr", "opt", "step_time_s", "times", "scores", "mean", "reached")
-    return {k: p[k] for k in keep} | {"label": _label(p)}
+    keep = ("G", "schedule", "bw", "a", "b", "lr", "opt", "step_time_s", "mean", "reached")
+    return ({k: p[k] for k in keep} | {"label": _label(p), "scores": {str(s): v for s, v in p["scores"].items()},
+            "times": {str(s): v for s, v in p["times"].items()}})  # fmt: skip
 
 
-def check(rows: list[dict], results: list[dict], seconds: float) -> None:
+def analyse(rows: list[dict], args: argparse.Namespace, seconds: float) -> dict[str, Any]:
+    """The search points, the target, the choices; then, where the fresh seeds' rows are there, the
+    comparisons on them (``results``: one per semantics, optimizer -- or ``best`` -- and batch)."""
+    search = points_of(rows, args.search_seeds)
+    target = targets(search, seconds)
+    scored(search, target, seconds)
+    fresh = points_of(rows, args.seeds)
+    if fresh:
+        scored(fresh, target, seconds)
+    results, chosen = [], []
+    for bw in args.backward_weights:
+        for opt in [*args.optimizers, None]:
+            for g in args.batches:
+                pick = choose(search, g, bw, opt)
+                chosen += pick.values()
+                res: dict[str, Any] = {"G": g, "bw": bw, "opt": opt or "best", "target": target[g],
+                                       "chosen": {k: _label(p) for k, p in pick.items()},
+                                       "search_mean": {k: p["mean"] for k, p in pick.items()},
+                                       "search_reached": {k: p["reached"] for k, p in pick.items()}}  # fmt: skip
+                if fresh:
+                    f = {k: fresh[pkey(p)] for k, p in pick.items()}
+                    res["fresh_mean"] = {k: p["mean"] for k, p in f.items()}
+                    res["fresh_reached"] = {k: p["reached"] for k, p in f.items()}
+                    res["ratios"] = {k: compare(f["paci"], f[k], args.seeds) for k in f if k != "paci"}
+                results.append(res)
+    keep = {pkey(p) for p in chosen}
+    return {"target": target, "results": results, "chosen": chosen,
+            "search_points": [_public(p) for p in search.values()],
+            "fresh_points": [_public(p) for k, p in fresh.items() if k in keep]}  # fmt: skip
+
+
+def check(rows: list[dict], doc: dict[str, Any], seconds: float) -> None:
     """What holds on any machine: PACI's simulated step is never longer than flush's at the same
-    (P, a, b) (no bubble); the best flush reaches its own target inside the budget; every interval
-    holds its point."""
-    by = {(r["G"], r["schedule"], r["a"], r.get("opt")): r["step_time_s"] for r in rows}
+    (G, a, optimizer) (no bubble); the best flush over every optimizer reaches its own target on the
+    search seeds, its mean inside the budget; every
+    interval holds its point; the fresh seeds are not the search seeds."""
+    by = {(r["G"], r["schedule"], r["a"], r["opt"]): r["step_time_s"] for r in rows}
     for (g, s, a, o), t in by.items():
         if s == "paci":
             flush = by[(g, "1f1b", a, o)]
-            assert t <= flush * (1 + 1e-9), f"PACI step {t} > flush's {flush} at G={g} a={a} {o or ''}"
-    for res in results:
-        best = next(p for p in res["points"] if p["label"] == res["best_flush"])
-        assert best["reached"] > 0 and best["mean"] <= seconds * (1 + 1e-9), f"best flush misses its target: {best}"
+            assert t <= flush * (1 + 1e-9), f"PACI step {t} > flush's {flush} at G={g} a={a} {o}"
+    assert not set(doc["search_seeds"]) & set(doc["seeds"]), "fresh seeds must not be search seeds"
+    for res in doc["results"]:
+        if res["opt"] == "best":  # the target is the best flush's (over every optimizer), so it reaches it
+            assert res["search_reached"]["1f1b"] > 0 and res["search_mean"]["1f1b"] <= seconds * (1 + 1e-9), res
         for r in res["ratios"].values():
-            assert r["low"] <= r["speedup"] <= r["high"], r
+            assert r["low"] is None or r["low"] <= r["speedup"] <= r["high"], r
 
 
-def markdown(results: list[dict], args: argparse.Namespace) -> str:
-    lines = [f"P = {args.stages} stages on the sim clock, {args.seconds:g} s budget, {len(args.seeds)} seeds per "
-             "point; speedup = flush's mean time to target over PACI's, paired bootstrap 95% interval.\n",
-             "| global batch | PACI's backward weights | target val loss | best PACI | best flush | speedup over best "
-             "flush | paper | speedup over flush at PACI's m | paper | speedup over the strongest synchronous |",
+# ------------------------------------------------------------------------------------ the report
+def _ratio(r: dict) -> str:
+    if r["low"] is None:
+        return f"{r['speedup']:.2f}x, no interval ({r['missed']} seed(s) missed) ({r['verdict']})"
+    return f"{r['speedup']:.2f}x [{r['low']:.2f}, {r['high']:.2f}] ({r['verdict']})"
+
+
+def _short(label: str) -> str:
+    return label.replace("PACI forward ", "PACI ").replace("PACI current ", "PACI ")
+
+
+def _who(res: dict[str, Any], seeds: int, k: str) -> str:
+    """A chosen point, its search and fresh means and its fresh reach."""
+    return (f"{_short(res['chosen'][k])}: {res['search_mean'][k]:.2f} -> {res['fresh_mean'][k]:.2f} s, "
+            f"{res['fresh_reached'][k]}/{seeds}")  # fmt: skip
+
+
+def markdown(doc: dict[str, Any], args: argparse.Namespace) -> str:
+    lines = [f"P = {args.stages} stages on the sim clock, {args.seconds:g} s budget; points chosen on search seeds "
+             f"{args.search_seeds}, reported on fresh seeds {args.seeds}; speedup = geometric mean over the fresh "
+             "seeds of the baseline's time to target over PACI's, 95% paired t-interval on the log ratios "
+             "(none when a compared run missed the target on a fresh seed: undecided).\n",
+             "| backward weights | optimizer | G | target | PACI (search mean -> fresh mean, reached) | strongest "
+             "synchronous (search -> fresh, reached) | speedup over the strongest | per-seed ratios | over best flush "
+             "| over flush at PACI's m |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    papers = {g: paper for g, paper in zip(args.batches, (PAPER["small"], PAPER["large"]), strict=True)}
-    for res in results:
-        paper = papers[res["G"]]
-        r1, r2, r3 = res["ratios"]["best"], res["ratios"]["same_m"], res["ratios"]["strongest"]
-        lines.append(f"| {res['G']} | {res['bw']} | {res['target']:.3f} | {res['best_paci']} | {res['best_flush']} | "
-                     f"{_ratio(r1)} | {paper['best']}x (G={paper['batch']}) | {_ratio(r2)} ({r2['flush']}) | "
-                     f"{paper['same_m']}x | {_ratio(r3)} ({r3['flush']}) |")  # fmt: skip
-    lines += ["", "Every point (mean time to target over seeds; `>` a miss, scored as the search does):", "",
+    for res in doc["results"]:
+        r = res["ratios"]
+        who = functools.partial(_who, res, len(args.seeds))
+        per_seed = ", ".join(f"{x:.2f}" for x in r["strongest"]["ratios"])
+        lines.append(f"| {res['bw']} | {res['opt']} | {res['G']} | {res['target']:.3f} | {who('paci')} | "
+                     f"{who('strongest')} | {_ratio(r['strongest'])} | {per_seed} | {_ratio(r['1f1b'])} | "
+                     f"{_ratio(r['same_m'])} ({_short(res['chosen']['same_m'])}) |")  # fmt: skip
+    lines += ["", "Each schedule's chosen point (search mean over the search seeds, then the fresh seeds' mean and "
+              "reach) and PACI's ratio over it on the fresh seeds:", "",
+              "| backward weights | optimizer | G | schedule | chosen point | search mean (s) | fresh mean (s) | "
+              "fresh reached | PACI over it |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for res in doc["results"]:
+        for k in ["paci", *SYNC_ORDER]:
+            if k not in res["chosen"]:
+                continue
+            rat = _ratio(res["ratios"][k]) if k != "paci" else ""
+            lines.append(f"| {res['bw']} | {res['opt']} | {res['G']} | {NAMES.get(k, k)} | {_short(res['chosen'][k])} "
+                         f"| {res['search_mean'][k]:.2f} | {res['fresh_mean'][k]:.2f} | "
+                         f"{res['fresh_reached'][k]}/{len(args.seeds)} | {rat} |")  # fmt: skip
+    lines += ["", f"Every grid point on the search seeds {args.search_seeds} (mean score; a miss scored as the "
+              "search does):", "",
               "| G | schedule | a (m) | b | lr | optimizer | sim step (s) | reached | mean score (s) |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    seen: set[tuple] = set()
-    for res in results:
-        for p in sorted(res["points"], key=lambda p: (p["schedule"], p["a"], p["lr"], p["opt"])):
-            name = f"paci {res['bw']}" if p["schedule"] == "paci" else p["schedule"]
-            if (res["G"], name, p["a"], p["lr"], p["opt"]) in seen:
-                continue  # the synchronous points appear once, not once per PACI semantics
-            seen.add((res["G"], name, p["a"], p["lr"], p["opt"]))
-            lines.append(f"| {res['G']} | {name} | {p['a']} | {p['b']} | {p['lr']:.3g} | {p['opt'] or 'adamw'} | "
-                         f"{p['step_time_s']:.4f} | {p['reached']}/{len(p['scores'])} | {p['mean']:.2f} |")  # fmt: skip
+    order = {s: i for i, s in enumerate(["paci", *SYNC_ORDER])}
+    for p in sorted(doc["search_points"], key=lambda p: (p["G"], p["opt"], order[p["schedule"]], p["bw"], p["a"],
+                                                           p["lr"])):  # fmt: skip
+        name = f"paci {p['bw']}" if p["schedule"] == "paci" else p["schedule"]
+        lines.append(f"| {p['G']} | {name} | {p['a']} | {p['b']} | {p['lr']:.3g} | {p['opt']} | "
+                     f"{p['step_time_s']:.4f} | {p['reached']}/{len(p['scores'])} | {p['mean']:.2f} |")  # fmt: skip
     for bw in args.backward_weights:
-        lines += ["", f"PACI {bw}: " + direction([r for r in results if r["bw"] == bw])]
+        for opt in [*args.optimizers, "best"]:
+            lines += ["", f"PACI {bw}, {opt}: " + direction([r for r in doc["results"]
+                                                             if r["bw"] == bw and r["opt"] == opt])]  # fmt: skip
     return "\n".join(lines) + "\n"
-
-
-def _ratio(r: dict) -> str:
-    return f"{r['speedup']:.2f}x [{r['low']:.2f}, {r['high']:.2f}] ({r['verdict']})"
 
 
 def direction(results: list[dict]) -> str:
     """Whether the paper's direction (a larger gain at the smaller batch) and size hold here."""
-    small, large = (r["ratios"]["best"] for r in results)
-    if small["low"] > large["high"]:
+    small, large = (r["ratios"]["1f1b"] for r in results)
+    if small["low"] is None or large["low"] is None:
+        d = "undecided: a compared run missed the target on a fresh seed"
+    elif small["low"] > large["high"]:
         d = "holds: the gain at the smaller batch is larger, with disjoint intervals"
     elif small["speedup"] > large["speedup"]:
         d = "points the paper's way (a larger gain at the smaller batch) but the intervals overlap"
     else:
         d = "does not hold: the gain at the smaller batch is not larger"
-    size = {s: f"{r['speedup']:.2f}x" for s, r in zip(("small", "large"), (small, large), strict=True)}
-    return (
-        f"Direction: {d}. Size: {size['small']} and {size['large']} here against the paper's "
-        f"{PAPER['small']['best']}x and {PAPER['large']['best']}x."
-    )
+    return (f"Direction over the best flush: {d}. Size: {small['speedup']:.2f}x and {large['speedup']:.2f}x here "
+            f"against the paper's {PAPER['small']['best']}x and {PAPER['large']['best']}x.")  # fmt: skip
 
 
-WHAT = {"best": "best flush", "same_m": "flush at same m", "strongest": "strongest synchronous"}
+WHAT = {"1f1b": "best flush", "same_m": "flush at same m", "strongest": "strongest synchronous"}
 
 
-def draw(results: list[dict], path: Path) -> None:
+def draw(doc: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(3.5 * len(results), 3.6))
+    results = doc["results"]
+    fig, ax = plt.subplots(figsize=(1.9 * len(results) + 1, 3.8))
     labels, x = [], 0.0
     papers = {g: paper for g, paper in zip(sorted({r["G"] for r in results}), (PAPER["small"], PAPER["large"]),
                                            strict=True)}  # fmt: skip
+    paper_key = {"1f1b": "best", "same_m": "same_m"}
     for res in results:
         paper = papers[res["G"]]
-        for name, color in (("best", "tab:blue"), ("same_m", "tab:green"), ("strongest", "tab:red")):
+        for name, color in (("1f1b", "tab:blue"), ("same_m", "tab:green"), ("strongest", "tab:red")):
             r, what = res["ratios"][name], WHAT[name]
-            ax.errorbar([x], [r["speedup"]], yerr=[[r["speedup"] - r["low"]], [r["high"] - r["speedup"]]], fmt="o",
-                        color=color, capsize=4, label=f"here: vs {what}")  # fmt: skip
-            if name in paper:  # the paper compared with flush only
-                ax.plot([x + 0.25], [paper[name]], marker="*", markersize=11, color=color, alpha=0.5,
+            if r["low"] is not None:
+                ax.errorbar([x], [r["speedup"]], yerr=[[r["speedup"] - r["low"]], [r["high"] - r["speedup"]]], fmt="o",
+                            color=color, capsize=4, label=f"here: vs {what}")  # fmt: skip
+            else:
+                ax.plot([x], [r["speedup"]], marker="x", color=color, linestyle="none", label=f"here: vs {what}")
+            if name in paper_key:  # the paper compared with flush only
+                ax.plot([x + 0.25], [paper[paper_key[name]]], marker="*", markersize=10, color=color, alpha=0.5,
                         linestyle="none", label=f"paper: vs {what}")  # fmt: skip
             x += 1
-        labels.append((x - 2, f"G={res['G']} {res['bw']}\n(paper {paper['batch']})"))
+        labels.append((x - 2, f"G={res['G']} {res['opt']}\n{res['bw']}"))
         x += 0.5
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xticks([p for p, _ in labels], [t for _, t in labels])
+    ax.set_xticks([p for p, _ in labels], [t for _, t in labels], fontsize=7)
     ax.set_ylabel("PACI speedup in time to target")
     handles, names = ax.get_legend_handles_labels()
     uniq = dict(zip(names, handles, strict=True))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="upper right")
-    ax.set_title("PACI over synchronous baselines, 8 stages, sim clock (bars: 95% bootstrap over seeds)", fontsize=9)
+    ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="best")
+    ax.set_title("PACI over synchronous baselines on fresh seeds, sim clock (bars: 95% paired t-interval; "
+                 "x: a miss, no interval)", fontsize=8)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def main() -> None:
+# ------------------------------------------------------------------------------------ main
+def _opt_lrs(spec: str) -> tuple[str, list[float]]:
+    name, _, lrs = spec.partition("=")
+    if name not in OPTIMIZERS or not lrs:
+        raise argparse.ArgumentTypeError(f"OPT=LR,LR,... with OPT one of {list(OPTIMIZERS)}: {spec!r}")
+    return name, [float(x) for x in lrs.split(",")]
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs=2, default=[16, 32], help="The two global batches (paper: 1:2).")
-    ap.add_argument("--microbatch-sizes", type=int, nargs="+", default=[8, 4, 2],
-                    help="Micro-batch sizes b tried (window / micro-batch count G / b).")  # fmt: skip
-    ap.add_argument("--lrs", type=float, nargs="+", default=[4e-3, 8e-3], help="Peak LRs tried by both schedules.")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--backward-weights", nargs="+", default=["forward", "current"], choices=["forward", "current"],
-                    help="PACI's semantics, each against the same flush runs (pipeline.backward_weights).")  # fmt: skip
-    ap.add_argument("--baselines", nargs="*", default=["zb-h1"], choices=["zb-h1", "interleaved"],
+    ap.add_argument(
+        "--microbatch-sizes",
+        type=int,
+        nargs="+",
+        default=[4, 2, 1],
+        help="Micro-batch sizes b tried (window / micro-batch count G / b). b = 8 (a = 2 at G = 16) "
+        "is left out by default: no schedule reached the target there in earlier tables.",
+    )
+    ap.add_argument("--skip", nargs="*", default=[], metavar="G:b", help="Grid points left out, e.g. 32:1.")
+    ap.add_argument(
+        "--lrs",
+        type=float,
+        nargs="+",
+        default=[2e-3, 4e-3, 8e-3],
+        help="Peak LRs tried by every schedule on every optimizer without its own --opt-lrs.",
+    )
+    ap.add_argument("--opt-lrs", type=_opt_lrs, nargs="*", default=[], metavar="OPT=LR,LR",
+                    help="An optimizer's own LR grid, e.g. muon=2e-3,4e-3,8e-3.")  # fmt: skip
+    ap.add_argument(
+        "--search-seeds",
+        type=int,
+        nargs="+",
+        default=[0, 1, 2],
+        help="Seeds every grid point trains on; the best points and the target are chosen on them.",
+    )
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[3, 4, 5, 6, 7, 8],
+        help="Fresh seeds the chosen points train on again; every reported ratio is on these alone.",
+    )
+    ap.add_argument(
+        "--backward-weights",
+        nargs="+",
+        default=["forward"],
+        choices=["forward", "current"],
+        help="PACI's semantics, each against the same synchronous runs (pipeline.backward_weights).",
+    )
+    ap.add_argument("--baselines", nargs="*", default=["zb-h1", "interleaved"], choices=["zb-h1", "interleaved"],
                     help="Synchronous schedules tuned beside flush (interleaved runs 2 chunks a stage).")  # fmt: skip
     ap.add_argument("--stages", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=8.0, help="Budget per run on the sim clock.")
     ap.add_argument("--grid", type=int, default=10, help="Validations over the budget.")
-    ap.add_argument("--jobs", type=int, default=2, help="Runs trained at once (one thread each).")
+    ap.add_argument("--jobs", type=int, default=2, help="Curves trained at once (one thread each).")
     ap.add_argument("--workdir", default="paci-bench-paper", help="The profile and the finished runs.")
     ap.add_argument("--out", default="runs/paper", help="Folder for paper.json, paper.md and paper.png.")
-    ap.add_argument("--optimizers", nargs="+", default=None, choices=list(OPTIMIZERS),
-                    help="Tune every schedule over these optimizers too (each schedule on its best; default: the "
-                         "base config's AdamW).")  # fmt: skip
-    ap.add_argument("--warm-start", type=int, default=None, metavar="STEPS",
-                    help="Start every run from a checkpoint of STEPS global batches of 1F1B-flush at P = 1 (one "
-                         "per global batch, at the first LR), past the loss plateau, as a warm-started search does.")
-    ap.add_argument("--quick", action="store_true", help="A tiny model on 4 stages, 2 seeds: a smoke run.")
-    args = ap.parse_args()
-    base = QUICK if args.quick else FULL
+    ap.add_argument(
+        "--optimizers",
+        nargs="+",
+        default=["adamw", "muon"],
+        choices=list(OPTIMIZERS),
+        help="Every schedule tries each; results per optimizer and each schedule on its best.",
+    )
+    ap.add_argument(
+        "--warm-start",
+        type=int,
+        default=100,
+        metavar="STEPS",
+        help="Start every run from a checkpoint of STEPS global batches of AdamW 1F1B-flush at P = 1 "
+        "(one per global batch, at --warm-lr), past the loss plateau (0: from scratch).",
+    )
+    ap.add_argument("--warm-lr", type=float, default=4e-3, help="The warm-up's LR.")
+    ap.add_argument("--plan", action="store_true", help="Say how many runs and distinct curves, then stop.")
+    ap.add_argument("--quick", action="store_true", help="A tiny model on 4 stages: a smoke run (CI).")
+    args = ap.parse_args(argv)
+    args.opt_lrs = dict(args.opt_lrs)
     if args.quick:
-        args.batches, args.microbatch_sizes, args.lrs, args.seeds = [4, 8], [2, 1], [3e-3], [0, 1]
-        args.stages, args.seconds, args.grid, args.jobs = 4, 0.06, 4, 1
+        args.batches, args.microbatch_sizes, args.lrs, args.opt_lrs = [4, 8], [2, 1], [3e-3, 6e-3], {}
+        args.search_seeds, args.seeds, args.skip = [0, 1], [2, 3, 4], []
+        args.stages, args.seconds, args.grid, args.jobs, args.warm_start = 4, 0.12, 4, 1, 3
+    if set(args.seeds) & set(args.search_seeds):
+        ap.error(f"--seeds {args.seeds} must be disjoint from --search-seeds {args.search_seeds}")
+    if len(args.seeds) < 2:
+        ap.error("a paired t-test needs 2 or more fresh --seeds (6 or more for a useful interval)")
+    return args
+
+
+def main() -> None:
+    args = parse()
+    base = QUICK if args.quick else FULL
+    units = base["model"]["n_layer"] + 2
+    if "interleaved" in args.baselines and units < 2 * args.stages:
+        sys.exit(f"interleaved (2 chunks a stage) needs 2 x {args.stages} units; the model has {units}")
     t0 = time.time()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -326,48 +559,86 @@ def main() -> None:
     probe = derive_run({**base, "training": {**base["training"], "global_batch": args.batches[0]}}, {
         "pipeline.stages": args.stages, "pipeline.microbatch_size": sizes[0], "training.steps": 1})  # fmt: skip
     log = lambda m: print(f"  profile: {m}", file=sys.stderr)  # noqa: E731
-    timed = [derive_run(probe.to_doc(), OPTIMIZERS[o]).optimizer for o in args.optimizers or []]  # each one's step
+    timed = [derive_run(probe.to_doc(), OPTIMIZERS[o]).optimizer for o in args.optimizers]  # each one's step
     if args.quick:
-        prof = calibrate(probe, microbatch_sizes=sizes, repeats=1, warmup=0, processes=1, p2p_repeats=3, log=log,
-                         optimizers=timed)  # fmt: skip
         profile = work / "quick.yaml"
-        prof.save(profile)
+        if not profile.is_file():
+            calibrate(probe, microbatch_sizes=sizes, repeats=1, warmup=0, processes=1, p2p_repeats=10, log=log,
+                      optimizers=timed).save(profile)  # fmt: skip
     else:
         _, profile = measured_profile(probe, microbatch_sizes=sizes, path=work / "profile.yaml", log=log,
                                       optimizers=timed)  # fmt: skip
+    depends = [base, profile.read_text(), args.seconds, args.grid, args.warm_start or None]
+    search = search_tasks(args)
+    if args.plan:
+        plan(args, base, profile, depends, search, work / "curves.jsonl")
+        return
     warm: dict[int, str] = {}
     for g in args.batches if args.warm_start else []:
-        run_base = {**base, "training": {**base["training"], "global_batch": g}}
-        folder = work / f"warm-G{g}-{args.warm_start}-lr{args.lrs[0]:g}"
-        warm[g] = warm_checkpoint(run_base, args.warm_start, folder, {"optimizer.lr": args.lrs[0]}, log)
-    points = [(g, g // b) for g in args.batches for b in args.microbatch_sizes if g % b == 0 and g // b > 1]
-    opts: list[dict[str, str]] = [{"opt": o} for o in args.optimizers] if args.optimizers else [{}]
-    tasks = [{"G": g, "schedule": sched, "P": args.stages, "a": a, "lr": lr, "seed": seed, **o}
-             for sched in ["1f1b", *args.baselines]
-             for g, a in points for lr in args.lrs for seed in args.seeds for o in opts]  # fmt: skip
-    tasks += [{"G": g, "schedule": "paci", "bw": bw, "P": args.stages, "a": a, "lr": lr, "seed": seed, **o}
-              for bw in args.backward_weights for g, a in points for lr in args.lrs for seed in args.seeds
-              for o in opts]  # fmt: skip
-    curves = classes(base, str(profile), args.seconds, args.grid, warm, tasks)
-    print(f"{len(tasks)} runs of {len(curves)} distinct curves: each curve trained once", file=sys.stderr)
-    done = run_pool(curves, functools.partial(_one, base, str(profile), args.seconds, args.grid, warm),
-                    log=work / "curves.jsonl", jobs=args.jobs, describe=_describe,
-                    depends=[base, profile.read_text(), args.seconds, args.grid, args.warm_start])  # fmt: skip
-    rows = [row for rec in done for row in rec["rows"]]
-    results = [analyse(rows, g, args.seconds, bw) for bw in args.backward_weights for g in args.batches]
-    check(rows, results, args.seconds)
+        folder = work / f"warm-G{g}-{args.warm_start}-lr{args.warm_lr:g}"
+        warm[g] = warm_checkpoint(_base_for(base, g), args.warm_start, folder, {"optimizer.lr": args.warm_lr}, log)
+    train = functools.partial(_one, base, str(profile), args.seconds, args.grid, warm)
+    pool = functools.partial(run_pool, fn=train, log=work / "curves.jsonl", jobs=args.jobs, describe=_describe,
+                             depends=depends)  # fmt: skip
+    curves = classes(base, str(profile), args.seconds, args.grid, warm, search)
+    print(f"search: {len(search)} runs of {len(curves)} distinct curves on seeds {args.search_seeds}", file=sys.stderr)
+    rows = [row for rec in pool(curves) for row in rec["rows"]]
+    picked = analyse(rows, args, args.seconds)
+    fresh = fresh_tasks(args, picked["chosen"])
+    again = classes(base, str(profile), args.seconds, args.grid, warm, fresh)
+    print(f"fresh: {len(fresh)} runs of {len(again)} distinct curves on seeds {args.seeds}", file=sys.stderr)
+    rows += [row for rec in pool(again) for row in rec["rows"]]
+    found = analyse(rows, args, args.seconds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     took = round(time.time() - t0, 1)
     doc = {"command": "python bench/paper_scaled.py " + " ".join(sys.argv[1:]), "took_s": took,
-           "model": base["model"], "stages": args.stages, "seconds": args.seconds, "seeds": args.seeds,
-           "paper": PAPER, "results": results}  # fmt: skip
+           "model": base["model"], "stages": args.stages, "seconds": args.seconds, "batches": args.batches,
+           "search_seeds": args.search_seeds, "seeds": args.seeds, "optimizers": args.optimizers,
+           "lrs": {o: lrs_for(args, o) for o in args.optimizers}, "microbatch_sizes": args.microbatch_sizes,
+           "baselines": ["1f1b", *args.baselines], "warm_start": args.warm_start,
+           "plan": {"search_runs": len(search), "search_curves": len(curves), "fresh_runs": len(fresh),
+                    "fresh_curves": len(again)},
+           "method": "paired t-test on log time ratios over the fresh seeds (Design(n, n).look: one look, 95%)",
+           "paper": PAPER, "targets": found["target"], "results": found["results"],
+           "search_points": found["search_points"], "fresh_points": found["fresh_points"]}  # fmt: skip
     (out / "paper.json").write_text(json.dumps(doc, indent=1))
-    text = markdown(results, args)
+    text = markdown(doc, args)
     (out / "paper.md").write_text(text)
-    draw(results, out / "paper.png")
+    draw(doc, out / "paper.png")
+    check(rows, doc, args.seconds)  # after writing: a failed check leaves its figures to read
     print(text)
     print(f"{doc['command']}: {took:.0f} s; wrote {out}/paper.{{json,md,png}}")
+
+
+def plan(args: argparse.Namespace, base: dict[str, Any], profile: Path, depends: Any, search: list[dict[str, Any]],
+         log: Path) -> None:  # fmt: skip
+    """The cost before training: the search's runs and distinct curves (and how many are done), the fresh
+    seeds' bounds (exact once the search is done)."""
+    curves = classes(base, str(profile), args.seconds, args.grid, {}, search)  # one checkpoint a batch: same classes
+    done: dict[str, dict] = {}
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        try:
+            rec = json.loads(line)
+            done[rec["key"]] = rec
+        except (json.JSONDecodeError, KeyError):
+            continue
+    have = sum(_key(depends, c) in done for c in curves)
+    n, per = len(args.seeds), len(args.batches) * len(args.optimizers)
+    paci = per * len(args.backward_weights) * n
+    hi = sum(min(len(lrs_for(args, o)), 3 + 2 * len(args.backward_weights)) for o in args.optimizers) * n
+    print(f"search: {len(search)} runs of {len(curves)} distinct curves ({have} done) on seeds {args.search_seeds}")
+    print(f"fresh: {paci} PACI curves and {len(args.batches) * n} to {len(args.batches) * hi} synchronous curves "
+          f"on seeds {args.seeds} (one a chosen (G, LR, optimizer) a seed)")  # fmt: skip
+    if have == len(curves):
+        rows = [row for c in curves for row in done[_key(depends, c)]["rows"]]
+        fresh = fresh_tasks(args, analyse(rows, args, args.seconds)["chosen"])
+        again = classes(base, str(profile), args.seconds, args.grid, {}, fresh)
+        print(f"fresh, as chosen: {len(fresh)} runs of {len(again)} distinct curves "
+              f"({sum(_key(depends, c) in done for c in again)} done)")  # fmt: skip
+    walls = [rec["wall_s"] for rec in done.values() if "wall_s" in rec]
+    if walls:
+        print(f"the {len(walls)} curves in {log} took {statistics.fmean(walls):.0f} s wall each on average")
 
 
 if __name__ == "__main__":

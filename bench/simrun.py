@@ -91,8 +91,9 @@ def warm_checkpoint(base: dict[str, Any], steps: int, folder: Path, overrides: d
     from paci_tune.config import derive_doc
     from paci_tune.tune.warm import ensure, warm_up_run
 
-    doc = derive_doc(base, {"pipeline.stages": 1, "pipeline.partition": "auto", "hardware.memory": None,
-                            **(overrides or {})})  # P = 1: a bench's warm-up holds no device budget
+    doc = derive_doc(
+        base, {"pipeline.stages": 1, "pipeline.partition": "auto", "hardware.memory": None, **(overrides or {})}
+    )  # P = 1: a bench's warm-up holds no device budget
     ramp = doc["lr_schedule"].get("warmup_fraction", 0.0)
     done = ensure(warm_up_run(doc, steps, folder, "emulated", ramp), "--warm-start", log)
     return str(done["checkpoint"])

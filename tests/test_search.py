@@ -110,9 +110,11 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     trial_dir = tmp_path / "work" / "trials" / f"model.{schedule}" / f"trial-{trial.number:04d}"
     want = _metrics_losses(trial_dir / "metrics.jsonl")
     replayed = tmp_path / "replay.jsonl"
-    check_ok(run([sys.executable, "-m", "paci_tune.cli", "apply", str(tmp_path / "best.yaml"), "--no-live",
-                  "--metrics", str(replayed), "--checkpoint-dir", str(tmp_path / "replay-ckpt")]))  # fmt: skip
+    applied = run([sys.executable, "-m", "paci_tune.cli", "apply", str(tmp_path / "best.yaml"), "--no-live",
+                   "--metrics", str(replayed), "--checkpoint-dir", str(tmp_path / "replay-ckpt")])  # fmt: skip
+    check_ok(applied)
     assert _metrics_losses(replayed)[: len(want)] == want
+    assert f"the search's verdict: {best['verdict']} -- " in applied.stderr  # apply reads the comparison back
 
     # A second run resumes the finished study: no new trial, the same recommendation.
     n_before = sum(len(st.trials) for st in studies(storage).values())
