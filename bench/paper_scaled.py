@@ -17,8 +17,9 @@ where flush's bubble is a larger share of its step. Here, the same protocol at C
   ``--opt-lrs``). The synchronous schedules are 1F1B-flush and ``--baselines`` (default ZB-H1 and
   interleaved 1F1B with 2 chunks a stage); PACI runs under each ``--backward-weights`` semantics;
 - **search, then report on fresh seeds.** Every grid point trains on the search seeds
-  (``--search-seeds``). The target is set there (per batch, the validation loss the best flush point
-  -- lowest median loss at 2/3 of the budget -- has at 2/3 of the budget), and each schedule's best
+  (``--search-seeds``). The target is set there (per batch and optimizer, the validation loss the best
+  flush point on that optimizer -- lowest median loss at 2/3 of the budget -- has at 2/3 of the budget;
+  for "each schedule on its best optimizer", the lowest over the optimizers), and each schedule's best
   point per optimizer is chosen there (lowest mean score: time to target, a miss scored as the search
   does, :func:`paci_tune.tune.objective.score`). Then only the chosen points train again on the fresh
   seeds (``--seeds``, disjoint from the search seeds), and every reported ratio and interval is on the
@@ -222,26 +223,33 @@ def points_of(rows: list[dict], seeds: list[int]) -> dict[tuple, dict[str, Any]]
     return points
 
 
-def targets(points: dict[tuple, dict[str, Any]], seconds: float) -> dict[int, float]:
+def targets(points: dict[tuple, dict[str, Any]], seconds: float, opt: str | None) -> dict[int, float]:
     """Per batch, the validation loss at 2/3 of the budget of the flush point lowest there (median over
-    the search seeds), over every LR and optimizer."""
+    the search seeds), over every LR on optimizer ``opt`` (None: on every optimizer). Each optimizer's
+    comparison has its own target: one that only the other optimizer reaches would censor every run."""
     out: dict[int, float] = {}
     for p in points.values():
-        if p["schedule"] == "1f1b":
-            p["loss_at_2_3"] = statistics.median(loss_at(r["curve"], 2 * seconds / 3) for r in p["runs"].values())
-            out[p["G"]] = min(out.get(p["G"], math.inf), p["loss_at_2_3"])
+        if p["schedule"] == "1f1b" and opt in (None, p["opt"]):
+            at = statistics.median(loss_at(r["curve"], 2 * seconds / 3) for r in p["runs"].values())
+            out[p["G"]] = min(out.get(p["G"], math.inf), at)
     return out
 
 
-def scored(points: dict[tuple, dict[str, Any]], target: dict[int, float], seconds: float) -> None:
-    """Each point's time to target per seed, its score (a miss scored as the search does) and their mean."""
-    for p in points.values():
+def scored(points: dict[tuple, dict[str, Any]], target: dict[int, float], seconds: float,
+           opt: str | None) -> dict[tuple, dict[str, Any]]:  # fmt: skip
+    """The points on optimizer ``opt`` (None: every one), each with its time to target per seed, its score
+    (a miss scored as the search does) and their mean; ``scored_for`` names the target's optimizer."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for k, p in points.items():
+        if opt not in (None, p["opt"]):
+            continue
         t = target[p["G"]]
-        p["times"] = {s: first_reach(r["curve"], t) for s, r in p["runs"].items()}
-        p["scores"] = {s: (x if x is not None else score(None, p["runs"][s]["best_val_loss"], t, seconds))
-                       for s, x in p["times"].items()}  # fmt: skip
-        p["mean"] = statistics.fmean(p["scores"].values())
-        p["reached"] = sum(x is not None for x in p["times"].values())
+        times = {s: first_reach(r["curve"], t) for s, r in p["runs"].items()}
+        scores = {s: (x if x is not None else score(None, p["runs"][s]["best_val_loss"], t, seconds))
+                  for s, x in times.items()}  # fmt: skip
+        out[k] = {**p, "times": times, "scores": scores, "mean": statistics.fmean(scores.values()),
+                  "reached": sum(x is not None for x in times.values()), "scored_for": opt or "best"}  # fmt: skip
+    return out
 
 
 def _lowest(points: list[dict[str, Any]]) -> dict[str, Any]:
@@ -283,40 +291,44 @@ def _label(p: dict) -> str:
 
 
 def _public(p: dict) -> dict:
-    keep = ("G", "schedule", "bw", "a", "b", "lr", "opt", "step_time_s", "mean", "reached")
+    keep = ("G", "schedule", "bw", "a", "b", "lr", "opt", "step_time_s", "mean", "reached", "scored_for")
     return ({k: p[k] for k in keep} | {"label": _label(p), "scores": {str(s): v for s, v in p["scores"].items()},
             "times": {str(s): v for s, v in p["times"].items()}})  # fmt: skip
 
 
 def analyse(rows: list[dict], args: argparse.Namespace, seconds: float) -> dict[str, Any]:
-    """The search points, the target, the choices; then, where the fresh seeds' rows are there, the
-    comparisons on them (``results``: one per semantics, optimizer -- or ``best`` -- and batch)."""
-    search = points_of(rows, args.search_seeds)
-    target = targets(search, seconds)
-    scored(search, target, seconds)
-    fresh = points_of(rows, args.seeds)
-    if fresh:
-        scored(fresh, target, seconds)
+    """The search points, the targets, the choices; then, where the fresh seeds' rows are there, the
+    comparisons on them (``results``: one per semantics, optimizer -- or ``best`` -- and batch). Each
+    optimizer's rows are scored against its own target, ``best``'s against the target over both."""
+    runs, fresh_runs = points_of(rows, args.search_seeds), points_of(rows, args.seeds)
+    target, search, fresh = {}, {}, {}
+    for opt in [*args.optimizers, None]:
+        name = opt or "best"
+        target[name] = targets(runs, seconds, opt)
+        search[name] = scored(runs, target[name], seconds, opt)
+        fresh[name] = scored(fresh_runs, target[name], seconds, opt)
     results, chosen = [], []
     for bw in args.backward_weights:
         for opt in [*args.optimizers, None]:
+            name = opt or "best"
             for g in args.batches:
-                pick = choose(search, g, bw, opt)
+                pick = choose(search[name], g, bw, opt)
                 chosen += pick.values()
-                res: dict[str, Any] = {"G": g, "bw": bw, "opt": opt or "best", "target": target[g],
+                res: dict[str, Any] = {"G": g, "bw": bw, "opt": name, "target": target[name][g],
                                        "chosen": {k: _label(p) for k, p in pick.items()},
                                        "search_mean": {k: p["mean"] for k, p in pick.items()},
                                        "search_reached": {k: p["reached"] for k, p in pick.items()}}  # fmt: skip
-                if fresh:
-                    f = {k: fresh[pkey(p)] for k, p in pick.items()}
+                if fresh_runs:
+                    f = {k: fresh[name][pkey(p)] for k, p in pick.items()}
                     res["fresh_mean"] = {k: p["mean"] for k, p in f.items()}
                     res["fresh_reached"] = {k: p["reached"] for k, p in f.items()}
                     res["ratios"] = {k: compare(f["paci"], f[k], args.seeds) for k in f if k != "paci"}
                 results.append(res)
-    keep = {pkey(p) for p in chosen}
+    keep = {(p["scored_for"], pkey(p)) for p in chosen}
     return {"target": target, "results": results, "chosen": chosen,
-            "search_points": [_public(p) for p in search.values()],
-            "fresh_points": [_public(p) for k, p in fresh.items() if k in keep]}  # fmt: skip
+            "search_points": [_public(p) for pts in search.values() for p in pts.values()],
+            "fresh_points": [_public(p) for name, pts in fresh.items() for k, p in pts.items()
+                             if (name, k) in keep]}  # fmt: skip
 
 
 def check(rows: list[dict], doc: dict[str, Any], seconds: float) -> None:
@@ -330,9 +342,8 @@ def check(rows: list[dict], doc: dict[str, Any], seconds: float) -> None:
             flush = by[(g, "1f1b", a, o)]
             assert t <= flush * (1 + 1e-9), f"PACI step {t} > flush's {flush} at G={g} a={a} {o}"
     assert not set(doc["search_seeds"]) & set(doc["seeds"]), "fresh seeds must not be search seeds"
-    for res in doc["results"]:
-        if res["opt"] == "best":  # the target is the best flush's (over every optimizer), so it reaches it
-            assert res["search_reached"]["1f1b"] > 0 and res["search_mean"]["1f1b"] <= seconds * (1 + 1e-9), res
+    for res in doc["results"]:  # each row's target is a flush point's, so its best flush reaches it
+        assert res["search_reached"]["1f1b"] > 0 and res["search_mean"]["1f1b"] <= seconds * (1 + 1e-9), res
         for r in res["ratios"].values():
             assert r["low"] is None or r["low"] <= r["speedup"] <= r["high"], r
 
@@ -382,12 +393,13 @@ def markdown(doc: dict[str, Any], args: argparse.Namespace) -> str:
             lines.append(f"| {res['bw']} | {res['opt']} | {res['G']} | {NAMES.get(k, k)} | {_short(res['chosen'][k])} "
                          f"| {res['search_mean'][k]:.2f} | {res['fresh_mean'][k]:.2f} | "
                          f"{res['fresh_reached'][k]}/{len(args.seeds)} | {rat} |")  # fmt: skip
-    lines += ["", f"Every grid point on the search seeds {args.search_seeds} (mean score; a miss scored as the "
-              "search does):", "",
+    lines += ["", f"Every grid point on the search seeds {args.search_seeds} (mean score against its optimizer's "
+              "target; a miss scored as the search does):", "",
               "| G | schedule | a (m) | b | lr | optimizer | sim step (s) | reached | mean score (s) |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     order = {s: i for i, s in enumerate(["paci", *SYNC_ORDER])}
-    for p in sorted(doc["search_points"], key=lambda p: (p["G"], p["opt"], order[p["schedule"]], p["bw"], p["a"],
+    own = [p for p in doc["search_points"] if p["scored_for"] == p["opt"]]
+    for p in sorted(own, key=lambda p: (p["G"], p["opt"], order[p["schedule"]], p["bw"], p["a"],
                                                            p["lr"])):  # fmt: skip
         name = f"paci {p['bw']}" if p["schedule"] == "paci" else p["schedule"]
         lines.append(f"| {p['G']} | {name} | {p['a']} | {p['b']} | {p['lr']:.3g} | {p['opt']} | "

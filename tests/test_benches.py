@@ -81,12 +81,16 @@ def test_paper_scaled_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     for p in pts:
         assert sorted(map(int, p["scores"])) == search
         assert p["mean"] == pytest.approx(statistics.fmean(p["scores"].values()))
-    fpts = {(p["G"], p["label"]): p for p in doc["fresh_points"]}
+    # each optimizer's rows against its own target (its best flush's), "best" against the lowest of them
+    for g in ("4", "8"):
+        assert doc["targets"]["best"][g] == min(doc["targets"][o][g] for o in ("adamw", "muon"))
+    fpts = {(p["scored_for"], p["G"], p["label"]): p for p in doc["fresh_points"]}
     assert all(sorted(map(int, p["scores"])) == fresh for p in fpts.values())
-    chosen = {(r["G"], label) for r in doc["results"] for label in r["chosen"].values()}
+    chosen = {(r["opt"], r["G"], label) for r in doc["results"] for label in r["chosen"].values()}
     assert set(fpts) == chosen  # only the chosen points are reported on the fresh seeds
     for res in doc["results"]:
-        mine = [p for p in pts if p["G"] == res["G"] and res["opt"] in ("best", p["opt"])]
+        mine = [p for p in pts if p["G"] == res["G"] and p["scored_for"] == res["opt"]]
+        assert {p["opt"] for p in mine} == ({"adamw", "muon"} if res["opt"] == "best" else {res["opt"]})
         best = {}
         for s in ("paci", "1f1b", "zb-h1", "interleaved"):
             best[s] = min((p for p in mine if p["schedule"] == s), key=lambda p: p["mean"])
@@ -98,9 +102,9 @@ def test_paper_scaled_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         paci_a = next(p["a"] for p in mine if p["label"] == res["chosen"]["paci"])
         assert res["search_mean"]["same_m"] == min(p["mean"] for p in mine if p["schedule"] == "1f1b"
                                                    and p["a"] == paci_a)  # fmt: skip
-        paci = fpts[(res["G"], res["chosen"]["paci"])]
+        paci = fpts[(res["opt"], res["G"], res["chosen"]["paci"])]
         for name, r in res["ratios"].items():
-            base = fpts[(res["G"], res["chosen"][name])]
+            base = fpts[(res["opt"], res["G"], res["chosen"][name])]
             assert r["seeds"] == fresh and r["baseline"] == res["chosen"][name]
             assert r["ratios"] == pytest.approx([base["scores"][str(s)] / paci["scores"][str(s)] for s in fresh])
             assert r["missed"] == sum(paci["times"][str(s)] is None or base["times"][str(s)] is None for s in fresh)
