@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..schedule import INTERLEAVED, ZB_H1, drift_bound
 from .point import MemoryDrop, TrialParams
 from .recipes import recipe_overrides
-from .space import SearchSpace
+from .space import SYNCHRONOUS, SearchSpace
 
 
 def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -> SearchSpace:
@@ -74,9 +74,9 @@ def drop_over_memory(space: SearchSpace, predict: Callable[[TrialParams], Memory
             left_out[schedule] = min(predicted, key=lambda d: d.peak_bytes)
         over += [d for d in predicted if d.peak_bytes > cap]
         fits |= {(d.params.stages, d.params.window, d.params.microbatch_size) for d in predicted if d.peak_bytes <= cap}
-    sync = [s for s in space.schedules if s != "paci"]
+    sync = [s for s in space.schedules if s in SYNCHRONOUS]
     for schedule, least in left_out.items():
-        if schedule == "paci" or all(s in left_out for s in sync):  # no PACI, or no baseline left to compare with
+        if schedule not in SYNCHRONOUS or all(s in left_out for s in sync):  # no PACI, or no baseline left
             raise ConfigError("hardware.memory", written, f"at least {format_bytes(least.peak_bytes)}, the smallest "
                               f"predicted peak of {schedule}'s points ({least.params.label()}, stage {least.stage}); "
                               f"none of them fits {format_bytes(cap)}")  # fmt: skip
