@@ -325,7 +325,7 @@ def test_simulate_table_and_timeline(tmp_path: Path) -> None:
     [
         (["--stages", "5"], "pipeline.stages"),
         (["--batches", "0"], "--batches"),
-        (["--memory-gib", "1e-9"], "pipeline.stages"),
+        (["--memory-gib", "1e-9"], "--memory-gib"),  # below the largest unit's weights: no cut can help
         (["--timeline", "t.jpg"], "--timeline"),
     ],
 )

@@ -1,16 +1,19 @@
 """A config's schedules predicted on a cost profile: the work of ``paci-tune simulate``.
 
 The profile is the one given, or this machine's, measured once and cached
-(:func:`.cache.measured_profile`). Each schedule gets its own cut (the memory-aware partitioner,
-within ``memory_bytes`` per device when given); a schedule whose stages fit no cut is reported as
-not fitting rather than failing the others, unless it is the only one asked for. Interleaved 1F1B
-cuts the model into ``v * P`` pieces balanced on the profile's times (the memory-aware partitioner
-cuts ``P`` stages) and does not fit when that cut's predicted peak exceeds ``memory_bytes``; ZB-H1
-is cut like the others, with its own in-flight count. The command line
-only checks its options and renders a :class:`Prediction`. The simulator and the measuring are
-looked up when called, not bound at import. May import: :mod:`paci_tune.sim`,
-:mod:`paci_tune.pipeline`, :mod:`paci_tune.model`, :mod:`paci_tune.data`, :mod:`paci_tune.schedule`,
-:mod:`paci_tune.config`, :mod:`paci_tune.errors`, and the calibrate layer's :mod:`.cache`.
+(:func:`.cache.measured_profile`). Each schedule is cut as its run would be, and its memory is the
+search's figure, so that ``simulate`` and a search answer one memory question alike: under a device
+budget (``--memory-gib``, else the config's ``hardware.memory``) the fastest cut that fits it, else the
+leanest, reported over the budget (:func:`~paci_tune.pipeline.planning.budget_fit`); without one the
+fastest cut (:func:`~paci_tune.pipeline.planning.plan_partition`; interleaved 1F1B's ``v * P`` pieces
+balanced on the profile's times). Each stage's memory is the validated model's, walked over its own
+actions, plus the device reserve the budget holds (:func:`~paci_tune.pipeline.planning.budget_reserve`:
+none on a CPU profile). A schedule the layout refuses is reported as such rather than failing the others,
+unless it is the only one asked for. The command line only checks its options and renders a
+:class:`Prediction`. The simulator and the measuring are looked up when called, not bound at import.
+May import: :mod:`paci_tune.sim`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.model`, :mod:`paci_tune.data`,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`, and the calibrate layer's
+:mod:`.cache`.
 """
 
 from __future__ import annotations
@@ -21,13 +24,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.schema import RunConfig
+from ..config import derive_run
+from ..config.memory import format_bytes
+from ..config.schema import STALENESS_KEYS, TORCH_RUN, RunConfig
 from ..data import load_source
 from ..errors import ConfigError
 from ..model import load_model
 from ..pipeline.checks import check_model_and_data
-from ..pipeline.factory import unit_costs
-from ..pipeline.planning import check_profile, interleaved_cut, plan_partition
+from ..pipeline.planning import (
+    budget_fit,
+    budget_reserve,
+    check_profile,
+    predicted_stage_memory,
+    unit_refusal,
+)
 from ..pipeline.tied import tied_groups
 from ..schedule import INTERLEAVED, SCHEDULES, check_depth
 from ..sim import simulator
@@ -45,8 +55,8 @@ class Prediction:
     profile_path: str
     cached: bool  # measured here (or found in the cache) rather than given
     results: dict[str, SimResult]
-    not_fitting: dict[str, str]  # schedule -> why no cut fits the device (or why it is refused: tied parameters)
-    memory_bytes: float | None
+    not_fitting: dict[str, str]  # schedule -> why it cannot run here: over the budget (then also in results) or refused
+    memory_bytes: int | None  # the device budget: --memory-gib, else the config's hardware.memory
 
     def draw_timelines(self, path: str) -> str:
         """The first global batches of each schedule, one above the other, drawn to ``path``."""
@@ -118,50 +128,65 @@ def predict_schedules(
     profile = check_profile(profile, meta.n_units, meta.block_size, "--profile", where, tied_groups(meta))
     p = cfg.pipeline
     check_depth(p.stages, profile.n_units)
-    costs = unit_costs(meta)
+    cap = int(memory_bytes) if memory_bytes is not None else cfg.hardware.memory_bytes
+    if cap is not None and (too_small := unit_refusal(profile, cap)):
+        key, value = ("--memory-gib", memory_bytes / 2**30) if memory_bytes is not None else (
+            "hardware.memory", cfg.hardware.memory)  # fmt: skip
+        raise ConfigError(key, value, too_small)
     results: dict[str, SimResult] = {}
     errors: dict[str, str] = {}
     for name in schedules:
-        if name == INTERLEAVED:
-            try:
-                results[name] = _interleaved(cfg, profile, batches, chunks, memory_bytes)
-            except ConfigError as e:
-                if len(schedules) == 1:
-                    raise
-                errors[name] = f"{e.key}: {e.allowed}"
-            continue
         try:
-            sizes = plan_partition(cfg, costs, profile, schedule=name, memory_bytes=memory_bytes)
-        except ConfigError as e:
-            if len(schedules) == 1 or e.key != "pipeline.stages":
-                raise
-            errors[name] = e.allowed
-            continue
-        layout = dataclasses.replace(p.layout, schedule=name, partition=tuple(sizes), chunks=1)
-        try:
-            results[name] = simulator.simulate(layout, profile, batches, optimizer=cfg.optimizer.name,
-                                               backward_weights=p.backward_weights)  # fmt: skip
-        except ConfigError as e:  # PACI on a cut splitting tied parameters: refused, as its runtime does
-            if len(schedules) == 1 or e.key != "pipeline.schedule":
+            if name == INTERLEAVED and not (isinstance(chunks, int) and 1 <= chunks * p.stages <= profile.n_units):
+                raise ConfigError("--chunks", chunks, f"1..{profile.n_units // p.stages}: {p.stages} stages x "
+                                  f"chunks pieces of the model's {profile.n_units} units")  # fmt: skip
+            results[name] = _predict_one(schedule_run(cfg, name, chunks, cap), profile, batches)
+        except ConfigError as e:  # refused by this layout (PACI on a cut splitting tied parameters, ...)
+            if len(schedules) == 1:
                 raise
             errors[name] = f"{e.key}: {e.allowed}"
+            continue
+        if why := over_budget(results[name], cap):
+            errors[name] = why
     if not results:
         raise ConfigError("pipeline.stages", p.stages, "; ".join(f"{n}: {msg}" for n, msg in errors.items()))
-    return Prediction(cfg, profile, where, cached, results, errors, memory_bytes)
+    return Prediction(cfg, profile, where, cached, results, errors, cap)
 
 
-def _interleaved(cfg: RunConfig, profile: Profile, batches: int, chunks: int, memory_bytes: float | None) -> SimResult:
-    """Interleaved 1F1B with ``chunks`` per stage on a cut of ``v * P`` pieces balanced on the profile's
-    F + B (module docstring); refused when the layout cannot run it or its peak exceeds ``memory_bytes``."""
-    p = cfg.pipeline
-    layout = dataclasses.replace(p.layout, schedule=INTERLEAVED, chunks=chunks, partition=None)
-    pieces = layout.virtual_stages
-    if not isinstance(chunks, int) or chunks < 1 or pieces > profile.n_units:
-        raise ConfigError("--chunks", chunks, f"1..{profile.n_units // p.stages}: {p.stages} stages x chunks "
-                          f"pieces of the model's {profile.n_units} units")  # fmt: skip
-    layout = layout.with_partition(interleaved_cut(layout, [1.0] * profile.n_units, profile))
-    res = simulator.simulate(layout, profile, batches, optimizer=cfg.optimizer.name)
-    if memory_bytes is not None and res.peak_memory_bytes > memory_bytes:
-        need = res.peak_memory_bytes / 2**20
-        raise ConfigError("pipeline.stages", p.stages, f"interleaved (v={chunks}) needs {need:.0f} MiB per device")
-    return res
+def schedule_run(cfg: RunConfig, name: str, chunks: int, cap: int | None) -> RunConfig:
+    """``cfg`` run under schedule ``name`` (``chunks`` per stage if interleaved) with ``cap`` as its device
+    budget, read as the search reads a point (:func:`paci_tune.tune.setup.point_run`): PACI's staleness
+    controls and torch's class off where the schedule has none, and a profile clock where the config's is
+    the wall (zb-h1 and interleaved exist only there on the emulated runtime; memory does not read it)."""
+    over: dict[str, Any] = {"pipeline.schedule": name, "pipeline.chunks": chunks if name == INTERLEAVED else None}
+    if name != "paci":
+        over.update({f"pipeline.{k}": False if k == "predict_weights" else None for k in STALENESS_KEYS})
+    if name not in TORCH_RUN:
+        over["pipeline.torch_schedule"] = False
+    if cfg.training.clock == "wall":
+        over["training.clock"] = "sim"
+    if cap is not None:
+        over["hardware.memory"] = cap
+    return derive_run(cfg.to_doc(), over)
+
+
+def _predict_one(run: RunConfig, profile: Profile, batches: int) -> SimResult:
+    """One schedule's simulated run on the cut its run would use, each stage's memory the search's figure
+    (module docstring)."""
+    p = run.pipeline
+    sizes = budget_fit(run, profile)[0]
+    res = simulator.simulate(p.layout.with_partition(sizes), profile, batches, optimizer=run.optimizer.name,
+                             backward_weights=p.backward_weights)  # fmt: skip
+    reserve = budget_reserve(profile)
+    memory = [dataclasses.replace(m, overhead=reserve) for m in predicted_stage_memory(run, profile, sizes)]
+    stages = [dataclasses.replace(st, memory=m) for st, m in zip(res.per_stage, memory, strict=True)]
+    return dataclasses.replace(res, per_stage=stages)
+
+
+def over_budget(result: SimResult, cap: int | None) -> str | None:
+    """Why ``result``'s layout does not fit ``cap`` bytes a device (None when it does, or without a cap)."""
+    if cap is None or result.peak_memory_bytes <= cap:
+        return None
+    worst = max(result.per_stage, key=lambda st: st.peak_memory_bytes)
+    return (f"predicted peak {format_bytes(worst.peak_memory_bytes)} on stage {worst.stage} over the budget of "
+            f"{format_bytes(cap)} a device, on its leanest cut")  # fmt: skip

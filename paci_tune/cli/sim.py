@@ -190,7 +190,8 @@ def calibrate(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of a table.")
 @click.option("--batches", type=int, default=8, show_default=True, help="Global batches to simulate (PACI: >= 4P).")
 @click.option("--memory-gib", type=float, default=None,
-              help="Device memory per stage; the cut must fit it.")  # fmt: skip
+              help="Device memory per stage (default: the config's hardware.memory): each schedule's cut is the "
+              "fastest that fits it, else the leanest, shown over it.")  # fmt: skip
 @_threads_option
 def simulate(
     config: str,
@@ -254,7 +255,7 @@ def simulate(
     if as_json:
         click.echo(json.dumps(doc, allow_nan=False, default=_json_default))
         return
-    _print_table(doc, results, errors, memory_bytes)
+    _print_table(doc, results, errors, prediction.memory_bytes)
 
 
 def _json_default(o: object) -> object:
@@ -275,7 +276,7 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
     for col in cols:
         table.add_column(col, justify="right")
     for name, r in results.items():
-        mems = "/".join(f"{st.peak_memory_bytes / 2**20:.0f}" for st in r.per_stage)
+        mems = "/".join(f"{st.peak_memory_bytes / 2**20:.1f}" for st in r.per_stage)
         over = memory_bytes is not None and r.peak_memory_bytes > memory_bytes
         table.add_row(
             name,
@@ -289,10 +290,12 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
             f"{r.max_drift} (bound {max(s.drift_bound for s in r.per_stage)})" if name == "paci" else str(r.max_drift),
         )
     for name, msg in errors.items():
-        why = "refused" if msg.startswith("pipeline.schedule") else "does not fit"
-        table.add_row(name, "-", "-", "-", "-", "-", "-", f"[red]{why}[/red]", "-")
+        if name not in results:  # refused by the layout; one over the budget has its row, in red
+            table.add_row(name, "-", "-", "-", "-", "-", "-", "[red]refused[/red]", "-")
         stderr(f"{name}: {msg}")
-    notes = [
+    notes = [f"peak per device: the search's figure, in red over the budget of {memory_bytes / 2**20:.1f} MiB"] if (
+        memory_bytes is not None) else []  # fmt: skip
+    notes += [
         f"analytic flush bubble (P-1)/(m+P-1) = {(doc['n_stages'] - 1) / (doc['window'] + doc['n_stages'] - 1):.1%}"
     ]
     if "paci_vs_1f1b_throughput" in doc:
