@@ -4,9 +4,9 @@ The profile is the one given, or this machine's, measured once and cached
 (:func:`.cache.measured_profile`). Each schedule is cut as its run would be, and its memory is the
 search's figure, so that ``simulate`` and a search answer one memory question alike: under a device
 budget (``--memory-gib``, else the config's ``hardware.memory``) the fastest cut that fits it, else the
-leanest, reported over the budget (:func:`~paci_tune.pipeline.planning.budget_fit`); without one the
-fastest cut (:func:`~paci_tune.pipeline.planning.plan_partition`; interleaved 1F1B's ``v * P`` pieces
-balanced on the profile's times). Each stage's memory is the validated model's, walked over its own
+leanest, reported over the budget; without one the fastest
+(:func:`~paci_tune.pipeline.planning.budget_cut`; interleaved 1F1B's ``v * P`` pieces balanced on the
+profile's times). Each stage's memory is the validated model's, walked over its own
 actions, plus the device reserve the budget holds (:func:`~paci_tune.pipeline.planning.budget_reserve`:
 none on a CPU profile). A schedule the layout refuses is reported as such rather than failing the others,
 unless it is the only one asked for. The command line only checks its options and renders a
@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..model import load_model
 from ..pipeline.checks import check_model_and_data
 from ..pipeline.planning import (
-    budget_fit,
+    budget_cut,
     budget_reserve,
     check_profile,
     predicted_stage_memory,
@@ -174,7 +174,7 @@ def _predict_one(run: RunConfig, profile: Profile, batches: int) -> SimResult:
     """One schedule's simulated run on the cut its run would use, each stage's memory the search's figure
     (module docstring)."""
     p = run.pipeline
-    sizes = budget_fit(run, profile)[0]
+    sizes = budget_cut(run, profile)
     res = simulator.simulate(p.layout.with_partition(sizes), profile, batches, optimizer=run.optimizer.name,
                              backward_weights=p.backward_weights)  # fmt: skip
     reserve = budget_reserve(profile)

@@ -265,26 +265,27 @@ def budget_reserve(profile: Profile) -> int:
     return 0 if profile.device.lower().startswith("cpu") else DEFAULT_OVERHEAD_BYTES
 
 
-def budget_fit(cfg: RunConfig, profile: Profile) -> tuple[list[int], list[int]]:
-    """(cut, predicted peak bytes per stage) of ``cfg`` under its ``hardware.memory``.
-
-    The cut is the one the run would use: the fastest that fits the budget, or, when none does, the
-    one that needs the least memory (its peak is what the budget would have to hold). A cut pinned by
-    hand or an interleaved one is taken as it is. Each stage's peak is the validated model's
-    (:func:`predicted_stage_memory`: the allocated peak, walked over the stage's own actions) plus
-    :func:`budget_reserve`; the cut is chosen on the partitioner's per-stage sum.
-    """
+def budget_cut(cfg: RunConfig, profile: Profile) -> list[int]:
+    """The cut ``cfg``'s run would use under its ``hardware.memory``: the fastest that fits the budget, or,
+    when none does, the one that needs the least memory (its peak is what the budget would have to hold);
+    without a budget the fastest. A cut pinned by hand or an interleaved one is taken as it is. The cut is
+    chosen on the partitioner's per-stage sum plus :func:`budget_reserve`."""
     p = cfg.pipeline
-    cap, reserve = cfg.hardware.memory_bytes, budget_reserve(profile)
+    cap = cfg.hardware.memory_bytes
     if isinstance(p.partition, list) or p.layout.chunks > 1 or cap is None:
-        sizes = plan_partition(cfg, [1.0] * profile.n_units, profile)
-    else:
-        model = PartitionModel(profile, p.layout, optimizer=cfg.optimizer.name, backward_weights=p.backward_weights,
-                               overhead_bytes=reserve)  # fmt: skip
-        try:
-            sizes = model.fastest(cap).sizes
-        except ConfigError:
-            sizes = model.leanest().sizes
+        return plan_partition(cfg, [1.0] * profile.n_units, profile)
+    model = PartitionModel(profile, p.layout, optimizer=cfg.optimizer.name, backward_weights=p.backward_weights,
+                           overhead_bytes=budget_reserve(profile))  # fmt: skip
+    try:
+        return model.fastest(cap).sizes
+    except ConfigError:
+        return model.leanest().sizes
+
+
+def budget_fit(cfg: RunConfig, profile: Profile) -> tuple[list[int], list[int]]:
+    """(cut, predicted peak bytes per stage) of ``cfg`` under its ``hardware.memory``: :func:`budget_cut`, and
+    each stage's peak by the validated model (:func:`budget_peaks`)."""
+    sizes = budget_cut(cfg, profile)
     return sizes, budget_peaks(cfg, profile, sizes)
 
 

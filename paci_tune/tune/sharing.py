@@ -41,7 +41,7 @@ from ..config import derive_doc, derive_run
 from ..config.schema import RunConfig
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
-from ..pipeline.planning import budget_fit, plan_partition
+from ..pipeline.planning import budget_cut
 from ..sim.profile import Profile
 from ..train.clock import ProfileClock, run_clock
 from ..train.nearness import after_validation, validated
@@ -80,11 +80,10 @@ class StepGrid:
 def layout_clock(cfg: RunConfig, profile: Profile) -> tuple[ProfileClock, int, list[int]]:
     """The clock of ``cfg``'s layout on the cut its run will use, the global batches it fits in the budget, the cut.
 
-    The cut is what a run resolves on a profile: the fastest (:func:`~paci_tune.pipeline.planning.plan_partition`),
-    under ``hardware.memory`` when it is set (:func:`~paci_tune.pipeline.planning.budget_fit`).
+    The cut is what a run resolves on a profile (:func:`~paci_tune.pipeline.planning.budget_cut`): the fastest,
+    under ``hardware.memory`` when it is set.
     """
-    cut = budget_fit(cfg, profile)[0] if cfg.hardware.memory is not None else plan_partition(
-        cfg, [1.0] * profile.n_units, profile)  # fmt: skip
+    cut = budget_cut(cfg, profile)
     clock = run_clock(cfg, profile, cfg.layout.with_partition(cut))
     assert cfg.training.seconds is not None
     return clock, clock.batches_within(None, cfg.training.seconds), cut
