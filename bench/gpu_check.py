@@ -53,6 +53,9 @@ SPEC_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
 NVLINK_P2P = {"latency_s": 2.0e-5, "bandwidth_Bps": 3.0e11, "backend": "assumed nvlink4 (not measured)"}
 FREE_P2P = {"latency_s": 0.0, "bandwidth_Bps": math.inf, "backend": "free (emulated runtime: no transfers)"}
 
+PAPER_SCHEDULES = ("--schedule", "paci", "--schedule", "1f1b", "--schedule", "gpipe")
+"""The schedules the paper compares (PACI, 1F1B-flush, GPipe), as simulate options."""
+
 
 @dataclass(frozen=True)
 class Scale:
@@ -290,7 +293,7 @@ class Check:
         free = self.out / ("gpt2-small-h200-bf16.yaml" if s.device == "cuda" else "smoke-small-profile.yaml")
         free.write_text(yaml.safe_dump(doc, sort_keys=False))
         out: dict[str, Any] = {"stages": p, "window": a, "global_batch": gb}
-        sim = self.cli("simulate", cfg, "--profile", free, "--schedule", "all", "--json", json_out=True)
+        sim = self.cli("simulate", cfg, "--profile", free, *PAPER_SCHEDULES, "--json", json_out=True)
         for sched in ("paci", "1f1b"):
             summary, _ = self.train(
                 cfg, f"pipe-{sched}", "--schedule", sched, "--steps", s.pipe_steps, "--clock", "rst", "--profile", free
@@ -349,7 +352,7 @@ class Check:
             for a in s.paper_windows:
                 sim = self.cli(
                     "simulate", cfg, "--profile", self.medium_profile, "--stages", p, "--window", a,
-                    "--schedule", "all", "--batches", 4 * p, "--json", json_out=True,
+                    *PAPER_SCHEDULES, "--batches", 4 * p, "--json", json_out=True,
                 )  # fmt: skip
                 for sched, r in sim["schedules"].items():
                     rows.append(

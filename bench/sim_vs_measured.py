@@ -14,7 +14,13 @@ against the simulation of its action list on the profile's measured B/W split; `
 1F1B through torch's ``Schedule1F1B`` (``pipeline.torch_schedule: true``), the same machinery as
 zb-h1, so the two torch rows compare like with like; ``interleaved`` runs for real through torch's
 ``ScheduleInterleaved1F1B`` with ``--chunks`` model chunks per rank, timed against the simulation of
-its action lists on its own ``v * P``-piece cut.
+its action lists on its own ``v * P``-piece cut; ``zb-v`` and ``dualpipev`` through torch's
+``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` (two chunks a rank, in a V), ``gpipe`` on paci-tune's
+own runtime.
+
+Memory: every run measures each stage process's allocated tensor bytes (``PACI_TUNE_TRACK_MEMORY=1``,
+the CPU meter) and the bench prints them beside the run's predicted peak per rank (the summary's
+``predicted_stage_peak_bytes``: what ``simulate`` and the search give for the layout).
 
 Short runs read low: the runtime's first few micro-batches (fresh memory for the micro-batches
 in flight, the optimizer's state) run up to several times slower than the steady state, a
@@ -22,6 +28,8 @@ one-off cost a per-step profile does not predict; at 16 steps it is worth ~5% of
 
     python bench/sim_vs_measured.py --stages 2 4 --steps 24
     python bench/sim_vs_measured.py --stages 2 --steps 24 --schedules 1f1b zb-h1 1f1b-torch interleaved
+    python bench/sim_vs_measured.py --config C --stages 2 4 --window 8 --schedules paci 1f1b zb-h1 interleaved \
+        zb-v dualpipev gpipe
     python bench/sim_vs_measured.py --quick     # a tiny model, P=2, a few steps: that it runs (CI)
 """
 
@@ -30,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,7 +46,7 @@ from pathlib import Path
 
 import yaml
 
-SCHEDULES = ("paci", "1f1b", "zb-h1", "1f1b-torch", "interleaved")
+SCHEDULES = ("paci", "1f1b", "zb-h1", "1f1b-torch", "interleaved", "zb-v", "dualpipev", "gpipe")
 
 QUICK_CONFIG = {
     "model": {"preset": "tiny", "n_layer": 2, "d_model": 64, "n_head": 2, "block_size": 32},
@@ -50,7 +59,7 @@ QUICK_CONFIG = {
 
 def run(cmd: list[str]) -> None:
     """Run a command; on failure, exit showing its output (a bare CalledProcessError hides why)."""
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PACI_TUNE_TRACK_MEMORY": "1"})
     if proc.returncode:
         sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
@@ -79,6 +88,22 @@ def train(config: str, profile: Path, sched: str, stages: int, args: argparse.Na
         cmd += ["--chunks", str(args.chunks)]
     run(cmd)
     return [json.loads(x) for x in out.read_text().splitlines() if '"summary"' in x][-1]
+
+
+def memory_line(summary: dict) -> str:
+    """Each rank's predicted peak against its process's measured allocated peak (a rank's pieces share one)."""
+    predicted = summary.get("predicted_stage_peak_bytes") or []
+    measured: dict[int, int] = {}
+    for st in summary["stages"]:
+        rank, peak = int(st.get("pipe_stage", st["stage"])), st.get("peak_allocated_bytes")
+        if peak is not None:
+            measured[rank] = max(measured.get(rank, 0), int(peak))
+    cells = []
+    for r, pred in enumerate(predicted):
+        got = measured.get(r)
+        ratio = f" ({pred / got:.2f})" if got else ""
+        cells.append(f"r{r} {pred / 2**20:.2f} / {got / 2**20 if got else float('nan'):.2f}{ratio}")
+    return ", ".join(cells) or "not predicted (no profile)"
 
 
 def has_split(profile: Path) -> bool:
@@ -126,6 +151,7 @@ def main() -> None:
                     f"ms/step  sim/measured {simulated / measured:.3f}  (bubble measured "
                     f"{s['bubble_fraction']:.3f}, simulated {s['clock_bubble_fraction']:.3f})"
                 )
+                print(f"      memory per rank, predicted / measured MiB: {memory_line(s)}")
 
 
 if __name__ == "__main__":

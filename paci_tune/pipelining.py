@@ -49,7 +49,7 @@ from .pipeline.backend import wire_device
 from .pipeline.optim import AliasedOptimizer
 from .pipeline.p2p import P2P
 from .pipeline.stage import Stage
-from .schedule import Action, Op, stage_actions
+from .schedule import FLUSH, Action, Op, stage_actions
 
 __all__ = ["SchedulePACI"]
 
@@ -263,7 +263,7 @@ class SchedulePACI:
         per_step = self.n_microbatches // self.window
         self._submitted += per_step
         if self.flush:
-            acts = stage_actions("1f1b", self.index, self.stages, self.window, self._seg_first, per_step)
+            acts = stage_actions(FLUSH, self.index, self.stages, self.window, self._seg_first, per_step)
             self._announce(acts)
             for act in acts:
                 self._run(act)

@@ -24,12 +24,13 @@ from paci_tune.cli import main
 from paci_tune.config import derive_doc
 from paci_tune.config.tune import load_tune_config
 from paci_tune.pipeline.planning import budget_fit, budget_reserve
+from paci_tune.schedule import NAMES
 from paci_tune.sim.profile import P2PCost, Profile, UnitCost, UnitProfile
 from paci_tune.tune.setup import bind_space, drop_over_budget, point_run, trial_runtime
 
 UNIT_BYTES = 400_000
 MIB = 2**20
-SPACE = {"schedules": ["paci", "1f1b", "zb-h1", "interleaved"], "stages": [1, 2, 4], "microbatch_size": [2, 4]}
+SPACE = {"schedules": list(NAMES), "stages": [1, 2, 4], "microbatch_size": [2, 4]}  # every schedule of the registry
 
 
 def _profile(device: str) -> Profile:
@@ -44,6 +45,7 @@ def _write(tmp_path: Path, memory: Any, device: str = "cpu") -> tuple[Path, Path
     _profile(device).save(tmp_path / "profile.yaml")
     doc = merge(SEARCH_DOC, {
         "model": NARROW_MODEL, "data": {"vocab_size": 32, "n_train": 20_000, "n_val": 2_000},
+        "training": {"global_batch": 16},  # a = 4 at P = 2 D = 2 b = 2: DualPipeV's 2P
         "search": {"space": str(tmp_path / "space.yaml")}, "hardware": {"memory": memory},
         "budget": {"profile": str(tmp_path / "profile.yaml")},
     })  # fmt: skip
@@ -100,3 +102,26 @@ def test_a_budget_no_unit_fits_is_refused_naming_the_key(tmp_path: Path) -> None
     config, profile_path = _write(tmp_path, "100 KiB")
     res = CliRunner().invoke(main, ["simulate", str(config), "--profile", str(profile_path)])
     assert res.exit_code == 2 and "hardware.memory" in res.stderr and "100 KiB" in res.stderr
+
+
+@pytest.mark.parametrize("schedule", NAMES)
+def test_a_runs_closing_summary_gives_simulates_figure(tmp_path: Path, schedule: str) -> None:
+    """The run's own report: its predicted peak per device is ``simulate``'s for the same layout, every schedule."""
+    from helpers.cli import run_in_process, summary_of
+
+    from paci_tune.cli.ui import budget_line
+    from paci_tune.config.memory import format_bytes
+    from paci_tune.config.tune import split_tune_sections
+
+    config, profile_path = _write(tmp_path, None)
+    run_doc, _ = split_tune_sections(yaml.safe_load(config.read_text()))
+    over = {"pipeline.schedule": schedule, "pipeline.stages": 2, "pipeline.microbatch_size": 2,
+            "pipeline.data_parallel": 1, "training.steps": 2, "training.clock": "sim",
+            "training.profile": str(profile_path), "training.seconds": None}  # fmt: skip
+    doc = derive_doc(run_doc, over)
+    summary = summary_of(run_in_process(doc))
+    q = type("Q", (), {"schedule": schedule, "stages": 2, "window": 8, "microbatch_size": 2, "data_parallel": 1,
+                       "chunks": 2})  # fmt: skip
+    sim = _simulate(config, profile_path, q)["schedules"][schedule]
+    assert summary["predicted_peak_bytes"] == sim["peak_memory_bytes"]
+    assert format_bytes(summary["predicted_peak_bytes"]) in str(budget_line(summary))

@@ -30,6 +30,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from paci_tune.pipelining import SchedulePACI
 from paci_tune.schedule import actions as schedules
+from paci_tune.schedule import copies_bound
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "torch_pipelining.py"
@@ -126,7 +127,7 @@ def test_async_matches_paci_tune_and_drift_bound(
         assert rec["max_drift"] == math.ceil((stages - s - 1) / window) == schedules.drift_bound(s, stages, window)
         assert rec["updates"] == steps * microbatches // window
         assert rec["ptrs_unchanged"]
-        copies = schedules.copies_bound("paci", s, stages, window) if backward_weights == "forward" else 0
+        copies = copies_bound("paci", s, stages, window) if backward_weights == "forward" else 0
         assert rec["weight_copies_peak"] == copies
 
 

@@ -12,9 +12,9 @@ import random
 
 import pytest
 
-from paci_tune.schedule import SCHEDULES, Op, Program, execution_order, needs_snapshot, stage_actions
+from paci_tune.schedule import OWN_PROGRAM, Op, Program, execution_order, needs_snapshot, stage_actions
 
-CASES = [(sched, p, a, inflight) for sched in SCHEDULES for p in (1, 2, 3, 4, 8) for a in (1, 2, 3, 8)
+CASES = [(sched, p, a, inflight) for sched in OWN_PROGRAM for p in (1, 2, 3, 4, 8) for a in (1, 2, 3, 8)
          for inflight in (None, 1, 2)]  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from paci_tune.schedule import (
-    SCHEDULES,
+    OWN_PROGRAM,
     Action,
     Op,
     build,
@@ -58,7 +58,7 @@ def max_inflight(actions: list[Action]) -> int:
 # ----------------------------------------------------------------------------- well-formedness
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", OWN_PROGRAM)
 @pytest.mark.parametrize(("stages", "window"), GRID)
 def test_every_stage_runs_each_microbatch_once_and_steps_once_per_batch(schedule: str, stages: int, window: int):
     first, n_batches = 2, 3
@@ -81,7 +81,7 @@ def test_every_stage_runs_each_microbatch_once_and_steps_once_per_batch(schedule
                 assert step < nxt, f"stage {s}: a backward of batch {k + 1} leaks into STEP({k})"
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", OWN_PROGRAM)
 @pytest.mark.parametrize(("stages", "window"), GRID)
 def test_execution_order_is_a_valid_interleaving(schedule: str, stages: int, window: int):
     lists = build(schedule, stages, window, 0, 3)

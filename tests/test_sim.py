@@ -302,7 +302,9 @@ def test_simulate_json_with_hand_profile(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)  # nothing but the JSON object on stdout
-    assert set(doc["schedules"]) == {"paci", "1f1b", "gpipe"}
+    # all: every schedule; on 4 units at P = 4 the two-chunk ones need 8 pieces, DualPipeV 8 micro-batches
+    assert set(doc["schedules"]) == {"paci", "1f1b", "gpipe", "zb-h1"}
+    assert set(doc["not_fitting"]) == {"interleaved", "zb-v", "dualpipev"}
     for r in doc["schedules"].values():
         assert r["tokens_per_s"] > 0 and 0 <= r["bubble_fraction"] < 1
         assert r["microbatch_size"] == 2 and r["partition"] == [1, 1, 1, 1]

@@ -1,8 +1,10 @@
-"""A search space names the stronger synchronous baselines: ``zb-h1`` and ``interleaved`` (with ``chunks``).
+"""A search space names any schedule of the registry: the stronger synchronous baselines ``zb-h1``,
+``interleaved`` (with ``chunks``), ``zb-v`` and ``dualpipev`` (two chunks a rank, in a V) beside flush and PACI.
 
 Oracles written out here, not taken from the code under test: the Cartesian product of a small
 space's choices (what a grid must visit), torch's rule for interleaved 1F1B (``rounds = max(1, m // P)``
-must divide ``m``) and the count of pieces (``v * P`` at most the model's units), and the contract that
+must divide ``m``; DualPipeV's ``m >= 2P``) and the count of pieces (``v * P`` at most the model's units), and the
+contract that
 interleaved and zb-h1 run for real on the distributed runtime only (torch's own classes), so a search
 of either on the wall clock and the emulated runtime is refused naming ``space.schedules``. No training here
 (``test_search_baselines`` runs one).
@@ -31,7 +33,7 @@ from paci_tune.tune.point import TrialParams
 from paci_tune.tune.space import SearchSpace, load_space
 from paci_tune.verdict.best import build_best, params_of
 
-ALL = ["paci", "1f1b", "zb-h1", "interleaved"]
+ALL = ["paci", "1f1b", "zb-h1", "interleaved", "zb-v", "dualpipev", "gpipe"]
 
 
 def _space(tmp_path: Path, n_units: int = 4, global_batch: int = 8, **keys: Any) -> SearchSpace:
@@ -48,10 +50,13 @@ def _pieces_ok(p: int, a: int, v: int, n_units: int) -> bool:
 
 def test_grid_is_the_product_less_what_each_schedule_cannot_run(tmp_path: Path) -> None:
     space = _space(tmp_path, chunks=[2, 3])
-    for schedule in ("paci", "1f1b", "zb-h1"):
+    for schedule in ("paci", "1f1b", "zb-h1", "gpipe", "zb-v", "dualpipev"):
         got = {(q.stages, q.window, q.microbatch_size, q.chunks) for q in space.grid(schedule)}
         depths = [1, 2] if schedule == "1f1b" else [2]  # P = 1 is no pipeline under every schedule: flush's study
-        assert got == {(p, 8 // b, b, 1) for p, b in itertools.product(depths, [1, 2, 4])}, schedule
+        v = 2 if schedule in ("zb-v", "dualpipev") else 1  # a V: two chunks a rank, 2P = 4 pieces of 4 units
+        fewest = 4 if schedule == "dualpipev" else 1  # DualPipeV: at least 2P micro-batches
+        want = {(p, 8 // b, b, v) for p, b in itertools.product(depths, [1, 2, 4]) if 8 // b >= fewest}
+        assert got == want, schedule
     got = {(q.stages, q.window, q.microbatch_size, q.chunks) for q in space.grid("interleaved")}
     product = itertools.product([1, 2], [1, 2, 4], [2, 3])
     want = {(p, 8 // b, b, v) for p, b, v in product if _pieces_ok(p, 8 // b, v, 4) and p == 2}
@@ -67,7 +72,8 @@ def test_window_interleaved_cannot_run_is_refused_with_torchs_reason(tmp_path: P
     assert space.why_not(TrialParams("interleaved", 2, 10, 1, chunks=2)) is None
     why = space.why_not(TrialParams("interleaved", 2, 5, 2, chunks=2))
     assert why is not None and "rounds" in why
-    assert space.why_not(TrialParams("1f1b", 2, 5, 2)) is None and space.why_not(TrialParams("zb-h1", 2, 5, 2)) is None
+    assert space.why_not(TrialParams("1f1b", 2, 5, 2)) is None
+    assert "rounds" in str(space.why_not(TrialParams("zb-h1", 2, 5, 2)))  # torch's zero-bubble class: rounds too
     assert any(d.startswith("interleaved P=2 v=2 a=5 b=2") for d in space.dropped)
 
 
@@ -78,11 +84,11 @@ def test_suggest_names_v_only_in_interleaved_study(tmp_path: Path) -> None:
         trial = study.ask()
         q = space.suggest(trial, schedule)
         assert ("chunks" in trial.params) == (schedule == "interleaved"), schedule
-        assert q.chunks == (2 if schedule == "interleaved" else 1)
+        assert q.chunks == (2 if schedule in ("interleaved", "zb-v", "dualpipev") else 1)
         study.tell(trial, 1.0)
         back = params_of(study.trials[0], schedule, 8)  # best.yaml reads the point back from the storage
         assert back == q
-        assert ("pipeline.chunks" in q.overrides()) == (schedule == "interleaved")
+        assert ("pipeline.chunks" in q.overrides()) == (q.chunks > 1)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +97,7 @@ def test_suggest_names_v_only_in_interleaved_study(tmp_path: Path) -> None:
         ({"chunks": [1]}, "space.chunks"),
         ({"chunks": [2, 1]}, "space.chunks"),
         ({"schedules": ["paci", "zb-h1", "zb-h1"]}, "space.schedules"),
-        ({"schedules": ["paci", "gpipe"]}, "space.schedules"),
+        ({"schedules": ["paci", "zb-h2"]}, "space.schedules"),
         ({"chunks": [3, 4], "stages": [2]}, "space.chunks"),  # no point leaves interleaved a run on 4 units
     ],
 )
@@ -118,6 +124,10 @@ SIM = {"budget": {"clock": "sim", "seconds": 1.0}}
         ("zb-h1", WALL, False),  # the distributed runtime runs it for real (torch's own class)
         ("zb-h1", SIM_DISTRIBUTED, False),
         ("zb-h1", SIM, False),
+        ("zb-v", WALL_EMULATED, True),
+        ("zb-v", WALL, False),
+        ("dualpipev", WALL_EMULATED, True),
+        ("dualpipev", SIM, False),
     ],
 )
 def test_timed_schedules_only_where_their_trials_can_run(
@@ -149,13 +159,15 @@ def _study(schedule: str, value: float, partition: list[int], chunks: int | None
     return study
 
 
-@pytest.mark.parametrize("winner", ["zb-h1", "interleaved"])
+TWO_CHUNKS = ("interleaved", "zb-v", "dualpipev")
+
+
+@pytest.mark.parametrize("winner", ["zb-h1", "interleaved", "zb-v", "dualpipev", "gpipe"])
 def test_best_yaml_names_the_strongest_baseline_and_apply_trains_it(tmp_path: Path, winner: str) -> None:
-    # Hand-chosen scores: the winner 2.0 beats PACI 3.0, which beats 1F1B-flush 4.0 (the other baseline 5.0),
+    # Hand-chosen scores: the winner 2.0 beats PACI 3.0, which beats 1F1B-flush 4.0 (the other baselines 5.0),
     # each gap above the time to target's resolution (2.0 s / 4 validations = 0.5 s).
-    other = "interleaved" if winner == "zb-h1" else "zb-h1"
-    scores = {"paci": 3.0, "1f1b": 4.0, winner: 2.0, other: 5.0}
-    studies = {s: _study(s, v, [1, 1, 1, 1] if s == "interleaved" else [2, 2], 2 if s == "interleaved" else None)
+    scores = {s: 5.0 for s in ALL} | {"paci": 3.0, "1f1b": 4.0, winner: 2.0}
+    studies = {s: _study(s, v, [1, 1, 1, 1] if s in TWO_CHUNKS else [2, 2], 2 if s == "interleaved" else None)
                for s, v in scores.items()}  # fmt: skip
     run = make_config(training={"steps": 4}, pipeline={"window": 4, "runtime": "emulated"})
     sim = {"training.clock": "sim", "training.profile": "profiles/tiny-gpt.yaml"}
@@ -174,8 +186,8 @@ def test_best_yaml_names_the_strongest_baseline_and_apply_trains_it(tmp_path: Pa
     assert best.baseline_schedule == winner
     cfg = apply_run(path, {})
     assert cfg.pipeline.schedule == winner and cfg.training.clock == "sim"
-    assert cfg.layout.chunks == (2 if winner == "interleaved" else 1)
-    assert best.recommended.extra.get("chunks") == (2 if winner == "interleaved" else None)
+    assert cfg.layout.chunks == (2 if winner in TWO_CHUNKS else 1)
+    assert best.recommended.extra.get("chunks") == (2 if winner in TWO_CHUNKS else None)
 
 
 def test_a_flush_only_comparison_is_one_record(tmp_path: Path) -> None:

@@ -31,8 +31,9 @@ PKG = Path(__file__).resolve().parents[1] / "paci_tune"
 LAYERS: list[set[str]] = [
     {"errors"},
     {"base"},
+    {"schedule"},  # the schedule registry: what config validation, the spaces and every layer above read
     {"config"},
-    {"schedule", "model", "data"},
+    {"model", "data"},
     {"sim"},
     {"pipeline"},
     {"calibrate"},
@@ -259,3 +260,62 @@ def test_a_run_config_is_frozen_and_valid_once_built() -> None:
     assert derive_run(doc, {"training.seconds": 5.0}).training.steps is None  # one budget replaces the other
     with pytest.raises(ConfigError, match=r"pipeline\.microbatch_size"):
         dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, window=2))  # 2 * 2 != 8
+
+
+REGISTRY_MODULE = PKG / "schedule" / "registry.py"
+
+
+def _schedule_name_tests(path: Path, names: set[str]) -> list[str]:
+    """Where ``path`` tests a value against a schedule's name, or lists two or more schedule names:
+    ``x == "paci"``, ``s in ("zb-h1", "interleaved")``, ``{"1f1b": ..., "zb-h1": ...}``."""
+
+    def is_name(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in names
+
+    def names_in(node: ast.AST) -> int:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return sum(is_name(e) for e in node.elts)
+        if isinstance(node, ast.Dict):
+            return sum(k is not None and is_name(k) for k in node.keys)
+        return 0
+
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(is_name(x) or names_in(x) for x in operands):
+                out.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: compares with a schedule's name")
+        elif isinstance(node, ast.match_case) and any(is_name(x) for x in ast.walk(node.pattern)):
+            out.append(f"{path.relative_to(PKG.parent)}:{node.pattern.lineno}: matches a schedule's name")
+        elif names_in(node) >= 2:
+            out.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: lists schedules by name")
+    return out
+
+
+def test_no_schedule_name_is_compared_outside_the_registry() -> None:
+    """What a schedule is lives in one value per schedule (``paci_tune/schedule/registry.py``); every other
+    module reads that value's attributes, so a new schedule is taught to the registry alone."""
+    from paci_tune.schedule import NAMES
+
+    found = [f for path in sorted(PKG.rglob("*.py")) if path != REGISTRY_MODULE
+             for f in _schedule_name_tests(path, set(NAMES))]  # fmt: skip
+    assert not found, "\n".join(found)
+
+
+def test_the_name_test_finds_what_it_looks_for(tmp_path: Path) -> None:
+    """The oracle above can fail: each form it forbids, written in a module of the package's shape."""
+    bad = PKG / "_probe_names.py"
+    try:
+        bad.write_text('x = 1\nif x == "paci": pass\nif x in ("1f1b", "y"): pass\nT = {"zb-h1": 1, "gpipe": 2}\n')
+        assert len(_schedule_name_tests(bad, {"paci", "1f1b", "zb-h1", "gpipe"})) == 3
+    finally:
+        bad.unlink()
+
+
+def test_the_config_accepts_exactly_the_registry_schedules() -> None:
+    import typing
+
+    from paci_tune.config.schema import ScheduleName
+    from paci_tune.schedule import NAMES
+
+    assert typing.get_args(ScheduleName) == NAMES

@@ -28,8 +28,8 @@ from paci_tune.schedule import (
     dependency,
     execution_order,
     peak_inflight,
+    schedule_of,
     stage_actions,
-    unsupported,
 )
 from paci_tune.schedule.replay import drift_per_microbatch, replay
 
@@ -39,16 +39,18 @@ ZB_GRID = [(p, m) for p in (1, 2, 3, 4, 5) for m in (1, 2, 3, 4, 6, 8)]
 
 
 def lists_of(schedule: str, stages: int, window: int, chunks: int, first: int = 0, n: int = 2) -> list[list[Action]]:
-    refused = unsupported(schedule, stages, window, chunks)
+    refused = schedule_of(schedule).refusal(stages, window, chunks)
     if refused:
         pytest.skip(refused[1])
     return build(schedule, stages, window, first, n, chunks=chunks)
 
 
-def check_well_formed(lists: list[list[Action]], stages: int, window: int, chunks: int, first: int, n: int) -> None:
+def check_well_formed(
+    lists: list[list[Action]], stages: int, window: int, chunks: int, first: int, n: int, placement: str = "looped"
+) -> None:
     """Each micro-batch's F, B (and W where split) exactly once per stage and chunk, F < B < W, a
     STEP per batch after all of that batch's work; and a global order exists that keeps every
-    dependency (execution_order raises on a deadlock)."""
+    dependency (execution_order raises on a deadlock) with the chunks placed by ``placement``."""
     mbs = list(range(first * window, (first + n) * window))
     for s, acts in enumerate(lists):
         pos = {a: i for i, a in enumerate(acts)}
@@ -69,11 +71,11 @@ def check_well_formed(lists: list[list[Action]], stages: int, window: int, chunk
             if k > first:
                 assert min(batch) > pos[Action(S, k - 1)], f"stage {s}: batch {k} starts before STEP({k - 1})"
         assert set(drift_per_microbatch(acts).values()) == {0}, "a synchronous schedule crosses a step"
-    order = execution_order(lists, chunks=chunks)
+    order = execution_order(lists, chunks=chunks, placement=placement)
     assert Counter(order) == Counter((s, a) for s, acts in enumerate(lists) for a in acts)
     seen = set()
     for s, act in order:
-        dep = dependency(act, s, stages, chunks)
+        dep = dependency(act, s, stages, chunks, placement)
         assert dep is None or dep in seen, f"{act} at stage {s} runs before {dep}"
         seen.add((s, act))
 
@@ -163,9 +165,9 @@ def test_interleaved_bubble_is_textbook(stages: int, mult: int, chunks: int):
 
 
 @pytest.mark.parametrize("stages", [2, 3, 4, 5])
-@pytest.mark.parametrize("extra", [0, 1, 4])
+@pytest.mark.parametrize("extra", [0, 1, 2])
 def test_zb_h1_bubble_is_a_third_of_1f1b(stages: int, extra: int):
-    m, n = stages + extra, 2
+    m, n = (stages + extra if extra < 2 else 3 * stages), 2  # windows torch's rounds divide: P, P + 1, 3P
     zb = replay(build("zb-h1", stages, m, 0, n), costs(1, True))
     flush = replay(build("1f1b", stages, m, 0, n), costs(1, False))
     assert flush.bubble_fraction == pytest.approx((stages - 1) / (m + stages - 1), abs=1e-9)
@@ -178,7 +180,7 @@ def test_zb_h1_bubble_is_a_third_of_1f1b(stages: int, extra: int):
 def test_zb_h1_holds_as_many_microbatches_as_1f1b_at_its_peak(stages: int):
     """A micro-batch stays in flight until its W. Each ZB-H1 stage holds min(P, m), 1F1B's stage s
     min(P - s, m): the most over the stages, what sizes the devices, is the same."""
-    for m in (stages, 2 * stages + 1):
+    for m in (stages, 2 * stages):
         zb = [peak_inflight(acts) for acts in build("zb-h1", stages, m, 0, 2)]
         flush = [peak_inflight(acts) for acts in build("1f1b", stages, m, 0, 2)]
         assert zb == [min(stages, m)] * stages
@@ -200,13 +202,16 @@ def test_synchronised_steps_wait_for_every_weight_gradient():
 
 
 def test_layouts_the_schedules_cannot_run_are_refused_with_the_reason():
-    key, why = unsupported("interleaved", 4, 8, 1)
+    def refusal(name: str, stages: int, window: int, chunks: int) -> tuple[str, str] | None:
+        return schedule_of(name).refusal(stages, window, chunks)
+
+    key, why = refusal("interleaved", 4, 8, 1)
     assert key == "chunks" and "2 or more chunks" in why
-    key, why = unsupported("interleaved", 4, 9, 2)  # 2 rounds do not divide 9 micro-batches
+    key, why = refusal("interleaved", 4, 9, 2)  # 2 rounds do not divide 9 micro-batches
     assert key == "window" and "rounds" in why
-    assert unsupported("interleaved", 4, 6, 2) is None  # one round of 6
-    key, why = unsupported("zb-h1", 4, 8, 2)
-    assert key == "chunks" and "one chunk" in why
+    assert refusal("interleaved", 4, 6, 2) is None  # one round of 6
+    key, why = refusal("zb-h1", 4, 8, 2)
+    assert key == "chunks" and "1 chunk per stage" in why
     with pytest.raises(ValueError, match="rounds"):
         stage_actions("interleaved", 0, 4, 9, 0, 1, chunks=2)
     with pytest.raises(ValueError, match="one chunk"):

@@ -25,7 +25,7 @@ from helpers.profiles import FREE, make_profile
 from paci_tune.cli import main
 from paci_tune.cli.ui import summary_table
 from paci_tune.config.schema import TIMED_SCHEDULES
-from paci_tune.schedule import SYNCHRONOUS
+from paci_tune.schedule import NAMES, SYNCHRONOUS, schedule_of
 
 MB = 2  # numerics_doc: global batch 8, window 4
 F, B, B_IN, B_W, OPT = 1e-3, 2e-3, 1.2e-3, 0.8e-3, 5e-4  # per unit; the split measured, B_IN + B_W = B
@@ -61,14 +61,20 @@ def flush_losses(tmp_path_factory: pytest.TempPathFactory) -> Callable[[float | 
     return losses
 
 
-def test_the_config_and_the_schedules_name_the_same_timed_schedules() -> None:
-    assert set(TIMED_SCHEDULES) == set(SYNCHRONOUS)
+def test_every_timed_schedule_is_synchronous_and_runs_for_real_through_torch() -> None:
+    """A timed schedule trains 1F1B-flush's numbers on the emulated runtime: right only for a synchronous
+    one; and it must run for real somewhere, so it has torch's class on the distributed runtime."""
+    assert set(TIMED_SCHEDULES) == {n for n in NAMES if not schedule_of(n).own_program}
+    assert set(TIMED_SCHEDULES) <= set(SYNCHRONOUS)
+    assert {"zb-h1", "interleaved", "zb-v", "dualpipev"} <= set(TIMED_SCHEDULES)
+    assert all(schedule_of(n).runs_torch("distributed", False) for n in TIMED_SCHEDULES)
 
 
 @pytest.mark.parametrize(
     ("schedule", "pipeline", "clip"),
-    [("zb-h1", {}, None), ("interleaved", {"chunks": 2, "partition": [1, 1, 1, 1]}, None), ("zb-h1", {}, 0.5)],
-    ids=["zb-h1", "interleaved-pinned-cut", "zb-h1-clipped"],
+    [("zb-h1", {}, None), ("interleaved", {"chunks": 2, "partition": [1, 1, 1, 1]}, None), ("zb-h1", {}, 0.5),
+     ("zb-v", {"partition": [1, 1, 1, 1]}, None), ("dualpipev", {}, None)],
+    ids=["zb-h1", "interleaved-pinned-cut", "zb-h1-clipped", "zb-v-pinned-cut", "dualpipev"],
 )  # fmt: skip
 def test_timed_schedules_train_flush_numbers(
     tmp_path: Path, flush_losses: Callable[[float | None], list[float]], schedule: str, pipeline: dict[str, Any],
@@ -144,7 +150,7 @@ REFUSED = [
      "at most 2"),
     ("interleaved-cut-per-stage", {"pipeline": {"schedule": "interleaved", "partition": [2, 2]}},
      "pipeline.partition", "[2, 2]", "4 positive unit counts"),
-    ("chunks-without-interleaved", {"pipeline": {"chunks": 2}}, "pipeline.chunks", "2", "only interleaved"),
+    ("chunks-without-interleaved", {"pipeline": {"chunks": 2}}, "pipeline.chunks", "2", "1 chunk(s) per stage"),
 ]  # fmt: skip
 
 

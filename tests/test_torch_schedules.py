@@ -90,7 +90,7 @@ REFUSED = [
     ("torch-1f1b-few-microbatches", {"pipeline": {"schedule": "1f1b", "torch_schedule": True, "window": 2,
                                                   "stages": 4}}, "pipeline.window", "Schedule1F1B"),
     ("torch-paci", {"pipeline": {"schedule": "paci", "torch_schedule": True}}, "pipeline.torch_schedule",
-     "zb-h1, interleaved, 1f1b"),
+     "torch's own classes"),
     ("torch-emulated", {"pipeline": {"schedule": "1f1b", "torch_schedule": True, "runtime": "emulated"}},
      "pipeline.torch_schedule", "distributed"),
 ]  # fmt: skip
@@ -125,22 +125,6 @@ def test_the_command_line_refuses_with_exit_2(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- real runs
-
-
-@pytest.mark.slow
-def test_zb_h1_through_the_cli_equals_plain_training(tmp_path: Path) -> None:
-    """``paci-tune train --schedule zb-h1 --runtime distributed --clock wall``: torch's zero-bubble
-    class on two stage processes trains plain gradient accumulation's numbers, evaluation included."""
-    doc = run_doc("zb-h1", 2)
-    proc = run_cli(write_config(tmp_path, doc), "--metrics", tmp_path / "m.jsonl")
-    check_ok(proc)
-    records = read_metrics(tmp_path / "m.jsonl")
-    assert_plain_numbers(records, doc)
-    summary = summary_of(records)
-    assert (summary["schedule"], summary["numerics_schedule"], summary["runtime"]) == ("zb-h1", "zb-h1",
-                                                                                        "distributed")  # fmt: skip
-    assert summary["clock_name"] == "wall" and summary["max_drift"] == 0
-    assert [st["updates"] for st in summary["stages"]] == [8, 8]
 
 
 @pytest.mark.slow
@@ -272,10 +256,10 @@ def test_the_sim_vs_measured_bench_runs_in_its_quick_mode() -> None:
 
 
 @pytest.mark.whole_machine  # binds a wall-clock space of 2 devices: a core each
-def test_a_search_on_the_distributed_runtime_drops_the_zb_h1_windows_torch_cannot_run(tmp_path: Path) -> None:
+def test_a_search_drops_the_zb_h1_windows_torch_cannot_run(tmp_path: Path) -> None:
     """Global batch 10 on 2 stages: b = 2 makes a = 5, whose 2 rounds do not divide it (torch's rule,
-    written out in the module docstring); b = 1 makes a = 10 in 5 rounds of 2. Only zb-h1 on the
-    distributed runtime is torch's class: the emulated runtime and 1f1b keep the point."""
+    written out in the module docstring); b = 1 makes a = 10 in 5 rounds of 2. zb-h1 is torch's class,
+    and the emulated runtime times the same schedule, so both refuse the point; 1f1b keeps it."""
     space_file = tmp_path / "space.yaml"
     space_file.write_text(yaml.safe_dump({"schedules": ["paci", "1f1b", "zb-h1"], "stages": [2],
                                           "microbatch_size": [1, 2]}))  # fmt: skip
@@ -288,7 +272,7 @@ def test_a_search_on_the_distributed_runtime_drops_the_zb_h1_windows_torch_canno
     assert space.why_not(TrialParams("zb-h1", 2, 10, 1)) is None and space.why_not(TrialParams("1f1b", 2, 5, 2)) is None
     assert any(d.startswith("zb-h1 P=2") and "rounds" in d for d in space.dropped)
     emulated = load_space(str(space_file), global_batch=10, n_units=4, max_stages=None, distributed=False)
-    assert emulated.why_not(TrialParams("zb-h1", 2, 5, 2)) is None
+    assert "rounds" in str(emulated.why_not(TrialParams("zb-h1", 2, 5, 2)))
 
 
 def own_runtime_records(tmp_path: Path, doc: dict[str, Any], *args: str) -> list[dict[str, Any]]:

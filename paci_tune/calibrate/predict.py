@@ -39,7 +39,8 @@ from ..pipeline.planning import (
     unit_refusal,
 )
 from ..pipeline.tied import tied_groups
-from ..schedule import INTERLEAVED, SCHEDULES, check_depth
+from ..schedule import FLUSH, NAMES, check_depth, preference, schedule_of
+from ..schedule.registry import PACI
 from ..sim import simulator
 from ..sim.plot import plot_timelines
 from ..sim.profile import Profile
@@ -61,11 +62,10 @@ class Prediction:
     def draw_timelines(self, path: str) -> str:
         """The first global batches of each schedule, one above the other, drawn to ``path``."""
         bw = self.config.pipeline.backward_weights
-        order = ("1f1b", "gpipe", "paci", *(n for n in self.results if n not in SCHEDULES))
+        order = sorted(self.results, key=lambda n: (schedule_of(n).asynchronous, preference(n)))
         short = [
             simulator.simulate(self.results[n].layout, self.profile, 2, extend=False, backward_weights=bw)
             for n in order
-            if n in self.results
         ]
         return str(plot_timelines(short, path))
 
@@ -98,15 +98,16 @@ class Prediction:
             "not_fitting": self.not_fitting,
             "timeline": timeline,
         }
-        if "paci" in self.results and "1f1b" in self.results:
-            doc["paci_vs_1f1b_throughput"] = self.results["paci"].tokens_per_s / self.results["1f1b"].tokens_per_s
+        paci, flush = self.results.get(PACI.name), self.results.get(FLUSH)
+        if paci is not None and flush is not None:
+            doc["paci_vs_1f1b_throughput"] = paci.tokens_per_s / flush.tokens_per_s
         return doc
 
 
 def predict_schedules(
     cfg: RunConfig,
     *,
-    schedules: Sequence[str] = SCHEDULES,
+    schedules: Sequence[str] = NAMES,
     profile_path: str | None = None,
     batches: int = 8,
     memory_bytes: float | None = None,
@@ -137,9 +138,11 @@ def predict_schedules(
     errors: dict[str, str] = {}
     for name in schedules:
         try:
-            if name == INTERLEAVED and not (isinstance(chunks, int) and 1 <= chunks * p.stages <= profile.n_units):
-                raise ConfigError("--chunks", chunks, f"1..{profile.n_units // p.stages}: {p.stages} stages x "
-                                  f"chunks pieces of the model's {profile.n_units} units")  # fmt: skip
+            v = schedule_of(name).chunks_of(chunks)
+            if not 1 <= v * p.stages <= profile.n_units:
+                key, value = ("--chunks", chunks) if schedule_of(name).chunks is None else ("pipeline.stages", p.stages)
+                raise ConfigError(key, value, f"{p.stages} stages x {v} chunks: no more pieces than the model's "
+                                  f"{profile.n_units} units")  # fmt: skip
             results[name] = _predict_one(schedule_run(cfg, name, chunks, cap), profile, batches)
         except ConfigError as e:  # refused by this layout (PACI on a cut splitting tied parameters, ...)
             if len(schedules) == 1:
@@ -158,8 +161,9 @@ def schedule_run(cfg: RunConfig, name: str, chunks: int, cap: int | None) -> Run
     budget, read as the search reads a point (:func:`paci_tune.tune.setup.point_run`): PACI's staleness
     controls and torch's class off where the schedule has none, and a profile clock where the config's is
     the wall (zb-h1 and interleaved exist only there on the emulated runtime; memory does not read it)."""
-    over: dict[str, Any] = {"pipeline.schedule": name, "pipeline.chunks": chunks if name == INTERLEAVED else None}
-    if name != "paci":
+    spec = schedule_of(name)
+    over: dict[str, Any] = {"pipeline.schedule": name, "pipeline.chunks": chunks if spec.chunks is None else None}
+    if spec.synchronous:
         over.update({f"pipeline.{k}": False if k == "predict_weights" else None for k in STALENESS_KEYS})
     if name not in TORCH_RUN:
         over["pipeline.torch_schedule"] = False

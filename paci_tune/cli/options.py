@@ -3,7 +3,7 @@
 Options override keys of the YAML config; the worker accepts the same ones so that a user's own
 multi-node ``torchrun`` launch and ``paci-tune train`` describe a run the same way. How an override
 combines with the file (giving the window derives the micro-batch size, ...) is the config layer's
-rule (:func:`paci_tune.config.derive_doc`). May import: click.
+rule (:func:`paci_tune.config.derive_doc`). May import: click, :mod:`paci_tune.schedule` (the names).
 """
 
 from __future__ import annotations
@@ -13,14 +13,19 @@ from typing import Any
 
 import click
 
+from ..schedule import NAMES, OWN_PROGRAM
+
+TIMED = [n for n in NAMES if n not in OWN_PROGRAM]
+
 _RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "--schedule",
         "pipeline.schedule",
         {
-            "type": click.Choice(["paci", "1f1b", "gpipe", "interleaved", "zb-h1"]),
-            "help": "Pipeline schedule. interleaved and zb-h1 on the emulated runtime train 1f1b's numbers, "
-            "timed by the simulator (sim/rst clocks only); on the distributed runtime they run torch's own classes.",
+            "type": click.Choice(list(NAMES)),
+            "help": "Pipeline schedule. Those paci-tune does not run itself (" + ", ".join(TIMED) + ") train "
+            "1f1b's numbers on the emulated runtime, timed by the simulator (sim/rst clocks only); on the "
+            "distributed runtime they run torch's own classes.",
         },
     ),
     ("--chunks", "pipeline.chunks", {"type": int, "help": "Model chunks per stage of interleaved (v >= 2)."}),

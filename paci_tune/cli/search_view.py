@@ -7,8 +7,8 @@ line when a trial starts, one per validation (named by its trial: with ``search.
 at once), one when it ends. Events come from the trials' threads (:mod:`paci_tune.tune.lanes`): one
 lock keeps the view whole. A trial's label carries
 its optimizer recipe in brackets (``[muon momentum=0.95]``), which rich would read as markup and
-drop: labels and notes are printed as plain text. May import: rich and
-:mod:`paci_tune.tune` (the search's events).
+drop: labels and notes are printed as plain text. May import: rich,
+:mod:`paci_tune.schedule` and :mod:`paci_tune.tune` (the search's events).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 from rich.text import Text
 
+from ..schedule import schedule_of, sides, strongest
 from ..tune.events import SearchEvent
 
 _STYLE = {"complete": "green", "pruned": "yellow", "failed": "red", "running": "cyan", "rejected": "dim"}
@@ -155,9 +156,9 @@ class SearchView:
             f"best {s}: " + (f"{_fmt(v)} to target" if v <= self.budget else f"missed (score {v:.3g})") + f" ({pt})"
             for s, (v, pt) in sorted(self.best.items())
         ]
-        sync = [s for s in self.best if s != "paci"]
-        if "paci" in self.best and sync:  # against the strongest synchronous baseline so far
-            base = min(sync, key=lambda s: self.best[s][0])
-            name = "flush" if base == "1f1b" else base
-            bits.append(f"PACI vs {name}: {self.best[base][0] / self.best['paci'][0]:.2f}x")
+        paci, sync = sides(self.best)
+        if paci is not None and sync:  # against the strongest synchronous baseline so far
+            base = strongest({s: self.best[s][0] for s in sync})
+            name = schedule_of(base).label
+            bits.append(f"PACI vs {name}: {self.best[base][0] / self.best[paci][0]:.2f}x")
         return "  |  ".join(bits) if bits else "no finished trial yet"

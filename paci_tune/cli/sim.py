@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from ..schedule import NAMES, schedule_of
 from .common import stderr
 from .options import overrides_from, some_run_options
 from .ui import fmt_bytes
@@ -170,12 +171,12 @@ def calibrate(
 @click.option(
     "--schedule",
     "schedules",
-    type=click.Choice(["paci", "1f1b", "gpipe", "interleaved", "zb-h1", "all"]),
+    type=click.Choice([*NAMES, "all"]),
     multiple=True,
     default=("all",),
     show_default=True,
-    help="Schedule to simulate; repeat for several. all: paci, 1f1b and gpipe. interleaved and zb-h1 "
-    "(interleaved 1F1B, zero-bubble H1) have 1F1B-flush's numerics and are timed by the simulator only.",
+    help="Schedule to simulate; repeat for several. all: every schedule (a layout one cannot run is shown "
+    "refused, with the reason).",
 )
 @click.option("--chunks", type=int, default=2, show_default=True, help="Model chunks per stage of interleaved (v).")
 @some_run_options("--stages", "--window", "--microbatch-size", "--data-parallel")  # the pipeline's shape
@@ -218,7 +219,6 @@ def simulate(
     from ..calibrate.predict import predict_schedules
     from ..config import load_config
     from ..errors import ConfigError
-    from ..schedule import SCHEDULES
     from ..sim.memory import GIB
 
     if batches < 1:
@@ -238,7 +238,7 @@ def simulate(
     memory_bytes = None if memory_gib is None else memory_gib * GIB
     prediction = predict_schedules(
         cfg,
-        schedules=list(dict.fromkeys(n for x in schedules for n in (SCHEDULES if x == "all" else [x]))),
+        schedules=list(dict.fromkeys(n for x in schedules for n in (NAMES if x == "all" else [x]))),
         chunks=chunks,
         profile_path=profile_path,
         batches=batches,
@@ -287,7 +287,9 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
             f"{r.steady_bubble_fraction:.1%}",
             f"{r.allreduce_fraction:.1%}",
             f"[red]{mems}[/red]" if over else mems,
-            f"{r.max_drift} (bound {max(s.drift_bound for s in r.per_stage)})" if name == "paci" else str(r.max_drift),
+            f"{r.max_drift} (bound {max(s.drift_bound for s in r.per_stage)})"
+            if schedule_of(name).asynchronous
+            else str(r.max_drift),
         )
     for name, msg in errors.items():
         if name not in results:  # refused by the layout; one over the budget has its row, in red
@@ -301,16 +303,18 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
     if "paci_vs_1f1b_throughput" in doc:
         m, pp = doc["window"], doc["n_stages"]
         notes.append(f"paci/1f1b throughput {doc['paci_vs_1f1b_throughput']:.3f} (analytic {(m + pp - 1) / m:.3f})")
-    if "paci" in results and doc["backward_weights"] == "forward":
-        notes.append("paci: backward_weights forward (weight copies in memory and step time)")
+    for name in results:
+        if schedule_of(name).asynchronous and doc["backward_weights"] == "forward":
+            notes.append(f"{name}: backward_weights forward (weight copies in memory and step time)")
     for name, r in results.items():
-        if name not in ("paci", "1f1b", "gpipe"):
+        if not schedule_of(name).own_program:
             notes.append(f"{name}: analytic bubble {r.analytic_bubble_fraction:.1%}")
     for name, r in results.items():
         if tied := max(st.tied_allreduce_s for st in r.per_stage):
             notes.append(f"{name}: tied parameters summed among their stages, {_fmt_seconds(tied)} a step (all-reduce)")
-    if "zb-h1" in results and results["zb-h1"].backward_split == "derived":
-        notes.append("zb-h1: the profile has no B/W split, derived as W = backward/2 (trainable units)")
+    derived = [name for name, r in results.items() if r.backward_split == "derived"]
+    if derived:
+        notes.append(f"{', '.join(derived)}: the profile has no B/W split, derived as W = backward/2 (trainable units)")
     notes.append(f"profile {prof['path']}")
     table.caption = " · ".join(notes)
     Console(width=max(Console().width, 110)).print(table)

@@ -137,7 +137,7 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
         c = Comparison.from_doc(best["comparison"])
         base = c.baseline
         runs = f"over {base['runs']} fresh seeds" if c.interval is not None or c.n > 1 else "(one draw)"
-        stderr(f"{'flush' if base['schedule'] == '1f1b' else 'strongest synchronous'} baseline: {base['point']}: "
+        stderr(f"strongest synchronous baseline ({c.baseline_name}): {base['point']}: "
                f"mean score {base['mean']:.3g}s {runs} (target reached on {base['reached']})")  # fmt: skip
         stderr(f"verdict: {c.sentence()}")
         if c.interval is not None:

@@ -99,10 +99,18 @@ class TrainView:
 
 
 def budget_line(s: dict[str, Any]) -> str | None:
-    """What the run measured against ``hardware.memory`` (None without a budget)."""
-    cap = s.get("memory_budget_bytes")
+    """The predicted peak per device (simulate's and the search's figure) and what the run measured against
+    ``hardware.memory`` (None with neither)."""
+    cap, peak = s.get("memory_budget_bytes"), s.get("predicted_peak_bytes")
+    said = f"predicted peak per device {fmt_bytes(peak)} (simulate's and the search's figure)" if peak else None
     if cap is None:
-        return None
+        return said
+    if said:
+        return f"{said}; {_measured_line(s, cap)}"
+    return _measured_line(s, cap)
+
+
+def _measured_line(s: dict[str, Any], cap: int) -> str:
     over = s.get("memory_over_budget")
     if over is None:
         return (f"hardware.memory {fmt_bytes(cap)}: admitted on its prediction; the allocator's peak was not "

@@ -3,7 +3,7 @@
 Every run -- ``paci-tune train`` with its options, a pipeline worker, a search trial's point,
 ``apply`` of a ``best.yaml`` -- is a document plus dotted overrides, turned into a
 :class:`RunConfig` by :func:`derive_run`. May import: :mod:`paci_tune.base`,
-:mod:`paci_tune.errors`, PyYAML and the standard library.
+:mod:`paci_tune.errors`, :mod:`paci_tune.schedule`, PyYAML and the standard library.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ or source and are validated by the loaders that own them.
 
 A :class:`RunConfig` is frozen and checked when it is built (``__post_init__``): one that exists is
 valid, window and micro-batch size are both known integers, and nothing downstream can change it
--- a different run is a new config (:func:`paci_tune.config.derive_run`). May import:
-:mod:`paci_tune.errors` and the standard library.
+-- a different run is a new config (:func:`paci_tune.config.derive_run`). What each schedule allows
+is the schedule registry's (:mod:`paci_tune.schedule`). May import: :mod:`paci_tune.errors`,
+:mod:`paci_tune.schedule` and the standard library.
 """
 
 from __future__ import annotations
@@ -22,41 +23,23 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from ..schedule import NAMES, schedule_of
 from .layout import Layout
 from .memory import RunHardware  # hardware.memory: the device budget a run keeps to
 from .optimizer import OptimizerConfig  # the optimizer section's own module
 
-Schedule = Literal["paci", "1f1b", "gpipe", "interleaved", "zb-h1"]
-TimedSchedule = Literal["interleaved", "zb-h1"]
-TIMED_SCHEDULES: tuple[str, ...] = typing.get_args(TimedSchedule)
+ScheduleName = Literal[NAMES]  # type: ignore[valid-type]  # every name in the schedule registry
+TIMED_SCHEDULES: tuple[str, ...] = tuple(n for n in NAMES if not schedule_of(n).own_program)
 """Schedules the emulated runtime trains with 1F1B-flush's numerics while a profile clock (``sim``,
-``rst``) times their own action lists (:mod:`paci_tune.schedule.synchronous`): interleaved 1F1B and
-ZB-H1. Both also run for real on the distributed runtime, through torch's own schedule classes
-(:data:`TORCH_RUN`)."""
-TIMED_ONLY = ("the emulated runtime trains 1F1B's numbers for it, timed by the simulator on the sim/rst clocks; "
-              "it runs for real with pipeline.runtime: distributed")  # fmt: skip
-TORCH_RUN: tuple[str, ...] = ("zb-h1", "interleaved", "1f1b")
-"""Schedules the distributed runtime can run through torch's own classes: ``zb-h1`` always
-(``ScheduleInterleavedZeroBubble``, one chunk per rank), ``interleaved`` always
-(``ScheduleInterleaved1F1B``, ``v`` chunks per rank), ``1f1b`` with ``pipeline.torch_schedule``
-(``Schedule1F1B``; paci-tune's own 1F1B otherwise)."""
-DEFAULT_CHUNKS = 2
-"""``pipeline.chunks`` of an interleaved run that does not say (v = 2, Megatron's usual)."""
-
-
-def torch_window_refusal(schedule: str, stages: int, window: int) -> str | None:
-    """Why torch's class for ``schedule`` (:data:`TORCH_RUN`) cannot run ``window`` micro-batches on
-    ``stages`` stages, or None: the run refuses such a ``pipeline.window``, a search drops the point."""
-    a, n = window, stages
-    if schedule == "1f1b" and a < n:
-        return f"at least pipeline.stages ({n}): torch's Schedule1F1B needs as many micro-batches as stages"
-    rounds = max(1, a // n)
-    if schedule in ("zb-h1", "interleaved") and a % rounds:
-        name = "zero-bubble" if schedule == "zb-h1" else "interleaved 1F1B"
-        return (f"torch's {name} schedule runs micro-batches in rounds: {a} micro-batches on {n} stages "
-                f"make {rounds} rounds, which must divide {a} (e.g. a window that is a multiple of {n}, or at "
-                f"most {n})")  # fmt: skip
-    return None
+``rst``) times their own action lists: those built as torch's classes order them (the registry's
+builders). They also run for real on the distributed runtime, through torch's own classes."""
+TIMED_ONLY = (
+    "the emulated runtime trains 1F1B's numbers for it, timed by the simulator on the sim/rst clocks; "
+    "it runs for real with pipeline.runtime: distributed"
+)
+TORCH_RUN: tuple[str, ...] = tuple(n for n in NAMES if schedule_of(n).torch_class is not None)
+"""Schedules the distributed runtime can run through torch's own classes (``1f1b`` only with
+``pipeline.torch_schedule``; paci-tune's own 1F1B otherwise)."""
 
 
 BackwardWeights = Literal["forward", "current"]
@@ -166,7 +149,7 @@ STALENESS_KEYS = ("stage_momentum", "predict_weights", "stale_lr")
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    schedule: Schedule = "paci"
+    schedule: ScheduleName = "paci"
     stages: int = 1
     window: int = 4  # in a file: derived from microbatch_size, 4 when neither is given
     microbatch_size: int = 8  # in a file: training.global_batch / (data_parallel * window)
@@ -180,7 +163,7 @@ class PipelineConfig:
     # PACI: what an in-flight micro-batch's backward reads -- the weights its forward used (one copy per
     # version still needed, as the reference code's autocast casts did), or the current ones (no copy).
     backward_weights: BackwardWeights = "forward"
-    # v model chunks per stage of interleaved 1F1B; null: DEFAULT_CHUNKS under interleaved, 1 otherwise.
+    # v model chunks per stage: interleaved 1F1B's (null: DEFAULT_CHUNKS); fixed by the others (1; 2 for a V).
     chunks: int | None = None
     # Run the schedule through torch.distributed.pipelining's own class (distributed runtime; zb-h1 always does).
     torch_schedule: bool = False
@@ -194,9 +177,13 @@ class PipelineConfig:
 
     def check(self, key: str) -> None:
         self.layout.check()
-        if self.chunks not in (None, 1) and self.schedule != "interleaved":
-            why = f"null or 1 for schedule {self.schedule} (only interleaved runs several chunks per stage)"
+        spec = schedule_of(self.schedule)
+        if self.chunks is not None and spec.chunks is not None and self.chunks != spec.chunks:
+            why = f"null or {spec.chunks} for schedule {self.schedule} (it runs {spec.chunks} chunk(s) per stage)"
             raise ConfigError(f"{key}.chunks", self.chunks, why)
+        if (why_not := spec.refusal(self.stages, self.window, self.layout.chunks)) is not None:
+            setting, why = why_not
+            raise ConfigError(f"{key}.{setting}", getattr(self, setting), why)
         if self.torch_schedule and not (self.runtime == "distributed" and self.schedule in TORCH_RUN):
             why = f"false unless pipeline.runtime is distributed and the schedule one of {', '.join(TORCH_RUN)}"
             raise ConfigError(f"{key}.torch_schedule", self.torch_schedule, f"{why} (torch's own classes)")
@@ -212,7 +199,7 @@ class PipelineConfig:
         if self.stale_lr is not None and not 0.0 < self.stale_lr <= 1.0:
             raise ConfigError(f"{key}.stale_lr", self.stale_lr, "null or a number in (0, 1]: PipeMare's horizon as a "
                               "fraction of the budget")  # fmt: skip
-        if self.schedule != "paci":
+        if schedule_of(self.schedule).synchronous:
             for name in STALENESS_KEYS:
                 value = getattr(self, name)
                 if value not in (None, False):
@@ -230,21 +217,20 @@ class PipelineConfig:
         if self.inflight is not None:
             why = f"null for schedule {self.schedule} run by torch's class, which holds its own count in flight"
             raise ConfigError(f"{key}.inflight", self.inflight, why)
-        why_not = torch_window_refusal(self.schedule, self.stages, self.window)
+        why_not = schedule_of(self.schedule).torch_refusal(self.stages, self.window)
         if why_not is not None:
             raise ConfigError(f"{key}.window", self.window, why_not)
 
     @property
     def runs_torch_schedule(self) -> bool:
         """Whether the distributed runtime runs this schedule through torch's own class (:data:`TORCH_RUN`)."""
-        return self.runtime == "distributed" and (self.schedule in ("zb-h1", "interleaved") or
-                                                  (self.schedule == "1f1b" and self.torch_schedule))  # fmt: skip
+        return schedule_of(self.schedule).runs_torch(self.runtime, self.torch_schedule)
 
     @property
     def layout(self) -> Layout:
         """This pipeline's :class:`~.layout.Layout` (its cut None while ``partition: auto``)."""
         sizes = tuple(self.partition) if isinstance(self.partition, list) else None
-        chunks = self.chunks if self.chunks is not None else DEFAULT_CHUNKS if self.schedule == "interleaved" else 1
+        chunks = schedule_of(self.schedule).chunks_of(self.chunks)
         return Layout(self.schedule, self.stages, self.data_parallel, self.window, self.microbatch_size,
                       self.inflight, sizes, chunks)  # fmt: skip
 

@@ -3,9 +3,9 @@
 A search file is a run configuration (model, data, training, optimizer, lr_schedule, pipeline)
 plus these four sections. ``paci-tune train`` accepts the same file and ignores them (after
 checking them), so one file describes both the search and the run it tunes. A space whose
-``schedules`` names one the simulator times (``zb-h1``, ``interleaved``:
-:data:`~.schema.TIMED_SCHEDULES`) is refused here, before any trial starts, where its trials could not
-run it: on the wall clock on the emulated runtime (both run for real on the distributed runtime, through
+``schedules`` names one the simulator times (:data:`~.schema.TIMED_SCHEDULES`: those built as
+torch's classes order them) is refused here, before any trial starts, where its trials could not
+run it: on the wall clock on the emulated runtime (they run for real on the distributed runtime, through
 torch's own classes; the space's other values are :mod:`paci_tune.tune.space`'s to check). May import:
 :mod:`.schema`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
@@ -302,7 +302,7 @@ def _space_file(name: str) -> Path | None:
 
 
 def check_timed_schedules(search: SearchConfig, budget: BudgetConfig, hardware: HardwareConfig) -> None:
-    """Refuse a space whose trials would run a schedule where it cannot run: interleaved or zb-h1 on the
+    """Refuse a space whose trials would run a schedule where it cannot run: a timed one on the
     wall clock on the emulated runtime (it trains 1F1B-flush's numbers there, timed by the simulator on
     the sim/rst clocks; both run for real only on the distributed runtime, through torch's own classes).
     A shipped space names every synchronous schedule the layers support, and binding it leaves these out

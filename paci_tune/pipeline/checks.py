@@ -30,7 +30,7 @@ from ..data.limits import check_fits_data
 from ..errors import ConfigError
 from ..model import LoadedModel, load_model
 from ..model.loader import check_fits
-from ..schedule import check_depth
+from ..schedule import OWN_PROGRAM, check_depth, schedule_of
 from .tied import tied_across_stages
 
 ENTRY = "model.entry"
@@ -149,27 +149,30 @@ def check_shared_parameters(meta: LoadedModel, sizes: Sequence[int], schedule: s
     have. So PACI refuses it up front, naming the parameter, the stages and what to do instead. A
     frozen shared parameter never changes, so its copies stay equal under every schedule.
 
-    ``chunked``: interleaved 1F1B run for real, ``sizes`` its ``v * P`` pieces, several to a rank. The
-    holders' sum is one all-reduce per rank, so a trainable parameter split across pieces is refused
-    too (the emulated runtime, training 1F1B's numbers on ``P`` stages, sums it).
+    ``chunked``: a multi-chunk schedule run for real (interleaved 1F1B, ZB-V, DualPipeV), ``sizes`` its
+    ``v * P`` pieces, several to a rank. The holders' sum is one all-reduce per rank, so a trainable
+    parameter split across pieces is refused too (the emulated runtime, training 1F1B's numbers on
+    one piece a stage, sums it). The schedules offered instead under PACI are the registry's
+    synchronous ones paci-tune's own runtimes run.
     """
     if chunked:
         for t in tied_across_stages(meta, sizes):
             if t.trainable:
                 raise ConfigError(
                     "pipeline.runtime", "distributed",
-                    f"emulated for schedule interleaved with this cut {list(sizes)}: {t.label} are one trainable "
+                    f"emulated for schedule {schedule} with this cut {list(sizes)}: {t.label} are one trainable "
                     f"parameter held by pieces {', '.join(map(str, t.stages))}, and the distributed runtime sums "
                     "a tied parameter over one stage per rank; or a pipeline.partition keeping those units in one "
                     "piece, or untie the parameter",
                 )  # fmt: skip
-    if schedule != "paci":
+    if schedule_of(schedule).synchronous:
         return
+    flush = " or ".join(n for n in OWN_PROGRAM if schedule_of(n).synchronous)
     for t in tied_across_stages(meta, sizes):
         if t.trainable:
             raise ConfigError(
                 "pipeline.schedule", schedule,
-                f"1f1b or gpipe for this cut {list(sizes)}: {t.label} are one trainable parameter held by stages "
+                f"{flush} for this cut {list(sizes)}: {t.label} are one trainable parameter held by stages "
                 f"{', '.join(map(str, t.stages))}; PACI's stages step at their own cadence with no synchronisation, "
                 "so the stages' copies would diverge (summing their gradients needs the synchronised step of a "
                 "flush schedule); or a pipeline.partition keeping those units on one stage, or untie the parameter",

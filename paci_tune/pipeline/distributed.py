@@ -16,16 +16,19 @@ identical). Parameters tied across stages: after the replicas' average, this ran
 with the other holders of its replica in a small all-reduce of their own group (:mod:`.tied`), so a
 holder's step waits for the others' (a flush schedule's do anyway).
 
-Several model chunks per rank (interleaved 1F1B, run by torch's class in :mod:`.torch_schedules`):
-the rank holds ``v`` :class:`~.stage.Stage` pieces, virtual stages ``s, s + P, ...`` of ``v * P``,
-each with its own optimizer, evaluator and checkpoint entry (a piece is a stage to everything that
-steps, scores or saves it). The transport addresses virtual stages, each on rank ``j mod P``; at a
-step the pieces are averaged together and clipped on the whole model's norm, then step one after
-another. Evaluations visit the pieces in order (every message a piece needs comes from an earlier
-piece of the ring), so the rank's links keep one order. What the ranks share besides tensors (timings,
-summary entries, a decision) travels as JSON (:mod:`.records`), never pickled. May import: torch, the pipeline
-layer's modules, :mod:`paci_tune.schedule`,
-:mod:`paci_tune.data`.
+Several model chunks per rank (interleaved 1F1B, ZB-V, DualPipeV, run by torch's classes in
+:mod:`.torch_schedules`): the rank holds ``v`` :class:`~.stage.Stage` pieces of ``v * P``, where the
+schedule's placement puts them (the registry's ``virtual_stage``: ``s, s + P, ...`` looped, ``s`` and
+``2P - 1 - s`` in a V), each with its own optimizer, evaluator and checkpoint entry (a piece is a stage
+to everything that steps, scores or saves it). The transport addresses virtual stages, each on the
+rank the registry's ``holder`` names; at a step the pieces are averaged together and clipped on the
+whole model's norm, then step one after another. Evaluations visit the pieces in order (a rank's
+pieces rise in model order, so every message a piece needs comes from an earlier piece), so the
+rank's links keep one order. The losses are collected where the reporter sits, replica 0's rank
+``P - 1``; in a V the last piece is on rank 0, and :mod:`.torch_schedules` relays its losses there.
+What the ranks share besides tensors (timings, summary entries, a decision) travels as JSON
+(:mod:`.records`), never pickled. May import: torch, the pipeline layer's modules,
+:mod:`paci_tune.schedule`, :mod:`paci_tune.data`.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from ..schedule import Action, Op, Program
+from ..schedule import Action, Op, Program, schedule_of
 from .backend import wire_device
 from .evaluation import EvalPlan
 from .mesh import build_mesh, rank_of, reporter_rank
@@ -80,20 +83,25 @@ class DistributedRuntime(RuntimeBase):
         replicas: int = 1,
         tied: list[TiedParameter] | None = None,
     ) -> None:
-        """``stage``: this rank's stage, or its pieces in chunk order (virtual stages ``s, s + P, ...``)."""
+        """``stage``: this rank's stage, or its pieces in chunk order (where the schedule's placement puts
+        them: virtual stages ``s, s + P, ...``, or ``s`` and ``2P - 1 - s``)."""
         pieces = [stage] if isinstance(stage, Stage) else list(stage)
         first = pieces[0]
         super().__init__(first, units, val, schedule, inflight)
+        self.spec = schedule_of(schedule)
         self.pieces = pieces
         self.stages = first.stages // len(pieces)  # ranks in the pipe (pieces count v times as many stages)
         self.stage, self.rank, self.s = first, dist.get_rank(), first.index
         self.wire = wire_device(dist.get_backend(), first.device)
         self.mesh = build_mesh(self.stages, replicas, "cuda" if self.wire.type == "cuda" else "cpu")
         assert self.mesh.stage == self.s, f"rank {self.rank} holds stage {self.mesh.stage}, not {self.s}"
-        assert [p.index for p in pieces] == [self.s + c * self.stages for c in range(len(pieces))]
+        placed = [self.spec.virtual_stage(self.s, c, self.stages) for c in range(len(pieces))]
+        assert [p.index for p in pieces] == placed, f"rank {self.rank} holds pieces {placed}"
         self.replica, self.n_replicas = self.mesh.replica, replicas
         ranks = self.mesh.pipe_ranks
-        self.p2p = P2P([ranks[j % self.stages] for j in range(first.stages)], first.device)
+        self.p2p = P2P([ranks[self.spec.holder(j, self.stages)[0]] for j in range(first.stages)], first.device)
+        self.loss_place = self.spec.holder(first.stages - 1, self.stages)[0]  # the pipe's rank with the last piece
+        self.batch_losses: BatchLosses | None = None  # where this segment's losses are collected (rank P - 1)
         self.runners = [ActionRunner(p, self.p2p, stream, val) for p in pieces]
         self.runner = self.runners[0]
         for runner in self.runners:
@@ -192,13 +200,16 @@ class DistributedRuntime(RuntimeBase):
         agreed = self._agreed(plan)
         for runner in self.runners:
             runner.begin(program, agreed)
-        last = self.runners[-1]
-        if last.stage.is_last and self.n_replicas == 1:
-            last.losses = BatchLosses(self.window, on_batch)
-        elif last.stage.is_last:
+        self.batch_losses = None
+        if self.s == self.stages - 1 and self.n_replicas == 1:  # the reporter's place in the pipe
+            self.batch_losses = BatchLosses(self.window, on_batch)
+        elif self.s == self.stages - 1:
             self.losses = LossAllReduce(self.mesh.dp_group, self.n_replicas, self.wire,
                                         on_batch if self.is_reporter else None)  # fmt: skip
-            last.losses = BatchLosses(self.window, self.losses.add)
+            self.batch_losses = BatchLosses(self.window, self.losses.add)
+        last = self.runners[-1]
+        if last.stage.is_last:
+            last.losses = self.batch_losses  # None where a V puts the last piece elsewhere (relayed)
 
     def _finish(self, program: Program, first_batch: int, mine: StageTiming, t0: float) -> SegmentReport:
         """End a segment started at ``t0``: drained, its timing shared, the same report on every rank."""
@@ -242,7 +253,9 @@ class DistributedRuntime(RuntimeBase):
                 else:
                     self.p2p.send(j, j + 1, "eval", -1 - i, out)
         self.p2p.wait_all()
-        return float(self.share(self.val.mean_loss(losses) if self.is_reporter else None))
+        src = rank_of(0, self.loss_place, self.stages)  # replica 0's last piece
+        mine = self.val.mean_loss(losses) if self.rank == src else None
+        return float(broadcast_json(mine, src=src))
 
     def share(self, value: object) -> object:
         """The reporting rank's ``value``, on every rank."""

@@ -25,7 +25,7 @@ from ..data import MicroBatchStream, TokenSource, ValidationSet
 from ..data.stream import DEFAULT_DRAW
 from ..errors import ConfigError
 from ..model import LoadedModel, input_grads, load_model
-from ..schedule import stage_units
+from ..schedule import schedule_of, stage_units
 from ..sim.profile import Profile
 from .checks import check_model_and_data, check_shared_parameters
 from .emulated import EmulatedRuntime
@@ -139,8 +139,9 @@ def build_setup(
         replica, stage = divmod(dist.get_rank(), p.stages)  # the mesh's layout: rank = replica * P + stage
         replicas = [replica]
         device = resolve_device(p.device, int(os.environ.get("LOCAL_RANK", "0")))
-        # interleaved 1F1B: the rank's v pieces, virtual stages stage, stage + P, ... (:mod:`.distributed`)
-        mine = [stage + c * p.stages for c in range(p.layout.chunks)]
+        # several chunks to a rank (torch's classes): its pieces where the schedule places them (:mod:`.distributed`)
+        spec = schedule_of(p.schedule)
+        mine = [spec.virtual_stage(stage, c, p.stages) for c in range(p.layout.chunks)]
     else:
         device = resolve_device(p.device)
         mine = list(range(p.stages))
@@ -168,7 +169,7 @@ def build_setup(
     def make_stage(s: int, replica: int) -> Stage:
         return Stage(
             s,
-            len(ranges),  # P, or the v * P pieces of an interleaved cut run for real
+            len(ranges),  # P, or the v * P pieces of a multi-chunk cut run for real
             unit_copies[replica][s],
             window=p.window,
             optimizer=stage_optimizer(cfg.optimizer, p, s),  # its own momentum under pipeline.stage_momentum
@@ -184,7 +185,7 @@ def build_setup(
     runtime: object
     if distributed:
         kind: type[DistributedRuntime] = DistributedRuntime
-        if p.runs_torch_schedule:  # zb-h1, interleaved, 1f1b with torch_schedule: torch's own class
+        if p.runs_torch_schedule:  # the schedule's torch class (the registry's runs_torch)
             from .torch_schedules import TorchScheduleRuntime
 
             kind = TorchScheduleRuntime

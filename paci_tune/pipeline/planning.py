@@ -13,9 +13,11 @@ are those of one replica (the partitioner also weighs each stage's gradient all-
 emulated runtime holds all D replicas in one process, so its one-device check counts D copies of
 every stage.
 
-Interleaved 1F1B (``pipeline.chunks`` v > 1) cuts the model into ``v * P`` pieces, stage ``s``
-holding pieces ``s, s + P, ...`` (:func:`interleaved_cut`): balanced on the profile's forward plus
-backward per unit, as ``paci-tune simulate`` cuts it, or on the FLOP estimates without a profile.
+A schedule whose ranks hold several chunks cuts the model into ``v * P`` pieces in model order
+(:func:`interleaved_cut`), placed as the schedule says (the registry's ``virtual_stage``: interleaved
+1F1B's stage ``s`` holds pieces ``s, s + P, ...``, ZB-V's and DualPipeV's rank ``s`` pieces ``s`` and
+``2P - 1 - s``): balanced on the profile's forward plus backward per unit, as ``paci-tune simulate``
+cuts it, or on the FLOP estimates without a profile.
 May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`,
 :mod:`paci_tune.errors`, torch.
 """
@@ -34,10 +36,11 @@ from ..config.schema import PipelineConfig, RunConfig
 from ..errors import ConfigError
 from ..schedule import (
     Program,
+    Schedule,
     balanced_partition,
     check_partition,
-    inflight_cap,
     resolve_partition,
+    schedule_of,
     stage_actions,
     stage_units,
 )
@@ -110,22 +113,22 @@ def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> 
 
     An upper bound of :func:`predicted_stage_memory`'s peak: the copies and the temporaries are counted
     on top of the most micro-batches in flight, whether or not they coincide. ``sizes`` is the run's cut:
-    ``v * P`` pieces under interleaved 1F1B, stage ``s`` holding pieces ``s, s + P, ...``, whose
-    activations are counted chunk by chunk off the stage's own action list
-    (:func:`~paci_tune.sim.memory.chunked_activations`), as the simulator does.
+    ``v * P`` pieces when a rank holds ``v`` chunks (:func:`stage_pieces`), whose activations are counted
+    chunk by chunk off the stage's own action list (:func:`~paci_tune.sim.memory.chunked_activations`),
+    as the simulator does.
     """
     p = cfg.pipeline
-    v = p.layout.chunks
+    v, spec = p.layout.chunks, schedule_of(p.schedule)
     pieces = [list(r) for r in stage_units(sizes)]
     out = []
     for s in range(p.stages):
-        inflight = inflight_cap(p.schedule, s, p.stages, p.window, p.inflight)
+        inflight = spec.inflight_cap(s, p.stages, p.window, p.inflight)
         activations = None
         if v > 1:
             lst = stage_actions(p.schedule, s, p.stages, p.window, 0, 2, chunks=v)
-            activations = chunked_activations(profile, pieces, s, p.stages, p.microbatch_size, lst)
+            activations = chunked_activations(profile, pieces, s, p.stages, p.microbatch_size, lst, spec.placement)
         copies = stage_copies(p.schedule, s, p.stages, p.window, p.inflight, backward_weights=p.backward_weights)
-        units = [u for piece in pieces[s :: p.stages] for u in piece]
+        units = [u for piece in stage_pieces(spec, pieces, s, p.stages) for u in piece]
         mem = stage_memory(
             profile,
             units,
@@ -143,6 +146,11 @@ def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> 
     return out
 
 
+def stage_pieces(spec: Schedule, pieces: Sequence[Sequence[int]], stage: int, stages: int) -> list[Sequence[int]]:
+    """The pieces (each a list of units) ``stage`` holds under ``spec``'s placement, by chunk."""
+    return [pieces[spec.virtual_stage(stage, c, stages)] for c in range(len(pieces) // stages)]
+
+
 def eval_chunk(cfg: RunConfig) -> int:
     """Sequences one evaluation forward holds: ``training.eval_microbatch_size``, at most the whole
     validation set (:class:`paci_tune.pipeline.evaluation.ValidationSet` cuts it into such chunks)."""
@@ -150,27 +158,29 @@ def eval_chunk(cfg: RunConfig) -> int:
 
 
 def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[StageMemory]:
-    """Each stage's (each rank's, under interleaved 1F1B) predicted memory at its peak, the moment of its
-    action list that holds the most (:func:`~paci_tune.sim.memory.action_peak`): what
+    """Each stage's (each rank's, all its chunks, where it holds several) predicted memory at its peak, the
+    moment of its action list that holds the most (:func:`~paci_tune.sim.memory.action_peak`): what
     :attr:`~paci_tune.sim.memory.StageMemory.allocated` predicts is what ``torch.cuda.max_memory_allocated``
     (or the CPU meter, :mod:`.meter`) measures of that stage's process. Evaluations at
     ``training.eval_microbatch_size`` count: mid-run ones after a step, and the drained last one.
     """
     p, t = cfg.pipeline, cfg.training
+    spec = schedule_of(p.schedule)
     pieces = [list(r) for r in stage_units(sizes)]
     eval_mid_run = t.steps is None or t.eval_every < t.steps
-    # zb-h1 and interleaved run torch's own classes wherever they really run (the emulated runtime trains
-    # their numbers as flush's and times them by the simulator): a device budget holds them to torch's
-    torch_run = p.schedule in ("zb-h1", "interleaved") or (p.runtime == "distributed" and bool(p.torch_schedule))
+    # the schedules built as torch's classes order them run those classes wherever they really run (the
+    # emulated runtime trains their numbers as flush's and times them by the simulator): a device budget
+    # holds them to torch's
+    torch_run = not spec.own_program or spec.runs_torch(p.runtime, bool(p.torch_schedule))
     out = []
     for s in range(p.stages):
-        units = [u for piece in pieces[s :: p.stages] for u in piece]
+        units = [u for piece in stage_pieces(spec, pieces, s, p.stages) for u in piece]
         acts = stage_actions(p.schedule, s, p.stages, p.window, 0, 3, p.inflight, chunks=p.layout.chunks)
         if eval_mid_run and not torch_run:  # paci-tune's programs place evaluations themselves (PACI's undrained)
             acts = list(Program(p.schedule, s, p.stages, p.window, 0, 2, inflight=p.inflight, eval_at=lambda k: k == 1))
         base = stage_memory(profile, units, p.microbatch_size, 0, last=s == p.stages - 1, optimizer=cfg.optimizer.name,
                             masters=prediction_steps(p, s) > 0)  # fmt: skip
-        forward = p.schedule == "paci" and p.backward_weights == "forward"
+        forward = spec.asynchronous and p.backward_weights == "forward"
         copy_bytes = sum(profile.units[i].trained_bytes for i in units) * WEIGHT_BYTES[profile.dtype] // 4
         peak = action_peak(
             profile,
@@ -185,6 +195,7 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
             eval_size=eval_chunk(cfg),
             eval_after_step=eval_mid_run and torch_run,
             keeps_logits=torch_run,
+            placement=spec.placement,
         )
         out.append(dataclasses.replace(base, activations=peak.activations, weight_copies=peak.copies * copy_bytes,
                                        transient=peak.transient, grads=base.grads if peak.grads else 0,
@@ -216,7 +227,8 @@ def plan_partition(
     """
     p = cfg.pipeline
     name = schedule or p.schedule
-    layout = dataclasses.replace(p.layout, schedule=name, chunks=p.layout.chunks if name == p.schedule else 1)
+    chunks = p.layout.chunks if name == p.schedule else schedule_of(name).chunks_of(None)  # p.chunks is its own
+    layout = dataclasses.replace(p.layout, schedule=name, chunks=chunks)
     if isinstance(p.partition, list):
         return check_partition(p.partition, layout.virtual_stages, len(unit_costs))
     if layout.chunks > 1:
@@ -292,7 +304,7 @@ def budget_fit(cfg: RunConfig, profile: Profile) -> tuple[list[int], list[int]]:
 def budget_peaks(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[int]:
     """Per stage on cut ``sizes``, the figure a device budget is held to: the validated model's allocated
     peak walked over each stage's actions (:func:`predicted_stage_memory`) plus the device's reserve
-    (:func:`budget_reserve`). An interleaved cut is ``v * P`` pieces, stage ``s`` holding pieces ``s, s + P, ...``."""
+    (:func:`budget_reserve`). A cut of a schedule of ``v`` chunks a rank is ``v * P`` pieces (:func:`stage_pieces`)."""
     reserve = budget_reserve(profile)
     return [int(st.allocated + reserve) for st in predicted_stage_memory(cfg, profile, sizes)]
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from ..data.stream import MicroBatchStream, ValidationSet
-from ..schedule import Action, Op, Program, copies_bound, drift_bound, inflight_cap, stage_actions
+from ..schedule import FLUSH, Action, Op, Program, copies_bound, drift_bound, inflight_cap, schedule_of, stage_actions
 from .evaluation import EvalPlan, StageEvaluator, Transport, merge_news
 from .meter import StageMeter
 from .stage import Stage
@@ -227,7 +227,7 @@ def warmup_actions(stage: int, stages: int, inflight: int) -> list[Action]:
     (the first micro-batches run up to 8x slower on CPU; left in the timed run they would be
     booked as pipeline bubble at the neighbouring stage).
     """
-    acts = stage_actions("1f1b", stage, stages, inflight, 0, 1)
+    acts = stage_actions(FLUSH, stage, stages, inflight, 0, 1)
     return [a for a in acts if a.op is not Op.STEP]
 
 
@@ -284,7 +284,7 @@ def stage_stats(
     :class:`~.meter.StageMeter`: CUDA's counter, or the CPU meter when asked for; None when not
     measured); ``peak_memory_bytes`` stays the process's peak resident set on the CPU.
     """
-    paci = schedule == "paci" and stage.trains
+    paci = schedule_of(schedule).asynchronous and stage.trains
     return {
         "stage": stage.index,
         "units": [units.start, units.stop],
@@ -323,7 +323,7 @@ class RuntimeBase:
     ) -> None:
         self.units, self.val, self.schedule, self.inflight = units, val, schedule, inflight
         self.stages, self.window, self.device = first.stages, first.window, first.device
-        self.clips_whole_model = schedule != "paci" and bool(first.grad_clip)  # flush schedules step together
+        self.clips_whole_model = schedule_of(schedule).synchronous and bool(first.grad_clip)  # stages step together
         self.meter = StageMeter(first.device, [])  # the subclass counts its own stages' state in (:meth:`_meter`)
 
     def _meter(self, stages: list[Stage]) -> None:

@@ -22,13 +22,13 @@ from collections.abc import Callable
 
 from ..config.optimizer import OptimizerConfig
 from ..config.schema import PipelineConfig
-from ..schedule import drift_bound
+from ..schedule import drift_bound, schedule_of
 from .optimizers import stage_config
 
 
 def staleness_of(p: PipelineConfig, stage: int) -> int:
     """``tau`` of ``stage``: PACI's drift bound there, 0 under a synchronous schedule."""
-    return drift_bound(stage, p.stages, p.window) if p.schedule == "paci" else 0
+    return drift_bound(stage, p.stages, p.window) if schedule_of(p.schedule).asynchronous else 0
 
 
 def stage_optimizer(opt: OptimizerConfig, p: PipelineConfig, stage: int) -> OptimizerConfig:

@@ -4,7 +4,8 @@ Each ``draw_*`` builds a matplotlib figure from the :class:`~.gather.Evidence` a
 (tests read the figure's axes and series; :func:`save` writes it as a PNG, atomically). A picture
 that has nothing to show (importances of a study with one finished trial) is ``None`` with the
 reason, never an empty frame. The recommendation's own pictures are in :mod:`.verdict`. May
-import: matplotlib, optuna, :mod:`.gather`, :mod:`paci_tune.verdict`, :mod:`paci_tune.tune`, :mod:`paci_tune.base`.
+import: matplotlib, optuna, :mod:`.gather`, :mod:`paci_tune.verdict`, :mod:`paci_tune.tune`, :mod:`paci_tune.base`,
+:mod:`paci_tune.schedule` (the colours).
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..base.files import atomic_write
+from ..schedule import REGISTRY
 from ..verdict.plot import draw_search
 from .gather import Evidence, TrialRow
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-COLOURS = {"paci": "#4477AA", "1f1b": "#CC6611", "zb-h1": "#228833", "interleaved": "#AA3377"}
+COLOURS = {name: spec.colour for name, spec in REGISTRY.items()}
+"""Each schedule's colour in every figure (the registry's)."""
 
 
 def pyplot() -> Any:

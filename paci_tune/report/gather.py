@@ -9,7 +9,7 @@ search, and it shows the same numbers the recommendation was made from.
 best.yaml keeps its storage's URL without a password: the report opens it with the password of
 ``PACI_TUNE_STORAGE`` when that names the same storage (else libpq's ``PGPASSWORD`` or ``~/.pgpass``
 supply it), and shows it with the password hidden. May import: optuna, :mod:`paci_tune.verdict`,
-:mod:`paci_tune.tune`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
+:mod:`paci_tune.tune`, :mod:`paci_tune.schedule`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..base.credentials import STORAGE_ENV, same_storage, shown
 from ..errors import ConfigError
+from ..schedule import FLUSH, NAMES
 from ..tune.bestfile import BestFile, read_best
 from ..tune.point import TrialParams
 from ..tune.record import StudyRecord, TrialRecord
-from ..tune.space import SCHEDULES
 from ..tune.study import open_storage
 from ..verdict.best import params_of, trial_counts
 
@@ -114,7 +114,7 @@ class Evidence:
 
 def baseline_schedule(best: BestFile | None) -> str:
     """The synchronous schedule PACI is compared with: best.yaml's (files before the key: 1f1b)."""
-    return str((best.baseline_schedule if best is not None else None) or "1f1b")
+    return str((best.baseline_schedule if best is not None else None) or FLUSH)
 
 
 def gather(best_path: str | Path | None, storage: str | None, study_name: str | None) -> Evidence:
@@ -136,7 +136,7 @@ def gather(best_path: str | Path | None, storage: str | None, study_name: str | 
         )
     store = open_storage(storage)
     names = {s.study_name for s in optuna.get_all_study_summaries(store)}
-    studies = {s: optuna.load_study(study_name=f"{name}.{s}", storage=store) for s in SCHEDULES
+    studies = {s: optuna.load_study(study_name=f"{name}.{s}", storage=store) for s in NAMES
                if f"{name}.{s}" in names}  # fmt: skip
     if not studies:
         known = sorted({n.rsplit(".", 1)[0] for n in names})

@@ -1,21 +1,13 @@
-"""Schedules as data, torch-free: per-stage action lists, their replay in time, cutting units into stages.
+"""Schedules as data, torch-free: the registry of schedules, per-stage action lists, their replay in
+time, cutting units into stages.
 
 The runtimes (:mod:`paci_tune.pipeline`) execute these lists and the simulator (:mod:`paci_tune.sim`)
-times them; both stand on this package and neither needs the other to know what a schedule is.
-May import: :mod:`paci_tune.errors` and the standard library only.
+times them; both stand on this package and neither needs the other to know what a schedule is. What
+each schedule is lives in :mod:`.registry`, one value per schedule. May import:
+:mod:`paci_tune.errors` and the standard library only.
 """
 
-from .actions import (
-    SCHEDULES,
-    Action,
-    Op,
-    copies_bound,
-    dependency,
-    drift_bound,
-    execution_order,
-    inflight_cap,
-    sweep,
-)
+from .actions import Action, Op, dependency, drift_bound, execution_order, sweep
 from .partition import (
     balanced_partition,
     check_depth,
@@ -25,23 +17,39 @@ from .partition import (
     stage_units,
 )
 from .program import Program, build, needs_snapshot, stage_actions
+from .registry import (
+    DEFAULT_CHUNKS,
+    FLUSH,
+    NAMES,
+    OWN_PROGRAM,
+    REGISTRY,
+    SYNCHRONOUS,
+    Schedule,
+    copies_bound,
+    inflight_cap,
+    preference,
+    schedule_of,
+    sides,
+    strongest,
+)
 from .replay import Placer, Timeline, drift_per_microbatch, inflight_per_chunk, peak_inflight, replay
-from .synchronous import INTERLEAVED, SYNCHRONOUS, ZB_H1, check_layout, sync_stage_actions, unsupported
 
 __all__ = [
-    "INTERLEAVED",
-    "SCHEDULES",
+    "DEFAULT_CHUNKS",
+    "FLUSH",
+    "NAMES",
+    "OWN_PROGRAM",
+    "REGISTRY",
     "SYNCHRONOUS",
-    "ZB_H1",
     "Action",
     "Op",
     "Placer",
     "Program",
+    "Schedule",
     "Timeline",
     "balanced_partition",
     "build",
     "check_depth",
-    "check_layout",
     "check_partition",
     "copies_bound",
     "dependency",
@@ -53,11 +61,13 @@ __all__ = [
     "min_max_partition",
     "needs_snapshot",
     "peak_inflight",
+    "preference",
     "replay",
     "resolve_partition",
+    "schedule_of",
+    "sides",
     "stage_actions",
     "stage_units",
+    "strongest",
     "sweep",
-    "sync_stage_actions",
-    "unsupported",
 ]

@@ -20,11 +20,13 @@ Schedules:
   keeps injecting micro-batches of the next global batch, and each stage applies its optimizer
   after every ``a`` of its own backwards, with no coordination between stages.
 
-The synchronous schedules of :mod:`.synchronous` (interleaved 1F1B, ZB-H1) add two things an action
-can say: its model ``chunk`` (with ``v`` chunks per device, chunk ``c`` of stage ``s`` is virtual
-stage ``c * P + s`` of ``v * P`` in model order, Megatron's and torch's looped placement), and the
-``W`` op: the weight-gradient half of a backward whose ``B`` then computes only the input gradient.
-Every schedule of the runtimes has one chunk and no ``W``, and reads exactly as before.
+The synchronous schedules of :mod:`.synchronous` and :mod:`.vshape` add two things an action can
+say: its model ``chunk``, and the ``W`` op: the weight-gradient half of a backward whose ``B`` then
+computes only the input gradient. Where a device's chunks sit in model order is the schedule's
+*placement* (:func:`virtual_stage`): ``looped`` (interleaved 1F1B, Megatron's and torch's), chunk
+``c`` of stage ``s`` is virtual stage ``c * P + s`` of ``v * P``; ``v`` (ZB-V, DualPipeV), stage ``s``
+holds virtual stages ``s`` and ``2P - 1 - s``. Every schedule of the runtimes has one chunk and no
+``W``, and reads exactly as before.
 """
 
 from __future__ import annotations
@@ -33,8 +35,6 @@ import enum
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-
-SCHEDULES = ("paci", "1f1b", "gpipe")
 
 
 class Op(str, enum.Enum):
@@ -60,60 +60,53 @@ class Action:
         return base if self.chunk == 0 else f"{base}.{self.chunk}"
 
 
-def inflight_cap(schedule: str, stage: int, stages: int, window: int, inflight: int | None = None) -> int:
-    """Most micro-batches a stage holds between forward and backward under ``schedule``.
-
-    1F1B-style schedules keep ``P - s`` in flight at stage ``s`` (what the last stage needs to never
-    wait in steady state); ``inflight`` caps that further to trade bubble for activation memory.
-    GPipe holds the whole global batch. ZB-H1 (:mod:`.synchronous`) keeps each micro-batch until its
-    ``W``: ``min(P, m)`` at every stage, 1F1B's first stage's count.
-    """
-    if schedule == "gpipe":
-        return window
-    if schedule == "zb-h1":
-        return max(min(stages, window), 1)
-    cap = stages - stage
-    if inflight is not None:
-        cap = min(cap, inflight)
-    if schedule == "1f1b":
-        cap = min(cap, window)
-    return max(cap, 1)
-
-
 def drift_bound(stage: int, stages: int, window: int) -> int:
     """PACI's bound on optimizer updates a micro-batch crosses at stage ``s``: ceil((P-s-1)/a)."""
     return math.ceil((stages - stage - 1) / window)
 
 
-def copies_bound(schedule: str, stage: int, stages: int, window: int, inflight: int | None = None) -> int:
-    """Most weight copies a stage holds for in-flight backwards with ``pipeline.backward_weights: forward``.
-
-    A copy exists only for a version an in-flight micro-batch still references after a step; with
-    ``k`` micro-batches in flight those span at most ``ceil((k-1)/a)`` versions older than the
-    current one (PACI's drift bound, ``ceil((P-s-1)/a)`` at the default cap). Synchronous schedules
-    never step with a micro-batch in flight: 0.
-    """
-    if schedule != "paci":
-        return 0
-    k = inflight_cap(schedule, stage, stages, window, inflight)
-    return math.ceil((k - 1) / window)
+PLACEMENTS = ("looped", "v")
+"""How a schedule's chunks sit in model order (module docstring)."""
 
 
-def dependency(action: Action, stage: int, stages: int, chunks: int = 1) -> tuple[int, Action] | None:
+def virtual_stage(stage: int, chunk: int, stages: int, placement: str = "looped") -> int:
+    """The position in model order of ``chunk`` of stage ``stage`` under ``placement``."""
+    if placement == "v":
+        return stage if chunk == 0 else 2 * stages - 1 - stage
+    if placement != "looped":
+        raise ValueError(f"unknown placement {placement!r}; expected one of {PLACEMENTS}")
+    return chunk * stages + stage
+
+
+def holder(virtual: int, stages: int, placement: str = "looped") -> tuple[int, int]:
+    """``(stage, chunk)`` holding virtual stage ``virtual``: :func:`virtual_stage`'s inverse."""
+    if placement == "v":
+        return (virtual, 0) if virtual < stages else (2 * stages - 1 - virtual, 1)
+    if placement != "looped":
+        raise ValueError(f"unknown placement {placement!r}; expected one of {PLACEMENTS}")
+    return virtual % stages, virtual // stages
+
+
+def dependency(
+    action: Action, stage: int, stages: int, chunks: int = 1, placement: str = "looped"
+) -> tuple[int, Action] | None:
     """The action at a neighbouring (virtual) stage that must finish before ``action`` can start.
 
     A forward needs the previous virtual stage's forward of the same micro-batch (its activation); a
     backward needs the next virtual stage's backward (its gradient); an evaluation needs the previous
-    stage's evaluation (its activations). With ``chunks = v`` the virtual stage of chunk ``c`` at
-    stage ``s`` is ``c * P + s`` (module docstring), so the neighbour of the last stage's chunk ``c``
-    is the first stage's chunk ``c + 1``. Steps, weight gradients (after their own ``B``) and the
-    first/last virtual stage's boundary actions depend only on the stage's own order.
+    stage's evaluation (its activations). The virtual stages are ``chunks * P`` in model order, placed
+    on the stages by ``placement`` (:func:`virtual_stage`): looped, the last stage's chunk ``c`` feeds
+    the first stage's chunk ``c + 1``; in a V, the last stage's chunk 0 feeds its own chunk 1. Steps,
+    weight gradients (after their own ``B``) and the first/last virtual stage's boundary actions
+    depend only on the stage's own order.
     """
-    j = action.chunk * stages + stage
+    j = virtual_stage(stage, action.chunk, stages, placement)
     if action.op in (Op.FORWARD, Op.EVAL) and j > 0:
-        return (j - 1) % stages, Action(action.op, action.mb, (j - 1) // stages)
+        s, c = holder(j - 1, stages, placement)
+        return s, Action(action.op, action.mb, c)
     if action.op is Op.BACKWARD and j < chunks * stages - 1:
-        return (j + 1) % stages, Action(action.op, action.mb, (j + 1) // stages)
+        s, c = holder(j + 1, stages, placement)
+        return s, Action(action.op, action.mb, c)
     return None
 
 
@@ -122,6 +115,7 @@ def execution_order(
     sync_steps: int | None = None,
     chunks: int = 1,
     step_groups: Sequence[Sequence[int]] = (),
+    placement: str = "looped",
 ) -> list[tuple[int, Action]]:
     """A global order of all actions that respects every stage's order and every dependency.
 
@@ -130,11 +124,12 @@ def execution_order(
     ``sync_steps`` (any true value) makes every STEP(k) wait until each other stage has done
     everything before its own STEP(k): all of batch k's gradients exist (global-norm clipping, as
     single-process training clips; PACI never synchronises its steps).
-    ``chunks``: model chunks per stage (:func:`dependency`). ``step_groups``: sets of stages whose
-    STEP(k)s wait the same way for each other only (a collective among them: tied parameters' holders,
-    :func:`step_partners`). Raises ``RuntimeError`` if the lists deadlock (a schedule bug, never a user error).
+    ``chunks``: model chunks per stage, placed by ``placement`` (:func:`dependency`). ``step_groups``:
+    sets of stages whose STEP(k)s wait the same way for each other only (a collective among them: tied
+    parameters' holders, :func:`step_partners`). Raises ``RuntimeError`` if the lists deadlock (a
+    schedule bug, never a user error).
     """
-    return list(sweep([iter(x) for x in lists], sync_steps, chunks, step_groups))
+    return list(sweep([iter(x) for x in lists], sync_steps, chunks, step_groups, placement))
 
 
 def step_partners(stages: int, sync_steps: int | None, step_groups: Sequence[Sequence[int]]) -> list[frozenset[int]]:
@@ -150,6 +145,7 @@ def sweep(
     sync_steps: int | None = None,
     chunks: int = 1,
     step_groups: Sequence[Sequence[int]] = (),
+    placement: str = "looped",
 ) -> Iterator[tuple[int, Action]]:
     """:func:`execution_order` over stage programs that are generated as they run (one process).
 
@@ -168,7 +164,7 @@ def sweep(
     arrived = [-1] * n
 
     def ready(s: int, act: Action) -> bool:
-        dep = dependency(act, s, n, chunks)
+        dep = dependency(act, s, n, chunks, placement)
         if dep is not None and done[dep[1].op, dep[1].chunk][dep[0]] < act.mb:
             return False
         if act.op is Op.STEP:

@@ -19,9 +19,9 @@ its end can be decided while it runs (a target reached, a wall-clock budget spen
   switch is safe at every stage; evaluations after ``k`` are dropped (the run's last evaluation is
   of the drained model, after the end).
 
-The synchronous schedules only the simulator runs (:mod:`.synchronous`) have no :class:`Program`:
+The schedules built as torch's classes order them (:mod:`.registry`'s builders) have no :class:`Program`:
 :func:`stage_actions` and :func:`build` give their segments. May import: :mod:`.actions`,
-:mod:`.synchronous` and the standard library (no torch).
+:mod:`.registry` and the standard library (no torch).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
-from .actions import SCHEDULES, Action, Op, inflight_cap
-from .synchronous import SYNCHRONOUS, sync_stage_actions
+from .actions import Action, Op
+from .registry import OWN_PROGRAM, schedule_of
 
 EvalAt = Callable[[int], bool]
 """``eval_at(k)``: whether the model after the step closing global batch ``k`` is evaluated."""
@@ -59,8 +59,9 @@ class Program:
         inflight: int | None = None,
         eval_at: EvalAt | None = None,
     ) -> None:
-        if schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
+        spec = schedule_of(schedule)
+        if not spec.own_program:
+            raise ValueError(f"no Program for schedule {schedule!r}; expected one of {OWN_PROGRAM}")
         if not 0 <= stage < stages:
             raise ValueError(f"stage {stage} out of range for {stages} stages")
         if end is not None and end < first_batch:
@@ -69,8 +70,9 @@ class Program:
         self.first_batch, self.end, self.inflight = first_batch, end, inflight
         self.eval_at = eval_at or _never
         self.decided_at: int | None = None  # the EVAL at which a dynamic end was set
-        self.cap = inflight_cap(schedule, stage, stages, window, inflight)
-        self._cap0 = inflight_cap(schedule, 0, stages, window, inflight)
+        self.spec = spec
+        self.cap = spec.inflight_cap(stage, stages, window, inflight)
+        self._cap0 = spec.inflight_cap(0, stages, window, inflight)
 
     # ------------------------------------------------------------------------------ the end
     def last_mb(self) -> float:
@@ -79,7 +81,7 @@ class Program:
     def anchor(self, k: int) -> float:
         """``b(k)``: the last micro-batch stage 0 forwards before its ``STEP(k)``."""
         a = self.window
-        b = (k + 1) * a + self._cap0 - 2 if self.schedule == "paci" else (k + 1) * a - 1
+        b = (k + 1) * a + self._cap0 - 2 if self.spec.asynchronous else (k + 1) * a - 1
         return min(b, self.last_mb())
 
     def end_if_decided_at(self, k: int) -> int:
@@ -100,7 +102,7 @@ class Program:
 
     # ------------------------------------------------------------------------------ actions
     def __iter__(self) -> Iterator[Action]:
-        if self.schedule == "paci":
+        if self.spec.asynchronous:
             return self._one_f_one_b()
         return self._flushing()
 
@@ -138,7 +140,7 @@ class Program:
         a, k = self.window, self.first_batch
         while self.end is None or k <= self.end:
             mbs = range(k * a, (k + 1) * a)
-            if self.schedule == "gpipe":
+            if self.spec.whole_batch_inflight:
                 yield from (Action(Op.FORWARD, m) for m in mbs)
                 yield from (Action(Op.BACKWARD, m) for m in mbs)
             else:
@@ -159,11 +161,11 @@ class Program:
             return []
         a = self.window
         out = []
-        if self.schedule == "paci" and mb < self.last_mb():
+        if self.spec.asynchronous and mb < self.last_mb():
             k = (mb - self._cap0 + 2) // a - 1  # the k with (k+1)a + cap0 - 2 == mb, when there is one
             if (k + 1) * a + self._cap0 - 2 == mb and k >= self.first_batch and self.evaluates(k):
                 out.append(k)
-        elif self.schedule == "paci" and mb == self.last_mb():
+        elif self.spec.asynchronous and mb == self.last_mb():
             # The last forward: every evaluation whose b(k) would lie beyond it is anchored here.
             k0 = -((self._cap0 - 2 - mb) // a) - 1  # the least k with (k+1)a + cap0 - 2 >= mb
             assert self.end is not None
@@ -192,13 +194,25 @@ def stage_actions(
 
     The list of a drained segment of the run (the runtimes drain at checkpoints and at the end);
     it is :class:`~paci_tune.schedule.program.Program`'s output for that segment, without evaluations.
-    A schedule of :mod:`.synchronous` (``chunks`` model chunks per stage) comes from there instead.
+    A schedule with a builder of its own (:mod:`.synchronous`, :mod:`.vshape`; ``chunks`` model chunks per
+    stage) comes from there instead, each batch drained, then ``STEP(k)``.
     """
-    if schedule in SYNCHRONOUS:
-        return sync_stage_actions(schedule, stage, stages, window, first_batch, n_batches, chunks)
-    if chunks != 1:
-        raise ValueError(f"{schedule} runs one chunk per stage, not {chunks}")
-    return list(Program(schedule, stage, stages, window, first_batch, first_batch + n_batches - 1, inflight=inflight))
+    spec = schedule_of(schedule)
+    if spec.builder is None:
+        if chunks != 1:
+            raise ValueError(f"{schedule} runs one chunk per stage, not {chunks}")
+        program = Program(schedule, stage, stages, window, first_batch, first_batch + n_batches - 1, inflight=inflight)
+        return list(program)
+    if not 0 <= stage < stages:
+        raise ValueError(f"stage {stage} out of range for {stages} stages")
+    refused = spec.refusal(stages, window, chunks)
+    if refused is not None:
+        raise ValueError(refused[1])
+    out: list[Action] = []
+    for k in range(first_batch, first_batch + n_batches):
+        out += spec.builder(stage, stages, window, chunks, k * window)
+        out.append(Action(Op.STEP, k))
+    return out
 
 
 def build(schedule: str, stages: int, window: int, first_batch: int, n_batches: int,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .actions import Action, Op, dependency, execution_order, step_partners
+from .actions import Action, Op, dependency, execution_order, step_partners, virtual_stage
 
 Duration = Callable[[int, Action], float]
 Latency = Callable[[int, int, Action], float]
@@ -66,8 +66,9 @@ class Placer:
 
     def __init__(self, stages: int, latency: Latency | None = None, sync_steps: int | None = None,
                  keep: bool = False, chunks: int = 1, step_groups: Sequence[Sequence[int]] = (),
-                 lead: Duration | None = None) -> None:  # fmt: skip
+                 lead: Duration | None = None, placement: str = "looped") -> None:  # fmt: skip
         self.n, self.latency, self.sync_steps, self.chunks, self.lead = stages, latency, sync_steps, chunks, lead
+        self.placement = placement
         self.partners = step_partners(stages, sync_steps, step_groups)
         self.free = [0.0] * stages
         self.busy = [0.0] * stages
@@ -94,7 +95,7 @@ class Placer:
         """
         assert act.op is not Op.EVAL, "evaluation is not training time"
         start = self.free[s]
-        dep = dependency(act, s, self.n, self.chunks)
+        dep = dependency(act, s, self.n, self.chunks, self.placement)
         if dep is not None:
             arrive = self._finished.pop((dep[0], dep[1].op, dep[1].mb, dep[1].chunk))
             start = max(start, arrive + (self.latency(dep[0], s, act) if self.latency else 0.0))
@@ -118,7 +119,7 @@ class Placer:
 
     def _consumed(self, s: int, act: Action) -> bool:
         """Whether an action at a neighbouring virtual stage waits for this one's finish time."""
-        j = act.chunk * self.n + s
+        j = virtual_stage(s, act.chunk, self.n, self.placement)
         if act.op is Op.FORWARD:
             return j < self.chunks * self.n - 1
         if act.op is Op.BACKWARD:
@@ -134,17 +135,19 @@ def replay(
     chunks: int = 1,
     step_groups: Sequence[Sequence[int]] = (),
     lead: Duration | None = None,
+    placement: str = "looped",
 ) -> Timeline:
     """Place every action of ``lists`` in time; see the module docstring.
 
     ``sync_steps=a``: steps wait for every stage's gradients of their batch (global-norm clipping
     in flush schedules, see :func:`~paci_tune.schedule.actions.step_partners`). ``chunks``: model
-    chunks per stage (interleaved schedules). ``step_groups``: stages whose steps meet in a collective
+    chunks per stage, placed by ``placement`` (:func:`~.actions.virtual_stage`: ``looped`` for
+    interleaved 1F1B, ``v`` for ZB-V and DualPipeV). ``step_groups``: stages whose steps meet in a collective
     (tied parameters' holders), ``lead(s, step)`` the part of a step before it (:meth:`Placer.place`).
     Evaluation actions are skipped: they cost no training time.
     """
-    placer = Placer(len(lists), latency, sync_steps, keep=True, chunks=chunks, step_groups=step_groups, lead=lead)
-    for s, act in execution_order(lists, sync_steps, chunks, step_groups):
+    placer = Placer(len(lists), latency, sync_steps, True, chunks, step_groups, lead, placement)
+    for s, act in execution_order(lists, sync_steps, chunks, step_groups, placement):
         if act.op is not Op.EVAL:
             placer.place(s, act, duration(s, act))
     assert placer.per_stage is not None

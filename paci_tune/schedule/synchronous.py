@@ -22,50 +22,17 @@ work, which is all the simulator needs to time them.
 
 These are the orders torch 2.13's ``ScheduleInterleaved1F1B`` and ``ScheduleInterleavedZeroBubble``
 (with one chunk per rank) compute; ``tests/test_sync_schedules.py`` checks that they agree. May
-import: :mod:`.actions`, :mod:`paci_tune.errors` and the standard library (no torch).
+import: :mod:`.actions` and the standard library (no torch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from ..errors import ConfigError
 from .actions import Action, Op
-
-INTERLEAVED = "interleaved"
-ZB_H1 = "zb-h1"
-SYNCHRONOUS = (INTERLEAVED, ZB_H1)
-"""Schedules with flush's numerics that only the simulator runs (their clock); the runtimes run 1F1B."""
 
 
 def rounds(window: int, stages: int) -> int:
     """torch's number of rounds of an interleaved schedule: ``max(1, m // P)``."""
     return max(1, window // stages)
-
-
-def unsupported(schedule: str, stages: int, window: int, chunks: int) -> tuple[str, str] | None:
-    """Why ``schedule`` cannot run ``window`` micro-batches on ``stages`` stages of ``chunks`` chunks:
-    ``(setting, reason)`` with the setting at fault (``chunks`` or ``window``), or None when it can."""
-    if schedule != INTERLEAVED:
-        return None if chunks == 1 else ("chunks", f"{schedule} runs one chunk per stage (chunks: 1)")
-    if chunks < 2:
-        return "chunks", "interleaved needs 2 or more chunks per stage (with 1 it is 1f1b)"
-    n = rounds(window, stages)
-    if window % n:
-        return "window", (
-            f"interleaved runs micro-batches in rounds: {window} micro-batches on {stages} stages make "
-            f"{n} rounds, which must divide {window} (e.g. a window that is a multiple of {stages})"
-        )
-    return None
-
-
-def check_layout(schedule: str, stages: int, window: int, chunks: int) -> None:
-    """Refuse a layout ``schedule`` cannot run (:func:`unsupported`), naming ``pipeline.chunks`` or
-    ``pipeline.window`` and the reason: what the simulator and a training run on these schedules say."""
-    refused = unsupported(schedule, stages, window, chunks)
-    if refused is not None:
-        setting, why = refused
-        raise ConfigError(f"pipeline.{setting}", chunks if setting == "chunks" else window, why)
 
 
 def _one_f_one_b(
@@ -108,35 +75,12 @@ def _one_f_one_b(
     return out
 
 
-BatchBuilder = Callable[[int, int, int, int, int], list[Action]]
-
-
-def _interleaved(stage: int, stages: int, window: int, chunks: int, first_mb: int) -> list[Action]:
+def interleaved(stage: int, stages: int, window: int, chunks: int, first_mb: int) -> list[Action]:
+    """One global batch of interleaved 1F1B at ``stage`` (torch's ``ScheduleInterleaved1F1B``)."""
     warmup = (chunks - 1) * (window // rounds(window, stages)) + 2 * (stages - 1 - stage)
     return _one_f_one_b(stage, stages, window, chunks, warmup, None, first_mb)
 
 
-def _zb_h1(stage: int, stages: int, window: int, chunks: int, first_mb: int) -> list[Action]:
+def zb_h1(stage: int, stages: int, window: int, chunks: int, first_mb: int) -> list[Action]:
+    """One global batch of ZB-H1 at ``stage`` (torch's ``ScheduleInterleavedZeroBubble``, one chunk)."""
     return _one_f_one_b(stage, stages, window, 1, stages - 1 - stage, stage, first_mb)
-
-
-_BUILDERS: dict[str, BatchBuilder] = {INTERLEAVED: _interleaved, ZB_H1: _zb_h1}
-
-
-def sync_stage_actions(
-    schedule: str, stage: int, stages: int, window: int, first_batch: int, n_batches: int, chunks: int = 1
-) -> list[Action]:
-    """Stage ``stage``'s actions for global batches ``first_batch .. first_batch+n_batches-1``: each
-    batch drained, then ``STEP(k)``. Raises ``ValueError`` for a layout the schedule cannot run."""
-    if schedule not in _BUILDERS:
-        raise ValueError(f"unknown schedule {schedule!r}; expected one of {SYNCHRONOUS}")
-    if not 0 <= stage < stages:
-        raise ValueError(f"stage {stage} out of range for {stages} stages")
-    refused = unsupported(schedule, stages, window, chunks)
-    if refused is not None:
-        raise ValueError(refused[1])
-    out: list[Action] = []
-    for k in range(first_batch, first_batch + n_batches):
-        out += _BUILDERS[schedule](stage, stages, window, chunks, k * window)
-        out.append(Action(Op.STEP, k))
-    return out

@@ -58,7 +58,7 @@ The upper bound :func:`stage_memory` composes without the walk (``predicted_memo
 The in-flight count is what the schedule allows (:func:`paci_tune.schedule.inflight_cap`):
 ``P - s`` at stage ``s`` for 1F1B and PACI, the whole window for GPipe. That is why 1F1B-style
 schedules need less memory than GPipe, and why the first stage is the most loaded. The
-synchronous schedules of :mod:`paci_tune.schedule.synchronous` are counted off their lists:
+schedules built as torch's classes order them (the registry's builders) are counted off their lists:
 
 - **ZB-H1** keeps a micro-batch's activations until its ``W`` (the weight gradient reads the layers'
   inputs), and every stage holds up to ``min(P, m)`` of them: the most over stages equals 1F1B's
@@ -70,6 +70,11 @@ synchronous schedules of :mod:`paci_tune.schedule.synchronous` are counted off t
   sum over the stage's list). The count at the peak is the warm-up plus one, ``(v-1) r + 2 (P-1-s)
   + 1`` chunk activations (at most ``v m``), each about ``1/v`` of a stage's: with ``r = P`` stage 0
   holds about ``(1 + 1/v)`` times 1F1B's ``P`` (Narayanan et al. state the same).
+- **ZB-V and DualPipeV** place two chunks on each rank in a V (rank ``s`` holds pieces ``s`` and
+  ``2P - 1 - s``), so every rank holds both chunks' weights and both chunks' in-flight activations,
+  each kept until its ``W``, counted per chunk as interleaved's. Rank ``s`` holds at most ``2P - s``
+  on its first chunk and ``s + 1`` on its second: ``2P`` chunk activations (DualPipeV ``2P + 1``),
+  about 1F1B's first stage's ``P`` whole ones, on every rank rather than only the first.
 
 The prediction is per device. With D data-parallel replicas each of the P x D devices holds one
 stage of one replica, fed micro-batches of ``b`` sequences (the global batch is D * a * b), so a
@@ -86,6 +91,7 @@ from dataclasses import asdict, dataclass
 
 from ..config.schema import BACKWARD_WEIGHTS
 from ..schedule import Action, Op, copies_bound, inflight_per_chunk
+from ..schedule.actions import virtual_stage
 from ..schedule.replay import releases_at
 from .profile import Profile
 
@@ -164,16 +170,21 @@ def inflight_bytes(profile: Profile, units: Sequence[int], microbatch_size: int,
 
 def chunked_activations(
     profile: Profile, pieces: Sequence[Sequence[int]], stage: int, stages: int, microbatch_size: int,
-    actions: Sequence[Action],
+    actions: Sequence[Action], placement: str = "looped",
 ) -> int:  # fmt: skip
-    """Peak activation bytes of ``stage`` of an interleaved cut: ``pieces`` (each a list of units) in
-    ``v`` chunks a stage, stage ``s`` holding pieces ``s, s + P, ...``. The largest, over the stage's
+    """Peak activation bytes of ``stage`` of a cut into ``v`` chunks a stage: ``pieces`` (each a list of
+    units) in model order, placed by ``placement`` (:func:`held_pieces`). The largest, over the stage's
     ``actions``, of the sum over its chunks of micro-batches in flight
     (:func:`paci_tune.schedule.inflight_per_chunk`) times that chunk's :func:`inflight_bytes`."""
-    mine = range(stage, len(pieces), stages)
+    mine = held_pieces(stage, stages, len(pieces) // stages, placement)
     per = [inflight_bytes(profile, list(pieces[j]), microbatch_size, last=j == len(pieces) - 1) for j in mine]
     live = inflight_per_chunk(actions)
     return max((sum(n * b for n, b in zip(counts, per, strict=False)) for counts in live), default=0)
+
+
+def held_pieces(stage: int, stages: int, chunks: int, placement: str = "looped") -> list[int]:
+    """The pieces (virtual stages) ``stage`` holds, by chunk: looped ``s, s + P, ...``; a V ``s, 2P - 1 - s``."""
+    return [virtual_stage(stage, c, stages, placement) for c in range(chunks)]
 
 
 def stage_memory(
@@ -289,9 +300,10 @@ def action_peak(
     eval_size: int | None = None,
     eval_after_step: bool = False,
     keeps_logits: bool = False,
+    placement: str = "looped",
 ) -> ActionPeak:
-    """Walk ``stage``'s ``actions`` (chunk ``j`` being piece ``stage + j * stages``) and return the moment
-    that holds the most (the module docstring's moments):
+    """Walk ``stage``'s ``actions`` (its chunks the pieces :func:`held_pieces` names under ``placement``)
+    and return the moment that holds the most (the module docstring's moments):
 
     - at a forward, or a whole backward (a split one's ``W`` on the first piece), the other micro-batches
       in flight on each chunk (a micro-batch from its forward until its release,
@@ -312,7 +324,7 @@ def action_peak(
       temporaries;
     - the run's last evaluation, drained: its forward at ``eval_size`` alone.
     """
-    mine = list(range(stage, len(pieces), stages))
+    mine = held_pieces(stage, stages, len(pieces) // stages, placement)
     last = len(pieces) - 1
     held = [inflight_bytes(profile, list(pieces[j]), microbatch_size, last=j == last) for j in mine]
     costs = profile.at(microbatch_size)

@@ -18,8 +18,10 @@ stages while a slightly slower one fits.
 
 The search is a dynamic program over (stages used, units covered): stage ``p`` covering units
 ``j..i-1`` is allowed when it fits, and ``best[p][i] = min_j max(best[p-1][j], time(j, i))``.
-It is exact, O(P n^2) cost evaluations. May import: :mod:`.memory`, :mod:`.profile`,
-:mod:`paci_tune.schedule`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`.
+It is exact, O(P n^2) cost evaluations. It cuts one piece per stage: a schedule whose ranks hold
+several chunks (interleaved, ZB-V, DualPipeV) is cut into ``v * P`` balanced pieces by
+:func:`paci_tune.pipeline.planning.interleaved_cut` instead, and refused here. May import:
+:mod:`.memory`, :mod:`.profile`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ..config.layout import Layout
 from ..config.memory import format_bytes
 from ..config.schema import BACKWARD_WEIGHTS
 from ..errors import ConfigError
-from ..schedule import SCHEDULES, ZB_H1, inflight_cap, min_max_partition
+from ..schedule import NAMES, min_max_partition, schedule_of
 from .memory import DEFAULT_OVERHEAD_BYTES, stage_copies, stage_memory
 from .profile import Profile
 
@@ -69,11 +71,12 @@ class PartitionModel:
         microbatch_size, inflight, data_parallel = layout.microbatch_size, layout.inflight, layout.data_parallel
         if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= n:
             raise ConfigError("pipeline.stages", stages, f"1..{n} (the model has {n} pipeline units)")
-        if schedule not in (*SCHEDULES, ZB_H1):  # interleaved cuts v*P pieces: not this partitioner's
-            raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join((*SCHEDULES, ZB_H1)))
+        one_chunk = [n for n in NAMES if not schedule_of(n).multi_chunk]
+        if schedule not in one_chunk:  # several chunks a rank cut v*P pieces: not this partitioner's
+            raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(one_chunk))
         if backward_weights not in BACKWARD_WEIGHTS:
             raise ConfigError("pipeline.backward_weights", backward_weights, "one of: " + ", ".join(BACKWARD_WEIGHTS))
-        self.profile, self.stages, self.schedule = profile, stages, schedule
+        self.profile, self.stages, self.schedule, self.spec = profile, stages, schedule, schedule_of(schedule)
         self.window, self.microbatch_size, self.inflight = window, microbatch_size, inflight
         self.optimizer, self.overhead_bytes = optimizer, overhead_bytes
         costs = profile.at(microbatch_size)
@@ -102,7 +105,7 @@ class PartitionModel:
 
     def memory(self, stage: int, first: int, stop: int) -> int:
         """Predicted peak bytes of ``stage`` owning units ``first..stop-1``."""
-        cap = inflight_cap(self.schedule, stage, self.stages, self.window, self.inflight)
+        cap = self.spec.inflight_cap(stage, self.stages, self.window, self.inflight)
         return stage_memory(
             self.profile,
             list(range(first, stop)),

@@ -42,13 +42,16 @@ their backward costs what the profile measured, 0 where nothing before them trai
 (:mod:`.profile`), and where nothing before a cut trains the gradient sent back across it is empty
 (the link's latency alone).
 
-**Interleaved 1F1B and ZB-H1** (:mod:`paci_tune.schedule.synchronous`) are timed from their own
-lists. Interleaved: the cut has ``v * P`` entries, chunk ``c`` of stage ``s`` is virtual stage
-``c * P + s`` with that piece's forward and backward; a hop between virtual stages costs the link
-after the sending piece (none between two chunks of one device, ``P = 1``). ZB-H1: a ``B`` costs the
-input-gradient half of the stage's backward and a ``W`` the weight-gradient half, measured or derived
-(:mod:`.costs`; ``backward_split`` in the JSON says which). Their memory is counted off the lists
-(:mod:`.memory`).
+**The schedules built as torch's classes order them** (interleaved 1F1B, ZB-H1, ZB-V, DualPipeV:
+:mod:`paci_tune.schedule.synchronous`, :mod:`paci_tune.schedule.vshape`) are timed from their own
+lists. With several chunks the cut has ``v * P`` entries in model order, and the schedule's
+placement says which a rank holds (the registry's ``virtual_stage``: looped, chunk ``c`` of stage
+``s`` is piece ``c * P + s``; a V, rank ``s`` holds pieces ``s`` and ``2P - 1 - s``), each chunk with
+that piece's forward and backward; a hop between virtual stages costs the link after the sending
+piece (none between two chunks of one device: ``P = 1``, or a V's middle). A split backward's ``B``
+costs the input-gradient half of the piece's backward and its ``W`` the weight-gradient half,
+measured or derived (:mod:`.costs`; ``backward_split`` in the JSON says which). Their memory is
+counted off the lists (:mod:`.memory`), every chunk a rank holds.
 
 PACI never drains inside a segment: it is simulated over at least ``4 * P`` global batches, and the
 steady-state step time (between optimizer steps mid-run) is reported next to the average. May
@@ -66,26 +69,11 @@ from typing import Any
 from ..config.layout import Layout
 from ..config.schema import BACKWARD_WEIGHTS
 from ..errors import ConfigError
-from ..schedule import (
-    INTERLEAVED,
-    SCHEDULES,
-    SYNCHRONOUS,
-    ZB_H1,
-    Action,
-    Op,
-    build,
-    check_layout,
-    check_partition,
-    drift_bound,
-    stage_units,
-)
+from ..schedule import NAMES, Action, Op, build, check_partition, drift_bound, schedule_of, stage_units
 from ..schedule.replay import StageTimes, Timeline, drift_per_microbatch, peak_inflight, replay
 from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, chunked_activations, stage_memory
 from .profile import Profile
 from .tied import tied_steps
-
-SIMULATED = SCHEDULES + SYNCHRONOUS
-"""Every schedule the simulator times: the runtimes' and the synchronous ones only it runs."""
 
 
 @dataclass
@@ -109,7 +97,7 @@ class StageResult:
     weight_copies_made: int = 0  # forward mode: steps that cloned the weights (module docstring)
     weight_copies_peak: int = 0  # forward mode: most weight copies held at once
     copy_s: float = 0.0  # one clone of the stage's weights (the profile's ``copy_s``)
-    chunk_units: tuple[range, ...] = ()  # interleaved: the units of each chunk the stage holds
+    chunk_units: tuple[range, ...] = ()  # several chunks: the units of each chunk the stage holds
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -154,7 +142,7 @@ class SimResult:
     per_stage: list[StageResult]
     timeline: Timeline = field(repr=False)
     backward_weights: str = "forward"
-    backward_split: str | None = None  # zb-h1: "measured" or "derived" (the profile's B/W split, :mod:`.costs`)
+    backward_split: str | None = None  # split B/W: "measured" or "derived" (the profile's split, :mod:`.costs`)
     mean_costs: tuple[float, float, float] = (0.0, 0.0, 0.0)  # F, B, W of a stage, averaged over stages
 
     @property
@@ -177,20 +165,16 @@ class SimResult:
 
     @property
     def analytic_bubble_fraction(self) -> float:
-        """Textbook bubble with equal stages and free transfers: (P-1)/(m+P-1) when flushing, 0 for PACI;
-        interleaved (P-1)/(v m + P-1); ZB-H1 (P-1)(F+B-W) / (m(F+B+W) + (P-1)(F+B-W)) on the stages' mean
-        F, B, W (Qi et al.; (P-1)/(3m+P-1) when they are equal)."""
-        lay = self.layout
+        """Textbook bubble with equal stages and free transfers (the registry's ``Schedule.bubble``: 0 for
+        PACI, (P-1)/(m+P-1) for a flush, interleaved (P-1)/(v m + P-1), a V schedule's own); ZB-H1's on the
+        stages' mean F, B, W: (P-1)(F+B-W) / (m(F+B+W) + (P-1)(F+B-W)) (Qi et al.; (P-1)/(3m+P-1) when equal)."""
+        lay, spec = self.layout, schedule_of(self.layout.schedule)
         p, m = lay.stages, lay.window
-        if lay.schedule == "paci":
-            return 0.0
-        if lay.schedule == INTERLEAVED:
-            return (p - 1) / (lay.chunks * m + p - 1)
-        if lay.schedule == ZB_H1:
+        if spec.split_backward and not spec.multi_chunk:
             f, b, w = self.mean_costs
             idle = (p - 1) * max(f + b - w, 0.0)
             return idle / (m * (f + b + w) + idle) if idle else 0.0
-        return (p - 1) / (m + p - 1)
+        return spec.bubble(p, m, lay.chunks)
 
     @property
     def max_drift(self) -> int:
@@ -264,7 +248,7 @@ def weight_copy_steps(actions: Sequence[Action]) -> tuple[set[int], int]:
 
 def simulated_batches(schedule: str, stages: int, n_batches: int) -> int:
     """Global batches actually simulated: PACI needs a run long enough to reach its steady state."""
-    return max(n_batches, 4 * stages) if schedule == "paci" else n_batches
+    return max(n_batches, 4 * stages) if schedule_of(schedule).asynchronous else n_batches
 
 
 def simulate(
@@ -292,11 +276,12 @@ def simulate(
         raise ConfigError("pipeline.backward_weights", backward_weights, "one of: " + ", ".join(BACKWARD_WEIGHTS))
     schedule, stages, window = layout.schedule, layout.stages, layout.window
     microbatch_size, data_parallel, inflight = layout.microbatch_size, layout.data_parallel, layout.inflight
-    if schedule not in SIMULATED:
-        raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(SIMULATED))
+    if schedule not in NAMES:
+        raise ConfigError("pipeline.schedule", schedule, "one of: " + ", ".join(NAMES))
+    spec = schedule_of(schedule)
     layout.check()
     chunks = layout.chunks
-    check_layout(schedule, stages, window, chunks)
+    spec.check(stages, window, chunks)
     if isinstance(n_batches, bool) or not isinstance(n_batches, int) or n_batches < 1:
         raise ConfigError("batches", n_batches, "a positive integer")
     if layout.partition is None:
@@ -306,8 +291,8 @@ def simulate(
                           f"{stages} stages x chunks pieces of the model's {profile.n_units} units")  # fmt: skip
     sizes = check_partition(list(layout.partition), layout.virtual_stages, profile.n_units)
     layout = layout.with_partition(sizes)
-    pieces = stage_units(sizes)  # per virtual stage (chunk c of stage s is piece c * P + s)
-    held = [[pieces[c * stages + s] for c in range(chunks)] for s in range(stages)]
+    pieces = stage_units(sizes)  # per virtual stage, in model order
+    held = [[pieces[spec.virtual_stage(s, c, stages)] for c in range(chunks)] for s in range(stages)]
     ranges = [range(r[0].start, r[-1].stop) if chunks == 1 else r[0] for r in held]  # one chunk: the stage
     units = [[i for r in rs for i in r] for rs in held]
     n = simulated_batches(schedule, stages, n_batches) if extend else n_batches
@@ -317,14 +302,14 @@ def simulate(
     split = profile.backward_split(microbatch_size)
     fwd = [sum(costs[i].forward_s for i in r) for r in pieces]
     bwd = [sum(costs[i].backward_s for i in r) for r in pieces]
-    if schedule == ZB_H1:  # B is the input gradient alone, W the weight gradient
+    if spec.split_backward:  # B is the input gradient alone, W the weight gradient
         bwd = [sum(split[i][0] for i in r) for r in pieces]
     wgt = [sum(split[i][1] for i in r) for r in pieces]
     trains = [profile.trains(u) for u in units]  # else: no step, nothing to reduce, copy or drift
     reduce = [profile.allreduce.ring_s(profile.gradient_bytes(u), data_parallel) if t else 0.0
               for u, t in zip(units, trains, strict=True)]  # fmt: skip
     tied = tied_steps(profile.tied, units)  # holder stages -> bytes they sum at each step
-    if tied and schedule == "paci":
+    if tied and spec.asynchronous:
         raise ConfigError("pipeline.schedule", schedule, f"1f1b or gpipe for this cut {sizes}: stages {list(tied)} "
                           "hold units sharing trainable parameters (the profile's tied), whose copies PACI's "
                           "unsynchronised steps would let diverge; or a cut keeping them on one stage")  # fmt: skip
@@ -337,22 +322,30 @@ def simulate(
                  for j, r in enumerate(pieces)]  # fmt: skip
     per_piece = {Op.FORWARD: fwd, Op.BACKWARD: bwd, Op.WEIGHT: wgt}
     copy = [profile.weight_copy_s(u) for u in units]
-    kept = [weight_copy_steps(acts) if backward_weights == "forward" and t and schedule == "paci" else (set(), 0)
+    kept = [weight_copy_steps(acts) if backward_weights == "forward" and t and spec.asynchronous else (set(), 0)
             for acts, t in zip(lists, trains, strict=True)]  # fmt: skip
 
     def duration(s: int, act: Action) -> float:
         if act.op is Op.STEP:
             return opt[s] + (copy[s] if act.mb in kept[s][0] else 0.0)
-        return per_piece[act.op][act.chunk * stages + s]
+        return per_piece[act.op][spec.virtual_stage(s, act.chunk, stages)]
 
     def latency(src: int, dst: int, act: Action) -> float:
         if src == dst:
             return 0.0  # two chunks of one device
-        j = act.chunk * stages + dst  # the receiving piece; the cut is after the piece that sends forward
+        j = spec.virtual_stage(dst, act.chunk, stages)  # the receiving piece; the cut is after the one sending forward
         return grad_link[j] if act.op is Op.BACKWARD else link[j - 1]
 
-    timeline = replay(lists, duration, latency, sync_steps=window if sync_steps else None, chunks=chunks,
-                      step_groups=list(tied), lead=lambda s, _: reduce[s] if tied_s[s] else 0.0)  # fmt: skip
+    timeline = replay(
+        lists,
+        duration,
+        latency,
+        sync_steps=window if sync_steps else None,
+        chunks=chunks,
+        step_groups=list(tied),
+        lead=lambda s, _: reduce[s] if tied_s[s] else 0.0,
+        placement=spec.placement,
+    )
     span = timeline.makespan
     if span <= 0:
         raise ConfigError("profile", "all costs zero", "a profile with some positive forward or backward time")
@@ -365,7 +358,7 @@ def simulate(
         t1, t2 = windows[s]
         activations = None
         if chunks > 1:
-            activations = chunked_activations(profile, pieces, s, stages, microbatch_size, lists[s])
+            activations = chunked_activations(profile, pieces, s, stages, microbatch_size, lists[s], spec.placement)
         out.append(
             StageResult(
                 stage=s,
@@ -388,7 +381,7 @@ def simulate(
                 ),
                 max_drift=max(drift.values(), default=0),
                 mean_drift=sum(drift.values()) / len(drift) if drift else 0.0,
-                drift_bound=drift_bound(s, stages, window) if schedule == "paci" and trains[s] else 0,
+                drift_bound=drift_bound(s, stages, window) if spec.asynchronous and trains[s] else 0,
                 drift_histogram=dict(Counter(drift.values())),
                 allreduce_s=reduce[s],
                 tied_allreduce_s=tied_s[s],
@@ -410,7 +403,7 @@ def simulate(
         per_stage=out,
         timeline=timeline,
         backward_weights=backward_weights,
-        backward_split=("measured" if profile.split_measured else "derived") if schedule == ZB_H1 else None,
+        backward_split=("measured" if profile.split_measured else "derived") if spec.split_backward else None,
         mean_costs=(sum(fwd) / stages, sum(bwd) / stages, sum(wgt) / stages),
     )
 

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from ..config.layout import Layout
 from ..config.schema import RunConfig
-from ..schedule import Op
+from ..schedule import Op, schedule_of
 from ..sim.profile import Profile
 from ..sim.simulator import simulate
 
@@ -271,5 +271,6 @@ def run_clock(cfg: RunConfig, profile: Profile, layout: Layout, offset: float = 
     """The profile clock of run ``cfg`` on ``layout`` (its cut pinned): what its trainer reads, and what a
     search reads to time a layout against a curve another layout trained (:mod:`paci_tune.tune.sharing`)."""
     t, p = cfg.training, cfg.pipeline
-    return ProfileClock(t.clock, profile, layout, sync_steps=p.schedule != "paci" and bool(cfg.optimizer.grad_clip),
-                        backward_weights=p.backward_weights, offset=offset)  # fmt: skip
+    sync_steps = schedule_of(p.schedule).synchronous and bool(cfg.optimizer.grad_clip)
+    return ProfileClock(t.clock, profile, layout, sync_steps=sync_steps, backward_weights=p.backward_weights,
+                        offset=offset)  # fmt: skip

@@ -6,8 +6,8 @@ losses as batches complete. The same loop runs in the single emulated process an
 of the distributed runtime (SPMD); only the reporting rank writes records. It takes only a resolved
 run (:func:`paci_tune.train.run.resolve_run`): a profile clock finds its profile named, and nothing
 here loads the data, the model's metadata or the profile again.
-May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`, the train layer's own
-modules.
+May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`,
+:mod:`paci_tune.schedule`, the train layer's own modules.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from ..errors import ConfigError
 from ..pipeline.evaluation import NEAR, REACHED, EvalPlan, EvalResult
 from ..pipeline.factory import ResolvedRun, Setup, build_setup
 from ..pipeline.runtime import Runtime, StageTiming
+from ..schedule import schedule_of
 from . import checkpoint
 from .clock import Clock, WallClock, run_clock
 from .fingerprint import fingerprint, mismatch
 from .lr import lr_factor, peak_lr, step_progress
-from .memory_check import against_budget, allocated
+from .memory_check import against_budget, allocated, predicted
 from .metrics import RecordSink
 from .nearness import after_validation, near, validated
 from .timed import is_timed, numerics_config, numerics_run
@@ -386,17 +387,14 @@ class Trainer:
         losses = [r["loss"] for r in self.sink.records if r.get("event") == "train"]
         tail = losses[-10:]
         p, m = c.pipeline.stages, c.pipeline.window
-        if c.pipeline.schedule == "paci":  # fills and drains once per segment (at checkpoints)
+        spec = schedule_of(c.pipeline.schedule)
+        if spec.asynchronous:  # fills and drains once per segment (at checkpoints)
             fill = st.segments * (p - 1)
             analytic = fill / (m * st.batches_done + fill) if st.batches_done else 0.0
         elif is_timed(c) and self.clock.analytic_bubble is not None:  # its own formula, on the profile's costs
             analytic = self.clock.analytic_bubble
-        elif c.pipeline.schedule == "zb-h1":  # run for real on the wall clock: the formula at F = B = W
-            analytic = (p - 1) / (3 * m + p - 1)
-        elif c.pipeline.schedule == "interleaved":  # run for real on the wall clock: v times shorter fill and drain
-            analytic = (p - 1) / (c.layout.chunks * m + p - 1)
-        else:
-            analytic = (p - 1) / (m + p - 1)
+        else:  # the schedule's textbook bubble at equal costs
+            analytic = spec.bubble(p, m, c.layout.chunks)
         mfu_flops = self.setup.flops_per_token
         bubble = sum(x["bubble_fraction"] for x in stats) / len(stats)
         if st.clock_busy and st.clock_span > 0:  # the same figures on the objective's clock
@@ -430,7 +428,7 @@ class Trainer:
             "bubble_fraction": bubble,
             "analytic_bubble_fraction": analytic,
             "max_drift": max(x["max_drift"] for x in stats),
-            "drift_bound": max(x["drift_bound"] for x in stats) if c.pipeline.schedule == "paci" else 0,
+            "drift_bound": max(x["drift_bound"] for x in stats) if spec.asynchronous else 0,
             "peak_memory_bytes": max(x["peak_memory_bytes"] for x in stats),
             "final_val_loss": st.last_val_loss,
             "train_loss": sum(tail) / len(tail) if tail else None,
@@ -442,6 +440,7 @@ class Trainer:
             "memory_measured_per": "stage" if c.pipeline.runtime == "distributed" else "process (all stages)",
             **allocated(stats, getattr(self.runtime, "meter", None), self.setup.device.type),
             **against_budget(c, stats),  # hardware.memory against what the run measured
+            **predicted(c, self.setup.profile),  # simulate's and the search's figure for this layout
             "profile": self.cfg.training.profile,
             "stages": stats,
         }

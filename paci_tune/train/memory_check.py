@@ -6,7 +6,9 @@ uses the allocator's count (``peak_allocated_bytes``: CUDA's ``max_memory_alloca
 tracker when it ran); a CPU process's resident set counts the Python interpreter and torch's
 libraries too, so it is not held against a budget for tensors. On the emulated runtime one process
 holds every stage of every replica, so its peak is held against the budget of all P x D devices it
-stands for. May import: :mod:`paci_tune.config` and the standard library.
+stands for. The summary also carries the run's predicted peak per device, the figure ``simulate`` and
+the search give for the same layout (:func:`predicted`). May import: :mod:`paci_tune.config`,
+:mod:`paci_tune.pipeline` (the prediction), :mod:`paci_tune.errors` and the standard library.
 """
 
 from __future__ import annotations
@@ -14,6 +16,22 @@ from __future__ import annotations
 from typing import Any
 
 from ..config.schema import RunConfig
+from ..errors import ConfigError
+from ..pipeline.planning import budget_peaks
+
+
+def predicted(cfg: RunConfig, profile: Any) -> dict[str, Any]:
+    """The run's predicted peak per device on its pinned cut, the device reserve included: what ``simulate``
+    prints and a search holds ``hardware.memory`` to (:func:`paci_tune.pipeline.planning.budget_peaks`).
+    Empty without a profile, or where the profile cannot price this layout (another micro-batch size)."""
+    cut = cfg.pipeline.partition
+    if profile is None or not isinstance(cut, list):
+        return {}
+    try:
+        peaks = budget_peaks(cfg, profile, cut)
+    except (ConfigError, KeyError, ValueError):
+        return {}
+    return {"predicted_peak_bytes": max(peaks), "predicted_stage_peak_bytes": peaks}
 
 
 def _measured(stage: dict[str, Any]) -> int | None:

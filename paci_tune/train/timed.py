@@ -29,19 +29,19 @@ from __future__ import annotations
 import dataclasses
 
 from ..config.memory import RunHardware
-from ..config.schema import TIMED_SCHEDULES, RunConfig
+from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..pipeline.factory import ResolvedRun, resolve_pieces, unit_costs
 from ..pipeline.planning import check_budget, plan_partition
-from ..schedule import check_layout
+from ..schedule import FLUSH, schedule_of
 
-NUMERICS = "1f1b"
+NUMERICS = FLUSH
 """The schedule whose numerics a timed schedule trains."""
 
 
 def is_timed(cfg: RunConfig) -> bool:
     """Whether ``cfg``'s schedule is timed by the simulator while 1f1b computes its numbers."""
-    return cfg.pipeline.schedule in TIMED_SCHEDULES
+    return not schedule_of(cfg.pipeline.schedule).own_program
 
 
 def trains_flush_for(cfg: RunConfig) -> bool:
@@ -80,7 +80,7 @@ def resolve_timed(cfg: RunConfig) -> ResolvedRun:
     """
     p = cfg.pipeline
     layout = p.layout
-    check_layout(p.schedule, p.stages, p.window, layout.chunks)
+    schedule_of(p.schedule).check(p.stages, p.window, layout.chunks)
     # The device budget is the timed schedule's (checked here); the 1F1B numerics run stands in for it.
     unbudgeted = RunHardware()
     auto = dataclasses.replace(cfg, pipeline=dataclasses.replace(p, partition="auto"), hardware=unbudgeted)

@@ -4,7 +4,8 @@ interleaved's ``chunks``.
 Each parser takes the value as the file gives it and returns the choices :mod:`.space` binds, or
 raises a ConfigError naming the ``space.KEY``, the value and what is allowed. ``backward_weights``'
 values are the schema's own (``pipeline.backward_weights``'s ``Literal``), so the two cannot drift.
-May import: :mod:`paci_tune.config` (the schema), :mod:`paci_tune.errors`.
+May import: :mod:`paci_tune.config` (the schema), :mod:`paci_tune.schedule` (v's default),
+:mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config.schema import BACKWARD_WEIGHTS, DEFAULT_CHUNKS, PipelineConfig
+from ..config.schema import BACKWARD_WEIGHTS, PipelineConfig
 from ..errors import ConfigError
+from ..schedule import DEFAULT_CHUNKS
 
 MAX_CHOICES = 10_000
 """Values one integer range may expand to: each is a point of a finite grid the search enumerates."""

@@ -21,7 +21,7 @@ which a t-test on log times cannot take, so the verdict is ``undecided``; more s
 
 **Seeds.** The t-test needs n >= 2 (one seed estimates no spread), so the first look is at
 max(2, ``min_seeds``); an exact sign-flip test could not reach p < 0.05 below 6 seeds. May import: numpy,
-scipy.
+scipy, :mod:`paci_tune.schedule` (the baseline's label).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from ..schedule import REGISTRY
+
 ALPHA = 0.05
 LEVEL = 1 - ALPHA
 """The overall level: the chance that a confirmation names a winner when there is none is at most ALPHA."""
@@ -45,6 +47,7 @@ MIN_PAIRED = 2
 STOPPED_BY = ("decided", "narrow", "max_seeds", "missed")
 VERDICTS = ("paci", "flush", "tie", "undecided")
 """``flush``: the synchronous baseline is faster, whichever synchronous schedule it is (``baseline.schedule``)."""
+PACI_WINS, BASELINE_WINS, TIE, UNDECIDED = VERDICTS
 
 
 def spent(t: float, alpha: float = ALPHA) -> float:
@@ -96,9 +99,9 @@ class Design:
         logs = np.log(np.asarray(ratios, dtype=float)) if n else np.zeros(0)
         speedup = float(np.exp(logs.mean())) if n and np.isfinite(logs).all() else math.nan
         if missed:
-            return Look(n, speedup, None, None, math.nan, "undecided", "missed")
+            return Look(n, speedup, None, None, math.nan, UNDECIDED, "missed")
         if n < self.first:
-            return Look(n, speedup, None, None, math.nan, "undecided", None)
+            return Look(n, speedup, None, None, math.nan, UNDECIDED, None)
         confidence = 1 - self.alpha_at(min(n, self.max_seeds))
         if np.ptp(logs) <= 1e-12 * max(1.0, abs(float(logs.mean()))):  # every seed the same ratio: no spread
             low = high = speedup
@@ -106,10 +109,10 @@ class Design:
             ci = stats.ttest_1samp(logs, 0.0).confidence_interval(confidence_level=confidence)
             low, high = float(np.exp(ci.low)), float(np.exp(ci.high))
         if low > 1.0 or high < 1.0:
-            return Look(n, speedup, low, high, confidence, "paci" if low > 1.0 else "flush", "decided")
+            return Look(n, speedup, low, high, confidence, PACI_WINS if low > 1.0 else BASELINE_WINS, "decided")
         if high - low < self.tolerance * speedup:
-            return Look(n, speedup, low, high, confidence, "tie", "narrow")
-        return Look(n, speedup, low, high, confidence, "tie", "max_seeds" if n >= self.max_seeds else None)
+            return Look(n, speedup, low, high, confidence, TIE, "narrow")
+        return Look(n, speedup, low, high, confidence, TIE, "max_seeds" if n >= self.max_seeds else None)
 
     def settle(self, ratios: Sequence[float], missed: Sequence[bool]) -> Look:
         """The sequential rule over the seeds run so far, in seed order: the first look that stops, else the
@@ -173,13 +176,13 @@ class Comparison:
     @property
     def no_pipeline(self) -> bool:
         """The synchronous point that is not beaten runs the whole model on each device (P = 1)."""
-        return self.verdict != "paci" and int(self.baseline.get("stages") or 0) == 1
+        return self.verdict != PACI_WINS and int(self.baseline.get("stages") or 0) == 1
 
     @property
     def baseline_name(self) -> str:
-        """How the sentences name the baseline: ``flush`` for 1F1B-flush, else the schedule."""
+        """How the sentences name the baseline: its registry label (``flush`` for 1F1B-flush), else as written."""
         s = str(self.baseline.get("schedule"))
-        return "flush" if s == "1f1b" else s
+        return REGISTRY[s].label if s in REGISTRY else s
 
     def to_doc(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -202,9 +205,9 @@ class Comparison:
             sp += f" (95% interval {self.interval[0]:.4g}-{self.interval[1]:.4g}, {self.n} paired seeds)"
         elif self.method == UNCONFIRMED:
             sp += " (single search draws, no interval)"
-        if self.verdict == "undecided":
+        if self.verdict == UNDECIDED:
             return f"undecided -- {self.reason}"
-        what = {"paci": "PACI wins", "flush": f"{name} wins", "tie": "a tie"}[self.verdict]
+        what = {PACI_WINS: "PACI wins", BASELINE_WINS: f"{name} wins", TIE: "a tie"}[self.verdict]
         if self.no_pipeline:
             what += " with no pipeline (P = 1: the whole model on each device)"
         return f"{self.verdict} -- {what}: {name}'s time to target over PACI's {sp}"
@@ -222,7 +225,7 @@ def build(paci: Side, baseline: Side, design: Design | None, *, spacing: float =
     reason = None
     if design is None:
         r = baseline.mean / paci.mean
-        verdict = "tie" if abs(baseline.mean - paci.mean) < spacing else ("paci" if r > 1 else "flush")
+        verdict = TIE if abs(baseline.mean - paci.mean) < spacing else (PACI_WINS if r > 1 else BASELINE_WINS)
         look = Look(1, r, None, None, math.nan, verdict, None)
         method = UNCONFIRMED
     else:
@@ -233,13 +236,13 @@ def build(paci: Side, baseline: Side, design: Design | None, *, spacing: float =
     if missed:
         who = [f"{name} on {side.missed} of {len(side.scores)}" for name, side in (("PACI", paci), ("the baseline",
                baseline)) if side.missed]  # fmt: skip
-        verdict = "undecided"
+        verdict = UNDECIDED
         reason = (
             f"{' and '.join(who)} compared run(s) missed the target (or failed): a miss is censored, its "
             f"time is past the budget, so there is no ratio of times to test; {advice}"
         ).rstrip("; ")
-    elif verdict in ("paci", "flush") and abs(baseline.mean - paci.mean) < spacing:
-        verdict = "tie"
+    elif verdict in (PACI_WINS, BASELINE_WINS) and abs(baseline.mean - paci.mean) < spacing:
+        verdict = TIE
         notes.append(f"the interval excludes 1, but the mean times differ by less than one validation interval "
                      f"({spacing:.3g}s), the resolution of time to target: a tie")  # fmt: skip
     if paci.stages == 1:

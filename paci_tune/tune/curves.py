@@ -26,7 +26,8 @@ a search never shares a wall-clock trial's curve: its time is its own measuremen
 
 The key is a digest of a canonical document (:func:`numerics_doc`), so it is the same on every worker
 of a study and in every process. May import: :mod:`paci_tune.train` (the checkpoint fingerprint),
-:mod:`paci_tune.pipeline` (the device and precision a run resolves to), :mod:`paci_tune.config`.
+:mod:`paci_tune.pipeline` (the device and precision a run resolves to), :mod:`paci_tune.config`,
+:mod:`paci_tune.schedule` (a schedule's curve class).
 """
 
 from __future__ import annotations
@@ -38,10 +39,8 @@ from typing import Any
 
 from ..config.schema import RunConfig
 from ..pipeline.factory import resolve_device, resolve_precision
+from ..schedule.registry import SYNCHRONOUS_CURVE, schedule_of
 from ..train.fingerprint import fingerprint
-
-LAYOUT_FREE = ("1f1b", "gpipe", "zb-h1", "interleaved")
-"""Schedules whose numbers are plain gradient accumulation over the global batch."""
 
 LAYOUT = ("schedule", "stages", "window", "microbatch_size", "data_parallel", "inflight", "partition", "chunks",
           "backward_weights", "stage_momentum", "predict_weights", "stale_lr")  # fmt: skip
@@ -75,10 +74,11 @@ def numerics_doc(cfg: RunConfig) -> dict[str, Any] | None:
     pipeline = {**doc["pipeline"], "device": device.type, "precision": resolve_precision(p.precision, device)}
     if not reads_clock:  # else the clock reads the layout, and every key of it stays
         by_sequence = doc["data"]["draw"] == "sequence"  # else each micro-batch's b windows: b decides the data
-        if p.schedule in LAYOUT_FREE or p.stages == 1:  # PACI on one stage has nothing in flight: flush
+        spec = schedule_of(p.schedule)
+        if spec.synchronous or p.stages == 1:  # PACI on one stage has nothing in flight: flush
             kept = {} if by_sequence else {"microbatch_size": p.microbatch_size}
-            pipeline = {k: v for k, v in pipeline.items() if k not in LAYOUT} | kept | {"numerics": "synchronous"}
-        elif p.schedule == "paci" and isinstance(p.partition, list) and by_sequence:  # "auto": b, D decide the cut
+            pipeline = {k: v for k, v in pipeline.items() if k not in LAYOUT} | kept | {"numerics": SYNCHRONOUS_CURVE}
+        elif spec.asynchronous and isinstance(p.partition, list) and by_sequence:  # "auto": b, D decide the cut
             pipeline = {k: v for k, v in pipeline.items() if k not in PACI_FREE}
     doc["pipeline"] = pipeline
     if t.init_from:

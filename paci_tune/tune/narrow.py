@@ -16,10 +16,10 @@ from typing import Any
 from ..config import derive_run
 from ..config.memory import format_bytes
 from ..errors import ConfigError
-from ..schedule import INTERLEAVED, ZB_H1, drift_bound
+from ..schedule import SYNCHRONOUS, drift_bound, schedule_of
 from .point import MemoryDrop, TrialParams
 from .recipes import recipe_overrides
-from .space import SYNCHRONOUS, SearchSpace
+from .space import SearchSpace
 
 
 def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -> SearchSpace:
@@ -32,7 +32,7 @@ def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -
     a point stays when it fits one way; a heavier choice that does not fit is refused by its trial's
     own check.
     """
-    schedule = next((s for s in space.schedules if s not in (ZB_H1, INTERLEAVED)), space.schedules[0])
+    schedule = next((s for s in space.schedules if schedule_of(s).own_program), space.schedules[0])
     bws = space.backward_weights_of(schedule)
     bw = "current" if "current" in bws else bws[0]
     kept, dropped = set(), list(space.dropped)
@@ -102,7 +102,7 @@ def skip_stale(space: SearchSpace, max_drift: int | None) -> SearchSpace:
     project's own map found no such bound) keeps every point. A bound that leaves PACI nothing is a
     ConfigError naming the key.
     """
-    if max_drift is None or "paci" not in space.schedules:
+    if max_drift is None or space.paci is None:
         return space
     bounds = [drift_bound(0, p, a) for p, a, _ in space.points]
     if bounds and min(bounds) > max_drift:
@@ -110,16 +110,16 @@ def skip_stale(space: SearchSpace, max_drift: int | None) -> SearchSpace:
                           "of the space has a larger drift bound")  # fmt: skip
     out = dataclasses.replace(space, paci_max_drift=max_drift)
     stale = [(p, a, b) for p, a, b in sorted(space.points) if out._stale(p, a)]
-    dropped = [f"paci P={p} D={space.data_parallel(p)} a={a} b={b}: {out._stale(p, a)}" for p, a, b in stale]
+    dropped = [f"{space.paci} P={p} D={space.data_parallel(p)} a={a} b={b}: {out._stale(p, a)}" for p, a, b in stale]
     return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))
 
 
 def skip_untimed(space: SearchSpace, wall_emulated: bool) -> SearchSpace:
-    """A shipped space without the schedules only the simulator times (``zb-h1``, ``interleaved``) where the
-    trials run on the wall clock on the emulated runtime: there they have no time of their own. A shipped
+    """A shipped space without the schedules only the simulator times (built as torch's classes order them) where
+    the trials run on the wall clock on the emulated runtime: there they have no time of their own. A shipped
     space names every synchronous schedule the layers support; a user's own space that names them there is
     refused when the file is read (:func:`paci_tune.config.tune.check_timed_schedules`)."""
-    timed = [s for s in space.schedules if s in (ZB_H1, INTERLEAVED)]
+    timed = [s for s in space.schedules if not schedule_of(s).own_program]
     if not wall_emulated or not timed:
         return space
     why = (f"{' and '.join(timed)}: no trial of theirs runs on the wall clock on the emulated runtime (the "
@@ -137,13 +137,13 @@ def skip_tied(space: SearchSpace, tied: str | None) -> SearchSpace:
     at all is skipped up front rather than refused mid-search. Flush sums a tied parameter's gradient
     across stages and keeps every point. A space that leaves PACI no point (no P = 1) is a ConfigError.
     """
-    if tied is None or "paci" not in space.schedules:
+    if tied is None or space.paci is None:
         return space
     out = dataclasses.replace(space, paci_tied=tied)
     if all(p >= 2 for p in space.stages):
         raise ConfigError("space.schedules", list(space.schedules), f"schedules without paci, or stages including 1: "
                           f"{out._tied(2)}, and every point of the space has 2 or more stages")  # fmt: skip
-    dropped = [f"paci P={p} D={space.data_parallel(p)}: {out._tied(p)}" for p in space.stages if p >= 2]
+    dropped = [f"{space.paci} P={p} D={space.data_parallel(p)}: {out._tied(p)}" for p in space.stages if p >= 2]
     return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))
 
 
@@ -152,18 +152,19 @@ def skip_incompatible(space: SearchSpace, run_doc: dict[str, Any]) -> SearchSpac
     momentum that is not above the optimizer's own first-moment coefficient (it would lower it). The
     run's own validation decides, so the rule is the config's. A space whose every pair is refused is a
     ConfigError naming ``space.staleness``."""
-    if "paci" not in space.schedules or not space.staleness:
+    paci = space.paci
+    if paci is None or not space.staleness:
         return space
     refused: dict[tuple[str | None, str], str] = {}
-    as_paci = {"pipeline.schedule": "paci", "pipeline.torch_schedule": False, "pipeline.chunks": None}
-    for opt in space.optimizers_of("paci"):
+    as_paci = {"pipeline.schedule": paci, "pipeline.torch_schedule": False, "pipeline.chunks": None}
+    for opt in space.optimizers_of(paci):
         for stale in space.staleness:
             try:
                 derive_run(run_doc, {**as_paci, **recipe_overrides(opt, stale)})
             except ConfigError as e:
                 refused[(opt, stale)] = f"{e.key}: {e.allowed}"
-    if len(refused) == len(space.optimizers_of("paci")) * len(space.staleness):
+    if len(refused) == len(space.optimizers_of(paci)) * len(space.staleness):
         raise ConfigError("space.staleness", list(space.staleness), "recipes the run accepts with some optimizer "
                           "of the space; every pair was refused: " + "; ".join(refused.values()))  # fmt: skip
-    dropped = [f"paci [{o or 'its own optimizer'}] +{s}: {why}" for (o, s), why in refused.items()]
+    dropped = [f"{paci} [{o or 'its own optimizer'}] +{s}: {why}" for (o, s), why in refused.items()]
     return dataclasses.replace(space, incompatible=frozenset(refused), dropped=space.dropped + tuple(dropped))

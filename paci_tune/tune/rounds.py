@@ -13,7 +13,8 @@ target, or at ``max_seeds``; otherwise one more seed is due, for every planned p
 the seeds stay paired. Every worker and every resume computes the same count from the stored trials.
 
 A search without PACI or without a synchronous schedule has nothing to decide: it runs the minimum.
-May import: optuna, numpy and the tune layer's :mod:`.record`, :mod:`.extra`, :mod:`.comparison`.
+May import: optuna, numpy,
+:mod:`paci_tune.schedule` and the tune layer's :mod:`.record`, :mod:`.extra`, :mod:`.comparison`.
 """
 
 from __future__ import annotations
@@ -24,12 +25,10 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
+from ..schedule import sides, strongest
 from .comparison import Design
 from .extra import best_distinct_trials, confirm_seeds, retried_numbers
 from .record import StudyRecord, TrialRecord
-
-SYNCHRONOUS_ORDER = ("1f1b", "zb-h1", "interleaved", "gpipe")
-"""Ties between synchronous schedules go to the earlier (flush first, as the paper compares)."""
 
 
 @dataclass(frozen=True)
@@ -52,24 +51,23 @@ def confirmed_schedules(studies: dict[str, optuna.Study]) -> set[str]:
     """The studies whose points the confirmation trains: PACI's and the strongest synchronous one's, by each
     study's best search draw (only those two are compared, so the others' fresh seeds would buy nothing);
     every study where there is nothing to compare (no PACI, or no synchronous schedule)."""
-    sync = [s for s in studies if s != "paci"]
-    if "paci" not in studies or not sync:
+    paci, sync = sides(studies)
+    if paci is None or not sync:
         return set(studies)
     firsts = {s: best[0].value for s in sync if (best := best_distinct_trials(studies[s], 1))}
     if not firsts:
-        return {"paci"}
-    rank = {s: i for i, s in enumerate(SYNCHRONOUS_ORDER)}
-    return {"paci", min(firsts, key=lambda s: (firsts[s], rank.get(s, len(rank))))}
+        return {paci}
+    return {paci, strongest(firsts)}
 
 
 def compared(studies: dict[str, optuna.Study]) -> Compared | None:
     """PACI's planned best and the strongest synchronous schedule's (module docstring); None while a plan is
     missing or the search has no PACI or no synchronous schedule."""
-    sync = [s for s in studies if s != "paci"]
-    if "paci" not in studies or not sync:
+    paci, sync = sides(studies)
+    if paci is None or not sync:
         return None
     firsts: dict[str, tuple[int, float]] = {}
-    for s in ("paci", *sync):
+    for s in (paci, *sync):
         plan = StudyRecord.read(studies[s]).confirm_plan or []
         if not plan:
             continue
@@ -77,11 +75,10 @@ def compared(studies: dict[str, optuna.Study]) -> Compared | None:
         if t is not None and t.value is not None:
             firsts[s] = (plan[0], float(t.value))
     ranked = [s for s in sync if s in firsts]
-    if "paci" not in firsts or not ranked:
+    if paci not in firsts or not ranked:
         return None
-    rank = {s: i for i, s in enumerate(SYNCHRONOUS_ORDER)}
-    base = min(ranked, key=lambda s: (firsts[s][1], rank.get(s, len(rank))))
-    return Compared(("paci", firsts["paci"][0]), (base, firsts[base][0]))
+    base = strongest({s: firsts[s][1] for s in ranked})
+    return Compared((paci, firsts[paci][0]), (base, firsts[base][0]))
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ whose numerics another trial trained is answered from that curve, read on its ow
 (:mod:`.sharing`), and the study's other points of that curve are queued and answered from it too
 (:mod:`.siblings`). Several trials may run at once (:mod:`.lanes`). May import: optuna,
 :mod:`paci_tune.pipeline` (predicted memory), :mod:`paci_tune.sim`, :mod:`paci_tune.config`,
-:mod:`paci_tune.base` (the fork server), :mod:`paci_tune.errors` and the tune layer's own modules.
+:mod:`paci_tune.base` (the fork server), :mod:`paci_tune.schedule`, :mod:`paci_tune.errors` and the tune
+layer's own modules.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import time
@@ -30,6 +30,7 @@ from ..base.zygote import Zygote
 from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
+from ..schedule import sides
 from . import extra, record, siblings
 from .capping import cap_of, capped
 from .comparison import Design
@@ -43,11 +44,11 @@ from .record import Outcome, PointAttrs, TrialRecord
 from .repeats import answer_repeat
 from .rounds import confirmed_schedules, current_round
 from .runner import OnEval, TrialJob, TrialResult, TrialRunner, fork_server
-from .setup import trial_runtime
 from .sharing import Horizons, StepGrid, applies, replay_points, stored_curve, walk
 from .space import SearchSpace
-from .study import HOST, Heartbeat, claim, counted, exhausted, reap_dead, running_elsewhere
-from .warm import WarmStart, trial_overrides
+from .study import HOST, Heartbeat, claim, counted, exhausted, reap_dead, retry_waiting, running_elsewhere
+from .trialdoc import plain_doc
+from .warm import WarmStart
 
 
 @dataclass
@@ -116,11 +117,12 @@ class Search:
         return batch
 
     def _next_schedule(self, busy: set[str] | frozenset[str] = frozenset()) -> str | None:
-        """The schedule furthest from its quota (a space all run is done) or with a layout of a curve queued,
-        not one of ``busy`` (ties: the order of the space's schedules)."""
+        """The schedule furthest from its quota (a space all run is done), or with a layout of a curve or a dead
+        worker's trial queued (its retry runs even past the quota), not one of ``busy`` (ties: the space's order)."""
         counts = {s: counted(st.get_trials(deepcopy=False), self.quota) for s, st in self.studies.items()}
         searching = {s for s in self.studies if counts[s] < self.quota and not self._exhausted(s)}
-        open_ = [s for s, st in self.studies.items() if (s in searching or siblings.waiting(st)) and s not in busy]
+        owed = {s for s, st in self.studies.items() if siblings.waiting(st) or retry_waiting(st)}
+        open_ = [s for s in self.studies if (s in searching or s in owed) and s not in busy]
         return min(open_, key=lambda s: counts[s]) if open_ else None
 
     def _searched(self, study: optuna.Study) -> bool:
@@ -148,8 +150,8 @@ class Search:
             return None
         base = self.tune.run.training.seed
         seeds = confirm_seeds(base, current_round(self.studies, base, Design(c.seeds, c.cap, c.tolerance)).seeds)
-        sync_done = all(self._searched(st) for s, st in self.studies.items() if s != "paci")
-        wanted = confirmed_schedules(self.studies) if sync_done else {"paci"}  # the baseline: once all are searched
+        paci, sync = sides(self.studies)  # the baseline's confirmation waits for every synchronous search
+        wanted = confirmed_schedules(self.studies) if all(self._searched(self.studies[s]) for s in sync) else {paci}
         for schedule, study in self.studies.items():
             if schedule in wanted and self._searched(study):
                 extra.enqueue_confirmations(study, extra.confirm_plan(study, c.top), seeds)
@@ -422,28 +424,5 @@ class Search:
         return doc if grid_of is None else derive_doc(doc, grid_of.overrides())
 
     def _plain_doc(self, params: TrialParams, seed: int | None = None, factor: float = 1.0) -> dict[str, Any]:
-        """The run document of one trial without curve sharing: the base run, the point, the budget (and a seed).
-
-        ``factor``: a transfer check's long run, on ``factor`` x the budget with the same validation
-        spacing (:func:`.extra.long_budget`); the LR schedule decays over ``training.seconds``, the longer budget.
-        A warm-started search's trials start from its checkpoint (:func:`.warm.trial_overrides`).
-        """
-        t, b, hw = self.tune, self.tune.budget, self.tune.hardware
-        over: dict[str, Any] = dict(params.overrides())
-        over.update({
-            "training.seconds": b.seconds * factor if b.seconds is not None and factor != 1.0 else b.seconds,
-            "training.clock": b.clock, "training.profile": self.profile,
-            "training.eval_every_seconds": (b.seconds or 0.0) / b.grid, "training.target_val_loss": t.target.value,
-            "training.checkpoint_every": 0, "pipeline.partition": "auto",
-            "pipeline.runtime": trial_runtime(self.tune), "pipeline.inflight": None,
-            "optimizer.lr": float(t.run.optimizer.lr) * params.lr_scale,
-        })  # fmt: skip
-        over.update({k: v for k, v in (("pipeline.device", hw.device), ("pipeline.backend", hw.backend)) if v})
-        over.update(trial_overrides(self.warm))
-        if params.chunks == 1 and "chunks" in (t.run_doc.get("pipeline") or {}):
-            over["pipeline.chunks"] = None  # the run file's v belongs to its own schedule, not this point's
-        if seed is not None:
-            over["training.seed"] = seed
-        if b.clock != "wall":
-            over["training.eval_every"] = 10**9  # segments end on the clock grid only (no extra fills)
-        return derive_doc(copy.deepcopy(t.run_doc), over)
+        """The run document of one trial without curve sharing (:func:`.trialdoc.plain_doc`)."""
+        return plain_doc(self.tune, self.profile, self.warm, params, seed, factor)

@@ -275,7 +275,7 @@ def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) 
         tuned = {"backward_weights": bw} if space.tunes_backward_weights(schedule) else {}
         vs = space.chunks_of(schedule)  # interleaved's v: the file's when the space has it, else the first
         v = p.layout.chunks if p.layout.chunks in vs else vs[0]
-        tuned = {**tuned, "chunks": v} if schedule == "interleaved" else tuned
+        tuned = {**tuned, "chunks": v} if space.tunes_chunks(schedule) else tuned
         # the recipes: one of the file's own optimizer when the space has one, else the first; staleness off
         opts, stale = space.optimizers_of(schedule), space.staleness_of(schedule)
         opt = next((o for o in opts if o is not None and o.split(" ")[0] == tune.run.optimizer.name), opts[0])

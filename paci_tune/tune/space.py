@@ -7,17 +7,14 @@ is ``free``, the window ``a``; optionally an LR scale. Each is a list of choices
 too: two make a categorical dimension of the PACI study, one fixes it for every PACI trial, absent
 leaves the run's own value; flush studies never get it (it changes nothing under a flush).
 
-``schedules`` names the studies: ``paci`` and the synchronous baselines ``1f1b`` (flush), ``zb-h1``
-and ``interleaved`` (default ``[paci, 1f1b]``). On the emulated runtime the last two train 1F1B-flush's
-numbers and are timed by the simulator, on the sim and rst clocks only; both also run for real on the
-distributed runtime, through torch's own classes (:mod:`paci_tune.config.tune` refuses what cannot run).
-``interleaved`` adds ``chunks`` (v model chunks per stage, a list of integers >= 2, default ``[2]``), a
-dimension of its own study only. A point a schedule cannot run is not a point of its study:
-interleaved's rounds must divide the window (:func:`paci_tune.schedule.unsupported`), and its ``v * P``
-pieces must not outnumber the model's units (:meth:`SearchSpace.why_not`); on the distributed runtime
-zb-h1's rounds must divide the window too (torch's class, ``torch_window_refusal`` in the config schema).
-A trainable parameter tied across interleaved pieces is refused by the run on the distributed runtime
-(the trial fails with the reason).
+``schedules`` names the studies: any of the schedule registry's (:mod:`paci_tune.schedule`; default
+``[paci, 1f1b]``). Those paci-tune does not run itself train 1F1B-flush's numbers on the emulated
+runtime, timed by the simulator (sim and rst clocks only), and run for real on the distributed runtime
+through torch's classes (:mod:`paci_tune.config.tune` refuses what cannot run). A schedule that leaves
+v to the config (interleaved) adds ``chunks`` (a list of integers >= 2, default ``[2]``), a dimension
+of its own study only. A point a schedule cannot run is not a point of its study: the registry's
+refusal (rounds that must divide the window, too few micro-batches), torch's on the distributed
+runtime, and more pieces than the model's units (:meth:`SearchSpace.why_not`).
 
 Constraints are applied once, when the space is bound to a run, so the sampler only ever sees
 feasible values and the grid is finite:
@@ -27,24 +24,17 @@ feasible values and the grid is finite:
 - ``global_batch: free`` -- a and micro-batch size are searched independently; the LR follows the
   batch through ``lr_schedule.reference_batch`` scaling;
 - P <= the model's units (a stage holds at least one);
-- **a fixed device budget** (``hardware.devices = N``): every trial uses all N devices, as D
-  data-parallel replicas of a P-stage pipeline, D = N / P. P must divide N, and with a fixed global
-  batch each replica takes ``global_batch / D`` sequences, so a = global_batch / (D * b) must be a
-  whole number. Infeasible (P, b) pairs are dropped -- the space keeps the feasible points and why
-  the others went (:attr:`SearchSpace.dropped`) -- and the memory check of :mod:`.setup` drops the
-  points whose devices would not hold their stage. Optuna samples P and b as two categoricals over
-  the values some feasible point uses; a pair outside the feasible set is answered without training
-  (:meth:`SearchSpace.why_not`, :mod:`.search`). Without a budget (``devices=None``, the API's
-  default) D = 1 for every P. P = 1 is plain data parallelism under every schedule: where the space
-  pipelines, only flush's study searches it (:meth:`SearchSpace.stages_of`). PACI may skip points too
-  stale to win (:func:`skip_stale`), and P >= 2 for a model whose units share a parameter (:func:`skip_tied`).
-The file's values are parsed by :mod:`.choices`. May import: optuna, :mod:`paci_tune.base`,
-:mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the :class:`~paci_tune.config.layout.Layout`),
-:mod:`paci_tune.errors` and the tune layer's :mod:`.budget`, :mod:`.choices`, :mod:`.recipes` (the optimizer
-and staleness recipes: every schedule's study gets the optimizer dimension, with the same recipes, and
-only PACI's the staleness one) and :mod:`.point` (a point, :class:`~.point.TrialParams`, which this
-module re-exports for callers that build one beside a space). The narrowing of a bound space lives in
-:mod:`.narrow`.
+- **a fixed device budget** (``hardware.devices = N``): every trial uses all N devices, as D = N / P
+  data-parallel replicas of a P-stage pipeline; P must divide N, and with a fixed global batch
+  a = global_batch / (D * b) must be whole. The other points are dropped, each with its reason
+  (:attr:`SearchSpace.dropped`), and so are those whose devices would not hold their stage (:mod:`.setup`);
+  a pair outside the feasible set is answered without training (:meth:`SearchSpace.why_not`). Without
+  a budget D = 1. P = 1 is plain data parallelism under every schedule: where the space pipelines, only
+  flush's study searches it (:meth:`SearchSpace.stages_of`). PACI may skip points too stale to win
+  (:func:`skip_stale`), and P >= 2 for a model whose units share a parameter (:func:`skip_tied`).
+Values are parsed by :mod:`.choices`; a bound space is narrowed by :mod:`.narrow`. May import: optuna,
+:mod:`paci_tune.base`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`, :mod:`paci_tune.errors` and the tune
+layer's :mod:`.budget`, :mod:`.choices`, :mod:`.recipes` and :mod:`.point` (its TrialParams re-exported).
 """
 
 from __future__ import annotations
@@ -60,19 +50,17 @@ import optuna
 from ..base.files import read_mapping
 from ..base.shipped import resolve_path, shipped, shipped_names
 from ..config.layout import Layout
-from ..config.schema import DEFAULT_CHUNKS, torch_window_refusal
 from ..errors import ConfigError
-from ..schedule import INTERLEAVED, ZB_H1, drift_bound, unsupported
+from ..schedule import DEFAULT_CHUNKS, FLUSH, NAMES, SYNCHRONOUS, drift_bound, schedule_of
 from .budget import budget_points
 from .choices import backward_weights_choices, chunks_choices, int_choices, keep, lr_space
 from .point import MemoryDrop, TrialParams
 from .recipes import optimizer_recipes, staleness_recipes
 
-SCHEDULES = ("paci", "1f1b", ZB_H1, INTERLEAVED)
-"""A space's schedules: PACI, then the synchronous baselines (:data:`SYNCHRONOUS`)."""
-SYNCHRONOUS = SCHEDULES[1:]
-"""The schedules with flush's numerics: best.yaml's baseline is the best of those searched."""
-DEFAULT_SCHEDULES = ("paci", "1f1b")
+SCHEDULES = NAMES
+"""A space's schedules: every schedule in the registry, PACI and the synchronous baselines
+(:data:`~paci_tune.schedule.SYNCHRONOUS`, best.yaml's baseline is the best of those searched)."""
+DEFAULT_SCHEDULES = (*(n for n in NAMES if not schedule_of(n).synchronous), FLUSH)
 _KEYS = ("description", "schedules", "global_batch", "stages", "microbatch_size", "window", "lr_scale",
          "backward_weights", "chunks", "optimizer", "staleness")  # fmt: skip
 
@@ -104,21 +92,30 @@ class SearchSpace:
     over_memory: tuple[MemoryDrop, ...] = ()  # (schedule, point)s predicted above hardware.memory
     memory_bytes: int | None = None  # hardware.memory, once the space has been checked against it
 
+    @property
+    def paci(self) -> str | None:
+        """The space's asynchronous schedule (PACI), or None when it compares baselines only."""
+        return next((s for s in self.schedules if schedule_of(s).asynchronous), None)
+
     def optimizers_of(self, schedule: str) -> list[str | None]:  # the same for every schedule
         """The optimizer recipes every schedule's points take (module docstring of :mod:`.recipes`), or [None]."""
         return list(self.optimizers) or [None]
 
     def staleness_of(self, schedule: str) -> list[str | None]:
         """PACI's staleness recipes, or [None] (the run's own; a synchronous schedule never gets one)."""
-        return list(self.staleness) if schedule == "paci" and self.staleness else [None]
+        return list(self.staleness) if schedule_of(schedule).asynchronous and self.staleness else [None]
 
     def chunks_of(self, schedule: str) -> list[int]:
-        """The v values ``schedule``'s points take: the space's choices for interleaved, else [1]."""
-        return list(self.chunks) if schedule == INTERLEAVED else [1]
+        """The v values ``schedule``'s points take: the space's choices if it leaves v open, else its own."""
+        return list(self.chunks) if self.tunes_chunks(schedule) else [schedule_of(schedule).chunks_of(None)]
+
+    def tunes_chunks(self, schedule: str) -> bool:
+        """Whether ``schedule``'s study has the ``chunks`` dimension (it leaves v to the config)."""
+        return schedule_of(schedule).chunks is None
 
     def backward_weights_of(self, schedule: str) -> list[str | None]:
         """The values ``schedule``'s points take: the space's choices for PACI, else [None] (the run's own)."""
-        return list(self.backward_weights) if schedule == "paci" and self.backward_weights else [None]
+        return list(self.backward_weights) if schedule_of(schedule).asynchronous and self.backward_weights else [None]
 
     def tunes_backward_weights(self, schedule: str) -> bool:
         """Whether ``schedule``'s study has the ``backward_weights`` dimension (PACI, two choices)."""
@@ -136,9 +133,10 @@ class SearchSpace:
     def why_not(self, params: TrialParams) -> str | None:
         """None for a feasible point; else why it is not one (a pair Optuna may propose, see the module)."""
         key = (params.stages, params.window, params.microbatch_size)
-        if params.schedule == "paci" and params.window and (why := self._stale(params.stages, params.window)):
+        stale = schedule_of(params.schedule).asynchronous
+        if stale and params.window and (why := self._stale(params.stages, params.window)):
             return f"{params.label()}: {why}"
-        if params.schedule == "paci" and (why := self._tied(params.stages)):
+        if stale and (why := self._tied(params.stages)):
             return f"{params.label()}: {why}"
         if why := self._single_stage(params.schedule, params.stages):
             return f"{params.label()}: {why}"
@@ -157,15 +155,16 @@ class SearchSpace:
         return f"{params.label()} was dropped when the space was bound (see the search's dropped points)"
 
     def without_unrunnable(self) -> SearchSpace:
-        """This space with the points zb-h1 or interleaved cannot run listed in ``dropped`` (a proposal of
-        one is answered unrun); a schedule left with none is a ConfigError: its study could run nothing."""
+        """This space with the points a schedule cannot run listed in ``dropped`` (a proposal of one is
+        answered unrun); a schedule left with none is a ConfigError: its study could run nothing."""
         dropped: list[str] = []
-        for s in (x for x in self.schedules if x in (ZB_H1, INTERLEAVED)):
+        for s in self.schedules:
             points = [TrialParams(s, p, a, b, 1.0, self.data_parallel(p), None, v)
                       for p, a, b in sorted(self.points) for v in self.chunks_of(s)]  # fmt: skip
             refused = [f"{q.label()}: {why}" for q in points if (why := self._unrunnable(q))]
             if len(refused) == len(points):
-                key, value = ("space.chunks", list(self.chunks)) if s == INTERLEAVED else ("space.stages", self.stages)
+                tuned = self.tunes_chunks(s)
+                key, value = ("space.chunks", list(self.chunks)) if tuned else ("space.stages", self.stages)
                 raise ConfigError(key, value, f"values that leave {s} a point it can run; none is left: "
                                   + "; ".join(refused))  # fmt: skip
             dropped += refused
@@ -173,12 +172,12 @@ class SearchSpace:
 
     def _unrunnable(self, params: TrialParams) -> str | None:
         """Why ``params.schedule`` cannot run this layout (the simulator's and the run's own refusals), or None."""
-        refused = unsupported(params.schedule, params.stages, params.window, params.chunks)
+        spec = schedule_of(params.schedule)
+        refused = spec.refusal(params.stages, params.window, params.chunks)
         if refused is not None:
             return refused[1]
-        # torch's own class on the distributed runtime (interleaved's rounds rule is unsupported()'s, above)
-        if self.distributed and params.schedule == ZB_H1:
-            torch_refused = torch_window_refusal(params.schedule, params.stages, params.window)
+        if self.distributed and spec.runs_torch("distributed", False):  # what torch's own class refuses besides
+            torch_refused = spec.torch_refusal(params.stages, params.window)
             if torch_refused is not None:
                 return torch_refused
         pieces = params.layout.virtual_stages
@@ -201,9 +200,10 @@ class SearchSpace:
         return [p for p in self.stages if p >= 2]
 
     def _single_stage(self, schedule: str, stages: int) -> str | None:
-        sync = [s for s in self.schedules if s != "paci"]
-        owner = "1f1b" if "1f1b" in sync else (sync[0] if sync else "paci")
-        if stages != 1 or schedule == owner or (schedule == "paci" and self.paci_tied is not None):
+        sync = [s for s in self.schedules if s in SYNCHRONOUS]
+        owner = FLUSH if FLUSH in sync else (sync[0] if sync else self.schedules[0])
+        tied_paci = schedule_of(schedule).asynchronous and self.paci_tied is not None
+        if stages != 1 or schedule == owner or tied_paci:
             return None
         if not any(p >= 2 for p in self.stages):
             return None
@@ -234,8 +234,8 @@ class SearchSpace:
         (bw, *more) = self.backward_weights_of(schedule)
         if more:
             bw = str(trial.suggest_categorical("backward_weights", [bw, *more]))
-        v = 1
-        if schedule == INTERLEAVED:  # one choice too: the trial's params then name its v
+        (v,) = self.chunks_of(schedule)[:1]
+        if self.tunes_chunks(schedule):  # one choice too: the trial's params then name its v
             v = int(trial.suggest_categorical("chunks", self.chunks_of(schedule)))
         (opt, *more_opts) = self.optimizers_of(schedule)
         if more_opts:
@@ -256,7 +256,7 @@ class SearchSpace:
                  (self.optimizers_of(q.schedule), "optimizer", q.optimizer),
                  (self.staleness_of(q.schedule), "staleness", q.staleness))  # fmt: skip
         out |= {name: value for choices, name, value in named if len(choices) > 1}
-        if q.schedule == INTERLEAVED:
+        if self.tunes_chunks(q.schedule):
             out["chunks"] = q.chunks
         return out
 
@@ -305,7 +305,7 @@ class SearchSpace:
             out["lr_scale"] = list(self.lr_scale)
         if self.tunes_backward_weights(schedule):
             out["backward_weights"] = list(self.backward_weights)
-        if schedule == INTERLEAVED:
+        if self.tunes_chunks(schedule):
             out["chunks"] = self.chunks_of(schedule)
         if len(self.optimizers) > 1:
             out["optimizer"] = list(self.optimizers)
@@ -323,7 +323,7 @@ class SearchSpace:
         }
         if self.paci_max_drift is not None:
             out["paci_max_drift"] = self.paci_max_drift
-        if self.paci_tied is not None and "paci" in self.schedules:
+        if self.paci_tied is not None and any(schedule_of(s).asynchronous for s in self.schedules):
             out["paci_single_stage"] = self.paci_tied
         if self.devices is not None:
             out["devices"] = self.devices
@@ -337,7 +337,7 @@ class SearchSpace:
             out["lr_scale"] = dict(zip(keys, lr, strict=True)) if self.lr_is_range else list(lr)
         if self.backward_weights:
             out["backward_weights"] = list(self.backward_weights)
-        if INTERLEAVED in self.schedules:  # absent otherwise: an older search's fingerprint stays the same
+        if any(self.tunes_chunks(s) for s in self.schedules):  # absent otherwise: an older search's fingerprint stays
             out["chunks"] = list(self.chunks)
         if self.optimizers:
             out["optimizer"] = list(self.optimizers)

@@ -211,6 +211,14 @@ def exhausted(trials: list[FrozenTrial], points: list[dict[str, Any]]) -> bool:
     return bool(points) and all(tuple(sorted(p.items())) in done for p in points)
 
 
+def retry_waiting(study: optuna.Study) -> bool:
+    """A dead worker's trial, enqueued again (:func:`reap_dead`), waits to be run: the search owes it a run
+    whatever the quota says (workers that each stopped at the quota may together have passed it)."""
+    trials = study.get_trials(deepcopy=False)
+    records = {t.number: t for t in trials}
+    return any(t.state == TrialState.WAITING and TrialRecord.read(t).retry_of in records for t in trials)
+
+
 def running_elsewhere(trials: list[FrozenTrial]) -> int:
     return sum(1 for t in trials if t.state == TrialState.RUNNING)
 

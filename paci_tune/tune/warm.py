@@ -23,8 +23,8 @@ resumes from its last checkpoint (every quarter of it); workers that share the f
 file lock while one of them trains it; the folder is recorded in the studies, so a worker with
 another work folder finds it. Workers on other machines need it on a shared file system
 (``search.warm_start.dir``), or a copy named by ``{checkpoint: PATH}``. May import:
-:mod:`paci_tune.train`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the
-tune layer's :mod:`.record` and :mod:`.study`.
+:mod:`paci_tune.train`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`,
+:mod:`paci_tune.schedule` and the tune layer's :mod:`.record` and :mod:`.study`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from ..base.files import atomic_write_text
 from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
+from ..schedule import FLUSH
 from ..train.checkpoint import check_files
 from .record import StudyRecord
 from .study import storage_file
@@ -107,7 +108,7 @@ def warm_up_run(run_doc: dict[str, Any], steps: int, folder: Path, runtime: str,
     """``run_doc`` as a warm-up (:func:`warm_up_doc`): 1F1B-flush for ``steps`` global batches into ``folder``,
     its LR warming up over ``ramp`` of them and then held at its peak (also the benches' warm start)."""
     over: dict[str, Any] = {
-        "pipeline.schedule": "1f1b",
+        "pipeline.schedule": FLUSH,
         "pipeline.inflight": None,
         "pipeline.runtime": runtime,
         "training.steps": steps,

@@ -7,5 +7,5 @@ It reads the search's trials through the tune layer's record (:mod:`paci_tune.tu
 ``best.yaml`` through its schema (:mod:`paci_tune.tune.bestfile`); the search loop, which plans and queues
 the confirmation and transfer runs (:mod:`paci_tune.tune.extra`), knows nothing of this layer. May import:
 optuna, numpy, scipy and torch (their versions), matplotlib, :mod:`paci_tune.tune`, :mod:`paci_tune.config`,
-:mod:`paci_tune.base`, :mod:`paci_tune.errors`.
+:mod:`paci_tune.schedule`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """

@@ -15,8 +15,8 @@ The file also carries ``run``: the complete run configuration of the recommended
 trial was timed on (``recommended`` states P, D, a, b and the devices, and for PACI the
 ``backward_weights`` the run has: the point's, else the run's own; null for flush). The document
 is written through ``best.yaml``'s schema (:mod:`paci_tune.tune.bestfile`). May import: optuna, torch and
-scipy (their versions), :mod:`paci_tune.config`, :mod:`paci_tune.errors`, :mod:`paci_tune.tune` and the
-verdict layer's :mod:`.confirm`, :mod:`.transfer`, :mod:`.compare`, :mod:`.edges`.
+scipy (their versions), :mod:`paci_tune.config`, :mod:`paci_tune.errors`, :mod:`paci_tune.schedule`,
+:mod:`paci_tune.tune` and the verdict layer's :mod:`.confirm`, :mod:`.transfer`, :mod:`.compare`, :mod:`.edges`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from ..config.layout import Layout
 from ..config.optimizer import OptimizerConfig
 from ..config.schema import STALENESS_KEYS, from_dict
 from ..errors import ConfigError
+from ..schedule import DEFAULT_CHUNKS, schedule_of
 from ..tune.bestfile import EVIDENCE, RECOMMENDED
 from ..tune.choices import DEFAULT_BACKWARD_WEIGHTS
 from ..tune.comparison import LEVEL, Design
@@ -114,9 +115,10 @@ def params_of(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialPa
     b = int(p["microbatch_size"])
     d = int(p.get("data_parallel", 1 if r.data_parallel is None else r.data_parallel))
     a = Layout.window_for(fixed_batch, d, b) if fixed_batch is not None else int(p["window"])
-    bw = p.get("backward_weights", r.backward_weights) if schedule == "paci" else None
-    v = int(p.get("chunks", 1))  # interleaved's v (its study's parameter); 1 for every other schedule
-    opt, stale = p.get("optimizer", r.optimizer), p.get("staleness", r.staleness) if schedule == "paci" else None
+    spec = schedule_of(schedule)
+    bw = p.get("backward_weights", r.backward_weights) if spec.asynchronous else None
+    v = spec.chunks_of(int(p.get("chunks", DEFAULT_CHUNKS)))  # interleaved's v is its study's parameter
+    opt, stale = p.get("optimizer", r.optimizer), p.get("staleness", r.staleness) if spec.asynchronous else None
     return TrialParams(schedule, int(p["stages"]), a, b, float(p.get("lr_scale", 1.0)), d, bw, v, opt, stale)
 
 
@@ -228,7 +230,7 @@ def build_best(
     doc["recommended"]["optimizer"] = from_dict(OptimizerConfig, run.get("optimizer") or {}, "optimizer").settings()
     pipe = run.get("pipeline") or {}
     doc["recommended"].update({k: pipe[k] for k in STALENESS_KEYS if pipe.get(k) not in (None, False)})
-    if rec_schedule == "paci" and rec_p.backward_weights is None:  # the space left it to the run: state the run's
+    if schedule_of(rec_schedule).asynchronous and rec_p.backward_weights is None:  # the space left it: the run's
         pipe = doc["run"].get("pipeline") if isinstance(doc["run"], dict) else None
         own = pipe.get("backward_weights") if isinstance(pipe, dict) else None
         doc["recommended"]["backward_weights"] = own or DEFAULT_BACKWARD_WEIGHTS

@@ -5,8 +5,8 @@ pipelined point, the strongest synchronous point over every layout), read on the
 seeds with the sequential paired test; without a confirmation, each side's best search draw (an anecdote,
 and the record says so). The recommendation follows the verdict: PACI only where it is shown faster,
 the synchronous point on ``flush`` and on a tie (the simpler method, exact numerics), and on ``undecided``
-the side that missed fewer runs, then the lower mean. May import: optuna, :mod:`paci_tune.tune` and the
-verdict layer's :mod:`.confirm`.
+the side that missed fewer runs, then the lower mean. May import: optuna, :mod:`paci_tune.tune`,
+:mod:`paci_tune.schedule` and the verdict layer's :mod:`.confirm`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from collections.abc import Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ..tune.comparison import Comparison, Design, Side, build
+from ..schedule import schedule_of, strongest
+from ..schedule import sides as schedule_sides
+from ..tune.comparison import PACI_WINS, UNDECIDED, Comparison, Design, Side, build
 from ..tune.extra import search_trials
 from ..tune.point import TrialParams
 from ..tune.record import TrialRecord
-from ..tune.rounds import SYNCHRONOUS_ORDER, compared
+from ..tune.rounds import compared
 from .confirm import Confirmed
 
 PointOf = Callable[[FrozenTrial, str], TrialParams]
@@ -47,12 +49,11 @@ def _unconfirmed_pair(
 ) -> tuple[tuple[str, FrozenTrial], tuple[str, FrozenTrial]] | None:
     """PACI's best search draw and the best synchronous one (flush first on a tie), or None."""
     bests = {s: t for s, st in studies.items() if (t := best_trial(st)) is not None}
-    sync = [s for s in bests if s != "paci"]
-    if "paci" not in bests or not sync:
+    paci, sync = schedule_sides(bests)
+    if paci is None or not sync:
         return None
-    rank = {s: i for i, s in enumerate(SYNCHRONOUS_ORDER)}
-    base = min(sync, key=lambda s: (float(bests[s].value), rank.get(s, len(rank))))  # type: ignore[arg-type]
-    return ("paci", bests["paci"]), (base, bests[base])
+    base = strongest({s: float(bests[s].value) for s in sync})  # type: ignore[arg-type]
+    return (paci, bests[paci]), (base, bests[base])
 
 
 def verdict_of(
@@ -72,25 +73,25 @@ def verdict_of(
     if pair is not None and len(confirmed) == 2:
         trials = {s: next(t for t in studies[s].get_trials(deepcopy=False) if t.number == n)
                   for s, n in (pair.paci, pair.baseline)}  # fmt: skip
-        base_s = pair.baseline[0]
     else:  # not confirmed (or its runs are not there): the search's single draws
         unconfirmed = _unconfirmed_pair(studies)
         if unconfirmed is None:
             return None
         trials = dict(unconfirmed)
-        base_s, design, confirmed = unconfirmed[1][0], None, {}
+        design, confirmed = None, {}
+    (paci_s, base_s) = trials
     sides = {s: _side(studies[s], s, t, point_of, confirmed.get(s)) for s, t in trials.items()}
-    return build(sides["paci"], sides[base_s], design, spacing=spacing, advice=advice), trials
+    return build(sides[paci_s], sides[base_s], design, spacing=spacing, advice=advice), trials
 
 
 def recommended_schedule(comparison: Comparison | None, means: dict[str, float]) -> str:
     """Whose point best.yaml recommends (module docstring); ``means``: each schedule's chosen point's score."""
     if comparison is None:
-        return min(means, key=lambda s: (means[s], s != "paci"))
+        return min(means, key=lambda s: (means[s], schedule_of(s).synchronous))
     paci, base = comparison.paci, comparison.baseline
-    if comparison.verdict == "paci":
-        return "paci"
-    if comparison.verdict == "undecided":
-        missed = {s: int(side["runs"]) - int(side["reached"]) for s, side in (("paci", paci), (base["schedule"], base))}
+    if comparison.verdict == PACI_WINS:
+        return str(paci["schedule"])
+    if comparison.verdict == UNDECIDED:
+        missed = {str(side["schedule"]): int(side["runs"]) - int(side["reached"]) for side in (paci, base)}
         return min(missed, key=lambda s: (missed[s], means.get(s, float("inf"))))
     return str(base["schedule"])
