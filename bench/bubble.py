@@ -21,11 +21,33 @@ from pathlib import Path
 
 def run(config: str, schedule: str, args: argparse.Namespace, metrics: Path) -> dict:
     cmd = [
-        sys.executable, "-m", "paci_tune.cli", "train", config, "--memory", "none",
-        "--schedule", schedule, "--stages", str(args.stages), "--window", str(args.window),
-        "--runtime", "distributed", "--steps", str(args.steps), "--seed", str(args.seed),
-        "--device", args.device, "--eval-every", str(10**6), "--metrics", str(metrics), "--no-live",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "paci_tune.cli",
+        "train",
+        config,
+        "--memory",
+        "none",
+        "--schedule",
+        schedule,
+        "--stages",
+        str(args.stages),
+        "--window",
+        str(args.window),
+        "--runtime",
+        "distributed",
+        "--steps",
+        str(args.steps),
+        "--seed",
+        str(args.seed),
+        "--device",
+        args.device,
+        "--eval-every",
+        str(10**6),
+        "--metrics",
+        str(metrics),
+        "--no-live",
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return [json.loads(x) for x in metrics.read_text().splitlines() if '"summary"' in x][-1]
 

@@ -102,8 +102,11 @@ def main() -> None:
     args = ap.parse_args()
     base = QUICK if args.quick else FULL
     base = {**base, "model": dict(base["model"]), "training": dict(base["training"])}
-    for key, section, name in (("global_batch", "training", "global_batch"), ("d_model", "model", "d_model"),
-                               ("block_size", "model", "block_size")):  # fmt: skip
+    for key, section, name in (
+        ("global_batch", "training", "global_batch"),
+        ("d_model", "model", "d_model"),
+        ("block_size", "model", "block_size"),
+    ):
         if getattr(args, key) is not None:
             base[section][name] = getattr(args, key)
     layouts = LAYOUTS
@@ -124,17 +127,23 @@ def main() -> None:
     else:
         prof, profile_path = measured_profile(probe, microbatch_sizes=sizes, path=work / "profile.yaml", log=log)
     ar = prof.allreduce
-    print(f"profile {profile_path}: all-reduce {ar.backend}, {ar.latency_s * 1e6:.0f} us + bytes / "
-          f"{ar.bandwidth_Bps / 1e9:.2f} GB/s per ring step", file=sys.stderr)  # fmt: skip
+    print(
+        f"profile {profile_path}: all-reduce {ar.backend}, {ar.latency_s * 1e6:.0f} us + bytes / "
+        f"{ar.bandwidth_Bps / 1e9:.2f} GB/s per ring step",
+        file=sys.stderr,
+    )
     rows = []
     for p, d in layouts:
         for schedule in ("paci", "1f1b"):
             for a in windows_for(p, d, g, args.windows):
                 r = run_layout(base, str(profile_path), schedule, p, d, a, args)
                 rows.append(r)
-                print(f"  {schedule:5s} P={p} D={d} a={a:2d} b={r['microbatch_size']:2d}: {len(r['curve'])} evals, "
-                      f"best val {r['best_val_loss']:.4f}, step {r['step_time_s']:.3g} s, "
-                      f"all-reduce {r['allreduce_fraction']:.1%}, {r['wall_s']} s wall", file=sys.stderr)  # fmt: skip
+                print(
+                    f"  {schedule:5s} P={p} D={d} a={a:2d} b={r['microbatch_size']:2d}: {len(r['curve'])} evals, "
+                    f"best val {r['best_val_loss']:.4f}, step {r['step_time_s']:.3g} s, "
+                    f"all-reduce {r['allreduce_fraction']:.1%}, {r['wall_s']} s wall",
+                    file=sys.stderr,
+                )
     if args.target is None:
         args.target = auto_target(rows, args.seconds)
     set_times(rows, args.target)
@@ -155,8 +164,11 @@ def _score(r: dict[str, Any], args: Any) -> float:
 
 def table(rows: list[dict[str, Any]], args: Any, layouts: list[tuple[int, int]]) -> str:
     """Markdown: per layout, each schedule's best window and its time to target."""
-    lines = [f"| P x D | PACI: a, b, time to {args.target} | flush: a, b, time to {args.target} | "
-             "PACI / flush | all-reduce share (PACI) |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"| P x D | PACI: a, b, time to {args.target} | flush: a, b, time to {args.target} | "
+        "PACI / flush | all-reduce share (PACI) |",
+        "|---|---|---|---|---|",
+    ]
     for p, d in layouts:
         best = {}
         for s in ("paci", "1f1b"):
@@ -169,8 +181,10 @@ def table(rows: list[dict[str, Any]], args: Any, layouts: list[tuple[int, int]])
             return f"a={r['window']}, b={r['microbatch_size']}: {got}"
 
         ratio = _score(best["paci"], args) / _score(best["1f1b"], args)
-        lines.append(f"| {p} x {d} | {cell(best['paci'])} | {cell(best['1f1b'])} | {ratio:.2f} | "
-                     f"{best['paci']['allreduce_fraction']:.1%} |")  # fmt: skip
+        lines.append(
+            f"| {p} x {d} | {cell(best['paci'])} | {cell(best['1f1b'])} | {ratio:.2f} | "
+            f"{best['paci']['allreduce_fraction']:.1%} |"
+        )
     return "\n".join(lines)
 
 

@@ -23,11 +23,33 @@ from pathlib import Path
 
 def run(args: argparse.Namespace, schedule: str, d: int, metrics: Path) -> dict:
     cmd = [
-        sys.executable, "-m", "paci_tune.cli", "train", args.config, "--memory", "none", "--schedule", schedule,
-        "--stages", "2",
-        "--data-parallel", str(d), "--window", str(args.window), "--runtime", "distributed", "--device", "cpu",
-        "--steps", str(args.steps), "--eval-every", str(10**6), "--metrics", str(metrics), "--no-live",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "paci_tune.cli",
+        "train",
+        args.config,
+        "--memory",
+        "none",
+        "--schedule",
+        schedule,
+        "--stages",
+        "2",
+        "--data-parallel",
+        str(d),
+        "--window",
+        str(args.window),
+        "--runtime",
+        "distributed",
+        "--device",
+        "cpu",
+        "--steps",
+        str(args.steps),
+        "--eval-every",
+        str(10**6),
+        "--metrics",
+        str(metrics),
+        "--no-live",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
@@ -54,11 +76,19 @@ def main() -> None:
                     s = run(a, schedule, d, Path(tmp) / f"{schedule}{d}-{i}.jsonl")
                     waits = [st.get("allreduce_wait_s", 0.0) for st in s["stages"]]
                     share = max(waits) / s["pipeline_seconds"] if s["pipeline_seconds"] else 0.0
-                    row = {"tokens_per_s": s["tokens_per_s"], "allreduce_share": share, "waits": waits,
-                           "window": w, "microbatch_size": s.get("microbatch_size")}  # fmt: skip
+                    row = {
+                        "tokens_per_s": s["tokens_per_s"],
+                        "allreduce_share": share,
+                        "waits": waits,
+                        "window": w,
+                        "microbatch_size": s.get("microbatch_size"),
+                    }
                     rows.setdefault((schedule, d), []).append(row)
-                    print(f"  {schedule:4s} P=2 D={d} a={w}: {row['tokens_per_s']:,.0f} tokens/s, all-reduce wait "
-                          f"{share:.1%} of pipeline time", file=sys.stderr)  # fmt: skip
+                    print(
+                        f"  {schedule:4s} P=2 D={d} a={w}: {row['tokens_per_s']:,.0f} tokens/s, all-reduce wait "
+                        f"{share:.1%} of pipeline time",
+                        file=sys.stderr,
+                    )
     print(f"command: python bench/dp_throughput.py {' '.join(sys.argv[1:])}")
     print("| schedule | P x D | best tokens/s | all-reduce wait (share of pipeline time, median) |")
     print("|---|---|---|---|")

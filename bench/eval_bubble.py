@@ -23,11 +23,33 @@ from pathlib import Path
 
 def run(args: argparse.Namespace, every: int, metrics: Path) -> dict:
     cmd = [
-        sys.executable, "-m", "paci_tune.cli", "train", args.config, "--memory", "none", "--schedule", "paci",
-        "--stages", str(args.stages), "--window", str(args.window), "--runtime", "distributed",
-        "--steps", str(args.steps), "--seed", "0", "--device", "cpu", "--eval-every", str(every),
-        "--metrics", str(metrics), "--no-live",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "paci_tune.cli",
+        "train",
+        args.config,
+        "--memory",
+        "none",
+        "--schedule",
+        "paci",
+        "--stages",
+        str(args.stages),
+        "--window",
+        str(args.window),
+        "--runtime",
+        "distributed",
+        "--steps",
+        str(args.steps),
+        "--seed",
+        "0",
+        "--device",
+        "cpu",
+        "--eval-every",
+        str(every),
+        "--metrics",
+        str(metrics),
+        "--no-live",
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     records = [json.loads(x) for x in metrics.read_text().splitlines()]
     summary = records[-1]
@@ -54,14 +76,18 @@ def main() -> None:
             for name, every in cadences.items():
                 s = run(args, every, Path(tmp) / f"{every}-{i}.jsonl")
                 out[name].append(s)
-                print(f"  {name:12s} run {i}: {s['evals']:3d} evaluations, bubble {s['bubble_fraction']:.3f}, "
-                      f"{s['tokens_per_s']:,.0f} tokens/s")  # fmt: skip
+                print(
+                    f"  {name:12s} run {i}: {s['evals']:3d} evaluations, bubble {s['bubble_fraction']:.3f}, "
+                    f"{s['tokens_per_s']:,.0f} tokens/s"
+                )
     p, a = args.stages, args.window
     drain = (p - 1) / (a + p - 1)
     print(f"command: python bench/eval_bubble.py {' '.join(sys.argv[1:])}")
     for name, runs in out.items():
-        print(f"{name:12s} lowest bubble {min(s['bubble_fraction'] for s in runs):.3f}, "
-              f"best {max(s['tokens_per_s'] for s in runs):,.0f} tokens/s")  # fmt: skip
+        print(
+            f"{name:12s} lowest bubble {min(s['bubble_fraction'] for s in runs):.3f}, "
+            f"best {max(s['tokens_per_s'] for s in runs):,.0f} tokens/s"
+        )
     print(f"a drain per evaluation would add about {drain:.2f} of a batch of idle pipeline per evaluation")
     assert all(s["evals"] >= 1 for runs in out.values() for s in runs)
 

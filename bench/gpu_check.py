@@ -227,10 +227,23 @@ class Check:
         cfg = self.write("medium.yaml", run_config(s.medium, s, 128, 8, s.paper_stages))
         measured = self.work / "medium-profile-measured.yaml"
         self.cli(
-            "calibrate", cfg, "--out", measured, "--microbatch-sizes", s.medium_sizes, "--device", s.device,
-            "--precision", s.precision, "--stages", s.paper_stages, "--repeats", s.repeats,
-            "--optimizers", "nadam,muon",
-        )  # fmt: skip
+            "calibrate",
+            cfg,
+            "--out",
+            measured,
+            "--microbatch-sizes",
+            s.medium_sizes,
+            "--device",
+            s.device,
+            "--precision",
+            s.precision,
+            "--stages",
+            s.paper_stages,
+            "--repeats",
+            s.repeats,
+            "--optimizers",
+            "nadam,muon",
+        )
         doc = yaml.safe_load(measured.read_text())
         measured_p2p = dict(doc["p2p"])
         doc["p2p"] = NVLINK_P2P
@@ -250,10 +263,17 @@ class Check:
         for u in units:
             for key, sec in (u.get("optimizer_steps") or {}).items():
                 others[key] = others.get(key, 0.0) + sec
-        print(f"  optimizer step: {doc.get('optimizer', 'adamw')} {opt * 1e3:.2f} ms; "
-              + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in others.items()))  # fmt: skip
-        return {"profile": name, "measured_p2p": measured_p2p, "per_microbatch": per_size, "optimizer_s": opt,
-                "optimizer_steps_s": others}  # fmt: skip
+        print(
+            f"  optimizer step: {doc.get('optimizer', 'adamw')} {opt * 1e3:.2f} ms; "
+            + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in others.items())
+        )
+        return {
+            "profile": name,
+            "measured_p2p": measured_p2p,
+            "per_microbatch": per_size,
+            "optimizer_s": opt,
+            "optimizer_steps_s": others,
+        }
 
     def single_device(self) -> dict[str, Any]:
         s = self.scale
@@ -285,9 +305,21 @@ class Check:
         cfg = self.write("small.yaml", run_config(s.small, s, gb, a, p))
         prof = self.work / "small-profile.yaml"
         self.cli(
-            "calibrate", cfg, "--out", prof, "--microbatch-sizes", gb // a, "--device", s.device,
-            "--precision", s.precision, "--stages", p, "--repeats", max(s.repeats, 3),
-        )  # fmt: skip
+            "calibrate",
+            cfg,
+            "--out",
+            prof,
+            "--microbatch-sizes",
+            gb // a,
+            "--device",
+            s.device,
+            "--precision",
+            s.precision,
+            "--stages",
+            p,
+            "--repeats",
+            max(s.repeats, 3),
+        )
         doc = yaml.safe_load(prof.read_text())
         doc["p2p"] = FREE_P2P
         free = self.out / ("gpt2-small-h200-bf16.yaml" if s.device == "cuda" else "smoke-small-profile.yaml")
@@ -351,9 +383,20 @@ class Check:
             cfg = self.write(f"paper-b{gb}.yaml", run_config(s.medium, s, gb, s.paper_windows[0], p))
             for a in s.paper_windows:
                 sim = self.cli(
-                    "simulate", cfg, "--profile", self.medium_profile, "--stages", p, "--window", a,
-                    *PAPER_SCHEDULES, "--batches", 4 * p, "--json", json_out=True,
-                )  # fmt: skip
+                    "simulate",
+                    cfg,
+                    "--profile",
+                    self.medium_profile,
+                    "--stages",
+                    p,
+                    "--window",
+                    a,
+                    *PAPER_SCHEDULES,
+                    "--batches",
+                    4 * p,
+                    "--json",
+                    json_out=True,
+                )
                 for sched, r in sim["schedules"].items():
                     rows.append(
                         {

@@ -49,11 +49,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
 """The schedules the issue names, as ``pipeline`` keys (PACI under both ``backward_weights``)."""
 
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "cpu": ({"preset": "tiny", "n_layer": 6, "d_model": 64, "n_head": 2, "block_size": 32},
-            {"source": "synthetic", "vocab_size": 4096, "branching": 4, "n_train": 20_000, "n_val": 2_000}),
-    "cuda": ({"preset": "tiny", "n_layer": 6, "d_model": 512, "n_head": 8, "block_size": 256},
-             {"source": "synthetic", "vocab_size": 32768, "branching": 4, "n_train": 40_000, "n_val": 8_000}),
-}  # fmt: skip
+    "cpu": (
+        {"preset": "tiny", "n_layer": 6, "d_model": 64, "n_head": 2, "block_size": 32},
+        {"source": "synthetic", "vocab_size": 4096, "branching": 4, "n_train": 20_000, "n_val": 2_000},
+    ),
+    "cuda": (
+        {"preset": "tiny", "n_layer": 6, "d_model": 512, "n_head": 8, "block_size": 256},
+        {"source": "synthetic", "vocab_size": 32768, "branching": 4, "n_train": 40_000, "n_val": 8_000},
+    ),
+}
 """Model and data per device: eight units (embedding, six blocks, head; interleaved 1F1B at P = 4 needs
 2 x 4 pieces), the vocabulary large next to the width, so the head's logits and their softmax weigh
 what they weigh in a real GPT. On a GPU a wider one, whose stages (hundreds of MiB) dwarf what the
@@ -64,10 +68,22 @@ def run_doc(stages: int, precision: str, variant: str, device: str = "cpu", step
     """The config of one measured run: the device's model above, ``steps`` global batches of 4 micro-batches,
     an evaluation every 2 (so PACI's run mid-schedule) and the drained one at the end, of 8 sequences each."""
     model, data = MODELS[device]
-    pipe = {"stages": stages, "window": 4, "runtime": "distributed", "device": device, "precision": precision,
-            **VARIANTS[variant]}  # fmt: skip
-    training = {"global_batch": 16, "steps": steps, "seed": 0, "eval_every": 2, "eval_sequences": 16,
-                "eval_microbatch_size": 8}  # fmt: skip
+    pipe = {
+        "stages": stages,
+        "window": 4,
+        "runtime": "distributed",
+        "device": device,
+        "precision": precision,
+        **VARIANTS[variant],
+    }
+    training = {
+        "global_batch": 16,
+        "steps": steps,
+        "seed": 0,
+        "eval_every": 2,
+        "eval_sequences": 16,
+        "eval_microbatch_size": 8,
+    }
     return {
         "model": model,
         "data": data,
@@ -89,9 +105,19 @@ def launch(stages: int, docs: dict[str, dict[str, Any]], workdir: Path, timeout:
     env = loopback_env(worker_env(1))
     env["PACI_TUNE_TRACK_MEMORY"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--rdzv-backend=static",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", f"--nproc-per-node={stages}",
-           str(REPO / "bench" / "memory_worker.py"), str(out), *paths]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--rdzv-backend=static",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        f"--nproc-per-node={stages}",
+        str(REPO / "bench" / "memory_worker.py"),
+        str(out),
+        *paths,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"memory worker failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -107,8 +133,16 @@ def profile_for(doc: dict[str, Any], workdir: Path) -> Any:
     path = workdir / "calibrate.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     cfg = load_config(str(path))
-    return calibrate(cfg, microbatch_sizes=[cfg.pipeline.microbatch_size], repeats=1, warmup=0, threads=1,
-                     processes=1, p2p=P2PCost(0.0, math.inf), allreduce=False)  # fmt: skip
+    return calibrate(
+        cfg,
+        microbatch_sizes=[cfg.pipeline.microbatch_size],
+        repeats=1,
+        warmup=0,
+        threads=1,
+        processes=1,
+        p2p=P2PCost(0.0, math.inf),
+        allreduce=False,
+    )
 
 
 def measured_per_rank(summary: dict[str, Any]) -> list[int]:
@@ -145,9 +179,19 @@ def rows_for(stages: int, precisions: list[str], variants: list[str], device: st
             summary = summaries[name]
             predicted = predicted_per_rank(docs[name], profile, summary["partition"], workdir)
             for s, (pred, meas) in enumerate(zip(predicted, measured_per_rank(summary), strict=True)):
-                rows.append({"P": stages, "precision": prec, "schedule": v, "stage": s, "partition":
-                             summary["partition"], "predicted": pred.allocated, "measured": meas,
-                             "error": pred.allocated / meas - 1, "parts": pred.to_dict()})  # fmt: skip
+                rows.append(
+                    {
+                        "P": stages,
+                        "precision": prec,
+                        "schedule": v,
+                        "stage": s,
+                        "partition": summary["partition"],
+                        "predicted": pred.allocated,
+                        "measured": meas,
+                        "error": pred.allocated / meas - 1,
+                        "parts": pred.to_dict(),
+                    }
+                )
     return rows
 
 

@@ -73,14 +73,26 @@ def train(base: dict[str, Any], steps: int, eval_every: int, warm: str, task: di
     """One emulated run from the warm checkpoint (in a worker of :func:`simrun.run_pool`): its validation curve."""
     opt, controls = OPTIONS[task["option"]]
     paci = task["schedule"] == "paci"
-    cfg = derive_run(base, {
-        "pipeline.schedule": task["schedule"], "pipeline.stages": task["P"], "pipeline.window": task["a"],
-        "training.seed": task["seed"], "optimizer.lr": task["lr"], "training.steps": steps,
-        "training.eval_every": eval_every, "pipeline.runtime": "emulated", "pipeline.device": "cpu",
-        "pipeline.partition": "auto", "hardware.memory": None, "lr_schedule.min_ratio": 1.0,
-        **opt, **(controls if paci else {}),
-        **warm_overrides(warm),
-    })  # fmt: skip
+    cfg = derive_run(
+        base,
+        {
+            "pipeline.schedule": task["schedule"],
+            "pipeline.stages": task["P"],
+            "pipeline.window": task["a"],
+            "training.seed": task["seed"],
+            "optimizer.lr": task["lr"],
+            "training.steps": steps,
+            "training.eval_every": eval_every,
+            "pipeline.runtime": "emulated",
+            "pipeline.device": "cpu",
+            "pipeline.partition": "auto",
+            "hardware.memory": None,
+            "lr_schedule.min_ratio": 1.0,
+            **opt,
+            **(controls if paci else {}),
+            **warm_overrides(warm),
+        },
+    )
     curve: list[tuple[int, float]] = []
 
     def on_record(rec: dict[str, Any]) -> None:
@@ -88,8 +100,12 @@ def train(base: dict[str, Any], steps: int, eval_every: int, warm: str, task: di
             curve.append((int(rec["step"]), float(rec["val_loss"])))
 
     summary = run_training(resolve_run(cfg), on_record=on_record) or {}
-    return {**task, "curve": curve, "final": curve[-1][1] if curve else float("nan"),
-            "max_drift": max((st["max_drift"] for st in summary.get("stages", [])), default=0)}  # fmt: skip
+    return {
+        **task,
+        "curve": curve,
+        "final": curve[-1][1] if curve else float("nan"),
+        "max_drift": max((st["max_drift"] for st in summary.get("stages", [])), default=0),
+    }
 
 
 def _interval(values: np.ndarray, draws: int = 4000) -> tuple[float, float]:
@@ -116,8 +132,9 @@ def analyse(runs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
         for a in sorted({x[0] for x in ds}):
             v = np.array([x[2] for x in ds if x[0] == a])
             lo, hi = _interval(v)
-            cells.append({"option": option, "P": p, "a": a, "lr": lr, "gap": float(v.mean()), "ci": [lo, hi],
-                          "seeds": len(v)})  # fmt: skip
+            cells.append(
+                {"option": option, "P": p, "a": a, "lr": lr, "gap": float(v.mean()), "ci": [lo, hi], "seeds": len(v)}
+            )
     overall, closed = [], []
     for (option, p, lr), ds in sorted(diffs.items()):
         v = np.array([x[2] for x in ds])
@@ -132,42 +149,78 @@ def analyse(runs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
         with np.errstate(divide="ignore", invalid="ignore"):
             shares = 1 - o[idx].mean(axis=1) / b[idx].mean(axis=1)
         lo, hi = np.nanquantile(shares, [(1 - LEVEL) / 2, 1 - (1 - LEVEL) / 2])
-        closed.append({"option": option, "P": p, "lr": lr, "adamw_gap": float(b.mean()), "gap": float(o.mean()),
-                       "closed": float(1 - o.mean() / b.mean()), "ci": [float(lo), float(hi)]})  # fmt: skip
-    finals = [{"optimizer": o, "lr": lr, "final": statistics.fmean(v for (oo, ll, _), v in flush.items()
-                                                                  if oo == o and ll == lr)}
-              for o in dict.fromkeys(k[0] for k in flush) for lr in sorted({k[1] for k in flush})]  # fmt: skip
+        closed.append(
+            {
+                "option": option,
+                "P": p,
+                "lr": lr,
+                "adamw_gap": float(b.mean()),
+                "gap": float(o.mean()),
+                "closed": float(1 - o.mean() / b.mean()),
+                "ci": [float(lo), float(hi)],
+            }
+        )
+    finals = [
+        {
+            "optimizer": o,
+            "lr": lr,
+            "final": statistics.fmean(v for (oo, ll, _), v in flush.items() if oo == o and ll == lr),
+        }
+        for o in dict.fromkeys(k[0] for k in flush)
+        for lr in sorted({k[1] for k in flush})
+    ]
     return {"cells": cells, "overall": overall, "closed": closed, "flush_finals": finals}
 
 
 def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
-    lines = [f"Final validation loss after {args.steps} steps from a {args.warm_start}-step AdamW flush checkpoint; "
-             "gap = PACI - flush on the same optimizer, LR and seed (mean, 95% bootstrap interval).", "",
-             "Flush's final loss per optimizer (the level each option's gap is measured against):", "",
-             "| optimizer | " + " | ".join(f"lr {lr:g}" for lr in args.lrs) + " |",
-             "|---|" + "---|" * len(args.lrs)]  # fmt: skip
+    lines = [
+        f"Final validation loss after {args.steps} steps from a {args.warm_start}-step AdamW flush checkpoint; "
+        "gap = PACI - flush on the same optimizer, LR and seed (mean, 95% bootstrap interval).",
+        "",
+        "Flush's final loss per optimizer (the level each option's gap is measured against):",
+        "",
+        "| optimizer | " + " | ".join(f"lr {lr:g}" for lr in args.lrs) + " |",
+        "|---|" + "---|" * len(args.lrs),
+    ]
     for o in dict.fromkeys(f["optimizer"] for f in res["flush_finals"]):
         row = {f["lr"]: f["final"] for f in res["flush_finals"] if f["optimizer"] == o}
         lines.append(f"| {o} | " + " | ".join(f"{row[lr]:.4f}" for lr in args.lrs) + " |")
-    lines += ["", "Gap over every window and seed, and the share of AdamW's gap each option closes (paired by "
-              "window and seed):", "", "| option | P | lr | gap PACI - flush | share of AdamW's gap closed |",
-              "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "Gap over every window and seed, and the share of AdamW's gap each option closes (paired by window and seed):",
+        "",
+        "| option | P | lr | gap PACI - flush | share of AdamW's gap closed |",
+        "|---|---|---|---|---|",
+    ]
     closed = {(c["option"], c["P"], c["lr"]): c for c in res["closed"]}
     for g in res["overall"]:
         c = closed.get((g["option"], g["P"], g["lr"]))
         share = f"{c['closed']:+.0%} [{c['ci'][0]:+.0%}, {c['ci'][1]:+.0%}]" if c else "-"
-        lines.append(f"| {g['option']} | {g['P']} | {g['lr']:g} | {g['gap']:+.4f} [{g['ci'][0]:+.4f}, "
-                     f"{g['ci'][1]:+.4f}] | {share} |")  # fmt: skip
+        lines.append(
+            f"| {g['option']} | {g['P']} | {g['lr']:g} | {g['gap']:+.4f} [{g['ci'][0]:+.4f}, "
+            f"{g['ci'][1]:+.4f}] | {share} |"
+        )
     for p in args.stages:
         for lr in args.lrs:
-            lines += ["", f"P = {p}, lr {lr:g}: gap per window a (mean [interval] over seeds)", "",
-                      "| option | " + " | ".join(f"a={a}" for a in args.windows) + " |",
-                      "|---|" + "---|" * len(args.windows)]  # fmt: skip
+            lines += [
+                "",
+                f"P = {p}, lr {lr:g}: gap per window a (mean [interval] over seeds)",
+                "",
+                "| option | " + " | ".join(f"a={a}" for a in args.windows) + " |",
+                "|---|" + "---|" * len(args.windows),
+            ]
             for o in OPTIONS if not args.options else args.options:
                 cell = {c["a"]: c for c in res["cells"] if (c["option"], c["P"], c["lr"]) == (o, p, lr)}
-                lines.append(f"| {o} | " + " | ".join(
-                    f"{cell[a]['gap']:+.3f} [{cell[a]['ci'][0]:+.3f}, {cell[a]['ci'][1]:+.3f}]" if a in cell else "-"
-                    for a in args.windows) + " |")  # fmt: skip
+                lines.append(
+                    f"| {o} | "
+                    + " | ".join(
+                        f"{cell[a]['gap']:+.3f} [{cell[a]['ci'][0]:+.3f}, {cell[a]['ci'][1]:+.3f}]"
+                        if a in cell
+                        else "-"
+                        for a in args.windows
+                    )
+                    + " |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -177,18 +230,30 @@ def draw(res: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(args.lrs), len(args.stages), figsize=(4.6 * len(args.stages), 3.4 * len(args.lrs)),
-                             squeeze=False, sharey=True)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(args.lrs),
+        len(args.stages),
+        figsize=(4.6 * len(args.stages), 3.4 * len(args.lrs)),
+        squeeze=False,
+        sharey=True,
+    )
     for i, lr in enumerate(args.lrs):
         for j, p in enumerate(args.stages):
             ax = axes[i][j]
             for o in OPTIONS if not args.options else args.options:
-                cs = sorted((c for c in res["cells"] if (c["option"], c["P"], c["lr"]) == (o, p, lr)),
-                            key=lambda c: c["a"])  # fmt: skip
+                cs = sorted(
+                    (c for c in res["cells"] if (c["option"], c["P"], c["lr"]) == (o, p, lr)), key=lambda c: c["a"]
+                )
                 if cs:
-                    ax.errorbar([c["a"] for c in cs], [c["gap"] for c in cs], capsize=2, marker="o", markersize=3,
-                                yerr=[[c["gap"] - c["ci"][0] for c in cs], [c["ci"][1] - c["gap"] for c in cs]],
-                                label=o)  # fmt: skip
+                    ax.errorbar(
+                        [c["a"] for c in cs],
+                        [c["gap"] for c in cs],
+                        capsize=2,
+                        marker="o",
+                        markersize=3,
+                        yerr=[[c["gap"] - c["ci"][0] for c in cs], [c["ci"][1] - c["gap"] for c in cs]],
+                        label=o,
+                    )
             ax.axhline(0, color="grey", linewidth=0.8)
             ax.axhline(0.02, color="grey", linewidth=0.6, linestyle=":")
             ax.set_xscale("log", base=2)
@@ -197,8 +262,10 @@ def draw(res: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
             if j == 0:
                 ax.set_ylabel("final loss, PACI - flush")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("PACI's final-loss gap to flush on the same optimizer (warm-started; bars: 95% over seeds; "
-                 "dotted: 0.02)", fontsize=9)  # fmt: skip
+    fig.suptitle(
+        "PACI's final-loss gap to flush on the same optimizer (warm-started; bars: 95% over seeds; dotted: 0.02)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -237,31 +304,63 @@ def main() -> None:
     base["pipeline"].pop("microbatch_size", None)
     work = Path(args.workdir or args.out)
     log = lambda m: print(f"  {m}", file=sys.stderr)  # noqa: E731
-    warm = warm_checkpoint(base, args.warm_start, work / f"warm-{args.warm_start}",
-                           {"optimizer.lr": args.lrs[0], "optimizer.name": "adamw"}, log)  # fmt: skip
+    warm = warm_checkpoint(
+        base,
+        args.warm_start,
+        work / f"warm-{args.warm_start}",
+        {"optimizer.lr": args.lrs[0], "optimizer.name": "adamw"},
+        log,
+    )
     options = args.options or list(OPTIONS)
     total = args.warm_start + args.steps
     flush_opts = list(dict.fromkeys(_flush_key(o) for o in options))
-    tasks = [{"schedule": "1f1b", "option": o, "P": 1, "a": 4, "seed": s, "lr": lr}
-             for o in flush_opts for lr in args.lrs for s in args.seeds]  # fmt: skip
-    tasks += [{"schedule": "paci", "option": o, "P": p, "a": a, "seed": s, "lr": lr} for o in options
-              for lr in args.lrs for s in args.seeds for p in args.stages for a in args.windows
-              if not _same_as_adamw(o, p, a)]  # fmt: skip
-    runs = run_pool(tasks, functools.partial(train, base, total, args.eval_every, warm), log=work / "runs.jsonl",
-                    jobs=args.jobs, depends=[base, total, args.eval_every, warm, OPTIONS],
-                    describe=lambda r: f"{r['schedule']} {r['option']} P={r['P']} a={r['a']} lr={r['lr']:g} "
-                                       f"seed {r['seed']}: final {r['final']:.4f}")  # fmt: skip
+    tasks = [
+        {"schedule": "1f1b", "option": o, "P": 1, "a": 4, "seed": s, "lr": lr}
+        for o in flush_opts
+        for lr in args.lrs
+        for s in args.seeds
+    ]
+    tasks += [
+        {"schedule": "paci", "option": o, "P": p, "a": a, "seed": s, "lr": lr}
+        for o in options
+        for lr in args.lrs
+        for s in args.seeds
+        for p in args.stages
+        for a in args.windows
+        if not _same_as_adamw(o, p, a)
+    ]
+    runs = run_pool(
+        tasks,
+        functools.partial(train, base, total, args.eval_every, warm),
+        log=work / "runs.jsonl",
+        jobs=args.jobs,
+        depends=[base, total, args.eval_every, warm, OPTIONS],
+        describe=lambda r: (
+            f"{r['schedule']} {r['option']} P={r['P']} a={r['a']} lr={r['lr']:g} "
+            f"seed {r['seed']}: final {r['final']:.4f}"
+        ),
+    )
     for r in runs:  # what holds on any machine: PACI never drifts past its bound ceil((P-1)/a)
         assert r["max_drift"] <= -(-(r["P"] - 1) // r["a"]), r
-    same = [{**r, "option": o, "same_as": "adamw"} for o in options for r in runs
-            if r["schedule"] == "paci" and r["option"] == "adamw" and _same_as_adamw(o, r["P"], r["a"])]  # fmt: skip
+    same = [
+        {**r, "option": o, "same_as": "adamw"}
+        for o in options
+        for r in runs
+        if r["schedule"] == "paci" and r["option"] == "adamw" and _same_as_adamw(o, r["P"], r["a"])
+    ]
     runs += same
     res = analyse(runs, args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"command": "python bench/optimizer_map.py " + " ".join(sys.argv[1:]), "seconds": round(time.time() - t0),
-           "run_seconds": round(sum(r.get("wall_s", 0) for r in runs)), "model": base["model"],
-           "options": {k: [v[0], v[1]] for k, v in OPTIONS.items()}, **res, "runs": runs}  # fmt: skip
+    doc = {
+        "command": "python bench/optimizer_map.py " + " ".join(sys.argv[1:]),
+        "seconds": round(time.time() - t0),
+        "run_seconds": round(sum(r.get("wall_s", 0) for r in runs)),
+        "model": base["model"],
+        "options": {k: [v[0], v[1]] for k, v in OPTIONS.items()},
+        **res,
+        "runs": runs,
+    }
     (out / "map.json").write_text(json.dumps(doc, indent=1))
     text = markdown(res, args)
     (out / "map.md").write_text(text)

@@ -112,8 +112,9 @@ def _layout(warm: dict[int, str], task: dict[str, Any]) -> tuple[dict[str, Any],
     return {"G": task["G"]}, (task["schedule"], task["P"], 1, task["a"], extra)
 
 
-def classes(base: dict[str, Any], profile: str, seconds: float, grid: int, warm: dict[int, str],
-            tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
+def classes(
+    base: dict[str, Any], profile: str, seconds: float, grid: int, warm: dict[int, str], tasks: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """The tasks grouped by the curve they train (:func:`simrun.curve_class`): the synchronous schedules of
     one batch, LR, seed and optimizer are one curve whatever their micro-batch count; each PACI (a,
     semantics) its own. Groups keep the tasks' order."""
@@ -129,8 +130,9 @@ def _base_for(base: dict[str, Any], g: int) -> dict[str, Any]:
     return {**base, "training": {**base["training"], "global_batch": g}}
 
 
-def _one(base: dict[str, Any], profile: str, seconds: float, grid: int, warm: dict[int, str],
-         cls: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _one(
+    base: dict[str, Any], profile: str, seconds: float, grid: int, warm: dict[int, str], cls: dict[str, Any]
+) -> dict[str, Any]:
     """One curve (in a worker process of :func:`simrun.run_pool`): trained once, a row per member task."""
     layouts = [_layout(warm, t)[1] for t in cls["members"]]
     rows = train_shared(_base_for(base, cls["G"]), profile, layouts, seconds=seconds, grid=grid)
@@ -141,8 +143,10 @@ def _describe(rec: dict[str, Any]) -> str:
     r = rec["rows"][0]
     who = ", ".join(f"{m['schedule']} a={m['a']}" for m in rec["rows"])
     best = r["best_val_loss"] if r["best_val_loss"] is not None else math.nan
-    return (f"G={r['G']} {r.get('opt', '')} {r.get('bw', ''):7s} lr={r['lr']:.3g} seed {r['seed']}: one curve for "
-            f"{who}; {r['steps']} steps, best val {best:.4f}, {rec['wall_s']} s wall")  # fmt: skip
+    return (
+        f"G={r['G']} {r.get('opt', '')} {r.get('bw', ''):7s} lr={r['lr']:.3g} seed {r['seed']}: one curve for "
+        f"{who}; {r['steps']} steps, best val {best:.4f}, {rec['wall_s']} s wall"
+    )
 
 
 def _key(depends: Any, cls: dict[str, Any]) -> str:
@@ -159,14 +163,22 @@ def grid_points(args: argparse.Namespace) -> list[tuple[int, int]]:
     """The (G, a) of the grid: every b of ``--microbatch-sizes`` that divides G into 2 or more
     micro-batches, less ``--skip``."""
     skip = {tuple(int(x) for x in s.split(":")) for s in args.skip}
-    return [(g, g // b) for g in args.batches for b in args.microbatch_sizes
-            if g % b == 0 and g // b > 1 and (g, b) not in skip]  # fmt: skip
+    return [
+        (g, g // b)
+        for g in args.batches
+        for b in args.microbatch_sizes
+        if g % b == 0 and g // b > 1 and (g, b) not in skip
+    ]
 
 
 def sync_class(args: argparse.Namespace, g: int, lr: float, seed: int, opt: str) -> list[dict[str, Any]]:
     """Every synchronous layout of one (G, LR, seed, optimizer): one curve, its LR over their horizon."""
-    return [{"G": g, "schedule": s, "P": args.stages, "a": a, "lr": lr, "seed": seed, "opt": opt}
-            for s in ["1f1b", *args.baselines] for gg, a in grid_points(args) if gg == g]  # fmt: skip
+    return [
+        {"G": g, "schedule": s, "P": args.stages, "a": a, "lr": lr, "seed": seed, "opt": opt}
+        for s in ["1f1b", *args.baselines]
+        for gg, a in grid_points(args)
+        if gg == g
+    ]
 
 
 def paci_task(args: argparse.Namespace, g: int, a: int, lr: float, seed: int, opt: str, bw: str) -> dict[str, Any]:
@@ -182,8 +194,12 @@ def search_tasks(args: argparse.Namespace) -> list[dict[str, Any]]:
             for g in args.batches:
                 for lr in lrs_for(args, opt):
                     tasks += sync_class(args, g, lr, seed, opt)
-                    tasks += [paci_task(args, gg, a, lr, seed, opt, bw) for bw in args.backward_weights
-                              for gg, a in grid_points(args) if gg == g]  # fmt: skip
+                    tasks += [
+                        paci_task(args, gg, a, lr, seed, opt, bw)
+                        for bw in args.backward_weights
+                        for gg, a in grid_points(args)
+                        if gg == g
+                    ]
     return tasks
 
 
@@ -217,8 +233,16 @@ def points_of(rows: list[dict], seeds: list[int]) -> dict[tuple, dict[str, Any]]
     for r in rows:
         if r["seed"] not in seeds:
             continue
-        pt = {"G": r["G"], "schedule": r["schedule"], "a": r["a"], "b": r["microbatch_size"], "lr": r["lr"],
-              "opt": r["opt"], "bw": r.get("bw") or "", "step_time_s": r["step_time_s"]}  # fmt: skip
+        pt = {
+            "G": r["G"],
+            "schedule": r["schedule"],
+            "a": r["a"],
+            "b": r["microbatch_size"],
+            "lr": r["lr"],
+            "opt": r["opt"],
+            "bw": r.get("bw") or "",
+            "step_time_s": r["step_time_s"],
+        }
         points.setdefault(pkey(pt), {**pt, "runs": {}})["runs"][r["seed"]] = r
     return points
 
@@ -235,8 +259,9 @@ def targets(points: dict[tuple, dict[str, Any]], seconds: float, opt: str | None
     return out
 
 
-def scored(points: dict[tuple, dict[str, Any]], target: dict[int, float], seconds: float,
-           opt: str | None) -> dict[tuple, dict[str, Any]]:  # fmt: skip
+def scored(
+    points: dict[tuple, dict[str, Any]], target: dict[int, float], seconds: float, opt: str | None
+) -> dict[tuple, dict[str, Any]]:
     """The points on optimizer ``opt`` (None: every one), each with its time to target per seed, its score
     (a miss scored as the search does) and their mean; ``scored_for`` names the target's optimizer."""
     out: dict[tuple, dict[str, Any]] = {}
@@ -245,10 +270,18 @@ def scored(points: dict[tuple, dict[str, Any]], target: dict[int, float], second
             continue
         t = target[p["G"]]
         times = {s: first_reach(r["curve"], t) for s, r in p["runs"].items()}
-        scores = {s: (x if x is not None else score(None, p["runs"][s]["best_val_loss"], t, seconds))
-                  for s, x in times.items()}  # fmt: skip
-        out[k] = {**p, "times": times, "scores": scores, "mean": statistics.fmean(scores.values()),
-                  "reached": sum(x is not None for x in times.values()), "scored_for": opt or "best"}  # fmt: skip
+        scores = {
+            s: (x if x is not None else score(None, p["runs"][s]["best_val_loss"], t, seconds))
+            for s, x in times.items()
+        }
+        out[k] = {
+            **p,
+            "times": times,
+            "scores": scores,
+            "mean": statistics.fmean(scores.values()),
+            "reached": sum(x is not None for x in times.values()),
+            "scored_for": opt or "best",
+        }
     return out
 
 
@@ -261,10 +294,12 @@ def choose(points: dict[tuple, dict[str, Any]], g: int, bw: str, opt: str | None
     """The chosen points of batch ``g`` for PACI semantics ``bw`` on optimizer ``opt`` (None: every optimizer,
     each schedule on its best) by their search means: each schedule's best, the strongest synchronous,
     flush at PACI's window."""
-    mine = [p for p in points.values() if p["G"] == g and (opt is None or p["opt"] == opt)
-            and p["bw"] in ("", bw)]  # fmt: skip
-    best = {s: _lowest([p for p in mine if p["schedule"] == s]) for s in ["paci", *SYNC_ORDER]
-            if any(p["schedule"] == s for p in mine)}  # fmt: skip
+    mine = [p for p in points.values() if p["G"] == g and (opt is None or p["opt"] == opt) and p["bw"] in ("", bw)]
+    best = {
+        s: _lowest([p for p in mine if p["schedule"] == s])
+        for s in ["paci", *SYNC_ORDER]
+        if any(p["schedule"] == s for p in mine)
+    }
     sync = [best[s] for s in SYNC_ORDER if s in best]
     strongest = min(sync, key=lambda p: (p["mean"], SYNC_ORDER.index(p["schedule"])))
     same_m = _lowest([p for p in mine if p["schedule"] == "1f1b" and p["a"] == best["paci"]["a"]])
@@ -278,11 +313,22 @@ def compare(paci: dict[str, Any], base: dict[str, Any], seeds: list[int]) -> dic
     ratios = [base["scores"][s] / paci["scores"][s] for s in seeds]
     missed = sum(paci["times"][s] is None or base["times"][s] is None for s in seeds)
     look = Design(len(seeds), len(seeds)).look(ratios, missed)
-    return {"baseline": _label(base), "baseline_schedule": base["schedule"], "paci": _label(paci), "seeds": seeds,
-            "paci_scores": [paci["scores"][s] for s in seeds], "baseline_scores": [base["scores"][s] for s in seeds],
-            "ratios": ratios, "missed": missed, "speedup": look.speedup, "low": look.low, "high": look.high,
-            "verdict": look.verdict, "paci_mean": statistics.fmean(paci["scores"][s] for s in seeds),
-            "baseline_mean": statistics.fmean(base["scores"][s] for s in seeds)}  # fmt: skip
+    return {
+        "baseline": _label(base),
+        "baseline_schedule": base["schedule"],
+        "paci": _label(paci),
+        "seeds": seeds,
+        "paci_scores": [paci["scores"][s] for s in seeds],
+        "baseline_scores": [base["scores"][s] for s in seeds],
+        "ratios": ratios,
+        "missed": missed,
+        "speedup": look.speedup,
+        "low": look.low,
+        "high": look.high,
+        "verdict": look.verdict,
+        "paci_mean": statistics.fmean(paci["scores"][s] for s in seeds),
+        "baseline_mean": statistics.fmean(base["scores"][s] for s in seeds),
+    }
 
 
 def _label(p: dict) -> str:
@@ -292,8 +338,11 @@ def _label(p: dict) -> str:
 
 def _public(p: dict) -> dict:
     keep = ("G", "schedule", "bw", "a", "b", "lr", "opt", "step_time_s", "mean", "reached", "scored_for")
-    return ({k: p[k] for k in keep} | {"label": _label(p), "scores": {str(s): v for s, v in p["scores"].items()},
-            "times": {str(s): v for s, v in p["times"].items()}})  # fmt: skip
+    return {k: p[k] for k in keep} | {
+        "label": _label(p),
+        "scores": {str(s): v for s, v in p["scores"].items()},
+        "times": {str(s): v for s, v in p["times"].items()},
+    }
 
 
 def analyse(rows: list[dict], args: argparse.Namespace, seconds: float) -> dict[str, Any]:
@@ -314,10 +363,15 @@ def analyse(rows: list[dict], args: argparse.Namespace, seconds: float) -> dict[
             for g in args.batches:
                 pick = choose(search[name], g, bw, opt)
                 chosen += pick.values()
-                res: dict[str, Any] = {"G": g, "bw": bw, "opt": name, "target": target[name][g],
-                                       "chosen": {k: _label(p) for k, p in pick.items()},
-                                       "search_mean": {k: p["mean"] for k, p in pick.items()},
-                                       "search_reached": {k: p["reached"] for k, p in pick.items()}}  # fmt: skip
+                res: dict[str, Any] = {
+                    "G": g,
+                    "bw": bw,
+                    "opt": name,
+                    "target": target[name][g],
+                    "chosen": {k: _label(p) for k, p in pick.items()},
+                    "search_mean": {k: p["mean"] for k, p in pick.items()},
+                    "search_reached": {k: p["reached"] for k, p in pick.items()},
+                }
                 if fresh_runs:
                     f = {k: fresh[name][pkey(p)] for k, p in pick.items()}
                     res["fresh_mean"] = {k: p["mean"] for k, p in f.items()}
@@ -325,10 +379,13 @@ def analyse(rows: list[dict], args: argparse.Namespace, seconds: float) -> dict[
                     res["ratios"] = {k: compare(f["paci"], f[k], args.seeds) for k in f if k != "paci"}
                 results.append(res)
     keep = {(p["scored_for"], pkey(p)) for p in chosen}
-    return {"target": target, "results": results, "chosen": chosen,
-            "search_points": [_public(p) for pts in search.values() for p in pts.values()],
-            "fresh_points": [_public(p) for name, pts in fresh.items() for k, p in pts.items()
-                             if (name, k) in keep]}  # fmt: skip
+    return {
+        "target": target,
+        "results": results,
+        "chosen": chosen,
+        "search_points": [_public(p) for pts in search.values() for p in pts.values()],
+        "fresh_points": [_public(p) for name, pts in fresh.items() for k, p in pts.items() if (name, k) in keep],
+    }
 
 
 def check(rows: list[dict], doc: dict[str, Any], seconds: float) -> None:
@@ -361,53 +418,73 @@ def _short(label: str) -> str:
 
 def _who(res: dict[str, Any], seeds: int, k: str) -> str:
     """A chosen point, its search and fresh means and its fresh reach."""
-    return (f"{_short(res['chosen'][k])}: {res['search_mean'][k]:.2f} -> {res['fresh_mean'][k]:.2f} s, "
-            f"{res['fresh_reached'][k]}/{seeds}")  # fmt: skip
+    return (
+        f"{_short(res['chosen'][k])}: {res['search_mean'][k]:.2f} -> {res['fresh_mean'][k]:.2f} s, "
+        f"{res['fresh_reached'][k]}/{seeds}"
+    )
 
 
 def markdown(doc: dict[str, Any], args: argparse.Namespace) -> str:
-    lines = [f"P = {args.stages} stages on the sim clock, {args.seconds:g} s budget; points chosen on search seeds "
-             f"{args.search_seeds}, reported on fresh seeds {args.seeds}; speedup = geometric mean over the fresh "
-             "seeds of the baseline's time to target over PACI's, 95% paired t-interval on the log ratios "
-             "(none when a compared run missed the target on a fresh seed: undecided).\n",
-             "| backward weights | optimizer | G | target | PACI (search mean -> fresh mean, reached) | strongest "
-             "synchronous (search -> fresh, reached) | speedup over the strongest | per-seed ratios | over best flush "
-             "| over flush at PACI's m |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"P = {args.stages} stages on the sim clock, {args.seconds:g} s budget; points chosen on search seeds "
+        f"{args.search_seeds}, reported on fresh seeds {args.seeds}; speedup = geometric mean over the fresh "
+        "seeds of the baseline's time to target over PACI's, 95% paired t-interval on the log ratios "
+        "(none when a compared run missed the target on a fresh seed: undecided).\n",
+        "| backward weights | optimizer | G | target | PACI (search mean -> fresh mean, reached) | strongest "
+        "synchronous (search -> fresh, reached) | speedup over the strongest | per-seed ratios | over best flush "
+        "| over flush at PACI's m |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for res in doc["results"]:
         r = res["ratios"]
         who = functools.partial(_who, res, len(args.seeds))
         per_seed = ", ".join(f"{x:.2f}" for x in r["strongest"]["ratios"])
-        lines.append(f"| {res['bw']} | {res['opt']} | {res['G']} | {res['target']:.3f} | {who('paci')} | "
-                     f"{who('strongest')} | {_ratio(r['strongest'])} | {per_seed} | {_ratio(r['1f1b'])} | "
-                     f"{_ratio(r['same_m'])} ({_short(res['chosen']['same_m'])}) |")  # fmt: skip
-    lines += ["", "Each schedule's chosen point (search mean over the search seeds, then the fresh seeds' mean and "
-              "reach) and PACI's ratio over it on the fresh seeds:", "",
-              "| backward weights | optimizer | G | schedule | chosen point | search mean (s) | fresh mean (s) | "
-              "fresh reached | PACI over it |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {res['bw']} | {res['opt']} | {res['G']} | {res['target']:.3f} | {who('paci')} | "
+            f"{who('strongest')} | {_ratio(r['strongest'])} | {per_seed} | {_ratio(r['1f1b'])} | "
+            f"{_ratio(r['same_m'])} ({_short(res['chosen']['same_m'])}) |"
+        )
+    lines += [
+        "",
+        "Each schedule's chosen point (search mean over the search seeds, then the fresh seeds' mean and "
+        "reach) and PACI's ratio over it on the fresh seeds:",
+        "",
+        "| backward weights | optimizer | G | schedule | chosen point | search mean (s) | fresh mean (s) | "
+        "fresh reached | PACI over it |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for res in doc["results"]:
         for k in ["paci", *SYNC_ORDER]:
             if k not in res["chosen"]:
                 continue
             rat = _ratio(res["ratios"][k]) if k != "paci" else ""
-            lines.append(f"| {res['bw']} | {res['opt']} | {res['G']} | {NAMES.get(k, k)} | {_short(res['chosen'][k])} "
-                         f"| {res['search_mean'][k]:.2f} | {res['fresh_mean'][k]:.2f} | "
-                         f"{res['fresh_reached'][k]}/{len(args.seeds)} | {rat} |")  # fmt: skip
-    lines += ["", f"Every grid point on the search seeds {args.search_seeds} (mean score against its optimizer's "
-              "target; a miss scored as the search does):", "",
-              "| G | schedule | a (m) | b | lr | optimizer | sim step (s) | reached | mean score (s) |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            lines.append(
+                f"| {res['bw']} | {res['opt']} | {res['G']} | {NAMES.get(k, k)} | {_short(res['chosen'][k])} "
+                f"| {res['search_mean'][k]:.2f} | {res['fresh_mean'][k]:.2f} | "
+                f"{res['fresh_reached'][k]}/{len(args.seeds)} | {rat} |"
+            )
+    lines += [
+        "",
+        f"Every grid point on the search seeds {args.search_seeds} (mean score against its optimizer's "
+        "target; a miss scored as the search does):",
+        "",
+        "| G | schedule | a (m) | b | lr | optimizer | sim step (s) | reached | mean score (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     order = {s: i for i, s in enumerate(["paci", *SYNC_ORDER])}
     own = [p for p in doc["search_points"] if p["scored_for"] == p["opt"]]
-    for p in sorted(own, key=lambda p: (p["G"], p["opt"], order[p["schedule"]], p["bw"], p["a"],
-                                                           p["lr"])):  # fmt: skip
+    for p in sorted(own, key=lambda p: (p["G"], p["opt"], order[p["schedule"]], p["bw"], p["a"], p["lr"])):
         name = f"paci {p['bw']}" if p["schedule"] == "paci" else p["schedule"]
-        lines.append(f"| {p['G']} | {name} | {p['a']} | {p['b']} | {p['lr']:.3g} | {p['opt']} | "
-                     f"{p['step_time_s']:.4f} | {p['reached']}/{len(p['scores'])} | {p['mean']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {p['G']} | {name} | {p['a']} | {p['b']} | {p['lr']:.3g} | {p['opt']} | "
+            f"{p['step_time_s']:.4f} | {p['reached']}/{len(p['scores'])} | {p['mean']:.2f} |"
+        )
     for bw in args.backward_weights:
         for opt in [*args.optimizers, "best"]:
-            lines += ["", f"PACI {bw}, {opt}: " + direction([r for r in doc["results"]
-                                                             if r["bw"] == bw and r["opt"] == opt])]  # fmt: skip
+            lines += [
+                "",
+                f"PACI {bw}, {opt}: " + direction([r for r in doc["results"] if r["bw"] == bw and r["opt"] == opt]),
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -422,8 +499,10 @@ def direction(results: list[dict]) -> str:
         d = "points the paper's way (a larger gain at the smaller batch) but the intervals overlap"
     else:
         d = "does not hold: the gain at the smaller batch is not larger"
-    return (f"Direction over the best flush: {d}. Size: {small['speedup']:.2f}x and {large['speedup']:.2f}x here "
-            f"against the paper's {PAPER['small']['best']}x and {PAPER['large']['best']}x.")  # fmt: skip
+    return (
+        f"Direction over the best flush: {d}. Size: {small['speedup']:.2f}x and {large['speedup']:.2f}x here "
+        f"against the paper's {PAPER['small']['best']}x and {PAPER['large']['best']}x."
+    )
 
 
 WHAT = {"1f1b": "best flush", "same_m": "flush at same m", "strongest": "strongest synchronous"}
@@ -438,21 +517,37 @@ def draw(doc: dict[str, Any], path: Path) -> None:
     results = doc["results"]
     fig, ax = plt.subplots(figsize=(1.9 * len(results) + 1, 3.8))
     labels, x = [], 0.0
-    papers = {g: paper for g, paper in zip(sorted({r["G"] for r in results}), (PAPER["small"], PAPER["large"]),
-                                           strict=True)}  # fmt: skip
+    papers = {
+        g: paper for g, paper in zip(sorted({r["G"] for r in results}), (PAPER["small"], PAPER["large"]), strict=True)
+    }
     paper_key = {"1f1b": "best", "same_m": "same_m"}
     for res in results:
         paper = papers[res["G"]]
         for name, color in (("1f1b", "tab:blue"), ("same_m", "tab:green"), ("strongest", "tab:red")):
             r, what = res["ratios"][name], WHAT[name]
             if r["low"] is not None:
-                ax.errorbar([x], [r["speedup"]], yerr=[[r["speedup"] - r["low"]], [r["high"] - r["speedup"]]], fmt="o",
-                            color=color, capsize=4, label=f"here: vs {what}")  # fmt: skip
+                ax.errorbar(
+                    [x],
+                    [r["speedup"]],
+                    yerr=[[r["speedup"] - r["low"]], [r["high"] - r["speedup"]]],
+                    fmt="o",
+                    color=color,
+                    capsize=4,
+                    label=f"here: vs {what}",
+                )
             else:
                 ax.plot([x], [r["speedup"]], marker="x", color=color, linestyle="none", label=f"here: vs {what}")
             if name in paper_key:  # the paper compared with flush only
-                ax.plot([x + 0.25], [paper[paper_key[name]]], marker="*", markersize=10, color=color, alpha=0.5,
-                        linestyle="none", label=f"paper: vs {what}")  # fmt: skip
+                ax.plot(
+                    [x + 0.25],
+                    [paper[paper_key[name]]],
+                    marker="*",
+                    markersize=10,
+                    color=color,
+                    alpha=0.5,
+                    linestyle="none",
+                    label=f"paper: vs {what}",
+                )
             x += 1
         labels.append((x - 2, f"G={res['G']} {res['opt']}\n{res['bw']}"))
         x += 0.5
@@ -462,8 +557,11 @@ def draw(doc: dict[str, Any], path: Path) -> None:
     handles, names = ax.get_legend_handles_labels()
     uniq = dict(zip(names, handles, strict=True))
     ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="best")
-    ax.set_title("PACI over synchronous baselines on fresh seeds, sim clock (bars: 95% paired t-interval; "
-                 "x: a miss, no interval)", fontsize=8)  # fmt: skip
+    ax.set_title(
+        "PACI over synchronous baselines on fresh seeds, sim clock (bars: 95% paired t-interval; "
+        "x: a miss, no interval)",
+        fontsize=8,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -496,8 +594,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=[2e-3, 4e-3, 8e-3],
         help="Peak LRs tried by every schedule on every optimizer without its own --opt-lrs.",
     )
-    ap.add_argument("--opt-lrs", type=_opt_lrs, nargs="*", default=[], metavar="OPT=LR,LR",
-                    help="An optimizer's own LR grid, e.g. muon=2e-3,4e-3,8e-3.")  # fmt: skip
+    ap.add_argument(
+        "--opt-lrs",
+        type=_opt_lrs,
+        nargs="*",
+        default=[],
+        metavar="OPT=LR,LR",
+        help="An optimizer's own LR grid, e.g. muon=2e-3,4e-3,8e-3.",
+    )
     ap.add_argument(
         "--search-seeds",
         type=int,
@@ -519,8 +623,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["forward", "current"],
         help="PACI's semantics, each against the same synchronous runs (pipeline.backward_weights).",
     )
-    ap.add_argument("--baselines", nargs="*", default=["zb-h1", "interleaved"], choices=["zb-h1", "interleaved"],
-                    help="Synchronous schedules tuned beside flush (interleaved runs 2 chunks a stage).")  # fmt: skip
+    ap.add_argument(
+        "--baselines",
+        nargs="*",
+        default=["zb-h1", "interleaved"],
+        choices=["zb-h1", "interleaved"],
+        help="Synchronous schedules tuned beside flush (interleaved runs 2 chunks a stage).",
+    )
     ap.add_argument("--stages", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=8.0, help="Budget per run on the sim clock.")
     ap.add_argument("--grid", type=int, default=10, help="Validations over the budget.")
@@ -568,18 +677,29 @@ def main() -> None:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     sizes = sorted(set(args.microbatch_sizes))
-    probe = derive_run({**base, "training": {**base["training"], "global_batch": args.batches[0]}}, {
-        "pipeline.stages": args.stages, "pipeline.microbatch_size": sizes[0], "training.steps": 1})  # fmt: skip
+    probe = derive_run(
+        {**base, "training": {**base["training"], "global_batch": args.batches[0]}},
+        {"pipeline.stages": args.stages, "pipeline.microbatch_size": sizes[0], "training.steps": 1},
+    )
     log = lambda m: print(f"  profile: {m}", file=sys.stderr)  # noqa: E731
     timed = [derive_run(probe.to_doc(), OPTIMIZERS[o]).optimizer for o in args.optimizers]  # each one's step
     if args.quick:
         profile = work / "quick.yaml"
         if not profile.is_file():
-            calibrate(probe, microbatch_sizes=sizes, repeats=1, warmup=0, processes=1, p2p_repeats=10, log=log,
-                      optimizers=timed).save(profile)  # fmt: skip
+            calibrate(
+                probe,
+                microbatch_sizes=sizes,
+                repeats=1,
+                warmup=0,
+                processes=1,
+                p2p_repeats=10,
+                log=log,
+                optimizers=timed,
+            ).save(profile)
     else:
-        _, profile = measured_profile(probe, microbatch_sizes=sizes, path=work / "profile.yaml", log=log,
-                                      optimizers=timed)  # fmt: skip
+        _, profile = measured_profile(
+            probe, microbatch_sizes=sizes, path=work / "profile.yaml", log=log, optimizers=timed
+        )
     depends = [base, profile.read_text(), args.seconds, args.grid, args.warm_start or None]
     search = search_tasks(args)
     if args.plan:
@@ -590,8 +710,9 @@ def main() -> None:
         folder = work / f"warm-G{g}-{args.warm_start}-lr{args.warm_lr:g}"
         warm[g] = warm_checkpoint(_base_for(base, g), args.warm_start, folder, {"optimizer.lr": args.warm_lr}, log)
     train = functools.partial(_one, base, str(profile), args.seconds, args.grid, warm)
-    pool = functools.partial(run_pool, fn=train, log=work / "curves.jsonl", jobs=args.jobs, describe=_describe,
-                             depends=depends)  # fmt: skip
+    pool = functools.partial(
+        run_pool, fn=train, log=work / "curves.jsonl", jobs=args.jobs, describe=_describe, depends=depends
+    )
     curves = classes(base, str(profile), args.seconds, args.grid, warm, search)
     print(f"search: {len(search)} runs of {len(curves)} distinct curves on seeds {args.search_seeds}", file=sys.stderr)
     rows = [row for rec in pool(curves) for row in rec["rows"]]
@@ -604,16 +725,33 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     took = round(time.time() - t0, 1)
-    doc = {"command": "python bench/paper_scaled.py " + " ".join(sys.argv[1:]), "took_s": took,
-           "model": base["model"], "stages": args.stages, "seconds": args.seconds, "batches": args.batches,
-           "search_seeds": args.search_seeds, "seeds": args.seeds, "optimizers": args.optimizers,
-           "lrs": {o: lrs_for(args, o) for o in args.optimizers}, "microbatch_sizes": args.microbatch_sizes,
-           "baselines": ["1f1b", *args.baselines], "warm_start": args.warm_start,
-           "plan": {"search_runs": len(search), "search_curves": len(curves), "fresh_runs": len(fresh),
-                    "fresh_curves": len(again)},
-           "method": "paired t-test on log time ratios over the fresh seeds (Design(n, n).look: one look, 95%)",
-           "paper": PAPER, "targets": found["target"], "results": found["results"],
-           "search_points": found["search_points"], "fresh_points": found["fresh_points"]}  # fmt: skip
+    doc = {
+        "command": "python bench/paper_scaled.py " + " ".join(sys.argv[1:]),
+        "took_s": took,
+        "model": base["model"],
+        "stages": args.stages,
+        "seconds": args.seconds,
+        "batches": args.batches,
+        "search_seeds": args.search_seeds,
+        "seeds": args.seeds,
+        "optimizers": args.optimizers,
+        "lrs": {o: lrs_for(args, o) for o in args.optimizers},
+        "microbatch_sizes": args.microbatch_sizes,
+        "baselines": ["1f1b", *args.baselines],
+        "warm_start": args.warm_start,
+        "plan": {
+            "search_runs": len(search),
+            "search_curves": len(curves),
+            "fresh_runs": len(fresh),
+            "fresh_curves": len(again),
+        },
+        "method": "paired t-test on log time ratios over the fresh seeds (Design(n, n).look: one look, 95%)",
+        "paper": PAPER,
+        "targets": found["target"],
+        "results": found["results"],
+        "search_points": found["search_points"],
+        "fresh_points": found["fresh_points"],
+    }
     (out / "paper.json").write_text(json.dumps(doc, indent=1))
     text = markdown(doc, args)
     (out / "paper.md").write_text(text)
@@ -623,8 +761,9 @@ def main() -> None:
     print(f"{doc['command']}: {took:.0f} s; wrote {out}/paper.{{json,md,png}}")
 
 
-def plan(args: argparse.Namespace, base: dict[str, Any], profile: Path, depends: Any, search: list[dict[str, Any]],
-         log: Path) -> None:  # fmt: skip
+def plan(
+    args: argparse.Namespace, base: dict[str, Any], profile: Path, depends: Any, search: list[dict[str, Any]], log: Path
+) -> None:
     """The cost before training: the search's runs and distinct curves (and how many are done), the fresh
     seeds' bounds (exact once the search is done)."""
     curves = classes(base, str(profile), args.seconds, args.grid, {}, search)  # one checkpoint a batch: same classes
@@ -640,14 +779,18 @@ def plan(args: argparse.Namespace, base: dict[str, Any], profile: Path, depends:
     paci = per * len(args.backward_weights) * n
     hi = sum(min(len(lrs_for(args, o)), 3 + 2 * len(args.backward_weights)) for o in args.optimizers) * n
     print(f"search: {len(search)} runs of {len(curves)} distinct curves ({have} done) on seeds {args.search_seeds}")
-    print(f"fresh: {paci} PACI curves and {len(args.batches) * n} to {len(args.batches) * hi} synchronous curves "
-          f"on seeds {args.seeds} (one a chosen (G, LR, optimizer) a seed)")  # fmt: skip
+    print(
+        f"fresh: {paci} PACI curves and {len(args.batches) * n} to {len(args.batches) * hi} synchronous curves "
+        f"on seeds {args.seeds} (one a chosen (G, LR, optimizer) a seed)"
+    )
     if have == len(curves):
         rows = [row for c in curves for row in done[_key(depends, c)]["rows"]]
         fresh = fresh_tasks(args, analyse(rows, args, args.seconds)["chosen"])
         again = classes(base, str(profile), args.seconds, args.grid, {}, fresh)
-        print(f"fresh, as chosen: {len(fresh)} runs of {len(again)} distinct curves "
-              f"({sum(_key(depends, c) in done for c in again)} done)")  # fmt: skip
+        print(
+            f"fresh, as chosen: {len(fresh)} runs of {len(again)} distinct curves "
+            f"({sum(_key(depends, c) in done for c in again)} done)"
+        )
     walls = [rec["wall_s"] for rec in done.values() if "wall_s" in rec]
     if walls:
         print(f"the {len(walls)} curves in {log} took {statistics.fmean(walls):.0f} s wall each on average")

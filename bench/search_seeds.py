@@ -44,9 +44,14 @@ QUICK: dict[str, Any] = {
 QUICK_SPACE = {"schedules": ["paci", "1f1b"], "stages": [2], "microbatch_size": [2, 4]}
 # A hand-written reference system for QUICK's model (embed, 2 blocks, head; sequence 16).
 _COST = {"forward_s": 0.002, "backward_s": 0.004, "activation_bytes": 8192, "saved_bytes": 32768}
-QUICK_PROFILE = {"seq_len": 16, "units": [{"name": f"u{i}", "param_bytes": 1 << 16, "optimizer_s": 0.001,
-                                           "microbatch": {2: _COST, 4: _COST}} for i in range(4)],
-                 "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e10}}  # fmt: skip
+QUICK_PROFILE = {
+    "seq_len": 16,
+    "units": [
+        {"name": f"u{i}", "param_bytes": 1 << 16, "optimizer_s": 0.001, "microbatch": {2: _COST, 4: _COST}}
+        for i in range(4)
+    ],
+    "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e10},
+}
 
 
 def run_search(config: Path, seed: int, work: Path) -> tuple[dict[str, Any], float, float]:
@@ -54,8 +59,20 @@ def run_search(config: Path, seed: int, work: Path) -> tuple[dict[str, Any], flo
     searches share the machine when ``--jobs`` > 1, so the CPU time is the comparable cost)."""
     work.mkdir(parents=True, exist_ok=True)
     out = work / "best.yaml"
-    cmd = [sys.executable, "-m", "paci_tune.cli", "search", str(config), "--seed", str(seed), "--no-live",
-           "--workdir", str(work), "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "paci_tune.cli",
+        "search",
+        str(config),
+        "--seed",
+        str(seed),
+        "--no-live",
+        "--workdir",
+        str(work),
+        "--out",
+        str(out),
+    ]
     t0 = time.time()
     with open(work.parent / f"{work.name}.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -71,10 +88,15 @@ def _row(best: dict[str, Any], wall: float, cpu: float, seed: int, mode: str) ->
     c = best.get("comparison") or {}
     iv = c.get("interval")
     return {
-        "mode": mode, "seed": seed, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+        "mode": mode,
+        "seed": seed,
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
         "recommended": f"{r['schedule']} P={r['stages']} a={r['window']} b={r['microbatch_size']} lr={r['lr']:.3g}",
         "paci": best["confirmation"]["paci"][0]["point"] if best.get("confirmation") else None,
-        "baseline": (c.get("baseline") or {}).get("point"), "speedup": c.get("speedup"), "interval": iv,
+        "baseline": (c.get("baseline") or {}).get("point"),
+        "speedup": c.get("speedup"),
+        "interval": iv,
         "width": round(iv[1] - iv[0], 4) if iv else None,
         "seeds": len((best.get("confirmation") or {}).get("seeds") or []),
         "target": best["target"]["value"],
@@ -82,7 +104,7 @@ def _row(best: dict[str, Any], wall: float, cpu: float, seed: int, mode: str) ->
         "verdict": best.get("verdict"),
         "verdict_reason": c.get("reason"),
         "warm_start": (best.get("warm_start") or {}).get("note"),
-    }  # fmt: skip
+    }
 
 
 def _reached(best: dict[str, Any]) -> str:
@@ -101,20 +123,26 @@ def _agree(rows: list[dict[str, Any]]) -> bool:
     """Every run's interval contains every other run's point estimate."""
     return all(
         o["interval"] and o["interval"][0] <= r["speedup"] <= o["interval"][1]
-        for r in rows for o in rows if r is not o and r["speedup"] is not None
-    )  # fmt: skip
+        for r in rows
+        for o in rows
+        if r is not o and r["speedup"] is not None
+    )
 
 
 def _print(rows: list[dict[str, Any]]) -> None:
-    print(f"{'mode':<5} {'seed':>4} {'target':>6}  {'recommended':<36} {'PACI/flush':>10}  {'interval':<18} "
-          f"{'width':>6} seeds verdict    wall    cpu  reached")  # fmt: skip
+    print(
+        f"{'mode':<5} {'seed':>4} {'target':>6}  {'recommended':<36} {'PACI/flush':>10}  {'interval':<18} "
+        f"{'width':>6} seeds verdict    wall    cpu  reached"
+    )
     for r in rows:
         iv = "[{:.3f}, {:.3f}]".format(*r["interval"]) if r["interval"] else "-"
         sp = f"{r['speedup']:.3f}" if r["speedup"] is not None else "-"
         w = f"{r['width']:.3f}" if r["width"] is not None else "-"
-        print(f"{r['mode']:<5} {r['seed']:>4} {r['target']:>6g}  {r['recommended']:<36} {sp:>10}  {iv:<18} {w:>6} "
-              f"{r['seeds']:>5} {r['verdict']:<10} {r['wall_s']:>4.0f}s {r['cpu_s']:>5.0f}s  "
-              f"{r['reached']}")  # fmt: skip
+        print(
+            f"{r['mode']:<5} {r['seed']:>4} {r['target']:>6g}  {r['recommended']:<36} {sp:>10}  {iv:<18} {w:>6} "
+            f"{r['seeds']:>5} {r['verdict']:<10} {r['wall_s']:>4.0f}s {r['cpu_s']:>5.0f}s  "
+            f"{r['reached']}"
+        )
 
 
 def main() -> None:
@@ -123,12 +151,22 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--workdir", default=None, help="Keep the searches here (default: a temporary folder).")
     ap.add_argument("--jobs", type=int, default=2, help="Searches run at once once the profile is known.")
-    ap.add_argument("--warm", type=int, default=None, metavar="STEPS",
-                    help="Also run every seed warm-started (search.warm_start: {steps: STEPS}, one shared "
-                         "warm-up) and compare: the cold-vs-warm table.")  # fmt: skip
-    ap.add_argument("--warm-target", type=float, default=None, metavar="LOSS",
-                    help="The warm searches' target.value (a warm start begins past the early losses a cold "
-                         "target is set for); default: the config's.")  # fmt: skip
+    ap.add_argument(
+        "--warm",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="Also run every seed warm-started (search.warm_start: {steps: STEPS}, one shared "
+        "warm-up) and compare: the cold-vs-warm table.",
+    )
+    ap.add_argument(
+        "--warm-target",
+        type=float,
+        default=None,
+        metavar="LOSS",
+        help="The warm searches' target.value (a warm start begins past the early losses a cold "
+        "target is set for); default: the config's.",
+    )
     ap.add_argument("--quick", action="store_true", help="A tiny synthetic search with 2 seeds: a smoke run.")
     args = ap.parse_args()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="paci-seeds-"))
@@ -137,8 +175,11 @@ def main() -> None:
     if args.quick:
         (root / "space.yaml").write_text(yaml.safe_dump(QUICK_SPACE))
         (root / "profile.yaml").write_text(yaml.safe_dump(QUICK_PROFILE))
-        doc = {**QUICK, "search": {**QUICK["search"], "space": str(root / "space.yaml")},
-               "budget": {**QUICK["budget"], "profile": str(root / "profile.yaml")}}  # fmt: skip
+        doc = {
+            **QUICK,
+            "search": {**QUICK["search"], "space": str(root / "space.yaml")},
+            "budget": {**QUICK["budget"], "profile": str(root / "profile.yaml")},
+        }
         config, seeds = root / "quick.yaml", [0, 1]
         config.write_text(yaml.safe_dump(doc, sort_keys=False))
     cold = yaml.safe_load(config.read_text())
@@ -176,14 +217,20 @@ def main() -> None:
         mine = [r for r in rows if r["mode"] == mode]
         widths = [r["width"] for r in mine if r["width"] is not None]
         verdicts = [r["verdict"] for r in mine]
-        summary[mode] = {"verdicts": verdicts, "same_verdict": len(set(verdicts)) == 1, "intervals_agree": _agree(mine),
-                         "mean_width": round(sum(widths) / len(widths), 4) if widths else None,
-                         "wall_s": round(sum(r["wall_s"] for r in mine), 1),
-                         "cpu_s": round(sum(r["cpu_s"] for r in mine), 1)}  # fmt: skip
+        summary[mode] = {
+            "verdicts": verdicts,
+            "same_verdict": len(set(verdicts)) == 1,
+            "intervals_agree": _agree(mine),
+            "mean_width": round(sum(widths) / len(widths), 4) if widths else None,
+            "wall_s": round(sum(r["wall_s"] for r in mine), 1),
+            "cpu_s": round(sum(r["cpu_s"] for r in mine), 1),
+        }
         s = summary[mode]
-        print(f"{mode}: verdicts {s['verdicts']} ({'the same' if s['same_verdict'] else 'differ'}); intervals "
-              f"{'agree' if s['intervals_agree'] else 'DISAGREE'} (each contains the others' point estimates); "
-              f"mean width {s['mean_width']}; {s['wall_s']:.0f}s of searches, {s['cpu_s']:.0f}s CPU")  # fmt: skip
+        print(
+            f"{mode}: verdicts {s['verdicts']} ({'the same' if s['same_verdict'] else 'differ'}); intervals "
+            f"{'agree' if s['intervals_agree'] else 'DISAGREE'} (each contains the others' point estimates); "
+            f"mean width {s['mean_width']}; {s['wall_s']:.0f}s of searches, {s['cpu_s']:.0f}s CPU"
+        )
     if "warm" in summary and summary["cold"]["mean_width"] and summary["warm"]["mean_width"] is not None:
         ratio = summary["warm"]["mean_width"] / summary["cold"]["mean_width"]
         summary["warm_over_cold_width"] = round(ratio, 3)

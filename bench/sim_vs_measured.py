@@ -79,11 +79,35 @@ def config_for(config: str, sched: str, tmp: Path) -> tuple[str, str]:
 def train(config: str, profile: Path, sched: str, stages: int, args: argparse.Namespace, out: Path) -> dict:
     config, schedule = config_for(config, sched, out.parent)
     cmd = [
-        sys.executable, "-m", "paci_tune.cli", "train", config, "--memory", "none", "--runtime", "distributed",
-        "--schedule", schedule, "--stages", str(stages), "--window", str(args.window),
-        "--steps", str(args.steps), "--eval-every", str(10**6), "--device", "cpu",
-        "--clock", "rst", "--profile", str(profile), "--metrics", str(out), "--no-live",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "paci_tune.cli",
+        "train",
+        config,
+        "--memory",
+        "none",
+        "--runtime",
+        "distributed",
+        "--schedule",
+        schedule,
+        "--stages",
+        str(stages),
+        "--window",
+        str(args.window),
+        "--steps",
+        str(args.steps),
+        "--eval-every",
+        str(10**6),
+        "--device",
+        "cpu",
+        "--clock",
+        "rst",
+        "--profile",
+        str(profile),
+        "--metrics",
+        str(out),
+        "--no-live",
+    ]
     if schedule == "interleaved":
         cmd += ["--chunks", str(args.chunks)]
     run(cmd)
@@ -121,8 +145,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--schedules", nargs="+", default=["paci", "1f1b"], choices=SCHEDULES)
     ap.add_argument("--chunks", type=int, default=2, help="interleaved's model chunks per rank (v)")
-    ap.add_argument("--quick", action="store_true",
-                    help="the tests' tiny model, P=2, 4 steps, 1f1b, zb-h1, 1f1b-torch, interleaved")  # fmt: skip
+    ap.add_argument(
+        "--quick", action="store_true", help="the tests' tiny model, P=2, 4 steps, 1f1b, zb-h1, 1f1b-torch, interleaved"
+    )
     args = ap.parse_args()
     print(f"command: python bench/sim_vs_measured.py {' '.join(sys.argv[1:])}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -29,8 +29,15 @@ from paci_tune.tune.curves import numerics_key
 from paci_tune.tune.sharing import layout_clock, replay_points
 
 
-def run_pool(tasks: list[dict[str, Any]], fn: Callable[[dict[str, Any]], dict[str, Any]], *, log: Path, jobs: int,
-             depends: Any, describe: Callable[[dict[str, Any]], str]) -> list[dict[str, Any]]:  # fmt: skip
+def run_pool(
+    tasks: list[dict[str, Any]],
+    fn: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    log: Path,
+    jobs: int,
+    depends: Any,
+    describe: Callable[[dict[str, Any]], str],
+) -> list[dict[str, Any]]:
     """``fn(task)`` for every task, in ``jobs`` processes of one thread each; the results in task order.
 
     Small models are bound by per-op overhead, not arithmetic, so on a 2-core machine two one-thread
@@ -54,8 +61,10 @@ def run_pool(tasks: list[dict[str, Any]], fn: Callable[[dict[str, Any]], dict[st
     t0 = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker, initargs=(os.getpid(),)) as pool, \
-            log.open("a") as out:  # fmt: skip
+    with (
+        ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker, initargs=(os.getpid(),)) as pool,
+        log.open("a") as out,
+    ):
         futures = [pool.submit(_timed, fn, t) for t in todo]
         for i, fut in enumerate(as_completed(futures), 1):
             rec = fut.result()
@@ -82,8 +91,13 @@ def _worker(parent: int) -> None:
     torch.set_num_threads(1)
 
 
-def warm_checkpoint(base: dict[str, Any], steps: int, folder: Path, overrides: dict[str, Any] | None = None,
-                    log: Callable[[str], None] | None = None) -> str:  # fmt: skip
+def warm_checkpoint(
+    base: dict[str, Any],
+    steps: int,
+    folder: Path,
+    overrides: dict[str, Any] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> str:
     """The checkpoint of ``base`` trained ``steps`` global batches on 1F1B-flush (P = 1), trained once into
     ``folder`` (found there afterwards): a warm-up past the loss plateau, as a warm-started search trains it
     (:func:`paci_tune.tune.warm.warm_up_run`, LR held at its peak after its ramp). Each run then starts from
@@ -117,15 +131,34 @@ def first_reach(curve: list[tuple[float, float]], target: float) -> float | None
     return None
 
 
-def _sim_overrides(base: dict[str, Any], profile: str, schedule: str, p: int, d: int, a: int, seconds: float,
-                   grid: int, overrides: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+def _sim_overrides(
+    base: dict[str, Any],
+    profile: str,
+    schedule: str,
+    p: int,
+    d: int,
+    a: int,
+    seconds: float,
+    grid: int,
+    overrides: dict[str, Any] | None,
+) -> dict[str, Any]:
     """A (schedule, P, D, a) run on ``seconds`` of the sim clock validating ``grid`` times (the base's batch)."""
     b = base["training"]["global_batch"] // (d * a)
-    return {"pipeline.schedule": schedule, "pipeline.stages": p, "pipeline.window": a, "training.clock": "sim",
-            "training.profile": profile, "training.seconds": seconds, "training.steps": None,
-            "training.eval_every_seconds": seconds / grid, "training.eval_every": 10**9,
-            "training.target_val_loss": None, "pipeline.data_parallel": d, "pipeline.microbatch_size": b,
-            **(overrides or {})}  # fmt: skip
+    return {
+        "pipeline.schedule": schedule,
+        "pipeline.stages": p,
+        "pipeline.window": a,
+        "training.clock": "sim",
+        "training.profile": profile,
+        "training.seconds": seconds,
+        "training.steps": None,
+        "training.eval_every_seconds": seconds / grid,
+        "training.eval_every": 10**9,
+        "training.target_val_loss": None,
+        "pipeline.data_parallel": d,
+        "pipeline.microbatch_size": b,
+        **(overrides or {}),
+    }
 
 
 def _planned(base: dict[str, Any], profile: str, over: dict[str, Any]) -> tuple[RunConfig, Profile]:
@@ -142,15 +175,34 @@ def _row(cfg: RunConfig, prof: Profile, curve: list[tuple[float, float]], steps:
     pc = cfg.pipeline
     sizes = list(cfg.layout.partition or ())
     sim = simulate(cfg.layout, prof, 8, backward_weights=pc.backward_weights)
-    return {"schedule": pc.schedule, "stages": pc.stages, "data_parallel": pc.data_parallel, "window": pc.window,
-            "microbatch_size": pc.microbatch_size, "partition": sizes, "curve": curve,
-            "best_val_loss": min((v for _, v in curve), default=None), "steps": steps,
-            "step_time_s": sim.steady_step_time_s, "allreduce_fraction": sim.allreduce_fraction,
-            "wall_s": round(time.time() - t0, 1)}  # fmt: skip
+    return {
+        "schedule": pc.schedule,
+        "stages": pc.stages,
+        "data_parallel": pc.data_parallel,
+        "window": pc.window,
+        "microbatch_size": pc.microbatch_size,
+        "partition": sizes,
+        "curve": curve,
+        "best_val_loss": min((v for _, v in curve), default=None),
+        "steps": steps,
+        "step_time_s": sim.steady_step_time_s,
+        "allreduce_fraction": sim.allreduce_fraction,
+        "wall_s": round(time.time() - t0, 1),
+    }
 
 
-def train_sim(base: dict[str, Any], profile: str, schedule: str, p: int, d: int, a: int, *, seconds: float,
-              grid: int, overrides: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def train_sim(
+    base: dict[str, Any],
+    profile: str,
+    schedule: str,
+    p: int,
+    d: int,
+    a: int,
+    *,
+    seconds: float,
+    grid: int,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Train one (schedule, P, D, a) for ``seconds`` of the sim clock, validating ``grid`` times.
 
     The global batch is fixed (b = global_batch / (D a)); the stage cut is planned for D replicas at
@@ -173,8 +225,15 @@ Layout = tuple[str, int, int, int, dict[str, Any]]
 """(schedule, P, D, a, the layout's own overrides): one member of a class of runs with one curve."""
 
 
-def curve_class(base: dict[str, Any], profile: str, layout: Layout, *, seconds: float, grid: int,
-                overrides: dict[str, Any] | None = None) -> str | None:  # fmt: skip
+def curve_class(
+    base: dict[str, Any],
+    profile: str,
+    layout: Layout,
+    *,
+    seconds: float,
+    grid: int,
+    overrides: dict[str, Any] | None = None,
+) -> str | None:
     """The numerics key of a layout's run as :func:`train_shared` trains it (:func:`paci_tune.tune.curves.numerics_key`
     at a common horizon): the layouts of one key train one curve."""
     schedule, p, d, a, own = layout
@@ -187,8 +246,15 @@ SHARED = {"data.draw": "sequence", "training.eval_every_seconds": None}
 """What makes a run's curve its numerics' alone (:mod:`paci_tune.tune.sharing`), besides a horizon in steps."""
 
 
-def train_shared(base: dict[str, Any], profile: str, layouts: list[Layout], *, seconds: float, grid: int,
-                 overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def train_shared(
+    base: dict[str, Any],
+    profile: str,
+    layouts: list[Layout],
+    *,
+    seconds: float,
+    grid: int,
+    overrides: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """Train the one curve of ``layouts`` (one :func:`curve_class`) once, and read each layout's own sim clock
     against it: a row per layout, as :func:`train_sim` gives, the way a search answers shared trials.
 
@@ -201,8 +267,9 @@ def train_shared(base: dict[str, Any], profile: str, layouts: list[Layout], *, s
     t0 = time.time()
     runs = []
     for schedule, p, d, a, own in layouts:
-        cfg, prof = _planned(base, profile, _sim_overrides(base, profile, schedule, p, d, a, seconds, grid,
-                                                            {**(overrides or {}), **own}))  # fmt: skip
+        cfg, prof = _planned(
+            base, profile, _sim_overrides(base, profile, schedule, p, d, a, seconds, grid, {**(overrides or {}), **own})
+        )
         runs.append((cfg, prof, layout_clock(cfg, prof)[1]))
     horizon = max(1, max(n for _, _, n in runs))
     every = max(1, horizon // grid)
@@ -226,6 +293,12 @@ def train_shared(base: dict[str, Any], profile: str, layouts: list[Layout], *, s
     for cfg, prof, _ in runs:
         replay = replay_points(cfg, prof, first[0], every)
         curve = [(clock, by_step[step]) for step, clock in replay.points if step in by_step]
-        rows.append({**_row(cfg, prof, curve, first[0] + replay.steps, t0), "horizon_steps": horizon,
-                     "eval_every": every, "trained": cfg is lead})  # fmt: skip
+        rows.append(
+            {
+                **_row(cfg, prof, curve, first[0] + replay.steps, t0),
+                "horizon_steps": horizon,
+                "eval_every": every,
+                "trained": cfg is lead,
+            }
+        )
     return rows

@@ -57,13 +57,23 @@ from paci_tune.tune.curves import numerics_key
 
 def run_config(base: dict[str, Any], steps: int, eval_every: int, task: dict[str, Any]) -> RunConfig:
     """A task's run: its schedule, P, a, seed, LR and semantics on ``base``, emulated on the CPU."""
-    return derive_run(base, {
-        "pipeline.schedule": task["schedule"], "pipeline.stages": task["P"], "pipeline.window": task["a"],
-        "training.seed": task["seed"], "optimizer.lr": task["lr"], "training.steps": steps,
-        "training.eval_every": eval_every, "pipeline.runtime": "emulated", "pipeline.device": "cpu",
-        "pipeline.partition": "auto", "pipeline.backward_weights": task.get("bw", "current"),
-        "hardware.memory": None,  # no budget
-    })  # fmt: skip
+    return derive_run(
+        base,
+        {
+            "pipeline.schedule": task["schedule"],
+            "pipeline.stages": task["P"],
+            "pipeline.window": task["a"],
+            "training.seed": task["seed"],
+            "optimizer.lr": task["lr"],
+            "training.steps": steps,
+            "training.eval_every": eval_every,
+            "pipeline.runtime": "emulated",
+            "pipeline.device": "cpu",
+            "pipeline.partition": "auto",
+            "pipeline.backward_weights": task.get("bw", "current"),
+            "hardware.memory": None,  # no budget
+        },
+    )
 
 
 def train(base: dict[str, Any], steps: int, eval_every: int, task: dict[str, Any]) -> dict:
@@ -93,8 +103,14 @@ def classes(base: dict[str, Any], steps: int, eval_every: int, tasks: list[dict]
     for t in tasks:
         key = numerics_key(run_config(base, steps, eval_every, t))
         groups.setdefault(key if key is not None else f"run:{len(groups)}", []).append(t)
-    return [{"class": key, "lead": min(members, key=lambda t: (t["P"], t["a"], t["schedule"] != "1f1b")),
-             "members": members} for key, members in groups.items()]  # fmt: skip
+    return [
+        {
+            "class": key,
+            "lead": min(members, key=lambda t: (t["P"], t["a"], t["schedule"] != "1f1b")),
+            "members": members,
+        }
+        for key, members in groups.items()
+    ]
 
 
 def shared_rows(tasks: list[dict], curves: list[dict[str, Any]], trained: list[dict]) -> list[dict]:
@@ -105,9 +121,16 @@ def shared_rows(tasks: list[dict], curves: list[dict[str, Any]], trained: list[d
         for t in cls["members"]:
             mine = t is cls["lead"]
             drift = [(d, drift_bound(s, t["P"], t["a"])) for s, (d, _) in enumerate(rec["drift"])]
-            rows[id(t)] = {**t, **({"wall_s": rec["wall_s"]} if mine and "wall_s" in rec else {}),
-                           "curve": rec["curve"], "losses": rec["losses"], "drift": drift,
-                           "read_ahead": rec["read_ahead"], "class": cls["class"], "trained": mine}  # fmt: skip
+            rows[id(t)] = {
+                **t,
+                **({"wall_s": rec["wall_s"]} if mine and "wall_s" in rec else {}),
+                "curve": rec["curve"],
+                "losses": rec["losses"],
+                "drift": drift,
+                "read_ahead": rec["read_ahead"],
+                "class": cls["class"],
+                "trained": mine,
+            }
     return [rows[id(t)] for t in tasks]
 
 
@@ -118,10 +141,20 @@ def main() -> None:
     ap.add_argument("--stages", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--windows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--lr-scales", type=float, nargs="+", default=[1.0, 2.0],
-                    help="LRs as multiples of the config's (the first: the target's).")  # fmt: skip
-    ap.add_argument("--backward-weights", nargs="+", default=["forward", "current"], choices=["forward", "current"],
-                    help="PACI's semantics, each run side by side (pipeline.backward_weights).")  # fmt: skip
+    ap.add_argument(
+        "--lr-scales",
+        type=float,
+        nargs="+",
+        default=[1.0, 2.0],
+        help="LRs as multiples of the config's (the first: the target's).",
+    )
+    ap.add_argument(
+        "--backward-weights",
+        nargs="+",
+        default=["forward", "current"],
+        choices=["forward", "current"],
+        help="PACI's semantics, each run side by side (pipeline.backward_weights).",
+    )
     ap.add_argument(
         "--warmup",
         type=float,
@@ -143,8 +176,13 @@ def main() -> None:
     t0 = time.time()
     cfg = load_config(args.config)
     base = cfg.to_doc()
-    base["model"] = {**base["model"], "n_layer": args.n_layer, "d_model": args.d_model, "n_head": 2,
-                     "block_size": args.block_size}  # fmt: skip
+    base["model"] = {
+        **base["model"],
+        "n_layer": args.n_layer,
+        "d_model": args.d_model,
+        "n_head": 2,
+        "block_size": args.block_size,
+    }
     base["training"] = {k: v for k, v in base["training"].items() if k not in ("seconds", "target_val_loss")}
     base["training"]["eval_sequences"] = 64 if args.quick else 256
     if args.quick:  # no corpus to read: a small synthetic source
@@ -160,17 +198,27 @@ def main() -> None:
         for seed in args.seeds
         for a in args.windows
     ]
-    tasks += [{"schedule": "paci", "P": p, "a": a, "seed": seed, "lr": lr0 * scale, "bw": bw}
-              for bw in args.backward_weights for scale in args.lr_scales for seed in args.seeds
-              for a in args.windows for p in args.stages]  # fmt: skip
+    tasks += [
+        {"schedule": "paci", "P": p, "a": a, "seed": seed, "lr": lr0 * scale, "bw": bw}
+        for bw in args.backward_weights
+        for scale in args.lr_scales
+        for seed in args.seeds
+        for a in args.windows
+        for p in args.stages
+    ]
     curves = classes(base, args.steps, args.eval_every, tasks)
     shared = f"{len(curves)} distinct curves for {len(tasks)} tasks, each curve trained once"
     print(shared, file=sys.stderr)
     if args.plan:
         return
-    trained = run_pool([c["lead"] for c in curves], functools.partial(train, base, args.steps, args.eval_every),
-                       log=Path(args.out) / "runs.jsonl", jobs=args.jobs, describe=_describe,
-                       depends=[base, args.steps, args.eval_every])  # fmt: skip
+    trained = run_pool(
+        [c["lead"] for c in curves],
+        functools.partial(train, base, args.steps, args.eval_every),
+        log=Path(args.out) / "runs.jsonl",
+        jobs=args.jobs,
+        describe=_describe,
+        depends=[base, args.steps, args.eval_every],
+    )
     runs = shared_rows(tasks, curves, trained)
 
     def flush_of(r: dict) -> dict:
@@ -193,11 +241,23 @@ def main() -> None:
         mine, theirs = first_reach(r["curve"], target), first_reach(flush_of(r)["curve"], target)
         cell_reached = mine is not None
         key = f"{r['bw']}|{r['lr']:.3g}|{r['P']}|{r['a']}"
-        cell = cells.setdefault(key, {"bw": r["bw"], "lr": r["lr"], "P": r["P"], "a": r["a"], "ratios": [],
-                                      "censored": 0, "reached": 0, "runs": 0, "finals": [],
-                                      "paci_only": 0,
-                                      "bound": drift_bound(0, r["P"], r["a"]),
-                                      "max_drift": max((d for d, _ in r["drift"]), default=0)})  # fmt: skip
+        cell = cells.setdefault(
+            key,
+            {
+                "bw": r["bw"],
+                "lr": r["lr"],
+                "P": r["P"],
+                "a": r["a"],
+                "ratios": [],
+                "censored": 0,
+                "reached": 0,
+                "runs": 0,
+                "finals": [],
+                "paci_only": 0,
+                "bound": drift_bound(0, r["P"], r["a"]),
+                "max_drift": max((d for d, _ in r["drift"]), default=0),
+            },
+        )
         cell["runs"] += 1
         cell["reached"] += int(cell_reached)
         cell["finals"].append(r["curve"][-1][1] if r["curve"] else math.nan)
@@ -216,17 +276,32 @@ def main() -> None:
             c["P"] > 1 and not c["paci_only"] and (c["mean"] >= c["payback"] if c["ratios"] else c["censored"] > 0)
         )
     flush_runs = [r for r in runs if r["schedule"] == "1f1b"]
-    flush = {"runs": len(flush_runs), "reached": sum(first_reach(r["curve"], target) is not None for r in flush_runs),
-             "final": statistics.fmean(r["curve"][-1][1] for r in flush_runs if r["curve"])}  # fmt: skip
+    flush = {
+        "runs": len(flush_runs),
+        "reached": sum(first_reach(r["curve"], target) is not None for r in flush_runs),
+        "final": statistics.fmean(r["curve"][-1][1] for r in flush_runs if r["curve"]),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"command": "python bench/stat_map.py " + " ".join(sys.argv[1:]), "target_val_loss": target,
-           "curves": {"trained": len(curves), "tasks": len(tasks)}, "base": base, "steps": args.steps,
-           "eval_every": args.eval_every, "jobs": args.jobs, "global_batch": cfg.training.global_batch,
-           "seconds": round(time.time() - t0, 1), "run_seconds": run_seconds(runs, args.jobs),
-           "model": base["model"], "lr_schedule": base["lr_schedule"], "flush": flush,
-           "cells": list(cells.values()), "stale_limit": stale_limit(list(cells.values())),
-           "semantics": paired_semantics(runs, target), "runs": runs}  # fmt: skip
+    doc = {
+        "command": "python bench/stat_map.py " + " ".join(sys.argv[1:]),
+        "target_val_loss": target,
+        "curves": {"trained": len(curves), "tasks": len(tasks)},
+        "base": base,
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "jobs": args.jobs,
+        "global_batch": cfg.training.global_batch,
+        "seconds": round(time.time() - t0, 1),
+        "run_seconds": run_seconds(runs, args.jobs),
+        "model": base["model"],
+        "lr_schedule": base["lr_schedule"],
+        "flush": flush,
+        "cells": list(cells.values()),
+        "stale_limit": stale_limit(list(cells.values())),
+        "semantics": paired_semantics(runs, target),
+        "runs": runs,
+    }
     (out / "map.json").write_text(json.dumps(doc, indent=1))
     table = markdown(doc, args)
     (out / "map.md").write_text(table)
@@ -254,13 +329,19 @@ def paired_semantics(runs: list[dict], target: float) -> list[dict[str, Any]]:
         idx = np.random.default_rng(0).integers(0, len(diffs), size=(4000, len(diffs)))
         lo, hi = np.quantile(diffs[idx].mean(axis=1), [0.025, 0.975])
         steps = [(first_reach(f["curve"], target), first_reach(c["curve"], target)) for f, c in mine]
-        rows.append({"P": p, "pairs": len(mine),
-                     "reached_forward": sum(f is not None for f, _ in steps),
-                     "reached_current": sum(c is not None for _, c in steps),
-                     "forward_sooner": sum(f is not None and (c is None or f < c) for f, c in steps),
-                     "current_sooner": sum(c is not None and (f is None or c < f) for f, c in steps),
-                     "final_diff": float(diffs.mean()), "final_diff_ci": [float(lo), float(hi)],
-                     "forward_lower_final": int((diffs < 0).sum())})  # fmt: skip
+        rows.append(
+            {
+                "P": p,
+                "pairs": len(mine),
+                "reached_forward": sum(f is not None for f, _ in steps),
+                "reached_current": sum(c is not None for _, c in steps),
+                "forward_sooner": sum(f is not None and (c is None or f < c) for f, c in steps),
+                "current_sooner": sum(c is not None and (f is None or c < f) for f, c in steps),
+                "final_diff": float(diffs.mean()),
+                "final_diff_ci": [float(lo), float(hi)],
+                "forward_lower_final": int((diffs < 0).sum()),
+            }
+        )
     return rows
 
 
@@ -268,8 +349,10 @@ def stale_limit(cells: list[dict]) -> dict[str, Any]:
     """The smallest drift bound at which PACI cannot win somewhere in the map (any LR), and whether
     it wins -- could win -- in every cell below it: the basis of ``search.paci_max_drift``'s default."""
     deep = [c for c in cells if c["P"] > 1]
-    per_depth = {str(p): f"{sum(c['cannot_win'] for c in deep if c['P'] == p)}/{sum(c['P'] == p for c in deep)}"
-                 for p in sorted({c["P"] for c in deep})}  # fmt: skip
+    per_depth = {
+        str(p): f"{sum(c['cannot_win'] for c in deep if c['P'] == p)}/{sum(c['P'] == p for c in deep)}"
+        for p in sorted({c["P"] for c in deep})
+    }
     hopeless = sorted({c["bound"] for c in deep if c["cannot_win"]})
     if not hopeless:
         return {"bound": None, "clean_below": True, "separates": True, "cells": [], "per_depth": per_depth}
@@ -277,9 +360,13 @@ def stale_limit(cells: list[dict]) -> dict[str, Any]:
     # A bound separates the map when cells above it cannot win and cells at or below it can; when
     # the lowest losing bound is the map's lowest bound, no cut on the bound keeps a winner apart.
     separates = lowest > min(c["bound"] for c in deep)
-    return {"bound": lowest, "clean_below": not any(c["cannot_win"] for c in deep if c["bound"] < lowest),
-            "separates": separates, "per_depth": per_depth,
-            "cells": [f"P={c['P']} a={c['a']} lr={c['lr']:.3g}" for c in deep if c["cannot_win"]]}  # fmt: skip
+    return {
+        "bound": lowest,
+        "clean_below": not any(c["cannot_win"] for c in deep if c["bound"] < lowest),
+        "separates": separates,
+        "per_depth": per_depth,
+        "cells": [f"P={c['P']} a={c['a']} lr={c['lr']:.3g}" for c in deep if c["cannot_win"]],
+    }
 
 
 def _describe(r: dict) -> str:
@@ -308,71 +395,96 @@ def run_seconds(runs: list[dict], jobs: int) -> dict[str, Any]:
     for r in timed:
         by_a.setdefault(r["a"], []).append(r["wall_s"])
     total = sum(r["wall_s"] for r in timed)
-    return {"timed": len(timed), "of": sum(r.get("trained", True) for r in runs), "sum": round(total, 1),
-            "from_scratch_wall": round(total / jobs, 1),
-            "mean_by_window": {a: round(statistics.fmean(v), 1) for a, v in sorted(by_a.items())}}  # fmt: skip
+    return {
+        "timed": len(timed),
+        "of": sum(r.get("trained", True) for r in runs),
+        "sum": round(total, 1),
+        "from_scratch_wall": round(total / jobs, 1),
+        "mean_by_window": {a: round(statistics.fmean(v), 1) for a, v in sorted(by_a.items())},
+    }
 
 
 def markdown(doc: dict, args: argparse.Namespace) -> str:
     lines = []
     for bw in args.backward_weights:
         for lr in sorted({c["lr"] for c in doc["cells"]}, reverse=True):
-            lines.append(f"\nbackward_weights **{bw}**, lr {lr:.3g}: PACI steps to val loss "
-                         f"{doc['target_val_loss']:.3f} over flush's (same a, same seed); mean [min-max] over "
-                         "seeds, drift bound ceil((P-1)/a)\n")  # fmt: skip
+            lines.append(
+                f"\nbackward_weights **{bw}**, lr {lr:.3g}: PACI steps to val loss "
+                f"{doc['target_val_loss']:.3f} over flush's (same a, same seed); mean [min-max] over "
+                "seeds, drift bound ceil((P-1)/a)\n"
+            )
             lines.append("| P \\ a | " + " | ".join(str(a) for a in args.windows) + " |")
             lines.append("|---" * (len(args.windows) + 1) + "|")
             for p in args.stages:
                 key = [(bw, lr, p, a) for a in args.windows]
                 row = [next(c for c in doc["cells"] if (c["bw"], c["lr"], c["P"], c["a"]) == k) for k in key]
                 lines.append(f"| {p} | " + " | ".join(_cell_text(c) for c in row) + " |")
-    lines.append("\nRuns that reached the target, and mean final validation loss, per semantics and depth "
-                 "(all windows, LRs and seeds):\n")  # fmt: skip
+    lines.append(
+        "\nRuns that reached the target, and mean final validation loss, per semantics and depth "
+        "(all windows, LRs and seeds):\n"
+    )
     lines.append("| runs | " + " | ".join(f"P={p}" for p in args.stages) + " |")
     lines.append("|---" * (len(args.stages) + 1) + "|")
     fl = doc["flush"]
-    lines.append(f"| 1F1B-flush | {fl['reached']} of {fl['runs']}, final {fl['final']:.3f} (any P) |"
-                 + " |" * (len(args.stages) - 1))  # fmt: skip
+    lines.append(
+        f"| 1F1B-flush | {fl['reached']} of {fl['runs']}, final {fl['final']:.3f} (any P) |"
+        + " |" * (len(args.stages) - 1)
+    )
     for bw in args.backward_weights:
         cols = []
         for p in args.stages:
             cs = [c for c in doc["cells"] if c["bw"] == bw and c["P"] == p]
             finals = [f for c in cs for f in c["finals"]]
-            cols.append(f"{sum(c['reached'] for c in cs)} of {sum(c['runs'] for c in cs)}, "
-                        f"final {statistics.fmean(finals):.3f}")  # fmt: skip
+            cols.append(
+                f"{sum(c['reached'] for c in cs)} of {sum(c['runs'] for c in cs)}, final {statistics.fmean(finals):.3f}"
+            )
         lines.append(f"| PACI {bw} | " + " | ".join(cols) + " |")
     if doc.get("semantics"):
-        lines.append("\n`forward` against `current`, paired run by run (same P, a, LR and seed): runs that reached "
-                     "the target; pairs where one reached it in fewer steps (or alone); final validation loss, "
-                     "forward - current, mean with its bootstrap 95% interval over the pairs.\n")  # fmt: skip
-        lines.append("| P | pairs | reached (forward / current) | sooner (forward / current) | "
-                     "final loss, forward - current | forward lower |")  # fmt: skip
+        lines.append(
+            "\n`forward` against `current`, paired run by run (same P, a, LR and seed): runs that reached "
+            "the target; pairs where one reached it in fewer steps (or alone); final validation loss, "
+            "forward - current, mean with its bootstrap 95% interval over the pairs.\n"
+        )
+        lines.append(
+            "| P | pairs | reached (forward / current) | sooner (forward / current) | "
+            "final loss, forward - current | forward lower |"
+        )
         lines.append("|---|---|---|---|---|---|")
         for row in doc["semantics"]:
             lo, hi = row["final_diff_ci"]
-            lines.append(f"| {row['P'] or 'all'} | {row['pairs']} | {row['reached_forward']} / "
-                         f"{row['reached_current']} | {row['forward_sooner']} / {row['current_sooner']} | "
-                         f"{row['final_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {row['forward_lower_final']} of "
-                         f"{row['pairs']} |")  # fmt: skip
+            lines.append(
+                f"| {row['P'] or 'all'} | {row['pairs']} | {row['reached_forward']} / "
+                f"{row['reached_current']} | {row['forward_sooner']} / {row['current_sooner']} | "
+                f"{row['final_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {row['forward_lower_final']} of "
+                f"{row['pairs']} |"
+            )
     lim = doc["stale_limit"]
-    lines.append("\n**x**: PACI cannot win there -- it needs more steps than removing the bubble can buy back "
-                 "(`pays` = (a + P - 1) / a, flush's step over PACI's on an ideal pipeline). ")  # fmt: skip
+    lines.append(
+        "\n**x**: PACI cannot win there -- it needs more steps than removing the bubble can buy back "
+        "(`pays` = (a + P - 1) / a, flush's step over PACI's on an ideal pipeline). "
+    )
     depth = ", ".join(f"P={p}: {n}" for p, n in lim["per_depth"].items())
     if lim["bound"] is None:
         lines.append("No cell of the map is out of reach.")
     elif not lim["separates"]:
-        lines.append(f"Cells that cannot win occur at the map's smallest drift bound ({lim['bound']}): no cut on the "
-                     f"bound separates them from the rest. Cells that cannot win, per depth: {depth}.")  # fmt: skip
+        lines.append(
+            f"Cells that cannot win occur at the map's smallest drift bound ({lim['bound']}): no cut on the "
+            f"bound separates them from the rest. Cells that cannot win, per depth: {depth}."
+        )
     else:
         below = "every cell below it could win" if lim["clean_below"] else "some cells below it cannot win either"
-        lines.append(f"The smallest drift bound of a cell that cannot win: {lim['bound']} ({', '.join(lim['cells'])}); "
-                     f"{below}. Per depth: {depth}.")  # fmt: skip
+        lines.append(
+            f"The smallest drift bound of a cell that cannot win: {lim['bound']} ({', '.join(lim['cells'])}); "
+            f"{below}. Per depth: {depth}."
+        )
     rs = doc["run_seconds"]
     if rs["timed"]:
         per = ", ".join(f"a={a}: {v:.0f} s" for a, v in rs["mean_by_window"].items())
-        lines.append(f"\nRuns: {rs['timed']} of {rs['of']} timed (each distinct curve trained once, for "
-                     f"{len(doc['runs'])} tasks), {rs['sum']:.0f} s in all (per run, mean: {per}); "
-                     f"from scratch on {doc['jobs']} workers ~{rs['from_scratch_wall'] / 60:.0f} min.")  # fmt: skip
+        lines.append(
+            f"\nRuns: {rs['timed']} of {rs['of']} timed (each distinct curve trained once, for "
+            f"{len(doc['runs'])} tasks), {rs['sum']:.0f} s in all (per run, mean: {per}); "
+            f"from scratch on {doc['jobs']} workers ~{rs['from_scratch_wall'] / 60:.0f} min."
+        )
     return "\n".join(lines) + "\n"
 
 

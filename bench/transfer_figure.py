@@ -34,15 +34,22 @@ def main() -> None:
         label = f"{'PACI' if s == 'paci' else 'flush'}: Spearman {'-' if rho is None else f'{rho:.2f}'} (n={t[s]['n']})"
         ax.scatter([p["short"] for p in pts], [p["long"] for p in pts], color=color, marker=marker, label=label)
         for p in pts:
-            ax.annotate(p["point"].split(" ", 1)[1], (p["short"], p["long"]), fontsize=7, xytext=(4, 2),
-                        textcoords="offset points")  # fmt: skip
+            ax.annotate(
+                p["point"].split(" ", 1)[1],
+                (p["short"], p["long"]),
+                fontsize=7,
+                xytext=(4, 2),
+                textcoords="offset points",
+            )
     ax.axvline(short_budget, color="grey", lw=0.7, ls=":")
     ax.axhline(t["seconds"], color="grey", lw=0.7, ls=":")
     ax.set_xlabel(f"score at the trial budget, {short_budget:g} s (beyond the line: missed, penalty)")
     ax.set_ylabel(f"score at {t['factor']:g}x the budget, {t['seconds']:g} s")
     pooled = t["pooled"]["spearman"]
-    ax.set_title(f"Budget transfer: pooled Spearman {'-' if pooled is None else f'{pooled:.2f}'} "
-                 f"(n={t['pooled']['n']})", fontsize=9)  # fmt: skip
+    ax.set_title(
+        f"Budget transfer: pooled Spearman {'-' if pooled is None else f'{pooled:.2f}'} (n={t['pooled']['n']})",
+        fontsize=9,
+    )
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

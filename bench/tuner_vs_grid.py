@@ -135,29 +135,56 @@ class Table:
         rows = []
         for p in self.points.values():
             q = p.params
-            rows.append({
-                "schedule": q.schedule, "stages": q.stages, "window": q.window, "microbatch_size": q.microbatch_size,
-                "lr_scale": q.lr_scale, "data_parallel": q.data_parallel, "state": p.state,
-                "score": p.score if math.isfinite(p.score) else None,
-                "time_to_target": p.time_to_target, "best_val_loss": p.best_val_loss, "clock_used": p.clock_used,
-                "wall_seconds": p.wall_seconds, "fail_reason": p.fail_reason, "evidence": p.evidence,
-                "numerics": p.numerics, "trained_clock": p.trained_clock, "curve": [list(c) for c in p.curve],
-            })  # fmt: skip
-        return {"fingerprint": self.fingerprint, "target": self.target, "budget": self.budget, "grid": self.grid,
-                "points": rows}  # fmt: skip
+            rows.append(
+                {
+                    "schedule": q.schedule,
+                    "stages": q.stages,
+                    "window": q.window,
+                    "microbatch_size": q.microbatch_size,
+                    "lr_scale": q.lr_scale,
+                    "data_parallel": q.data_parallel,
+                    "state": p.state,
+                    "score": p.score if math.isfinite(p.score) else None,
+                    "time_to_target": p.time_to_target,
+                    "best_val_loss": p.best_val_loss,
+                    "clock_used": p.clock_used,
+                    "wall_seconds": p.wall_seconds,
+                    "fail_reason": p.fail_reason,
+                    "evidence": p.evidence,
+                    "numerics": p.numerics,
+                    "trained_clock": p.trained_clock,
+                    "curve": [list(c) for c in p.curve],
+                }
+            )
+        return {
+            "fingerprint": self.fingerprint,
+            "target": self.target,
+            "budget": self.budget,
+            "grid": self.grid,
+            "points": rows,
+        }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Table:
         points = {}
         for r in doc["points"]:
-            q = TrialParams(r["schedule"], r["stages"], r["window"], r["microbatch_size"], r["lr_scale"],
-                            r.get("data_parallel", 1))  # fmt: skip
+            q = TrialParams(
+                r["schedule"], r["stages"], r["window"], r["microbatch_size"], r["lr_scale"], r.get("data_parallel", 1)
+            )
             points[q] = Point(
-                q, r["state"], math.inf if r["score"] is None else r["score"],
-                tuple((float(c), float(v)) for c, v in r["curve"]), r["clock_used"], r["wall_seconds"],
-                r["time_to_target"], r["best_val_loss"], r["fail_reason"], r["evidence"], r.get("numerics"),
+                q,
+                r["state"],
+                math.inf if r["score"] is None else r["score"],
+                tuple((float(c), float(v)) for c, v in r["curve"]),
+                r["clock_used"],
+                r["wall_seconds"],
+                r["time_to_target"],
+                r["best_val_loss"],
+                r["fail_reason"],
+                r["evidence"],
+                r.get("numerics"),
                 r.get("trained_clock"),
-            )  # fmt: skip
+            )
         return cls(doc["fingerprint"], doc["target"], doc["budget"], doc["grid"], points)
 
 
@@ -166,8 +193,9 @@ def tune_config(doc: dict[str, Any], **search: Any) -> TuneConfig:
     return load_tune_config(derive_doc(doc, over), CONFIG)
 
 
-def grid_point(t: FrozenTrial, schedule: str, space: SearchSpace, keys: dict[tuple[str, int], str],
-               trials_dir: Path) -> Point:  # fmt: skip
+def grid_point(
+    t: FrozenTrial, schedule: str, space: SearchSpace, keys: dict[tuple[str, int], str], trials_dir: Path
+) -> Point:
     """One grid trial as a table row. Shared curves: ``keys`` has the numerics key of every trained trial
     by (study, number); ``trials_dir`` the study's trial folders (a trained run's clock is in its metrics)."""
     r = TrialRecord.read(t)
@@ -204,9 +232,23 @@ def _trained_clock(trial_dir: Path, t: FrozenTrial) -> float:
 def grid_command(config: str, workdir: Path, name: str, trials: int) -> list[str]:
     """The product's own grid search: every point queued once, no pruner, each to target or budget."""
     return [
-        "paci-tune", "search", config, "--sampler", "grid", "--pruner", "none", "--trials", str(trials),
-        "--study-name", name, "--workdir", str(workdir), "--out", str(workdir / "grid-best.yaml"), "--no-live",
-    ]  # fmt: skip
+        "paci-tune",
+        "search",
+        config,
+        "--sampler",
+        "grid",
+        "--pruner",
+        "none",
+        "--trials",
+        str(trials),
+        "--study-name",
+        name,
+        "--workdir",
+        str(workdir),
+        "--out",
+        str(workdir / "grid-best.yaml"),
+        "--no-live",
+    ]
 
 
 def run_grid(config: str, doc: dict[str, Any], workdir: Path, name: str, threads: int) -> Table:
@@ -232,8 +274,12 @@ def run_grid(config: str, doc: dict[str, Any], workdir: Path, name: str, threads
     stamp = fingerprint(tune, space)
     points: dict[TrialParams, Point] = {}
     studies = {s: optuna.load_study(study_name=f"{name}.{s}", storage=storage) for s in space.schedules}
-    keys = {(st.study_name, t.number): r.numerics["key"] for st in studies.values()
-            for t in st.get_trials(deepcopy=False) if (r := TrialRecord.read(t)).numerics is not None}  # fmt: skip
+    keys = {
+        (st.study_name, t.number): r.numerics["key"]
+        for st in studies.values()
+        for t in st.get_trials(deepcopy=False)
+        if (r := TrialRecord.read(t)).numerics is not None
+    }
     for schedule, study in studies.items():
         if StudyRecord.read(study).fingerprint != stamp:
             raise SystemExit(f"study {study.study_name} in {workdir} is of another search: give another --workdir")
@@ -354,22 +400,43 @@ class Outcome:
         return self.ratio <= GOAL_RATIO and self.compute <= GOAL_COMPUTE
 
 
-def replay(doc: dict[str, Any], space: SearchSpace, table: Table, method: str, trials: int, seed: int,
-           capping: bool = True) -> Outcome:  # fmt: skip
+def replay(
+    doc: dict[str, Any], space: SearchSpace, table: Table, method: str, trials: int, seed: int, capping: bool = True
+) -> Outcome:
     sampler, pruner = method.split("+")
     tune = tune_config(doc, sampler=sampler, pruner=pruner, trials=trials, seed=seed, adaptive_capping=capping)
-    studies = open_studies(optuna.storages.InMemoryStorage(), "replay", space.schedules, tune.search, space,
-                           tune.budget.grid, fingerprint(tune, space))  # fmt: skip
+    studies = open_studies(
+        optuna.storages.InMemoryStorage(),
+        "replay",
+        space.schedules,
+        tune.search,
+        space,
+        tune.budget.grid,
+        fingerprint(tune, space),
+    )
     enqueue_start_points(tune, space, studies)
     runner = TableRunner(table)
     with tempfile.TemporaryDirectory() as tmp:  # nothing is written there: the runner reads the table
         Search(tune, space, studies, runner, Path(tmp), None).run()
     try:
-        best = build_best(studies, run_doc_for=lambda p: None, base_lr=float(tune.run.optimizer.lr),
-                          fixed_batch=space.fixed_batch, target={}, budget={}, provenance={})  # fmt: skip
+        best = build_best(
+            studies,
+            run_doc_for=lambda p: None,
+            base_lr=float(tune.run.optimizer.lr),
+            fixed_batch=space.fixed_batch,
+            target={},
+            budget={},
+            provenance={},
+        )
         r = best["recommended"]
-        rec: TrialParams | None = TrialParams(r["schedule"], r["stages"], r["window"], r["microbatch_size"],
-                                              float(r["lr_scale"]), int(r.get("data_parallel") or 1))  # fmt: skip
+        rec: TrialParams | None = TrialParams(
+            r["schedule"],
+            r["stages"],
+            r["window"],
+            r["microbatch_size"],
+            float(r["lr_scale"]),
+            int(r.get("data_parallel") or 1),
+        )
         ratio = table.points[rec].score / table.best
     except ConfigError:  # no trial finished: nothing to recommend
         rec, ratio = None, math.inf
@@ -377,14 +444,19 @@ def replay(doc: dict[str, Any], space: SearchSpace, table: Table, method: str, t
     spent = runner.spent
     used = sum(s.clock for s in spent)
     return Outcome(
-        method, trials, seed, rec, ratio,
+        method,
+        trials,
+        seed,
+        rec,
+        ratio,
         compute=used / sum(p.own_clock for p in pts),
         unshared_compute=used / sum(p.clock_used for p in pts),
         device_compute=sum(s.device_seconds for s in spent) / sum((p.own_clock * p.params.stages) for p in pts),
         wall_compute=sum(s.wall for s in spent) / sum(p.wall_seconds for p in pts),
-        trained=sum(s.status != "shared" for s in spent), pruned=sum(s.status == "pruned" for s in spent),
+        trained=sum(s.status != "shared" for s in spent),
+        pruned=sum(s.status == "pruned" for s in spent),
         asked=sum(len(s.get_trials(deepcopy=False)) for s in studies.values()),
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------- reporting
@@ -399,20 +471,26 @@ def _r(x: float) -> str:
 def describe_grid(table: Table) -> None:
     pts = sorted(table.points.values(), key=lambda p: (p.score, p.params.schedule, p.params.stages))
     reached = [p for p in pts if p.time_to_target is not None]
-    print(f"grid: {len(pts)} points, {len(reached)} reach val_loss {table.target:g} within {table.budget:g}s "
-          f"(sim clock); clock {sum(p.clock_used for p in pts):.1f}s, device-seconds "
-          f"{sum(p.device_seconds for p in pts):.1f}, wall {sum(p.wall_seconds for p in pts):.0f}s")  # fmt: skip
+    print(
+        f"grid: {len(pts)} points, {len(reached)} reach val_loss {table.target:g} within {table.budget:g}s "
+        f"(sim clock); clock {sum(p.clock_used for p in pts):.1f}s, device-seconds "
+        f"{sum(p.device_seconds for p in pts):.1f}, wall {sum(p.wall_seconds for p in pts):.0f}s"
+    )
     if any(p.numerics is not None for p in pts):
         runs = sum(p.trained_clock is None or p.trained_clock > 0 for p in pts)
-        print(f"shared curves: {runs} trained runs for {len(pts)} points, {len({p.numerics for p in pts})} curve "
-              f"classes; clock trained {sum(p.own_clock for p in pts):.1f}s (one run per point: "
-              f"{sum(p.clock_used for p in pts):.1f}s)")  # fmt: skip
+        print(
+            f"shared curves: {runs} trained runs for {len(pts)} points, {len({p.numerics for p in pts})} curve "
+            f"classes; clock trained {sum(p.own_clock for p in pts):.1f}s (one run per point: "
+            f"{sum(p.clock_used for p in pts):.1f}s)"
+        )
     print(f"{'point':32s} {'score':>7s} {'/best':>6s} {'ttt':>6s} {'best val':>8s} {'clock':>6s} {'wall':>6s}")
     for p in pts:
         ttt = f"{p.time_to_target:.2f}" if p.time_to_target is not None else "-"
         bv = f"{p.best_val_loss:.3f}" if p.best_val_loss is not None else "-"
-        print(f"{p.params.label():32s} {p.score:7.3f} {p.score / table.best:6.2f} {ttt:>6s} {bv:>8s} "
-              f"{p.clock_used:6.2f} {p.wall_seconds:6.1f}")  # fmt: skip
+        print(
+            f"{p.params.label():32s} {p.score:7.3f} {p.score / table.best:6.2f} {ttt:>6s} {bv:>8s} "
+            f"{p.clock_used:6.2f} {p.wall_seconds:6.1f}"
+        )
 
 
 def summarize(rows: list[Outcome]) -> dict[str, Any]:
@@ -434,8 +512,9 @@ def summarize(rows: list[Outcome]) -> dict[str, Any]:
     }
 
 
-def plot(path: Path, results: dict[tuple[str, int], list[Outcome]], methods: list[str], trials: list[int],
-         table: Table) -> None:  # fmt: skip
+def plot(
+    path: Path, results: dict[tuple[str, int], list[Outcome]], methods: list[str], trials: list[int], table: Table
+) -> None:
     """Left: every seed's regret against its compute, and the medians; right: the share of seeds
     within 5% of the grid's best against the median compute. Labels: trials per schedule."""
     import matplotlib
@@ -458,8 +537,13 @@ def plot(path: Path, results: dict[tuple[str, int], list[Outcome]], methods: lis
             ys.append(s["median_ratio"])
             share.append(s["within_5pct"])
             jitter = [0.006 * (i - 1.5)] * len(rows)
-            ax.plot([o.compute for o in rows], [min(o.ratio, 4.0) + j for o, j in zip(rows, jitter, strict=True)],
-                    ".", color=color, alpha=0.15)  # fmt: skip
+            ax.plot(
+                [o.compute for o in rows],
+                [min(o.ratio, 4.0) + j for o, j in zip(rows, jitter, strict=True)],
+                ".",
+                color=color,
+                alpha=0.15,
+            )
             for a, y in ((ax, ys[-1]), (bx, share[-1])):
                 a.annotate(str(n), (xs[-1], y), textcoords="offset points", xytext=(4, 3), fontsize=7, color=color)
         ax.plot(xs, ys, "o-", color=color, label=m)
@@ -481,25 +565,49 @@ def plot(path: Path, results: dict[tuple[str, int], list[Outcome]], methods: lis
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=CONFIG, help="The search file (model, budget, target, space).")
-    ap.add_argument("--workdir", default=None, help="The grid study, its profile and trial logs (default: "
-                    "runs/tuner-vs-grid, or runs/tuner-vs-grid-unshared with --no-share).")  # fmt: skip
-    ap.add_argument("--no-share", action="store_true", help="The grid and the tuner without shared curves "
-                    "(search.share_curves: false): one training per point, the cost before issue 39.")  # fmt: skip
-    ap.add_argument("--no-capping", action="store_true", help="The tuner without adaptive capping (search."
-                    "adaptive_capping: false): every trial to its end or its pruner, as before 2026-12-05")  # fmt: skip
+    ap.add_argument(
+        "--workdir",
+        default=None,
+        help="The grid study, its profile and trial logs (default: "
+        "runs/tuner-vs-grid, or runs/tuner-vs-grid-unshared with --no-share).",
+    )
+    ap.add_argument(
+        "--no-share",
+        action="store_true",
+        help="The grid and the tuner without shared curves "
+        "(search.share_curves: false): one training per point, the cost before issue 39.",
+    )
+    ap.add_argument(
+        "--no-capping",
+        action="store_true",
+        help="The tuner without adaptive capping (search."
+        "adaptive_capping: false): every trial to its end or its pruner, as before 2026-12-05",
+    )
     ap.add_argument("--study-name", default="tuner-vs-grid")
-    ap.add_argument("--table", default=None,
-                    help="The grid's curves: read when it matches the config, else the grid is run (or resumed) "
-                         "and the table written (default: bench/tuner_vs_grid/table.json, or table-unshared.json "
-                         "with --no-share).")  # fmt: skip
+    ap.add_argument(
+        "--table",
+        default=None,
+        help="The grid's curves: read when it matches the config, else the grid is run (or resumed) "
+        "and the table written (default: bench/tuner_vs_grid/table.json, or table-unshared.json "
+        "with --no-share).",
+    )
     ap.add_argument("--threads", type=int, default=1, help="CPU threads of each grid trial (OMP_NUM_THREADS).")
     ap.add_argument("--seeds", type=int, default=20, help="Sampler seeds per method and trial count.")
     ap.add_argument("--trials", default="3,4,6,9,12", help="Trials per schedule to try (comma-separated).")
     ap.add_argument("--methods", default=",".join(METHODS), help="sampler+pruner pairs (comma-separated).")
-    ap.add_argument("--headline", type=int, default=None, help="Trials per schedule of the headline (default: "
-                    "the config's search.trials).")  # fmt: skip
-    ap.add_argument("--noise-check", type=int, default=0, metavar="N",
-                    help="Also train the grid's N best points with another training seed (real runs).")  # fmt: skip
+    ap.add_argument(
+        "--headline",
+        type=int,
+        default=None,
+        help="Trials per schedule of the headline (default: the config's search.trials).",
+    )
+    ap.add_argument(
+        "--noise-check",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Also train the grid's N best points with another training seed (real runs).",
+    )
     ap.add_argument("--plot", default=None, help="Write a PNG of regret against compute here.")
     ap.add_argument("--json", default=None, help="Write every seed's outcome here.")
     args = ap.parse_args()
@@ -515,8 +623,14 @@ def main() -> None:
     # The grid search reads a file: the config without confirmation runs (the grid trains each point
     # once; the table keeps the search trials only) and without capping (the table holds every point's
     # whole curve: a replayed tuner caps them itself), with sharing off for --no-share, in the work folder.
-    doc = derive_doc(doc, {"search.confirm": {"top": 0}, "search.adaptive_capping": False,
-                           **({"search.share_curves": False} if args.no_share else {})})  # fmt: skip
+    doc = derive_doc(
+        doc,
+        {
+            "search.confirm": {"top": 0},
+            "search.adaptive_capping": False,
+            **({"search.share_curves": False} if args.no_share else {}),
+        },
+    )
     workdir.mkdir(parents=True, exist_ok=True)
     config = str(workdir / "model.yaml")
     Path(config).write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -557,46 +671,61 @@ def main() -> None:
         f"{'compute med':>11s} {'worst':>6s} {'vs unshared':>11s} {'dev-s med':>9s} {'wall med':>8s} "
         f"{'trained':>7s} {'goal':>5s}"
     )
-    print(hdr)  # fmt: skip
+    print(hdr)
     for (m, n), rows in results.items():
         s = summarize(rows)
-        print(f"{m:17s} {n:6d} {_r(s['median_ratio']):>9s} {_r(s['p90_ratio']):>6s} {_r(s['worst_ratio']):>6s} "
-              f"{s['within_5pct']:6.0%} {s['median_compute']:11.3f} {s['worst_compute']:6.3f} "
-              f"{s['median_unshared_compute']:11.3f} {s['median_device_compute']:9.3f} "
-              f"{s['median_wall_compute']:8.3f} {s['median_trained']:7.1f} {s['goal_rate']:5.0%}")  # fmt: skip
+        print(
+            f"{m:17s} {n:6d} {_r(s['median_ratio']):>9s} {_r(s['p90_ratio']):>6s} {_r(s['worst_ratio']):>6s} "
+            f"{s['within_5pct']:6.0%} {s['median_compute']:11.3f} {s['worst_compute']:6.3f} "
+            f"{s['median_unshared_compute']:11.3f} {s['median_device_compute']:9.3f} "
+            f"{s['median_wall_compute']:8.3f} {s['median_trained']:7.1f} {s['goal_rate']:5.0%}"
+        )
 
     head = results.get(("tpe+hyperband", headline)) or results[(methods[0], headline)]
     print(f"\nheadline: {head[0].method}, {headline} trials per schedule, {len(head)} seeds")
     for o in head:
         rec = o.recommended.label() if o.recommended else "nothing finished"
-        print(f"  seed {o.seed:2d}: {rec:32s} ratio {_r(o.ratio)}  compute {o.compute:.3f}  "
-              f"trained {o.trained} (pruned {o.pruned}) of {o.asked} asked")  # fmt: skip
+        print(
+            f"  seed {o.seed:2d}: {rec:32s} ratio {_r(o.ratio)}  compute {o.compute:.3f}  "
+            f"trained {o.trained} (pruned {o.pruned}) of {o.asked} asked"
+        )
     s = summarize(head)
     met = s["median_ratio"] <= GOAL_RATIO and s["median_compute"] <= GOAL_COMPUTE
-    print(f"goal (ratio <= {GOAL_RATIO} at compute <= {GOAL_COMPUTE:.0%}), on the median over seeds: "
-          f"{'met' if met else 'NOT met'} (ratio {_r(s['median_ratio'])}, compute {s['median_compute']:.3f}); "
-          f"worst seed: ratio {_r(s['worst_ratio'])}, compute {s['worst_compute']:.3f}; "
-          f"seeds meeting both: {s['goal_rate']:.0%}")  # fmt: skip
+    print(
+        f"goal (ratio <= {GOAL_RATIO} at compute <= {GOAL_COMPUTE:.0%}), on the median over seeds: "
+        f"{'met' if met else 'NOT met'} (ratio {_r(s['median_ratio'])}, compute {s['median_compute']:.3f}); "
+        f"worst seed: ratio {_r(s['worst_ratio'])}, compute {s['worst_compute']:.3f}; "
+        f"seeds meeting both: {s['goal_rate']:.0%}"
+    )
     for label, key in (("the shared grid", "median_compute"), ("one run per point", "median_unshared_compute")):
         ok = s["within_5pct"] >= SHARED_GOAL_SHARE and s[key] <= SHARED_GOAL_COMPUTE
-        print(f"issue 39's goal ({SHARED_GOAL_SHARE:.0%} of seeds within 5% at <= {SHARED_GOAL_COMPUTE:.0%} of the "
-              f"grid's compute), against {label}: {'met' if ok else 'NOT met'} ({s['within_5pct']:.0%} within 5%, "
-              f"median compute {s[key]:.3f})")  # fmt: skip
+        print(
+            f"issue 39's goal ({SHARED_GOAL_SHARE:.0%} of seeds within 5% at <= {SHARED_GOAL_COMPUTE:.0%} of the "
+            f"grid's compute), against {label}: {'met' if ok else 'NOT met'} ({s['within_5pct']:.0%} within 5%, "
+            f"median compute {s[key]:.3f})"
+        )
     for (m, n), rows in results.items():
         t = summarize(rows)
         if t["within_5pct"] >= SHARED_GOAL_SHARE:
-            print(f"  fewest trials with {SHARED_GOAL_SHARE:.0%} within 5% ({m}): {n} per schedule, median compute "
-                  f"{t['median_compute']:.3f} of the shared grid, {t['median_unshared_compute']:.3f} of one run "
-                  f"per point")  # fmt: skip
+            print(
+                f"  fewest trials with {SHARED_GOAL_SHARE:.0%} within 5% ({m}): {n} per schedule, median compute "
+                f"{t['median_compute']:.3f} of the shared grid, {t['median_unshared_compute']:.3f} of one run "
+                f"per point"
+            )
             break
     print(f"command: python bench/tuner_vs_grid.py {' '.join(sys.argv[1:])}")
 
     if args.plot:
         plot(Path(args.plot), results, methods, trials, table)
     if args.json:
-        out = [{**{k: v for k, v in o.__dict__.items() if k != "recommended"},
-                "recommended": o.recommended.label() if o.recommended else None} for rows in results.values()
-               for o in rows]  # fmt: skip
+        out = [
+            {
+                **{k: v for k, v in o.__dict__.items() if k != "recommended"},
+                "recommended": o.recommended.label() if o.recommended else None,
+            }
+            for rows in results.values()
+            for o in rows
+        ]
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
 
 

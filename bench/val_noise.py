@@ -86,8 +86,10 @@ def main() -> None:
             full[step], n_windows = full_split_loss(units, val, seq)
             for n in sizes:
                 est[n][step] = set_loss(units, ValidationSet(val, seq, n, 32))
-    print(f"{n_windows} disjoint windows of {seq} tokens in the held-out split; models after steps "
-          f"{list(checkpoints)}: full-split loss " + ", ".join(f"{full[k]:.4f}" for k in checkpoints))  # fmt: skip
+    print(
+        f"{n_windows} disjoint windows of {seq} tokens in the held-out split; models after steps "
+        f"{list(checkpoints)}: full-split loss " + ", ".join(f"{full[k]:.4f}" for k in checkpoints)
+    )
     pairs = list(itertools.combinations(checkpoints, 2))
     small = min(abs(full[a] - full[b]) for a, b in pairs)
     print(f"smallest difference between two of the models on the whole split: {small:.4f}")

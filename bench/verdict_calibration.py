@@ -90,8 +90,16 @@ def draws(sims: int, ratio: float, sigma_seed: float, sigma_run: float, max_seed
     return base, paci
 
 
-def simulate(sims: int, ratio: float = 1.0, *, sigma_seed: float = SIGMA_SEED, sigma_run: float = SIGMA_RUN,
-             design: Design | None = None, legacy: bool = False, seed: int = 2026) -> Rates:  # fmt: skip
+def simulate(
+    sims: int,
+    ratio: float = 1.0,
+    *,
+    sigma_seed: float = SIGMA_SEED,
+    sigma_run: float = SIGMA_RUN,
+    design: Design | None = None,
+    legacy: bool = False,
+    seed: int = 2026,
+) -> Rates:
     """The verdicts of ``sims`` confirmations through the real rule (or, ``legacy``, the one it replaced)."""
     design = design or shipped_design()
     base, paci = draws(sims, ratio, sigma_seed, sigma_run, design.max_seeds, seed)
@@ -118,8 +126,10 @@ def main() -> None:
     noises = [SIGMA_RUN] if args.quick else [0.05, SIGMA_RUN, 0.10]
     ratios = [1.0, 1.2] if args.quick else [1.0, 1.1, 1.2, 1.5]
     d = shipped_design()
-    print(f"shipped design: seeds {d.min_seeds}..{d.max_seeds}, tolerance {d.tolerance}; per-look alpha "
-          + ", ".join(f"n={n}: {d.alpha_at(n):.4f}" for n in range(d.first, d.max_seeds + 1)))  # fmt: skip
+    print(
+        f"shipped design: seeds {d.min_seeds}..{d.max_seeds}, tolerance {d.tolerance}; per-look alpha "
+        + ", ".join(f"n={n}: {d.alpha_at(n):.4f}" for n in range(d.first, d.max_seeds + 1))
+    )
     print(f"\n{sims} simulated confirmations per row; seed effect sd {SIGMA_SEED}\n")
     print("| run noise sd | true ratio | rule | paci | flush | false winners / correct | mean seeds |")
     print("|---|---|---|---|---|---|---|")

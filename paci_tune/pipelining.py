@@ -191,8 +191,10 @@ class SchedulePACI:
         self.index, self.stages, self.device = stage.stage_index, stage.num_stages, stage.device
         trains = any(p.requires_grad for p in self.module.parameters())
         if optimizer is None and trains:
-            raise ValueError("optimizer=None is for a stage with nothing to train; this stage's module has "
-                             "parameters with requires_grad=True")  # fmt: skip
+            raise ValueError(
+                "optimizer=None is for a stage with nothing to train; this stage's module has "
+                "parameters with requires_grad=True"
+            )
         if optimizer is not None:
             _check_optimizer(optimizer, self.module)
         _check_device(self.module, self.device)
@@ -402,10 +404,15 @@ def _check_optimizer(optimizer: torch.optim.Optimizer | Sequence[torch.optim.Opt
     """Fresh torch optimizers (one, or several over disjoint parameters: Muon's matrices and AdamW's rest)
     over this stage module's own parameters (they are rebound to aliases)."""
     optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else optimizer
-    if not isinstance(optimizers, Sequence) or not optimizers or not all(
-            isinstance(o, torch.optim.Optimizer) for o in optimizers):  # fmt: skip
-        raise ValueError("optimizer must be a torch.optim.Optimizer, a list of them (e.g. Muon and AdamW) or None, "
-                         f"got {type(optimizer).__name__}")  # fmt: skip
+    if (
+        not isinstance(optimizers, Sequence)
+        or not optimizers
+        or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers)
+    ):
+        raise ValueError(
+            "optimizer must be a torch.optim.Optimizer, a list of them (e.g. Muon and AdamW) or None, "
+            f"got {type(optimizer).__name__}"
+        )
     if any(o.state for o in optimizers):
         raise ValueError("optimizer must be fresh (no state yet): its parameters are rebound to aliases")
     own = {id(p) for p in module.parameters()}

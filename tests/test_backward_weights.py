@@ -47,8 +47,15 @@ def partition(p: int, n_units: int = 8) -> list[int]:
 
 def doc_for(p: int, a: int, *, inflight: int | None = None, d: int = 1, bw: str = "forward", **extra: Any) -> dict:
     b = 2
-    pipeline: dict[str, Any] = {"schedule": "paci", "stages": p, "window": a, "data_parallel": d,
-                                "backward_weights": bw, "partition": partition(p), **extra}  # fmt: skip
+    pipeline: dict[str, Any] = {
+        "schedule": "paci",
+        "stages": p,
+        "window": a,
+        "data_parallel": d,
+        "backward_weights": bw,
+        "partition": partition(p),
+        **extra,
+    }
     if inflight is not None:
         pipeline["inflight"] = inflight
     return make_config(
@@ -133,9 +140,16 @@ def test_current_mode_reads_the_current_weights():
 def test_each_backward_records_the_weight_version_it_read(bw: str):
     """The per-micro-batch record against the local order's own count of steps before each forward and backward."""
     k, window, n = 5, 2, 12
-    stage = Stage(1, 6, list(build_units(WIDE, 0, indices=[1, 2]).values()), window=window,
-                  optimizer=OptimizerConfig(lr=1e-3), lr_at=lambda _: 1e-3, device=torch.device("cpu"),
-                  backward_weights=bw)  # fmt: skip
+    stage = Stage(
+        1,
+        6,
+        list(build_units(WIDE, 0, indices=[1, 2]).values()),
+        window=window,
+        optimizer=OptimizerConfig(lr=1e-3),
+        lr_at=lambda _: 1e-3,
+        device=torch.device("cpu"),
+        backward_weights=bw,
+    )
     gen = torch.Generator().manual_seed(3)
     steps, at_forward, want = 0, {}, []
     for op, j in paci_order(k, window, n):
@@ -159,9 +173,17 @@ WIDE = GPTConfig(n_layer=2, n_head=2, d_model=128, block_size=8, vocab_size=32)
 
 def stage_peak(bw: str, k: int, window: int, dtype: torch.dtype = torch.float32) -> tuple[int, Stage]:
     """Peak bytes allocated while a middle stage (s = 1 of P = 6) runs 12 micro-batches, ``k`` in flight."""
-    stage = Stage(1, 6, list(build_units(WIDE, 0, indices=[1, 2]).values()), window=window,
-                  optimizer=OptimizerConfig(lr=1e-3), lr_at=lambda _: 1e-3, device=torch.device("cpu"),
-                  dtype=dtype, backward_weights=bw)  # fmt: skip
+    stage = Stage(
+        1,
+        6,
+        list(build_units(WIDE, 0, indices=[1, 2]).values()),
+        window=window,
+        optimizer=OptimizerConfig(lr=1e-3),
+        lr_at=lambda _: 1e-3,
+        device=torch.device("cpu"),
+        dtype=dtype,
+        backward_weights=bw,
+    )
     gen = torch.Generator().manual_seed(5)
     xs = [torch.randn(1, WIDE.block_size, WIDE.d_model, generator=gen).to(dtype) for _ in range(12)]
     gs = [torch.randn(1, WIDE.block_size, WIDE.d_model, generator=gen).to(dtype) for _ in range(12)]
@@ -191,8 +213,14 @@ def predicted_copy_bytes(stage: Stage, window: int, k: int, dtype: torch.dtype) 
             "microbatch": {1: {"forward_s": 1.0, "backward_s": 1.0, "activation_bytes": 0, "saved_bytes": 0}},
         }
     ]
-    profile = Profile.from_dict({"seq_len": WIDE.block_size, "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
-                                 "units": units, "p2p": {"latency_s": 0.0, "bandwidth_Bps": math.inf}})  # fmt: skip
+    profile = Profile.from_dict(
+        {
+            "seq_len": WIDE.block_size,
+            "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
+            "units": units,
+            "p2p": {"latency_s": 0.0, "bandwidth_Bps": math.inf},
+        }
+    )
     copies = stage_copies("paci", 1, 6, window, k, backward_weights="forward")
     return stage_memory(profile, [0], 1, k, last=False, copies=copies).weight_copies
 

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.slow
 
 
 def _bench(*args: str, timeout: float = 600) -> str:
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=cli_env(), check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=cli_env(), check=False
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -76,8 +77,13 @@ def test_paper_scaled_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     # every grid point on the search seeds: 4 schedules x 2 windows x 2 LRs x 2 optimizers a batch
     pts = doc["search_points"]
     assert {(p["G"], p["schedule"], p["a"], p["lr"], p["opt"]) for p in pts} == {
-        (g, s, a, lr, o) for g in (4, 8) for s in ("paci", "1f1b", "zb-h1", "interleaved") for a in (g // 2, g)
-        for lr in (3e-3, 6e-3) for o in ("adamw", "muon")}  # fmt: skip
+        (g, s, a, lr, o)
+        for g in (4, 8)
+        for s in ("paci", "1f1b", "zb-h1", "interleaved")
+        for a in (g // 2, g)
+        for lr in (3e-3, 6e-3)
+        for o in ("adamw", "muon")
+    }
     for p in pts:
         assert sorted(map(int, p["scores"])) == search
         assert p["mean"] == pytest.approx(statistics.fmean(p["scores"].values()))
@@ -100,8 +106,9 @@ def test_paper_scaled_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
             )
         assert res["search_mean"]["strongest"] == min(best[s]["mean"] for s in ("1f1b", "zb-h1", "interleaved"))
         paci_a = next(p["a"] for p in mine if p["label"] == res["chosen"]["paci"])
-        assert res["search_mean"]["same_m"] == min(p["mean"] for p in mine if p["schedule"] == "1f1b"
-                                                   and p["a"] == paci_a)  # fmt: skip
+        assert res["search_mean"]["same_m"] == min(
+            p["mean"] for p in mine if p["schedule"] == "1f1b" and p["a"] == paci_a
+        )
         paci = fpts[(res["opt"], res["G"], res["chosen"]["paci"])]
         for name, r in res["ratios"].items():
             base = fpts[(res["opt"], res["G"], res["chosen"][name])]
@@ -120,8 +127,18 @@ def test_paper_scaled_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     bench = _module("paper_scaled")
     times = {"paci": [1.0, 1.2, 0.9, 1.1], "base": [1.8, 1.9, 1.5, 2.0]}
-    sides = {k: {"schedule": "paci" if k == "paci" else "1f1b", "a": 2, "b": 2, "lr": 1e-3, "opt": "muon",
-                 "times": dict(enumerate(v)), "scores": dict(enumerate(v))} for k, v in times.items()}  # fmt: skip
+    sides = {
+        k: {
+            "schedule": "paci" if k == "paci" else "1f1b",
+            "a": 2,
+            "b": 2,
+            "lr": 1e-3,
+            "opt": "muon",
+            "times": dict(enumerate(v)),
+            "scores": dict(enumerate(v)),
+        }
+        for k, v in times.items()
+    }
     r = bench.compare(sides["paci"], sides["base"], [0, 1, 2, 3])
     logs = np.log(np.array(times["base"]) / np.array(times["paci"]))
     ci = stats.ttest_1samp(logs, 0.0).confidence_interval(0.95)
@@ -211,11 +228,17 @@ def test_optimizer_map_quick(tmp_path: Path) -> None:
     assert {c["option"] for c in doc["closed"]} == options - {"adamw"}
     flush = {(r["option"], r["seed"]): r["final"] for r in doc["runs"] if r["schedule"] == "1f1b"}
     for c in doc["cells"]:  # the gap is the paired difference the runs give
-        paci = [r for r in doc["runs"] if (r["schedule"], r["option"], r["P"], r["a"]) == ("paci", c["option"], c["P"],
-                                                                                            c["a"])]  # fmt: skip
+        paci = [
+            r
+            for r in doc["runs"]
+            if (r["schedule"], r["option"], r["P"], r["a"]) == ("paci", c["option"], c["P"], c["a"])
+        ]
         assert len(paci) == c["seeds"] == 1
-        partner = "nadam+stage" if c["option"] == "nadam+stage" else (c["option"] if c["option"] in ("nadam", "muon")
-                                                                       else "adamw")  # fmt: skip
+        partner = (
+            "nadam+stage"
+            if c["option"] == "nadam+stage"
+            else (c["option"] if c["option"] in ("nadam", "muon") else "adamw")
+        )
         assert abs(c["gap"] - (paci[0]["final"] - flush[(partner, 0)])) < 1e-12
     shared = [r for r in doc["runs"] if r.get("same_as")]
     assert shared and all(-(-(r["P"] - 1) // r["a"]) <= 1 for r in shared)

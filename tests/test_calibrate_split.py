@@ -110,8 +110,17 @@ def test_b_plus_w_is_the_whole_backward_plus_the_splits_overhead() -> None:
     CPU; a split that ran the input path again in W would be ~1.7x. The fastest of 32 samples of each
     is compared: other work on the machine only ever adds time."""
     units = _units(2, d_model=128, block_size=128)
-    pattern = StagePattern(units, vocab_size=VOCAB, n_classes=VOCAB, seq_len=128, device=CPU, dtype="fp32",
-                           window=4, inflight=2, optimizer=OptimizerConfig(lr=1e-4))  # fmt: skip
+    pattern = StagePattern(
+        units,
+        vocab_size=VOCAB,
+        n_classes=VOCAB,
+        seq_len=128,
+        device=CPU,
+        dtype="fp32",
+        window=4,
+        inflight=2,
+        optimizer=OptimizerConfig(lr=1e-4),
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one stage's share of a 2-core machine, as calibration times it
     try:
@@ -134,8 +143,17 @@ def test_a_half_with_nothing_to_run_is_zero() -> None:
     a frozen unit with nothing trainable before it neither. Stage pattern and isolated measurement alike."""
     units = _units(3)  # embed, block0, block1, block2, head
     _freeze(units[2])  # block1, trainable units before and after it
-    pattern = StagePattern(units, vocab_size=VOCAB, n_classes=VOCAB, seq_len=16, device=CPU, dtype="fp32",
-                           window=2, inflight=2, optimizer=OptimizerConfig(lr=1e-4))  # fmt: skip
+    pattern = StagePattern(
+        units,
+        vocab_size=VOCAB,
+        n_classes=VOCAB,
+        seq_len=16,
+        device=CPU,
+        dtype="fp32",
+        window=2,
+        inflight=2,
+        optimizer=OptimizerConfig(lr=1e-4),
+    )
     pattern.measure(2, repeats=2, warmup=0)
     costs = pooled_costs([pattern.samples], {2: [[i] for i in range(5)]}, {2: [(1, 1)] * 5})
     split = [(c[2].backward_input_s, c[2].backward_weight_s) for c in costs]
@@ -148,8 +166,9 @@ def test_a_half_with_nothing_to_run_is_zero() -> None:
     _freeze(units[1])  # a frozen prefix: block1 is the first unit that trains
     x = torch.randint(0, VOCAB, (2, 16))
     h = units[1](units[0](x)).detach()
-    frozen = measure_unit(units[1], units[0](x).detach(), last=False, device=CPU, dtype="fp32", repeats=2,
-                          warmup=0, input_grad=False)  # fmt: skip
+    frozen = measure_unit(
+        units[1], units[0](x).detach(), last=False, device=CPU, dtype="fp32", repeats=2, warmup=0, input_grad=False
+    )
     first = measure_unit(units[2], h, last=False, device=CPU, dtype="fp32", repeats=2, warmup=0, input_grad=False)
     assert (frozen.backward_s, frozen.backward_input_s, frozen.backward_weight_s) == (0.0, 0.0, 0.0)
     assert first.backward_input_s == 0.0 and first.backward_weight_s is not None and first.backward_weight_s > 0

@@ -29,8 +29,9 @@ def _study(results: list[tuple[int, TrialState, float | None, dict]]) -> optuna.
     study = optuna.create_study(direction="minimize")
     dist = {"microbatch_size": CategoricalDistribution([1, 2, 3, 4, 5])}
     for b, state, value, attrs in results:
-        study.add_trial(create_trial(state=state, value=value, params={"microbatch_size": b}, distributions=dist,
-                                     user_attrs=attrs))  # fmt: skip
+        study.add_trial(
+            create_trial(state=state, value=value, params={"microbatch_size": b}, distributions=dist, user_attrs=attrs)
+        )
     return study
 
 
@@ -47,11 +48,16 @@ def _search(**kw: object) -> SearchConfig:
 
 def test_the_cap_is_the_kth_best_distinct_point_that_reached_the_target() -> None:
     C = TrialState.COMPLETE
-    study = _study([
-        (1, C, 3.0, {}), (2, C, 1.0, {}), (2, C, 1.0, {"repeat_of": 1}),  # a repeat is the same point
-        (3, C, 2.5, {"confirm": {"of": 1, "seed": 1}}),  # a confirmation is not a search trial
-        (4, TrialState.PRUNED, None, {}), (5, C, 12.0, {}),  # past the 10 s budget: a miss's penalty score
-    ])  # fmt: skip
+    study = _study(
+        [
+            (1, C, 3.0, {}),
+            (2, C, 1.0, {}),
+            (2, C, 1.0, {"repeat_of": 1}),  # a repeat is the same point
+            (3, C, 2.5, {"confirm": {"of": 1, "seed": 1}}),  # a confirmation is not a search trial
+            (4, TrialState.PRUNED, None, {}),
+            (5, C, 12.0, {}),  # past the 10 s budget: a miss's penalty score
+        ]
+    )
     one = _search(confirm={"top": 0})
     assert ranks_read(one) == 1 and cap_of(study, one, 10.0) == 1.0
     two = _search(confirm={"top": 2, "seeds": 3})
@@ -80,8 +86,16 @@ def _capping_search(tmp: Path, on: bool) -> dict[str, optuna.Study]:
     doc = copy.deepcopy(seeds.QUICK)
     doc["budget"].update({"profile": str(tmp / "profile.yaml"), "seconds": 0.4})
     doc["target"]["value"] = 3.25  # reached at different times by different points, missed by some
-    doc["search"] = {**doc["search"], "trials": 5, "seed": 3, "space": str(tmp / "space.yaml"), "pruner": "none",
-                     "confirm": {"top": 0}, "adaptive_capping": on, "jobs": 1}  # fmt: skip
+    doc["search"] = {
+        **doc["search"],
+        "trials": 5,
+        "seed": 3,
+        "space": str(tmp / "space.yaml"),
+        "pruner": "none",
+        "confirm": {"top": 0},
+        "adaptive_capping": on,
+        "jobs": 1,
+    }
     config = tmp / "quick.yaml"
     config.write_text(yaml.safe_dump(doc))
     check_ok(run(search_cmd(config, tmp)))

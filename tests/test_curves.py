@@ -30,12 +30,24 @@ def _doc(schedule: str, stages: int, d: int, b: int, **more: Any) -> dict[str, A
         data={"draw": "sequence"},  # every split of a global batch on the same sequences
         training={"global_batch": 16, "steps": 8, "eval_every": 2, "eval_sequences": 8},
         lr_schedule={"warmup_fraction": 0.1, "min_ratio": 0.1, "scaling": "none"},
-        pipeline={"schedule": schedule, "stages": stages, "data_parallel": d, "microbatch_size": b,
-                  "window": 16 // (d * b), "runtime": "emulated", "device": "cpu"},
-    )  # fmt: skip
+        pipeline={
+            "schedule": schedule,
+            "stages": stages,
+            "data_parallel": d,
+            "microbatch_size": b,
+            "window": 16 // (d * b),
+            "runtime": "emulated",
+            "device": "cpu",
+        },
+    )
     for section, values in more.items():  # model and data are replaced whole (drawing sequences), the rest merged
-        doc[section] = ({"draw": "sequence", **values} if section == "data" else values if section == "model"
-                        else {**doc.get(section, {}), **values})  # fmt: skip
+        doc[section] = (
+            {"draw": "sequence", **values}
+            if section == "data"
+            else values
+            if section == "model"
+            else {**doc.get(section, {}), **values}
+        )
     return doc
 
 
@@ -49,8 +61,10 @@ def _key(doc: dict[str, Any]) -> str | None:
 
 
 def _same(a: tuple[list[float], list[float]], b: tuple[list[float], list[float]]) -> bool:
-    return all(len(x) == len(y) and max(abs(u - v) for u, v in zip(x, y, strict=True)) <= TOL
-               for x, y in zip(a, b, strict=True))  # fmt: skip
+    return all(
+        len(x) == len(y) and max(abs(u - v) for u, v in zip(x, y, strict=True)) <= TOL
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 # Classes the key calls equal: flush at P = 1, 2, 4 across D, a and b; zb-h1 and interleaved against it
@@ -99,8 +113,14 @@ def test_paci_depth_and_window_change_the_curve_and_the_key() -> None:
 def test_under_the_default_draw_b_decides_the_data_and_stays_in_the_key() -> None:
     """``data.draw: microbatch`` (the default): each micro-batch draws its own b windows, so flush at
     b = 4 and b = 1 train different curves and keep different keys; at one b, P, D and a still share."""
-    by_batch = {"source": "synthetic", "vocab_size": 64, "branching": 4, "n_train": 50_000, "n_val": 5_000,
-                "draw": "microbatch"}  # fmt: skip
+    by_batch = {
+        "source": "synthetic",
+        "vocab_size": 64,
+        "branching": 4,
+        "n_train": 50_000,
+        "n_val": 5_000,
+        "draw": "microbatch",
+    }
     four, one = _doc("1f1b", 1, 1, 4, data=by_batch), _doc("1f1b", 1, 1, 1, data=by_batch)
     assert _key(four) != _key(one) and not _same(_curve(four), _curve(one))
     other = _doc("1f1b", 2, 2, 4, data=by_batch)  # D = 2, a = 2, b = 4
@@ -142,8 +162,13 @@ def test_every_setting_that_changes_the_numbers_changes_the_key(section: str, ke
 
 def test_what_only_reads_the_curve_leaves_the_key() -> None:
     base = _doc("1f1b", 2, 1, 4)
-    reads = [("training", "eval_every", 3), ("training", "target_val_loss", 3.0), ("training", "clock", "wall"),
-             ("pipeline", "runtime", "distributed"), ("training", "eval_microbatch_size", 4)]  # fmt: skip
+    reads = [
+        ("training", "eval_every", 3),
+        ("training", "target_val_loss", 3.0),
+        ("training", "clock", "wall"),
+        ("pipeline", "runtime", "distributed"),
+        ("training", "eval_microbatch_size", 4),
+    ]
     for section, key, value in reads:
         changed = copy.deepcopy(base)
         changed[section][key] = value
@@ -166,8 +191,15 @@ def test_on_a_budget_in_seconds_layouts_follow_their_own_clocks_unless_the_horiz
     layouts of one global batch train different curves (their keys differ); with
     ``lr_schedule.horizon_steps`` they train one (one key)."""
     tiny = {"preset": "tiny"}
-    timed = {"clock": "sim", "profile": str(PROFILE), "steps": None, "seconds": 0.8, "eval_every": 2,
-             "global_batch": 16, "eval_sequences": 8}  # fmt: skip
+    timed = {
+        "clock": "sim",
+        "profile": str(PROFILE),
+        "steps": None,
+        "seconds": 0.8,
+        "eval_every": 2,
+        "global_batch": 16,
+        "eval_sequences": 8,
+    }
     one = _doc("1f1b", 1, 1, 4, training=timed, model=tiny, data={"source": "stdlib"})
     two = _doc("1f1b", 2, 2, 2, training=timed, model=tiny, data={"source": "stdlib"})
     assert _key(one) != _key(two)

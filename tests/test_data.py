@@ -58,8 +58,9 @@ def test_a_global_batch_is_the_same_sequences_at_every_split(global_batch: int) 
                 if global_batch % (d * b):
                     continue
                 a = global_batch // (d * b)
-                streams = [MicroBatchStream(tokens, 8, b, seed=7, replicas=d, replica=r, draw="sequence")
-                           for r in range(d)]  # fmt: skip
+                streams = [
+                    MicroBatchStream(tokens, 8, b, seed=7, replicas=d, replica=r, draw="sequence") for r in range(d)
+                ]
                 got = torch.cat([streams[r].get(g * a + j)[0] for j in range(a) for r in range(d)])
                 assert torch.equal(got, want), (g, d, a, b)
 

@@ -68,10 +68,15 @@ def test_replica_r_reads_every_dth_microbatch_of_the_single_stream():
 
 @pytest.mark.parametrize(
     ("schedule", "stages", "extra"),
-    [("1f1b", 1, {}), ("1f1b", 2, {}), ("gpipe", 1, {}), ("gpipe", 2, {}),
-     ("1f1b", 2, {"optimizer": {"grad_clip": 0.05}})],  # clipping must see the averaged gradients
+    [
+        ("1f1b", 1, {}),
+        ("1f1b", 2, {}),
+        ("gpipe", 1, {}),
+        ("gpipe", 2, {}),
+        ("1f1b", 2, {"optimizer": {"grad_clip": 0.05}}),  # clipping must see the averaged gradients
+    ],
     ids=["1f1b-P1", "1f1b-P2", "gpipe-P1", "gpipe-P2", "1f1b-P2-clip"],
-)  # fmt: skip
+)
 def test_flush_with_two_replicas_equals_plain_training(schedule: str, stages: int, extra: dict[str, Any]):
     doc = dp_doc(schedule, stages, **copy.deepcopy(extra))
     records = run_in_process(doc)
@@ -84,8 +89,9 @@ def test_flush_with_two_replicas_equals_plain_training(schedule: str, stages: in
 
 def test_resume_with_two_replicas_is_exact(tmp_path: Path):
     """A PACI P=2 x D=2 run resumed from its step-2 checkpoint gives the uninterrupted run's numbers."""
-    doc = dp_doc("paci", 2, steps=4, training={"checkpoint_every": 2, "keep_checkpoints": 5,
-                                               "checkpoint_dir": str(tmp_path)})  # fmt: skip
+    doc = dp_doc(
+        "paci", 2, steps=4, training={"checkpoint_every": 2, "keep_checkpoints": 5, "checkpoint_dir": str(tmp_path)}
+    )
     full = run_in_process(doc)
     (tmp_path / "LATEST").write_text("batch_00000002\n")  # as if killed after the first checkpoint
     resumed = run_in_process(doc, resume=True)
@@ -111,8 +117,15 @@ def test_world_size_must_be_stages_times_replicas(tmp_path: Path):
     assert [rank_of(r, s, 3) for r in range(2) for s in range(3)] == list(range(6))
     assert reporter_rank(3) == 2  # replica 0's last stage
     # The worker under a user's own launch of the wrong size (here: one process for P=1 x D=2).
-    env = {**cli_env(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    env = {
+        **cli_env(),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
     config = write_config(tmp_path, dp_doc("1f1b", 1))
     cmd = [sys.executable, "-m", "paci_tune.worker", str(config), "--data-parallel", "2"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
@@ -171,8 +184,16 @@ def test_distributed_paci_two_stages_two_replicas_equals_emulated(tmp_path: Path
     ckpt = tmp_path / "ckpt"
     doc = dp_doc("paci", 2, training={"checkpoint_every": 2, "keep_checkpoints": 5}, partition=[2, 2])  # as resolved
     emulated = run_in_process(doc | {"training": {**doc["training"], "checkpoint_dir": str(tmp_path / "e")}})
-    proc = run_cli(write_config(tmp_path, doc), "--runtime", "distributed", "--checkpoint-dir", ckpt,
-                   "--metrics", tmp_path / "dist.jsonl", timeout=300)  # fmt: skip
+    proc = run_cli(
+        write_config(tmp_path, doc),
+        "--runtime",
+        "distributed",
+        "--checkpoint-dir",
+        ckpt,
+        "--metrics",
+        tmp_path / "dist.jsonl",
+        timeout=300,
+    )
     check_ok(proc)
     dist = read_metrics(tmp_path / "dist.jsonl")
     assert train_losses(dist) == pytest.approx(train_losses(emulated), abs=1e-5, rel=0)

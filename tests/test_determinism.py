@@ -27,10 +27,19 @@ def _config(tmp: Path) -> Path:
     q = quick_search()
     (tmp / "space.yaml").write_text(yaml.safe_dump(q.QUICK_SPACE))
     (tmp / "profile.yaml").write_text(yaml.safe_dump(q.QUICK_PROFILE))
-    doc = {**q.QUICK, "target": {"value": 3.2},
-           "budget": {**q.QUICK["budget"], "seconds": 0.3, "grid": 6, "profile": str(tmp / "profile.yaml")},
-           "search": {**q.QUICK["search"], "space": str(tmp / "space.yaml"), "trials": 2, "sampler": "tpe",
-                      "pruner": "hyperband", "seed": 0}}  # fmt: skip
+    doc = {
+        **q.QUICK,
+        "target": {"value": 3.2},
+        "budget": {**q.QUICK["budget"], "seconds": 0.3, "grid": 6, "profile": str(tmp / "profile.yaml")},
+        "search": {
+            **q.QUICK["search"],
+            "space": str(tmp / "space.yaml"),
+            "trials": 2,
+            "sampler": "tpe",
+            "pruner": "hyperband",
+            "seed": 0,
+        },
+    }
     assert doc["budget"]["clock"] == "rst"
     path = tmp / "model.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -27,12 +27,17 @@ from paci_tune.tune.narrow import restrict
 from paci_tune.tune.space import TrialParams, load_space
 from paci_tune.tune.study import counted
 
-DOC: dict[str, Any] = merge(SEARCH_DOC, {
-    "model": NARROW_MODEL, "data": {"vocab_size": 32, "n_train": 20_000, "n_val": 2_000},
-    "training": {"steps": 4, "eval_sequences": 8}, "target": {"value": 2.5},
-    "budget": {"seconds": 0.2, "grid": 2},  # a handful of global batches per trial
-    "search": {"sampler": "random"},
-})  # fmt: skip
+DOC: dict[str, Any] = merge(
+    SEARCH_DOC,
+    {
+        "model": NARROW_MODEL,
+        "data": {"vocab_size": 32, "n_train": 20_000, "n_val": 2_000},
+        "training": {"steps": 4, "eval_sequences": 8},
+        "target": {"value": 2.5},
+        "budget": {"seconds": 0.2, "grid": 2},  # a handful of global batches per trial
+        "search": {"sampler": "random"},
+    },
+)
 # g = 8 on 4 devices: P=1 D=4 (8/4 = 2 per replica: b=2), P=2 D=2 (b=2, 4), P=4 D=1 (b=2, 4); P=3 never.
 SPACE = {"schedules": ["paci", "1f1b"], "stages": [1, 2, 3, 4], "microbatch_size": [2, 4]}
 
@@ -50,8 +55,10 @@ def _write(tmp_path: Path, **sections: dict[str, Any]) -> Path:
     doc = {k: v for k, v in doc.items() if v is not None}
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
     # A hand profile of the model's 4 units (no calibration in the test): the sim clock is exact.
-    units = [UnitProfile(f"u{i}", 40_000, 1e-4, {b: UnitCost(1e-3 * b, 2e-3 * b, 2048 * b, 8192 * b) for b in (2, 4)})
-             for i in range(4)]  # fmt: skip
+    units = [
+        UnitProfile(f"u{i}", 40_000, 1e-4, {b: UnitCost(1e-3 * b, 2e-3 * b, 2048 * b, 8192 * b) for b in (2, 4)})
+        for i in range(4)
+    ]
     Profile(units, P2PCost(1e-5, 1e9), seq_len=16).save(tmp_path / "profile.yaml")
     doc["search"] = {**doc["search"], "space": str(tmp_path / "space.yaml")}
     if "budget" in doc:
@@ -64,8 +71,18 @@ def _write(tmp_path: Path, **sections: dict[str, Any]) -> Path:
 def _search(config: Path, tmp: Path) -> Any:
     import subprocess
 
-    cmd = [sys.executable, "-m", "paci_tune.cli", "search", str(config), "--no-live", "--workdir", str(tmp / "work"),
-           "--out", str(tmp / "best.yaml")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "paci_tune.cli",
+        "search",
+        str(config),
+        "--no-live",
+        "--workdir",
+        str(tmp / "work"),
+        "--out",
+        str(tmp / "best.yaml"),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=cli_env())
 
 
@@ -79,8 +96,9 @@ def test_budget_keeps_only_points_that_divide(tmp_path: Path) -> None:
     grid = s.grid("1f1b")
     assert len(grid) == 5 and all(q.devices == 4 and q.global_batch == 8 for q in grid)
     # PACI at P = 1 is flush: its study leaves that layout to flush's
-    assert {(q.stages, q.microbatch_size) for q in s.grid("paci")} == {(q.stages, q.microbatch_size) for q in grid
-                                                                      if q.stages > 1}  # fmt: skip
+    assert {(q.stages, q.microbatch_size) for q in s.grid("paci")} == {
+        (q.stages, q.microbatch_size) for q in grid if q.stages > 1
+    }
     assert "1f1b's study searches this layout" in (s.why_not(TrialParams("paci", 1, 1, 2, 1.0, 4)) or "")
     bad = TrialParams("1f1b", 1, s.window_of(1, 4), 4, 1.0, 4)
     assert bad.window == 0 and "not a whole number" in (s.why_not(bad) or "")
@@ -91,8 +109,12 @@ def test_budget_keeps_only_points_that_divide(tmp_path: Path) -> None:
 
 
 def test_free_batch_under_a_budget_multiplies_d_in(tmp_path: Path) -> None:
-    s = _space(tmp_path, {"global_batch": "free", "stages": [2, 8], "window": [2], "microbatch_size": [4]},
-               devices=8, n_units=8)  # fmt: skip
+    s = _space(
+        tmp_path,
+        {"global_batch": "free", "stages": [2, 8], "window": [2], "microbatch_size": [4]},
+        devices=8,
+        n_units=8,
+    )
     assert {(q.stages, q.data_parallel, q.global_batch) for q in s.grid("paci")} == {(2, 4, 32), (8, 1, 8)}
 
 

@@ -75,8 +75,12 @@ SKIPPED: list[tuple[str, str]] = [
 # into a fresh venv and searches with it. The rest of the line runs.
 INSTALL = re.compile(r"^(python3? -m venv \S+|\. \S+/bin/activate|pip install .*)$")
 # The example's long settings, reduced.
-REDUCED = [("--steps 100", "--steps 4"), ("--seconds 60", "--seconds 0.5"), ("model.yaml", "examples/tiny-gpt.yaml"),
-           ("journal:///shared/fs/", "journal://SCRATCH/")]  # fmt: skip
+REDUCED = [
+    ("--steps 100", "--steps 4"),
+    ("--seconds 60", "--seconds 0.5"),
+    ("model.yaml", "examples/tiny-gpt.yaml"),
+    ("journal:///shared/fs/", "journal://SCRATCH/"),
+]
 
 
 def shell_commands(doc: str) -> list[Command]:
@@ -174,8 +178,15 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder every block starts from: the reduced example, searched once (for both docs)."""
     base = tmp_path_factory.mktemp("docs-base")
     _reduced_example(base)
-    first = subprocess.run(["bash", "-c", "paci-tune search examples/tiny-gpt.yaml"], cwd=base, env=_env(),
-                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    first = subprocess.run(
+        ["bash", "-c", "paci-tune search examples/tiny-gpt.yaml"],
+        cwd=base,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     return base
 
@@ -196,8 +207,9 @@ def test_every_command_in_the_docs_runs_or_says_why_not(doc: str, searched: Path
         text = runnable(cmd, scratch)
         if not text:
             continue
-        proc = subprocess.run(["bash", "-c", text], cwd=scratch, env=env, capture_output=True, text=True,
-                              timeout=300, check=False)  # fmt: skip
+        proc = subprocess.run(
+            ["bash", "-c", text], cwd=scratch, env=env, capture_output=True, text=True, timeout=300, check=False
+        )
         assert proc.returncode == 0, f"{cmd.where()}\nran: {text}\n{proc.stdout[-1500:]}\n{proc.stderr[-2500:]}"
         ran += 1
     assert ran, f"{doc}: every command was skipped"

@@ -109,8 +109,12 @@ def _parse_tables(text: str) -> dict[tuple[str, str], list[Row]]:
             h2, h3 = _span(line) or line[3:].strip(), ""
         elif not fenced and line.startswith("### "):
             h3 = line[4:].replace("`", "").strip()
-        elif (not fenced and line.startswith("|") and i + 1 < len(lines)
-              and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i + 1].strip())):  # fmt: skip
+        elif (
+            not fenced
+            and line.startswith("|")
+            and i + 1 < len(lines)
+            and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i + 1].strip())
+        ):
             header = _cells(line)
             rows: list[Row] = []
             i += 2
@@ -266,8 +270,9 @@ def _known_keys(error: ConfigError) -> set[str]:
     return {k.strip() for k in listed.split(",")}
 
 
-def _check_absent_means_default(rows: dict[str, Row], base: dict[str, Any], load: Callable[[Any], Any],
-                                where: str) -> None:  # fmt: skip
+def _check_absent_means_default(
+    rows: dict[str, Row], base: dict[str, Any], load: Callable[[Any], Any], where: str
+) -> None:
     """Each ``required`` key left out of ``base`` is refused by name; each literal default, written out,
     gives what leaving the key out gives. ``base`` holds every documented key and must load."""
     assert set(base) == set(rows), f"{where}: the test's full example has keys {sorted(base)}, the table {sorted(rows)}"
@@ -369,14 +374,17 @@ def test_model_keys_are_the_loaders() -> None:
             assert shape("tiny", 77, {key: documented}) == shape("tiny", 77, {})
 
     entry = {"entry": f"{__name__}:_entry_units", "kwargs": {}, "block_size": 8}
-    _check_absent_means_default(_rows(MODEL, "model with entry"), entry,
-                                lambda spec: loader.load_model(spec, 8, 0).n_units, "model")  # fmt: skip
+    _check_absent_means_default(
+        _rows(MODEL, "model with entry"), entry, lambda spec: loader.load_model(spec, 8, 0).n_units, "model"
+    )
     assert tuple(_rows(MODEL, "model with entry")) == loader.ENTRY_KEYS
 
 
 def test_presets_table_is_the_presets() -> None:
-    documented = {_key(r): [int(r[c]) for c in ("n_layer", "n_head", "d_model", "block_size", "units")]
-                  for r in _table(MODEL, "model presets")}  # fmt: skip
+    documented = {
+        _key(r): [int(r[c]) for c in ("n_layer", "n_head", "d_model", "block_size", "units")]
+        for r in _table(MODEL, "model presets")
+    }
     actual = {name: [c.n_layer, c.n_head, c.d_model, c.block_size, gpt.num_units(c)] for name, c in gpt.PRESETS.items()}
     assert documented == actual
 
@@ -416,8 +424,10 @@ def test_text_and_bin_sources_by_behaviour(tmp_path: Path) -> None:
 
         return run
 
-    for kind, base in (("text", {"path": str(text), "val_fraction": 0.3}), ("bin", {"path": str(folder),
-                                                                               "vocab_size": 1000})):  # fmt: skip
+    for kind, base in (
+        ("text", {"path": str(text), "val_fraction": 0.3}),
+        ("bin", {"path": str(folder), "vocab_size": 1000}),
+    ):
         rows = _rows(MODEL, f"data with source: {kind}")
         assert tuple(rows) == sources.SOURCE_KEYS[kind]
         _check_absent_means_default(rows, base, load(kind), f"data ({kind})")
@@ -435,11 +445,18 @@ def _space_loader(tmp_path: Path) -> Callable[[Any], Any]:
     return load
 
 
-SPACE_BASE = {"description": "a space", "schedules": ["paci"], "global_batch": "fixed", "stages": [1, 2],
-              "microbatch_size": [2, 4], "lr_scale": [0.5, 1.0],
-              "backward_weights": ["forward", "current"], "chunks": [2, 3],
-              "optimizer": {"name": ["adamw", "nadam"], "betas": [[0.9, 0.95]]},
-              "staleness": {"predict_weights": [False, True]}}  # fmt: skip
+SPACE_BASE = {
+    "description": "a space",
+    "schedules": ["paci"],
+    "global_batch": "fixed",
+    "stages": [1, 2],
+    "microbatch_size": [2, 4],
+    "lr_scale": [0.5, 1.0],
+    "backward_weights": ["forward", "current"],
+    "chunks": [2, 3],
+    "optimizer": {"name": ["adamw", "nadam"], "betas": [[0.9, 0.95]]},
+    "staleness": {"predict_weights": [False, True]},
+}
 
 
 def test_space_keys_are_the_parsers(tmp_path: Path) -> None:
@@ -457,8 +474,9 @@ def test_space_keys_are_the_parsers(tmp_path: Path) -> None:
 def test_range_keys_are_the_parsers(tmp_path: Path) -> None:
     load = _space_loader(tmp_path)
     ints = {"low": 1, "high": 4, "step": 1, "log": False}
-    _check_absent_means_default(_rows(SPACE, "integer ranges"), ints,
-                                lambda r: load({**SPACE_BASE, "stages": r})["stages"], "space.stages")  # fmt: skip
+    _check_absent_means_default(
+        _rows(SPACE, "integer ranges"), ints, lambda r: load({**SPACE_BASE, "stages": r})["stages"], "space.stages"
+    )
     assert _refused(load, {**SPACE_BASE, "stages": {**ints, "no_such_key": 1}}).key == "space.stages"
     lr = {"low": 0.5, "high": 2.0, "log": True}
 
@@ -471,19 +489,43 @@ def test_range_keys_are_the_parsers(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- best.yaml
 
-RUN = sim_config(data={"vocab_size": 32, "n_train": 20_000, "n_val": 2_000}, training={"eval_sequences": 4},
-                 optimizer={"lr": 6.0e-4}, pipeline={"schedule": "paci", "window": 2})  # fmt: skip
-RECOMMENDED_FOR_RUN = {"schedule": "paci", "stages": 2, "data_parallel": 1, "devices": 2, "window": 2,
-                       "microbatch_size": 4, "partition": [2, 2], "global_batch": 8, "lr": 6.0e-4,
-                       "lr_scale": 1.0, "backward_weights": "forward",
-                       "optimizer": {"name": "adamw", "lr": 6.0e-4, "betas": [0.9, 0.95], "eps": 1.0e-8,
-                                     "weight_decay": 0.1, "grad_clip": None}}  # fmt: skip
+RUN = sim_config(
+    data={"vocab_size": 32, "n_train": 20_000, "n_val": 2_000},
+    training={"eval_sequences": 4},
+    optimizer={"lr": 6.0e-4},
+    pipeline={"schedule": "paci", "window": 2},
+)
+RECOMMENDED_FOR_RUN = {
+    "schedule": "paci",
+    "stages": 2,
+    "data_parallel": 1,
+    "devices": 2,
+    "window": 2,
+    "microbatch_size": 4,
+    "partition": [2, 2],
+    "global_batch": 8,
+    "lr": 6.0e-4,
+    "lr_scale": 1.0,
+    "backward_weights": "forward",
+    "optimizer": {
+        "name": "adamw",
+        "lr": 6.0e-4,
+        "betas": [0.9, 0.95],
+        "eps": 1.0e-8,
+        "weight_decay": 0.1,
+        "grad_clip": None,
+    },
+}
 
 
 def _best_file(tmp_path: Path, **changes: Any) -> Path:
-    doc = {"recommended": dict(RECOMMENDED_FOR_RUN), "evidence": dict.fromkeys(bestfile.EVIDENCE_KEYS),
-           "target": {"metric": "val_loss", "value": 3.0}, "budget": {"clock": "sim", "seconds": 5, "grid": 4},
-           "run": copy.deepcopy(RUN)}  # fmt: skip
+    doc = {
+        "recommended": dict(RECOMMENDED_FOR_RUN),
+        "evidence": dict.fromkeys(bestfile.EVIDENCE_KEYS),
+        "target": {"metric": "val_loss", "value": 3.0},
+        "budget": {"clock": "sim", "seconds": 5, "grid": 4},
+        "run": copy.deepcopy(RUN),
+    }
     for section, values in changes.items():
         doc[section].update(values)
     path = tmp_path / "best.yaml"
@@ -535,19 +577,51 @@ def test_evidence_keys_apply_checks_and_reads(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- profile.yaml
 
-COST = {"forward_s": 0.001, "backward_s": 0.002, "activation_bytes": 64, "saved_bytes": 128,
-        "backward_input_s": 0.0012, "backward_weight_s": 0.001, "transient_bytes": 256, "eval_bytes": 96,
-        "split_bytes": 32}  # fmt: skip
+COST = {
+    "forward_s": 0.001,
+    "backward_s": 0.002,
+    "activation_bytes": 64,
+    "saved_bytes": 128,
+    "backward_input_s": 0.0012,
+    "backward_weight_s": 0.001,
+    "transient_bytes": 256,
+    "eval_bytes": 96,
+    "split_bytes": 32,
+}
 LINK = {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e9, "backend": "hand"}
-UNIT = {"name": "embed", "param_bytes": 1024, "trainable_bytes": 512, "optimizer_s": 0.0001, "copy_s": 0.00001,
-        "microbatch": {4: COST}, "optimizer_steps": {"muon": 0.0003}, "step_bytes": 1024}  # fmt: skip
-PROFILE_BASE = {"format": "paci-tune-profile/1", "machine": {"node": "h"}, "device": "cpu", "torch": "2.0",
-                "dtype": "bf16", "date": "2026-01-01", "threads": 2, "seq_len": 16, "units": [UNIT], "p2p": LINK,
-                "allreduce": LINK, "tied": [], "optimizer": "adamw", "optimizer_note": "timed alone"}  # fmt: skip
+UNIT = {
+    "name": "embed",
+    "param_bytes": 1024,
+    "trainable_bytes": 512,
+    "optimizer_s": 0.0001,
+    "copy_s": 0.00001,
+    "microbatch": {4: COST},
+    "optimizer_steps": {"muon": 0.0003},
+    "step_bytes": 1024,
+}
+PROFILE_BASE = {
+    "format": "paci-tune-profile/1",
+    "machine": {"node": "h"},
+    "device": "cpu",
+    "torch": "2.0",
+    "dtype": "bf16",
+    "date": "2026-01-01",
+    "threads": 2,
+    "seq_len": 16,
+    "units": [UNIT],
+    "p2p": LINK,
+    "allreduce": LINK,
+    "tied": [],
+    "optimizer": "adamw",
+    "optimizer_note": "timed alone",
+}
 PROFILE_TABLES: dict[str, tuple[type, ...]] = {
-    "top level": (prof.Profile,), "units[i]": (prof.UnitProfile,), "units[i].microbatch[b]": (prof.UnitCost,),
-    "p2p": (prof.P2PCost,), "allreduce": (prof.AllReduceCost,),
-}  # fmt: skip
+    "top level": (prof.Profile,),
+    "units[i]": (prof.UnitProfile,),
+    "units[i].microbatch[b]": (prof.UnitCost,),
+    "p2p": (prof.P2PCost,),
+    "allreduce": (prof.AllReduceCost,),
+}
 RENAMED = {"torch_version": "torch", "allreduce_cost": "allreduce", "costs": "microbatch"}
 """Dataclass fields that a profile's YAML spells otherwise (``Profile.to_dict`` / ``from_dict``)."""
 

@@ -49,8 +49,9 @@ def ring(nbytes: float, d: int, latency: float, bandwidth: float) -> float:
 @pytest.mark.parametrize("d", [1, 2, 3, 4, 8])
 def test_simulated_allreduce_is_the_ring_formula(d: int) -> None:
     lat, bw = 3e-4, 2e6
-    prof = _profile([_unit(1, 2, params=4000, opt=0.1), _unit(1, 2, params=12000, opt=0.2)],
-                    {"latency_s": lat, "bandwidth_Bps": bw})  # fmt: skip
+    prof = _profile(
+        [_unit(1, 2, params=4000, opt=0.1), _unit(1, 2, params=12000, opt=0.2)], {"latency_s": lat, "bandwidth_Bps": bw}
+    )
     r = simulate(Layout("1f1b", 2, d, 2, 1, None, (1, 1)), prof, n_batches=2)
     for st, nbytes, opt in zip(r.per_stage, (4000, 12000), (0.1, 0.2), strict=True):
         assert st.allreduce_s == pytest.approx(ring(nbytes, d, lat, bw), rel=1e-12)
@@ -79,10 +80,20 @@ def test_hand_worked_dp_pp_timeline() -> None:
     prof = _profile([_unit(1, 2), _unit(1, 2)], {"latency_s": 0.25, "bandwidth_Bps": 4000})
     r = simulate(Layout("1f1b", 2, 2, 2, 1, None, (1, 1)), prof, n_batches=1, extend=False)
     got = [[(a.op.name, a.mb, s, e) for a, s, e in st.intervals] for st in r.timeline.stages]
-    assert got[0] == [("FORWARD", 0, 0, 1), ("FORWARD", 1, 1, 2), ("BACKWARD", 0, 4, 6), ("BACKWARD", 1, 7, 9),
-                      ("STEP", 0, 9, 10.5)]  # fmt: skip
-    assert got[1] == [("FORWARD", 0, 1, 2), ("BACKWARD", 0, 2, 4), ("FORWARD", 1, 4, 5), ("BACKWARD", 1, 5, 7),
-                      ("STEP", 0, 7, 8.5)]  # fmt: skip
+    assert got[0] == [
+        ("FORWARD", 0, 0, 1),
+        ("FORWARD", 1, 1, 2),
+        ("BACKWARD", 0, 4, 6),
+        ("BACKWARD", 1, 7, 9),
+        ("STEP", 0, 9, 10.5),
+    ]
+    assert got[1] == [
+        ("FORWARD", 0, 1, 2),
+        ("BACKWARD", 0, 2, 4),
+        ("FORWARD", 1, 4, 5),
+        ("BACKWARD", 1, 5, 7),
+        ("STEP", 0, 7, 8.5),
+    ]
     assert r.makespan_s == 10.5
     assert r.allreduce_fraction == pytest.approx((1.5 + 1.5) / (2 * 10.5))
     # The sim clock reads the same layout: batch 0 closes when the last stage steps, the model when stage 0 does.
@@ -127,11 +138,13 @@ def test_profile_allreduce_round_trips_and_old_profiles_derive_it_from_p2p(tmp_p
 
 @pytest.mark.parametrize(
     ("allreduce", "key"),
-    [({"latency_s": -1, "bandwidth_Bps": 1e9}, "profile.allreduce.latency_s"),
-     ({"latency_s": 0, "bandwidth_Bps": 0}, "profile.allreduce.bandwidth_Bps"),
-     ({"latency_s": 0, "bandwidth_Bps": 1, "speed": 3}, "profile.allreduce.speed"),
-     ("fast", "profile.allreduce")],
-)  # fmt: skip
+    [
+        ({"latency_s": -1, "bandwidth_Bps": 1e9}, "profile.allreduce.latency_s"),
+        ({"latency_s": 0, "bandwidth_Bps": 0}, "profile.allreduce.bandwidth_Bps"),
+        ({"latency_s": 0, "bandwidth_Bps": 1, "speed": 3}, "profile.allreduce.speed"),
+        ("fast", "profile.allreduce"),
+    ],
+)
 def test_bad_allreduce_names_the_key(allreduce: Any, key: str) -> None:
     with pytest.raises(ConfigError) as e:
         Profile.from_dict({"seq_len": 16, "units": [_unit(1, 2)], "p2p": FREE, "allreduce": allreduce})
@@ -169,16 +182,28 @@ def test_one_launch_measures_both_links_as_the_separate_measurements_do() -> Non
 def test_simulate_shows_d_and_the_allreduce_share(tmp_path: Path) -> None:
     from paci_tune.sim.profile import UnitCost, UnitProfile
 
-    doc = sim_config(data={"vocab_size": 32, "n_train": 2000, "n_val": 200},
-                     training={"global_batch": 16, "steps": 2, "eval_sequences": 8})  # fmt: skip
+    doc = sim_config(
+        data={"vocab_size": 32, "n_train": 2000, "n_val": 200},
+        training={"global_batch": 16, "steps": 2, "eval_sequences": 8},
+    )
     cfg = write_config(tmp_path, {**doc, "pipeline": {"stages": 2, "device": "cpu"}}, "m.yaml")  # no window: D sets it
     units = [UnitProfile(f"u{i}", 40_000, 1e-3, {2: UnitCost(1e-3, 2e-3, 1000, 4000)}) for i in range(4)]
     from paci_tune.sim.profile import P2PCost
 
     prof = Profile(units, P2PCost(1e-5, 1e9), seq_len=16)
     prof.save(tmp_path / "p.yaml")
-    args = ["simulate", str(cfg), "--profile", str(tmp_path / "p.yaml"), "--schedule", "paci", "--data-parallel", "2",
-            "--microbatch-size", "2"]  # fmt: skip
+    args = [
+        "simulate",
+        str(cfg),
+        "--profile",
+        str(tmp_path / "p.yaml"),
+        "--schedule",
+        "paci",
+        "--data-parallel",
+        "2",
+        "--microbatch-size",
+        "2",
+    ]
     res = CliRunner().invoke(main, [*args, "--json"])
     assert res.exit_code == 0, res.output
     import json
@@ -204,11 +229,14 @@ def test_a_dp_training_on_the_sim_clock_reads_the_dp_layout(tmp_path: Path) -> N
     units = [_unit(1e-3, 2e-3, params=40_000, opt=1e-4) for _ in range(4)]
     for u in units:
         u["microbatch"] = {2: u["microbatch"][1]}
-    prof = Profile.from_dict({"seq_len": 32, "units": units, "p2p": FREE,
-                              "allreduce": {"latency_s": 1e-3, "bandwidth_Bps": 1e7}})  # fmt: skip
+    prof = Profile.from_dict(
+        {"seq_len": 32, "units": units, "p2p": FREE, "allreduce": {"latency_s": 1e-3, "bandwidth_Bps": 1e7}}
+    )
     prof.save(tmp_path / "p.yaml")
-    doc = make_config(training={"global_batch": 8, "steps": 3, "clock": "sim", "profile": str(tmp_path / "p.yaml")},
-                      pipeline={"stages": 2, "data_parallel": 2, "window": 2, "partition": [2, 2]})  # fmt: skip
+    doc = make_config(
+        training={"global_batch": 8, "steps": 3, "clock": "sim", "profile": str(tmp_path / "p.yaml")},
+        pipeline={"stages": 2, "data_parallel": 2, "window": 2, "partition": [2, 2]},
+    )
     doc["pipeline"].pop("microbatch_size", None)
     summary = run_training(resolve_run(derive_run(doc))) or {}
     dp = ProfileClock("sim", prof, Layout("paci", 2, 2, window=2, microbatch_size=2, partition=(2, 2))).plan(3).makespan

@@ -35,8 +35,9 @@ def _doc(tmp_path: Path, stages: int, window: int, cadence: dict[str, Any], step
         training["eval_every_seconds"] = 0.02  # a grid on the rst clock: a few evaluations inside the run
     else:
         training.update(cadence)
-    return make_config(training=training, lr_schedule=CONSTANT_LR,
-                       pipeline={"schedule": "paci", "stages": stages, "window": window})  # fmt: skip
+    return make_config(
+        training=training, lr_schedule=CONSTANT_LR, pipeline={"schedule": "paci", "stages": stages, "window": window}
+    )
 
 
 def _evals(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -106,8 +107,9 @@ def test_training_is_the_same_whatever_the_evaluation_cadence_distributed(
         d = tmp_path / f"c{i}"
         d.mkdir()
         metrics = d / "m.jsonl"
-        proc = run_cli(write_config(d, _doc(d, stages, window, cadence)), "--runtime", "distributed",
-                       "--metrics", metrics)  # fmt: skip
+        proc = run_cli(
+            write_config(d, _doc(d, stages, window, cadence)), "--runtime", "distributed", "--metrics", metrics
+        )
         check_ok(proc)
         records = read_metrics(metrics)
         got = train_losses(records)

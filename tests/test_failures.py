@@ -122,9 +122,14 @@ def test_sigint_to_a_real_training_exits_130_without_a_traceback(tmp_path: Path)
     with out.open("w") as o, err.open("w") as e:
         # Ctrl-C as at a terminal: a SIGINT ignored by whatever started pytest (a background job, nohup) must
         # not be inherited by the run, which would then rightly keep ignoring it.
-        proc = subprocess.Popen([sys.executable, "-m", "paci_tune", "train", str(config), "--no-live"],
-                                cwd=tmp_path, env=cli_env(), stdout=o, stderr=e,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "paci_tune", "train", str(config), "--no-live"],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=o,
+            stderr=e,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         try:
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline and proc.poll() is None and not _reported_a_step(out, err):

@@ -115,8 +115,16 @@ def test_bf16_with_a_stage_that_trains_nothing_equals_plain_bf16_training():
 
 def test_bf16_masters_cover_the_trainable_parameters_only():
     units = load_model(model(frozen=[0]), 64, 0).units
-    stage = Stage(0, 2, [units[0], units[1]], window=1, optimizer=OptimizerConfig(lr=1e-3), lr_at=None,
-                  device=torch.device("cpu"), dtype=torch.bfloat16)  # fmt: skip
+    stage = Stage(
+        0,
+        2,
+        [units[0], units[1]],
+        window=1,
+        optimizer=OptimizerConfig(lr=1e-3),
+        lr_at=None,
+        device=torch.device("cpu"),
+        dtype=torch.bfloat16,
+    )
     trainable = [p for p in units[1].parameters()]
     assert [m.shape for m in stage.optim.master_weights()] == [p.shape for p in trainable]
     assert all(m.dtype == torch.float32 for m in stage.optim.master_weights())
@@ -283,9 +291,17 @@ def test_calibration_times_what_a_frozen_prefix_runs():
     assert [u.costs[2].saved_bytes > 0 for u in isolated][:3] == [False, False, False]
     assert [u.optimizer_s > 0 for u in isolated] == [False, False, False, True, True, True]
     assert [u.trainable_bytes == (0 if i in PREFIX else u.param_bytes) for i, u in enumerate(isolated)] == [True] * 6
-    pattern = StagePattern([loaded.units[i] for i in range(6)], vocab_size=64, n_classes=64, seq_len=32,
-                           device=torch.device("cpu"), dtype="fp32", window=2, inflight=2,
-                           optimizer=OptimizerConfig(lr=1e-3))  # fmt: skip
+    pattern = StagePattern(
+        [loaded.units[i] for i in range(6)],
+        vocab_size=64,
+        n_classes=64,
+        seq_len=32,
+        device=torch.device("cpu"),
+        dtype="fp32",
+        window=2,
+        inflight=2,
+        optimizer=OptimizerConfig(lr=1e-3),
+    )
     pattern.measure(2, repeats=2, warmup=0)
     backward = pattern.samples.backward[2]
     assert all(s == 0.0 for i in PREFIX for s in backward[i])

@@ -210,9 +210,22 @@ def test_calibrate_on_cuda(tmp_path: Path):
     out = tmp_path / "profile.yaml"
     config = write_config(tmp_path, make_config())
     cmd = [
-        sys.executable, "-m", "paci_tune.cli", "calibrate", str(config), "--out", str(out), "--device", "cuda",
-        "--precision", "bf16", "--microbatch-sizes", "2,4", "--repeats", "2",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "paci_tune.cli",
+        "calibrate",
+        str(config),
+        "--out",
+        str(out),
+        "--device",
+        "cuda",
+        "--precision",
+        "bf16",
+        "--microbatch-sizes",
+        "2,4",
+        "--repeats",
+        "2",
+    ]
     check_ok(subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=cli_env(), check=False))
     doc = yaml.safe_load(out.read_text())
     assert doc["dtype"] == "bf16" and doc["device"] == torch.cuda.get_device_name(0)
@@ -245,7 +258,10 @@ def test_memory_model_per_stage_on_cuda(tmp_path: Path):
     assert len(rows) == 2 * len(variants)
     for r in rows:
         assert r["measured"] > r["parts"]["params"] + r["parts"]["optimizer_state"]
-    table = "\n".join(f"{r['precision']} {r['schedule']} stage {r['stage']}: predicted {r['predicted'] / 2**20:.1f} "
-                      f"MiB, measured {r['measured'] / 2**20:.1f} MiB ({r['error']:+.1%})" for r in rows)  # fmt: skip
+    table = "\n".join(
+        f"{r['precision']} {r['schedule']} stage {r['stage']}: predicted {r['predicted'] / 2**20:.1f} "
+        f"MiB, measured {r['measured'] / 2**20:.1f} MiB ({r['error']:+.1%})"
+        for r in rows
+    )
     print(table)
     assert all(abs(r["error"]) <= bench.TOLERANCE for r in rows), table

@@ -26,8 +26,13 @@ def test_smoke_run_produces_every_figure(tmp_path: Path):
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--smoke", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=cli_env(), check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=cli_env(),
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     doc = json.loads((out / "gpu_check.json").read_text())
     steps = doc["steps"]

@@ -39,28 +39,48 @@ def test_wheel_install_finds_the_shipped_spaces_and_example(tmp_path: Path) -> N
         shutil.copy(REPO / name, src / name)
     wheels = tmp_path / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)], check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     (wheel,) = wheels.glob("paci_tune-*.whl")
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     py = venv / "bin" / "python"
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # torch, optuna, ... from this interpreter's site-packages, as plain path entries: a folder named
     # in a .pth is not a site dir, so its own .pth files (an editable install's hook) are not run.
     (Path(purelib) / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    subprocess.run([*pip, "--python", str(py), "install", "--no-deps", "--no-index", str(wheel)], check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [*pip, "--python", str(py), "install", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     where = subprocess.run(
-        [str(py), "-c", "import paci_tune; from paci_tune.base.shipped import shipped; "
-         "print(paci_tune.__file__); print(shipped('examples', 'tiny-gpt'))"],
-        check=True, capture_output=True, text=True, cwd=outside, env=_env(),
-    ).stdout.split()  # fmt: skip
+        [
+            str(py),
+            "-c",
+            "import paci_tune; from paci_tune.base.shipped import shipped; "
+            "print(paci_tune.__file__); print(shipped('examples', 'tiny-gpt'))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=outside,
+        env=_env(),
+    ).stdout.split()
     assert where[0].startswith(purelib), f"paci_tune imported from {where[0]}, not the wheel"
     example = yaml.safe_load(Path(where[1]).read_text())
     assert example["search"]["space"] == "cpu-small"
@@ -68,8 +88,14 @@ def test_wheel_install_finds_the_shipped_spaces_and_example(tmp_path: Path) -> N
     cli = str(venv / "bin" / "paci-tune")
     n_units = example["model"].get("n_layer", 4) + 2
     (outside / "profile.yaml").write_text(yaml.safe_dump(reference_profile(n_units, 128)))
-    sim = subprocess.run([cli, "simulate", "examples/tiny-gpt.yaml", "--profile", "profile.yaml", "--json"],
-                         capture_output=True, text=True, cwd=outside, env=_env(), timeout=120)  # fmt: skip
+    sim = subprocess.run(
+        [cli, "simulate", "examples/tiny-gpt.yaml", "--profile", "profile.yaml", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=outside,
+        env=_env(),
+        timeout=120,
+    )
     assert sim.returncode == 0, sim.stderr[-2000:]
 
     doc = dict(example)
@@ -84,8 +110,9 @@ def test_wheel_install_finds_the_shipped_spaces_and_example(tmp_path: Path) -> N
         "warm_start": {"steps": 8},
     }  # the example's warm start, shortened past its LR ramp
     (outside / "small.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    proc = subprocess.run([cli, "search", "small.yaml", "--no-live"], capture_output=True, text=True, cwd=outside,
-                          env=_env(), timeout=240)  # fmt: skip
+    proc = subprocess.run(
+        [cli, "search", "small.yaml", "--no-live"], capture_output=True, text=True, cwd=outside, env=_env(), timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     best = yaml.safe_load((outside / "best.yaml").read_text())
     assert best["provenance"]["space"]["name"] == "cpu-small"

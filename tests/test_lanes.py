@@ -37,8 +37,13 @@ def _search(tmp: Path, jobs: int) -> tuple[dict, dict]:
     (tmp / "space.yaml").write_text(yaml.safe_dump(space))
     doc = copy.deepcopy(seeds.QUICK)
     doc["budget"]["profile"] = str(tmp / "profile.yaml")
-    doc["search"] = {**doc["search"], "trials": 2, "jobs": jobs, "space": str(tmp / "space.yaml"),
-                     "confirm": {"top": 1, "seeds": 2, "max_seeds": 2}}  # fmt: skip
+    doc["search"] = {
+        **doc["search"],
+        "trials": 2,
+        "jobs": jobs,
+        "space": str(tmp / "space.yaml"),
+        "confirm": {"top": 1, "seeds": 2, "max_seeds": 2},
+    }
     config = tmp / "model.yaml"
     config.write_text(yaml.safe_dump(doc, sort_keys=False))
     env = cli_env()
@@ -71,17 +76,28 @@ def test_two_jobs_run_trials_side_by_side_and_find_what_one_job_finds(tmp_path: 
         assert best_two[key] == best_one[key], key
 
     # Side by side: trained trials whose clocks overlap, each on its share of the cores.
-    trained = [(s, t) for s, st in two.items() for t in st.trials
-               if t.state != TrialState.WAITING and _threads(tmp_path / "two", s, t.number) is not None]  # fmt: skip
-    pairs = [((s, x), (r, y)) for i, (s, x) in enumerate(trained) for r, y in trained[i + 1 :]
-             if x.datetime_start < y.datetime_complete and y.datetime_start < x.datetime_complete]  # fmt: skip
+    trained = [
+        (s, t)
+        for s, st in two.items()
+        for t in st.trials
+        if t.state != TrialState.WAITING and _threads(tmp_path / "two", s, t.number) is not None
+    ]
+    pairs = [
+        ((s, x), (r, y))
+        for i, (s, x) in enumerate(trained)
+        for r, y in trained[i + 1 :]
+        if x.datetime_start < y.datetime_complete and y.datetime_start < x.datetime_complete
+    ]
     assert pairs, "no two trials ran at once"
     share = threads_per_process(2)
     for pair in pairs:
         for s, t in pair:
             assert _threads(tmp_path / "two", s, t.number) == share, (s, t.number)
-    assert all(_threads(tmp_path / "one", s, t.number) in (None, os.cpu_count(), torch_default())
-               for s, st in one.items() for t in st.trials)  # fmt: skip
+    assert all(
+        _threads(tmp_path / "one", s, t.number) in (None, os.cpu_count(), torch_default())
+        for s, st in one.items()
+        for t in st.trials
+    )
 
 
 def torch_default() -> int:
@@ -166,8 +182,10 @@ def test_the_view_shows_every_running_trial_and_names_each_validation() -> None:
         out = io.StringIO()
         view = SearchView(4.0, "rst", 2.75, console=Console(file=out, force_terminal=live, width=160), live=live)
         with view:
-            threads = [threading.Thread(target=lambda v=view, s=s, n=n: [v.on_event(e) for e in events(s, n)])
-                       for s, n in (("paci", 3), ("1f1b", 5))]  # fmt: skip
+            threads = [
+                threading.Thread(target=lambda v=view, s=s, n=n: [v.on_event(e) for e in events(s, n)])
+                for s, n in (("paci", 3), ("1f1b", 5))
+            ]
             for t in threads:
                 t.start()
             for t in threads:
@@ -207,12 +225,28 @@ def test_auto_runs_no_more_trials_than_the_free_memory_holds(fits: int, monkeypa
     def refused(have: float) -> bool:
         for schedule in space.schedules:
             for p, a, b in space.points:
-                q = TrialParams(schedule, p, a, b, 1.0, space.data_parallel(p), space.backward_weights_of(schedule)[0],
-                                space.chunks_of(schedule)[0])  # fmt: skip
+                q = TrialParams(
+                    schedule,
+                    p,
+                    a,
+                    b,
+                    1.0,
+                    space.data_parallel(p),
+                    space.backward_weights_of(schedule)[0],
+                    space.chunks_of(schedule)[0],
+                )
                 if space.why_not(q) is not None:
                     continue  # a point its study never runs
-                cfg = derive_run(tune.run_doc, {**q.overrides(), "pipeline.partition": "auto", "training.clock": "sim",
-                                                "pipeline.runtime": "emulated", "pipeline.inflight": None})  # fmt: skip
+                cfg = derive_run(
+                    tune.run_doc,
+                    {
+                        **q.overrides(),
+                        "pipeline.partition": "auto",
+                        "training.clock": "sim",
+                        "pipeline.runtime": "emulated",
+                        "pipeline.inflight": None,
+                    },
+                )
                 sizes = planning.plan_partition(cfg, [1.0] * profile.n_units, profile)
                 monkeypatch.setattr(planning, "memory_available", lambda device, n: have)
                 try:

@@ -31,26 +31,40 @@ from paci_tune.pipeline.planning import budget_fit
 from paci_tune.sim.profile import P2PCost, Profile, UnitCost, UnitProfile
 
 UNIT_BYTES = 400_000  # fp32 weights of each of the hand profile's 4 units
-DOC: dict[str, Any] = merge(SEARCH_DOC, {
-    "model": NARROW_MODEL, "data": {"vocab_size": 32, "n_train": 20_000, "n_val": 2_000},
-    "training": {"steps": 4, "eval_sequences": 8}, "target": {"value": 2.5},
-    "budget": {"seconds": 0.2, "grid": 2}, "search": {"sampler": "random", "trials": 3},
-})  # fmt: skip
+DOC: dict[str, Any] = merge(
+    SEARCH_DOC,
+    {
+        "model": NARROW_MODEL,
+        "data": {"vocab_size": 32, "n_train": 20_000, "n_val": 2_000},
+        "training": {"steps": 4, "eval_sequences": 8},
+        "target": {"value": 2.5},
+        "budget": {"seconds": 0.2, "grid": 2},
+        "search": {"sampler": "random", "trials": 3},
+    },
+)
 SPACE = {"schedules": ["paci", "1f1b"], "stages": [1, 2, 4], "microbatch_size": [2, 4]}
 
 
 def _profile() -> Profile:
     """Weights heavy against activations (as a model that needs a pipeline is): the cut decides the fit."""
-    units = [UnitProfile(f"u{i}", UNIT_BYTES, 1e-4, {b: UnitCost(1e-3 * b, 2e-3 * b, 2048 * b, 8192 * b)
-                                                     for b in (2, 4)}) for i in range(4)]  # fmt: skip
+    units = [
+        UnitProfile(f"u{i}", UNIT_BYTES, 1e-4, {b: UnitCost(1e-3 * b, 2e-3 * b, 2048 * b, 8192 * b) for b in (2, 4)})
+        for i in range(4)
+    ]
     return Profile(units, P2PCost(1e-5, 1e9), seq_len=16)
 
 
 def _write(tmp_path: Path, memory: Any) -> Path:
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
     _profile().save(tmp_path / "profile.yaml")
-    doc = merge(DOC, {"search": {"space": str(tmp_path / "space.yaml")}, "hardware": {"memory": memory},
-                      "budget": {"profile": str(tmp_path / "profile.yaml")}})  # fmt: skip
+    doc = merge(
+        DOC,
+        {
+            "search": {"space": str(tmp_path / "space.yaml")},
+            "hardware": {"memory": memory},
+            "budget": {"profile": str(tmp_path / "profile.yaml")},
+        },
+    )
     path = tmp_path / "model.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -60,8 +74,16 @@ def _peak(memory: Any, stages: int, b: int, schedule: str = "1f1b") -> int:
     """The most loaded stage's prediction for a point of the space (D = 4 / P devices, global batch 8)."""
     run_doc, _ = split_tune_sections(merge(DOC, {"hardware": {"memory": memory}}))
     d = 4 // stages
-    cfg = derive_run(run_doc, {"pipeline.schedule": schedule, "pipeline.stages": stages, "pipeline.data_parallel": d,
-                               "pipeline.microbatch_size": b, "pipeline.window": 8 // (d * b)})  # fmt: skip
+    cfg = derive_run(
+        run_doc,
+        {
+            "pipeline.schedule": schedule,
+            "pipeline.stages": stages,
+            "pipeline.data_parallel": d,
+            "pipeline.microbatch_size": b,
+            "pipeline.window": 8 // (d * b),
+        },
+    )
     return max(budget_fit(cfg, _profile())[1])
 
 
@@ -79,9 +101,16 @@ def _cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess
 
 
 # ------------------------------------------------------------------------------------ the key
-@pytest.mark.parametrize(("value", "expected"), [
-    (1024, 1024), ("24GiB", 24 * 2**30), ("80GB", 80 * 10**9), ("512 MiB", 512 * 2**20), ("1.5KiB", 1536),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1024, 1024),
+        ("24GiB", 24 * 2**30),
+        ("80GB", 80 * 10**9),
+        ("512 MiB", 512 * 2**20),
+        ("1.5KiB", 1536),
+    ],
+)
 def test_sizes_read_in_bytes_with_binary_and_decimal_units(value: Any, expected: int) -> None:
     assert parse_size("hardware.memory", value) == expected
 
@@ -109,8 +138,20 @@ def test_budget_is_not_part_of_a_checkpoints_numerics() -> None:
 def test_train_refuses_a_bad_budget_before_any_work(tmp_path: Path, flag: str, shown: str) -> None:
     """0, negative, an unknown unit, or less than one unit's weights (100 bytes): exit 2, one line, no metrics."""
     config, metrics = _write(tmp_path, None), tmp_path / "m.jsonl"
-    proc = _cli("train", config, "--memory", flag, "--stages", "2", "--profile", tmp_path / "profile.yaml",
-                "--steps", "1", "--metrics", metrics)  # fmt: skip
+    proc = _cli(
+        "train",
+        config,
+        "--memory",
+        flag,
+        "--stages",
+        "2",
+        "--profile",
+        tmp_path / "profile.yaml",
+        "--steps",
+        "1",
+        "--metrics",
+        metrics,
+    )
     check_error(proc, metrics, "hardware.memory", shown)
 
 
@@ -124,8 +165,21 @@ def test_train_refuses_a_run_predicted_over_the_budget_and_runs_one_under_it(tmp
     check_ok(_cli("train", config, "--stages", "2", "--data-parallel", "1", "--microbatch-size", "2", *common))
     none = tmp_path / "none.jsonl"  # --memory none lifts the file's budget: the refused layout runs
     lifted = [*common[:-1], none]
-    check_ok(_cli("train", config, "--memory", "none", "--stages", "1", "--data-parallel", "1",
-                  "--microbatch-size", "2", *lifted))  # fmt: skip
+    check_ok(
+        _cli(
+            "train",
+            config,
+            "--memory",
+            "none",
+            "--stages",
+            "1",
+            "--data-parallel",
+            "1",
+            "--microbatch-size",
+            "2",
+            *lifted,
+        )
+    )
     assert none.exists()
     summary = [r for r in map(yaml.safe_load, metrics.read_text().splitlines()) if r.get("event") == "summary"][-1]
     assert summary["memory_budget_bytes"] == cap
@@ -136,8 +190,16 @@ def test_train_refuses_a_run_predicted_over_the_budget_and_runs_one_under_it(tmp
 def test_search_never_trains_a_point_over_the_budget(tmp_path: Path) -> None:
     """P = 1 cannot fit: the storage holds no trial at P = 1, and best.yaml names every dropped point."""
     cap = _between_one_and_two_stages()
-    proc = _cli("search", _write(tmp_path, cap), "--no-live", "--workdir", tmp_path / "work",
-                "--out", tmp_path / "best.yaml", timeout=600)  # fmt: skip
+    proc = _cli(
+        "search",
+        _write(tmp_path, cap),
+        "--no-live",
+        "--workdir",
+        tmp_path / "work",
+        "--out",
+        tmp_path / "best.yaml",
+        timeout=600,
+    )
     check_ok(proc)
     storage = f"sqlite:///{tmp_path / 'work' / 'study.db'}"
     ran = []
@@ -160,8 +222,9 @@ def test_search_never_trains_a_point_over_the_budget(tmp_path: Path) -> None:
 
 def test_a_budget_below_every_point_exits_2_before_any_trial(tmp_path: Path) -> None:
     cap = 4 * UNIT_BYTES  # one unit's weights fit; its gradient and moments do not
-    proc = _cli("search", _write(tmp_path, cap), "--no-live", "--workdir", tmp_path / "work",
-                "--out", tmp_path / "best.yaml")  # fmt: skip
+    proc = _cli(
+        "search", _write(tmp_path, cap), "--no-live", "--workdir", tmp_path / "work", "--out", tmp_path / "best.yaml"
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert "error: hardware.memory: got" in proc.stderr and "smallest predicted peak" in proc.stderr
@@ -174,18 +237,41 @@ def test_apply_keeps_to_the_budget_its_best_yaml_carries(tmp_path: Path) -> None
     cap = _between_one_and_two_stages()
     _write(tmp_path, cap)
     run_doc, _ = split_tune_sections(merge(DOC, {"hardware": {"memory": cap}}))
-    run_doc = merge(run_doc, {"training": {"steps": 1, "clock": "sim", "profile": str(tmp_path / "profile.yaml")},
-                              "pipeline": {"schedule": "1f1b", "stages": 1, "data_parallel": 1, "window": 4,
-                                           "microbatch_size": 2}})  # fmt: skip
+    run_doc = merge(
+        run_doc,
+        {
+            "training": {"steps": 1, "clock": "sim", "profile": str(tmp_path / "profile.yaml")},
+            "pipeline": {"schedule": "1f1b", "stages": 1, "data_parallel": 1, "window": 4, "microbatch_size": 2},
+        },
+    )
     run_doc["pipeline"].pop("partition", None)
     cfg = derive_run(run_doc)
-    opt = {"name": "adamw", "lr": cfg.optimizer.lr, "betas": list(cfg.optimizer.betas), "eps": cfg.optimizer.eps,
-           "weight_decay": cfg.optimizer.weight_decay, "grad_clip": cfg.optimizer.grad_clip}  # fmt: skip
-    best = {"recommended": {"schedule": "1f1b", "stages": 1, "data_parallel": 1, "devices": 1, "window": 4,
-                            "microbatch_size": 2, "partition": [4], "global_batch": cfg.training.global_batch,
-                            "lr": cfg.optimizer.lr, "lr_scale": 1.0, "optimizer": opt},
-            "target": {"metric": "val_loss", "value": 2.5}, "budget": {"clock": "sim", "seconds": 0.2, "grid": 2},
-            "run": run_doc}  # fmt: skip
+    opt = {
+        "name": "adamw",
+        "lr": cfg.optimizer.lr,
+        "betas": list(cfg.optimizer.betas),
+        "eps": cfg.optimizer.eps,
+        "weight_decay": cfg.optimizer.weight_decay,
+        "grad_clip": cfg.optimizer.grad_clip,
+    }
+    best = {
+        "recommended": {
+            "schedule": "1f1b",
+            "stages": 1,
+            "data_parallel": 1,
+            "devices": 1,
+            "window": 4,
+            "microbatch_size": 2,
+            "partition": [4],
+            "global_batch": cfg.training.global_batch,
+            "lr": cfg.optimizer.lr,
+            "lr_scale": 1.0,
+            "optimizer": opt,
+        },
+        "target": {"metric": "val_loss", "value": 2.5},
+        "budget": {"clock": "sim", "seconds": 0.2, "grid": 2},
+        "run": run_doc,
+    }
     path = tmp_path / "best.yaml"
     path.write_text(yaml.safe_dump(best, sort_keys=False))
     metrics = tmp_path / "m.jsonl"

@@ -32,27 +32,51 @@ from helpers.configs import BASE_CONFIG
 EXAMPLE = yaml.safe_load((REPO / "examples" / "tiny-gpt.yaml").read_text())
 SPACE = yaml.safe_load((REPO / "search_spaces" / "cpu-small.yaml").read_text())
 
-ALLOWED_HUGE = frozenset({
-    "training.steps", "training.seed", "training.eval_every", "optimizer.weight_decay", "target.value",
-    "budget.seconds", "search.trials", "training.eval_microbatch_size",
-})  # fmt: skip
+ALLOWED_HUGE = frozenset(
+    {
+        "training.steps",
+        "training.seed",
+        "training.eval_every",
+        "optimizer.weight_decay",
+        "target.value",
+        "budget.seconds",
+        "search.trials",
+        "training.eval_microbatch_size",
+    }
+)
 """Leaves of the example where 10**12 / 1e300 is a legitimate setting (documented in the README; a huge
 evaluation chunk is the whole validation set in one forward, which the memory budget then refuses)."""
 
 
-BEST_HUGE = frozenset({*(f"run.{k}" for k in ALLOWED_HUGE), "run.optimizer.eps", "evidence.best_val_loss",
-                       "evidence.score", "evidence.tokens_per_s", "evidence.steps", "target.value",
-                       "budget.seconds"})  # fmt: skip
+BEST_HUGE = frozenset(
+    {
+        *(f"run.{k}" for k in ALLOWED_HUGE),
+        "run.optimizer.eps",
+        "evidence.best_val_loss",
+        "evidence.score",
+        "evidence.tokens_per_s",
+        "evidence.steps",
+        "target.value",
+        "budget.seconds",
+    }
+)
 BEST_FREE = frozenset({"evidence.trial", "provenance.study_name"})
 
 
 def _profile() -> dict[str, Any]:
     cost = {"forward_s": 0.002, "backward_s": 0.004, "activation_bytes": 4096, "saved_bytes": 16384}
-    units = [{"name": f"u{i}", "param_bytes": 65536, "optimizer_s": 0.001, "microbatch": {2: dict(cost)}}
-             for i in range(4)]  # fmt: skip
+    units = [
+        {"name": f"u{i}", "param_bytes": 65536, "optimizer_s": 0.001, "microbatch": {2: dict(cost)}} for i in range(4)
+    ]
     units[0]["microbatch"][4] = dict(cost)  # one unit measured at two sizes (the others interpolate)
-    return {"format": "paci-tune-profile/1", "device": "cpu", "dtype": "fp32", "seq_len": 32, "units": units,
-            "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e9, "backend": "gloo"}}  # fmt: skip
+    return {
+        "format": "paci-tune-profile/1",
+        "device": "cpu",
+        "dtype": "fp32",
+        "seq_len": 32,
+        "units": units,
+        "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e9, "backend": "gloo"},
+    }
 
 
 PROFILE = _profile()
@@ -74,9 +98,14 @@ def tripwire(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     def trip(*_a: Any, **_k: Any) -> Any:
         raise WorkStarted()
 
-    for module, name in [(paci_tune.train.run, "run_training"), (paci_tune.train.run, "measured_profile"),
-                         (paci_tune.calibrate.cache, "measured_profile"), (paci_tune.calibrate, "calibrate"),
-                         (paci_tune.sim.simulator, "simulate"), (paci_tune.tune.search.Search, "run")]:  # fmt: skip
+    for module, name in [
+        (paci_tune.train.run, "run_training"),
+        (paci_tune.train.run, "measured_profile"),
+        (paci_tune.calibrate.cache, "measured_profile"),
+        (paci_tune.calibrate, "calibrate"),
+        (paci_tune.sim.simulator, "simulate"),
+        (paci_tune.tune.search.Search, "run"),
+    ]:
         monkeypatch.setattr(module, name, trip)
     cache = tmp_path / "cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
@@ -180,17 +209,26 @@ def test_broken_search_spaces_are_refused_by_search(tmp_path: Path, tripwire: Pa
     COUNTS["space"] = len(vs)
     _run_all(tmp_path, tripwire, [(v, {"c.yaml": carrier, "s.yaml": v.text}, [args]) for v in vs])
     # A confirmation seed past 2**63 is a trial the search would start: refused before it does.
-    seed = _dump({**SMALL, "training": {**SMALL["training"], "seed": 2**63 - 2},
-                  "search": {**SMALL["search"], "confirm": {"top": 1, "seeds": 3}}})  # fmt: skip
+    seed = _dump(
+        {
+            **SMALL,
+            "training": {**SMALL["training"], "seed": 2**63 - 2},
+            "search": {**SMALL["search"], "confirm": {"top": 1, "seeds": 3}},
+        }
+    )
     _run_all(tmp_path / "seed", tripwire, [(Variant("confirm-seed", seed, "seed"), {"c.yaml": seed}, [args])])
 
 
 def test_broken_best_yaml_is_refused_by_apply(tmp_path: Path, tripwire: Path) -> None:
     commands = [["apply", "best.yaml", "--dry-run"], ["apply", "best.yaml", "--no-live", "--metrics", "m.jsonl"]]
     _reaches_work(tmp_path, {"best.yaml": _dump(BEST)}, commands[1])
-    vs = variants(BEST, allowed_huge=BEST_HUGE, free_text=BEST_FREE,
-                  skip=frozenset({"provenance.study_name", "provenance.bogus_key"}),  # informative: free-form
-                  root_key="best.yaml")  # fmt: skip
+    vs = variants(
+        BEST,
+        allowed_huge=BEST_HUGE,
+        free_text=BEST_FREE,
+        skip=frozenset({"provenance.study_name", "provenance.bogus_key"}),  # informative: free-form
+        root_key="best.yaml",
+    )
     COUNTS["best"] = len(vs)
     _run_all(tmp_path, tripwire, [(v, {"best.yaml": v.text}, commands) for v in vs])
 
@@ -205,8 +243,14 @@ def test_broken_profiles_are_refused_by_every_reader(tmp_path: Path, tripwire: P
     ]
     for args in commands:
         _reaches_work(tmp_path, {"c.yaml": config, "s.yaml": rst, "p.yaml": _dump(PROFILE)}, args)
-    vs = variants(PROFILE, allowed_huge=frozenset({"p2p.bandwidth_Bps"}), free_text=PROFILE_FREE,
-                  skip=PROFILE_FREE, huge_int=2**64, root_key="profile")  # fmt: skip
+    vs = variants(
+        PROFILE,
+        allowed_huge=frozenset({"p2p.bandwidth_Bps"}),
+        free_text=PROFILE_FREE,
+        skip=PROFILE_FREE,
+        huge_int=2**64,
+        root_key="profile",
+    )
     COUNTS["profile"] = len(vs)
     _run_all(tmp_path, tripwire, [(v, {"c.yaml": config, "s.yaml": rst, "p.yaml": v.text}, commands) for v in vs])
 
@@ -265,8 +309,14 @@ OPTIONS: list[tuple[list[str], str]] = [
 def test_bad_options_are_refused(tmp_path: Path, tripwire: Path) -> None:
     config = _dump(SMALL)
     COUNTS["options"] = len(OPTIONS)
-    cases = [(Variant(" ".join(a), b"", key), {"c.yaml": config}, [[*a, *(["--no-live"] if a[0] in
-              ("train", "search") else [])]]) for a, key in OPTIONS]  # fmt: skip
+    cases = [
+        (
+            Variant(" ".join(a), b"", key),
+            {"c.yaml": config},
+            [[*a, *(["--no-live"] if a[0] in ("train", "search") else [])]],
+        )
+        for a, key in OPTIONS
+    ]
     _run_all(tmp_path, tripwire, cases)
 
 
@@ -291,8 +341,11 @@ def _with_model(entry: str, kwargs: dict[str, Any]) -> bytes:
 def test_units_that_break_the_interface_are_refused_by_every_command(tmp_path: Path, tripwire: Path) -> None:
     for args in CONFIG_COMMANDS:
         _reaches_work(tmp_path, {"c.yaml": _with_model("build_with_gelu", {})}, args)  # a parameter-free unit
-    cases = [(Variant(f"model={name}", text, "model.entry"), {"c.yaml": text}, CONFIG_COMMANDS)
-             for name, entry, kwargs in UNIT_CASES for text in [_with_model(entry, kwargs)]]  # fmt: skip
+    cases = [
+        (Variant(f"model={name}", text, "model.entry"), {"c.yaml": text}, CONFIG_COMMANDS)
+        for name, entry, kwargs in UNIT_CASES
+        for text in [_with_model(entry, kwargs)]
+    ]
     COUNTS["units"] = len(cases)
     _run_all(tmp_path, tripwire, cases)
 
@@ -319,8 +372,14 @@ def test_refusals_end_to_end(tmp_path: Path, case: str, command: str, change: di
     config = tmp_path / "c.yaml"
     config.write_text("" if change is None else yaml.safe_dump({**EXAMPLE, **change}, sort_keys=False))
     extra = ["--no-live"] if command in ("train", "search") else []
-    proc = subprocess.run([sys.executable, "-m", "paci_tune", command, str(config), *extra], capture_output=True,
-                          text=True, cwd=tmp_path, env=cli_env(), timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "paci_tune", command, str(config), *extra],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=cli_env(),
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

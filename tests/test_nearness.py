@@ -50,10 +50,14 @@ def test_eval_far_every_must_be_a_multiple_of_eval_every() -> None:
 
 def _doc(tmp_path: Path, schedule: str, **training: Any) -> dict[str, Any]:
     path = tmp_path / "profile.yaml"
-    make_profile([unit(1e-3, 2e-3, mb=2, opt=5e-4) for _ in range(4)], p2p={"latency_s": 1e-4, "bandwidth_Bps": 1e9},
-                 seq_len=32).save(path)  # fmt: skip
-    return make_config(training={"steps": STEPS, "clock": "rst", "profile": str(path), "eval_every": 1, **training},
-                       lr_schedule=CONSTANT_LR, pipeline={"schedule": schedule, "stages": 3, "window": 2})  # fmt: skip
+    make_profile(
+        [unit(1e-3, 2e-3, mb=2, opt=5e-4) for _ in range(4)], p2p={"latency_s": 1e-4, "bandwidth_Bps": 1e9}, seq_len=32
+    ).save(path)
+    return make_config(
+        training={"steps": STEPS, "clock": "rst", "profile": str(path), "eval_every": 1, **training},
+        lr_schedule=CONSTANT_LR,
+        pipeline={"schedule": schedule, "stages": 3, "window": 2},
+    )
 
 
 def _in_pipeline(records: list[dict[str, Any]]) -> list[tuple[int, float]]:

@@ -229,9 +229,14 @@ def test_paci_equals_an_independent_simulation_of_paci(sizes: list[int], window:
         training={"steps": 10, "global_batch": 8, "eval_every": 1000, "eval_sequences": 2},
         optimizer={"lr": 2e-2},
         lr_schedule=CONSTANT_LR,
-        pipeline={"schedule": "paci", "stages": len(sizes), "window": window, "partition": sizes,
-                  "backward_weights": backward_weights},
-    )  # fmt: skip
+        pipeline={
+            "schedule": "paci",
+            "stages": len(sizes),
+            "window": window,
+            "partition": sizes,
+            "backward_weights": backward_weights,
+        },
+    )
     doc["model"] = {"entry": "test_numerics:linear_units", "block_size": SIM_SEQ}
     got = train_losses(run_in_process(doc))
     want = simulate_paci(doc, sizes)

@@ -35,29 +35,52 @@ SPACE = {"schedules": list(NAMES), "stages": [1, 2, 4], "microbatch_size": [2, 4
 
 def _profile(device: str) -> Profile:
     """Weights heavy against activations, so a budget of a few MiB leaves some layouts over it and some under."""
-    units = [UnitProfile(f"u{i}", UNIT_BYTES, 1e-4, {b: UnitCost(1e-3 * b, 2e-3 * b, 2048 * b, 8192 * b)
-                                                     for b in (2, 4)}) for i in range(4)]  # fmt: skip
+    units = [
+        UnitProfile(f"u{i}", UNIT_BYTES, 1e-4, {b: UnitCost(1e-3 * b, 2e-3 * b, 2048 * b, 8192 * b) for b in (2, 4)})
+        for i in range(4)
+    ]
     return Profile(units, P2PCost(1e-5, 1e9), seq_len=16, device=device)
 
 
 def _write(tmp_path: Path, memory: Any, device: str = "cpu") -> tuple[Path, Path]:
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
     _profile(device).save(tmp_path / "profile.yaml")
-    doc = merge(SEARCH_DOC, {
-        "model": NARROW_MODEL, "data": {"vocab_size": 32, "n_train": 20_000, "n_val": 2_000},
-        "training": {"global_batch": 16},  # a = 4 at P = 2 D = 2 b = 2: DualPipeV's 2P
-        "search": {"space": str(tmp_path / "space.yaml")}, "hardware": {"memory": memory},
-        "budget": {"profile": str(tmp_path / "profile.yaml")},
-    })  # fmt: skip
+    doc = merge(
+        SEARCH_DOC,
+        {
+            "model": NARROW_MODEL,
+            "data": {"vocab_size": 32, "n_train": 20_000, "n_val": 2_000},
+            "training": {"global_batch": 16},  # a = 4 at P = 2 D = 2 b = 2: DualPipeV's 2P
+            "search": {"space": str(tmp_path / "space.yaml")},
+            "hardware": {"memory": memory},
+            "budget": {"profile": str(tmp_path / "profile.yaml")},
+        },
+    )
     path = tmp_path / "model.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path, tmp_path / "profile.yaml"
 
 
 def _simulate(config: Path, profile: Path, q: Any) -> dict[str, Any]:
-    args = ["simulate", str(config), "--profile", str(profile), "--schedule", q.schedule, "--stages", str(q.stages),
-            "--window", str(q.window), "--microbatch-size", str(q.microbatch_size),
-            "--data-parallel", str(q.data_parallel), "--chunks", str(max(q.chunks, 2)), "--json"]  # fmt: skip
+    args = [
+        "simulate",
+        str(config),
+        "--profile",
+        str(profile),
+        "--schedule",
+        q.schedule,
+        "--stages",
+        str(q.stages),
+        "--window",
+        str(q.window),
+        "--microbatch-size",
+        str(q.microbatch_size),
+        "--data-parallel",
+        str(q.data_parallel),
+        "--chunks",
+        str(max(q.chunks, 2)),
+        "--json",
+    ]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
@@ -115,13 +138,21 @@ def test_a_runs_closing_summary_gives_simulates_figure(tmp_path: Path, schedule:
 
     config, profile_path = _write(tmp_path, None)
     run_doc, _ = split_tune_sections(yaml.safe_load(config.read_text()))
-    over = {"pipeline.schedule": schedule, "pipeline.stages": 2, "pipeline.microbatch_size": 2,
-            "pipeline.data_parallel": 1, "training.steps": 2, "training.clock": "sim",
-            "training.profile": str(profile_path), "training.seconds": None}  # fmt: skip
+    over = {
+        "pipeline.schedule": schedule,
+        "pipeline.stages": 2,
+        "pipeline.microbatch_size": 2,
+        "pipeline.data_parallel": 1,
+        "training.steps": 2,
+        "training.clock": "sim",
+        "training.profile": str(profile_path),
+        "training.seconds": None,
+    }
     doc = derive_doc(run_doc, over)
     summary = summary_of(run_in_process(doc))
-    q = type("Q", (), {"schedule": schedule, "stages": 2, "window": 8, "microbatch_size": 2, "data_parallel": 1,
-                       "chunks": 2})  # fmt: skip
+    q = type(
+        "Q", (), {"schedule": schedule, "stages": 2, "window": 8, "microbatch_size": 2, "data_parallel": 1, "chunks": 2}
+    )
     sim = _simulate(config, profile_path, q)["schedules"][schedule]
     assert summary["predicted_peak_bytes"] == sim["peak_memory_bytes"]
     assert format_bytes(summary["predicted_peak_bytes"]) in str(budget_line(summary))

@@ -102,8 +102,9 @@ def test_an_evaluation_under_prediction_scores_the_trained_weights_not_the_extra
 
     torch.manual_seed(0)
     unit = torch.nn.Linear(4, 4)
-    st = Stage(0, 3, [unit], window=1, optimizer=OptimizerConfig(lr=0.1), lr_at=None, device=torch.device("cpu"),
-               predict=2)  # fmt: skip
+    st = Stage(
+        0, 3, [unit], window=1, optimizer=OptimizerConfig(lr=0.1), lr_at=None, device=torch.device("cpu"), predict=2
+    )
     x = torch.randn(2, 4)
     for mb in range(3):
         st.forward(mb, x)
@@ -216,10 +217,18 @@ BAD = [
     ({"pipeline": {"schedule": "gpipe", "stale_lr": 0.5}}, "pipeline.stale_lr"),
     ({"pipeline": {"stage_momentum": 0.5}}, "pipeline.stage_momentum"),  # below AdamW's beta1: it would lower it
     ({"pipeline": {"stale_lr": 1.5}}, "pipeline.stale_lr"),
-    ({"optimizer": {"name": "muon"}, "model": {"entry": "helpers.guide_models:build", "block_size": 32,
-                                               "kwargs": {"n_layer": 0, "vocab_size": 64, "block_size": 32}}},
-     "optimizer.name"),
-]  # fmt: skip
+    (
+        {
+            "optimizer": {"name": "muon"},
+            "model": {
+                "entry": "helpers.guide_models:build",
+                "block_size": 32,
+                "kwargs": {"n_layer": 0, "vocab_size": 64, "block_size": 32},
+            },
+        },
+        "optimizer.name",
+    ),
+]
 
 
 @pytest.mark.parametrize(("change", "key"), BAD, ids=[k for _, k in BAD])
@@ -257,8 +266,12 @@ def test_calibrate_times_every_optimizer_a_search_names() -> None:
     from paci_tune.calibrate.measure import other_optimizer_steps
     from paci_tune.config import OptimizerConfig
 
-    units = [torch.nn.Embedding(16, 8), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.nn.ReLU(),
-             torch.nn.Linear(8, 16)]  # fmt: skip
+    units = [
+        torch.nn.Embedding(16, 8),
+        torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()),
+        torch.nn.ReLU(),
+        torch.nn.Linear(8, 16),
+    ]
     timed = OptimizerConfig(name="adamw")
     wanted = [
         OptimizerConfig(name="muon"),
@@ -266,13 +279,15 @@ def test_calibrate_times_every_optimizer_a_search_names() -> None:
         timed,
         OptimizerConfig(name="muon", ns_steps=3),
     ]
-    steps, note = other_optimizer_steps(timed, wanted, units, [1e-3, 1e-3, 0.0, 1e-3], device=torch.device("cpu"),
-                                        repeats=2, warmup=1)  # fmt: skip
+    steps, note = other_optimizer_steps(
+        timed, wanted, units, [1e-3, 1e-3, 0.0, 1e-3], device=torch.device("cpu"), repeats=2, warmup=1
+    )
     assert [sorted(s) for s in steps] == [["muon", "muon ns_steps=3", "nadam"]] * 4
     assert all(v > 0 for i in (0, 1, 3) for v in steps[i].values()) and set(steps[2].values()) == {0.0}
     assert note is not None and "adamw" in note and "muon" in note
-    assert other_optimizer_steps(timed, [timed], units, [1e-3] * 4, device=torch.device("cpu"), repeats=1,
-                                 warmup=0) == ([{}, {}, {}, {}], None)  # fmt: skip
+    assert other_optimizer_steps(
+        timed, [timed], units, [1e-3] * 4, device=torch.device("cpu"), repeats=1, warmup=0
+    ) == ([{}, {}, {}, {}], None)
 
 
 def test_extend_times_on_the_profiles_threads_and_scales_by_its_own_step(monkeypatch: pytest.MonkeyPatch):

@@ -92,13 +92,18 @@ def test_two_workers_share_a_study_and_one_killed_on_another_host_is_found_by_it
     grace = 15.0
     config = write_search(tmp_path, search={"trials": 3, "heartbeat_grace": grace})
     name = f"pgkill-{os.getpid()}-{tmp_path.name}"
-    cmds = [search_cmd(config, tmp_path, "--storage", postgres_url, "--study-name", name,
-                       "--out", str(tmp_path / f"best{i}.yaml")) for i in range(2)]  # fmt: skip
+    cmds = [
+        search_cmd(
+            config, tmp_path, "--storage", postgres_url, "--study-name", name, "--out", str(tmp_path / f"best{i}.yaml")
+        )
+        for i in range(2)
+    ]
     env = cli_env()
     env.pop("OMP_NUM_THREADS", None)
     cmds[0] = _as_other_host(cmds[0])
-    procs = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for c in cmds]  # fmt: skip
+    procs = [
+        subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds
+    ]
     storage = optuna.storages.RDBStorage(postgres_url)
     victim, killed_at, deadline = None, 0.0, time.monotonic() + 240
     try:

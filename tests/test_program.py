@@ -14,8 +14,13 @@ import pytest
 
 from paci_tune.schedule import OWN_PROGRAM, Op, Program, execution_order, needs_snapshot, stage_actions
 
-CASES = [(sched, p, a, inflight) for sched in OWN_PROGRAM for p in (1, 2, 3, 4, 8) for a in (1, 2, 3, 8)
-         for inflight in (None, 1, 2)]  # fmt: skip
+CASES = [
+    (sched, p, a, inflight)
+    for sched in OWN_PROGRAM
+    for p in (1, 2, 3, 4, 8)
+    for a in (1, 2, 3, 8)
+    for inflight in (None, 1, 2)
+]
 
 
 def _lists(sched: str, p: int, a: int, inflight: int | None, first: int, end: int | None, evals: set[int]) -> list:

@@ -30,7 +30,12 @@ def test_a_trial_written_through_the_record_reads_back_with_the_stored_keys() ->
     assert t.user_attrs["steps"] == 7 and t.user_attrs["predicted_peak_memory_bytes"] is None
     r = TrialRecord.read(t)
     assert (r.worker, r.label, r.data_parallel, r.pruned_step, r.pruned_clock) == (
-        {"host": "here", "pid": 42}, "paci P=2 a=4 b=2", 1, 2, 2.0)  # fmt: skip
+        {"host": "here", "pid": 42},
+        "paci P=2 a=4 b=2",
+        1,
+        2,
+        2.0,
+    )
     assert r.curve == [[1.0, 4.0], [2.0, 3.5]] and r.figure("partition") == [1, 1]
     assert not r.is_extra and not r.is_repeat and not r.infeasible and r.attempt == 0
 
@@ -41,8 +46,11 @@ def test_extra_runs_and_retries_are_queued_in_the_stored_format() -> None:
     Extra(4, factor=2.0).enqueue(study, {})
     Retry(7, 1, {"transfer": {"of": 4, "factor": 2.0}}).enqueue(study, {})
     attrs = [t.user_attrs for t in study.trials]
-    assert attrs == [{"confirm": {"of": 3, "seed": 5}}, {"transfer": {"of": 4, "factor": 2.0}},
-                     {"retry_of": 7, "attempt": 1, "transfer": {"of": 4, "factor": 2.0}}]  # fmt: skip
+    assert attrs == [
+        {"confirm": {"of": 3, "seed": 5}},
+        {"transfer": {"of": 4, "factor": 2.0}},
+        {"retry_of": 7, "attempt": 1, "transfer": {"of": 4, "factor": 2.0}},
+    ]
     conf, long, retry = map(TrialRecord.read, study.trials)
     assert (conf.confirm_of, conf.seed, conf.is_confirmation, conf.is_extra) == (3, 5, True, True)
     assert (long.transfer_of, long.factor, long.is_transfer) == (4, 2.0, True)
@@ -55,15 +63,38 @@ def test_extra_runs_and_retries_are_queued_in_the_stored_format() -> None:
 
 def test_best_yaml_round_trips_through_its_dataclasses(tmp_path: Path) -> None:
     doc = {
-        "recommended": {"schedule": "paci", "stages": 2, "data_parallel": 1, "devices": 2, "window": 4,
-                        "microbatch_size": 2, "partition": [1, 1], "global_batch": 8, "lr": 1e-3, "lr_scale": 1.0,
-                        "backward_weights": "forward", "inflight": None},
-        "evidence": {"trial": "s.paci#0", "time_to_target": 1.0, "reached_target": True, "best_val_loss": 2.0,
-                     "score": 1.0, "clock_used": 3.0, "partition": (1, 1), "steps": 9},
-        "verdict": "paci", "baseline_schedule": None, "comparison": None,
-        "target": {"metric": "val_loss", "value": 2.0}, "budget": {"clock": "sim", "seconds": 3.0, "grid": 3},
-        "provenance": {"study_name": "s"}, "run": {"pipeline": {"schedule": "paci"}},
-    }  # fmt: skip
+        "recommended": {
+            "schedule": "paci",
+            "stages": 2,
+            "data_parallel": 1,
+            "devices": 2,
+            "window": 4,
+            "microbatch_size": 2,
+            "partition": [1, 1],
+            "global_batch": 8,
+            "lr": 1e-3,
+            "lr_scale": 1.0,
+            "backward_weights": "forward",
+            "inflight": None,
+        },
+        "evidence": {
+            "trial": "s.paci#0",
+            "time_to_target": 1.0,
+            "reached_target": True,
+            "best_val_loss": 2.0,
+            "score": 1.0,
+            "clock_used": 3.0,
+            "partition": (1, 1),
+            "steps": 9,
+        },
+        "verdict": "paci",
+        "baseline_schedule": None,
+        "comparison": None,
+        "target": {"metric": "val_loss", "value": 2.0},
+        "budget": {"clock": "sim", "seconds": 3.0, "grid": 3},
+        "provenance": {"study_name": "s"},
+        "run": {"pipeline": {"schedule": "paci"}},
+    }
     best = BestFile.from_doc(doc)
     assert best.recommended.extra == {"inflight": None} and best.evidence is not None and best.evidence.steps == 9
     assert best.comparison is None and best.verdict_record is None and "lr_edges" not in best.keys

@@ -44,27 +44,52 @@ def _curve(reach: float | None, end: float) -> list[list[float]]:
 
 
 def _attrs(p: int, ttt: float | None, end: float, **extra: Any) -> dict[str, Any]:
-    return {"time_to_target": ttt, "best_val_loss": TARGET - 0.01 if ttt else TARGET + 0.2, "curve": _curve(ttt, end),
-            "partition": [4 // p] * p, "wall_seconds": 1.5,
-            "stage_drift": [{"max": drift_bound(s, p, BATCH // 4), "mean": 0.5, "bound": drift_bound(s, p, BATCH // 4)}
-                            for s in range(p)], **extra}  # fmt: skip
+    return {
+        "time_to_target": ttt,
+        "best_val_loss": TARGET - 0.01 if ttt else TARGET + 0.2,
+        "curve": _curve(ttt, end),
+        "partition": [4 // p] * p,
+        "wall_seconds": 1.5,
+        "stage_drift": [
+            {"max": drift_bound(s, p, BATCH // 4), "mean": 0.5, "bound": drift_bound(s, p, BATCH // 4)}
+            for s in range(p)
+        ],
+        **extra,
+    }
 
 
 def _study(storage: str, schedule: str, confirm: dict[int, float]) -> optuna.Study:
     """Search trials: (P=2,b=4) wins; (P=4,b=4), (P=2,b=8) finish slower; (P=4,b=2) pruned; (P=2,b=2) crashed."""
     st = optuna.create_study(study_name=f"rep.{schedule}", storage=storage, direction="minimize")
-    st.set_user_attr("fingerprint", {"space": {"global_batch": BATCH}, "target": TARGET,
-                                     "budget": ["sim", BUDGET, 10]})  # fmt: skip
+    st.set_user_attr("fingerprint", {"space": {"global_batch": BATCH}, "target": TARGET, "budget": ["sim", BUDGET, 10]})
     slow = 1.0 if schedule == "1f1b" else 0.0
     for (p, b), ttt in {(2, 4): 4.0 + slow, (4, 4): 6.0 + slow, (2, 8): 8.0}.items():
-        st.add_trial(create_trial(state=TrialState.COMPLETE, value=ttt, params={"stages": p, "microbatch_size": b},
-                                  distributions=DISTS, user_attrs=_attrs(p, ttt, ttt + 1,
-                                                                         label=f"{schedule} P={p} b={b}")))  # fmt: skip
-    st.add_trial(create_trial(state=TrialState.PRUNED, params={"stages": 4, "microbatch_size": 2}, distributions=DISTS,
-                              intermediate_values={2: 3.0},
-                              user_attrs=_attrs(4, None, 3, pruned_step=2, pruned_clock=3.0)))  # fmt: skip
-    st.add_trial(create_trial(state=TrialState.FAIL, params={"stages": 2, "microbatch_size": 2}, distributions=DISTS,
-                              user_attrs={"fail_reason": "crash: boom (exit 1)"}))  # fmt: skip
+        st.add_trial(
+            create_trial(
+                state=TrialState.COMPLETE,
+                value=ttt,
+                params={"stages": p, "microbatch_size": b},
+                distributions=DISTS,
+                user_attrs=_attrs(p, ttt, ttt + 1, label=f"{schedule} P={p} b={b}"),
+            )
+        )
+    st.add_trial(
+        create_trial(
+            state=TrialState.PRUNED,
+            params={"stages": 4, "microbatch_size": 2},
+            distributions=DISTS,
+            intermediate_values={2: 3.0},
+            user_attrs=_attrs(4, None, 3, pruned_step=2, pruned_clock=3.0),
+        )
+    )
+    st.add_trial(
+        create_trial(
+            state=TrialState.FAIL,
+            params={"stages": 2, "microbatch_size": 2},
+            distributions=DISTS,
+            user_attrs={"fail_reason": "crash: boom (exit 1)"},
+        )
+    )
     st.set_user_attr(PLAN_ATTR, [0])
     for seed, score in confirm.items():
         st.add_trial(
@@ -84,20 +109,30 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """best.yaml of the synthetic search, PACI confirmed at 4 s per seed against flush's 6 s."""
     d = tmp_path_factory.mktemp("report")
     storage = f"sqlite:///{d / 'study.db'}"
-    studies = {"paci": _study(storage, "paci", {1: 4.0, 2: 4.2, 3: 3.8}),
-               "1f1b": _study(storage, "1f1b", {1: 6.0, 2: 6.3, 3: 5.7})}  # fmt: skip
+    studies = {
+        "paci": _study(storage, "paci", {1: 4.0, 2: 4.2, 3: 3.8}),
+        "1f1b": _study(storage, "1f1b", {1: 6.0, 2: 6.3, 3: 5.7}),
+    }
     profile = d / "profile.yaml"
     cost = {"activation_bytes": 100, "saved_bytes": 100}
-    unit = {"param_bytes": 1000, "optimizer_s": 1e-4,
-            "microbatch": {b: {"forward_s": 1e-3 * b, "backward_s": 2e-3 * b, **cost} for b in (2, 4, 8)}}  # fmt: skip
-    Profile.from_dict({"seq_len": 16, "units": [unit] * 4, "p2p": {"latency_s": 0.0, "bandwidth_Bps": 1e12}}
-                      ).save(profile)  # fmt: skip
+    unit = {
+        "param_bytes": 1000,
+        "optimizer_s": 1e-4,
+        "microbatch": {b: {"forward_s": 1e-3 * b, "backward_s": 2e-3 * b, **cost} for b in (2, 4, 8)},
+    }
+    Profile.from_dict({"seq_len": 16, "units": [unit] * 4, "p2p": {"latency_s": 0.0, "bandwidth_Bps": 1e12}}).save(
+        profile
+    )
     best = build_best(
-        studies, run_doc_for=lambda p: {"pipeline": {"schedule": p.schedule}, "training": {"profile": str(profile)}},
-        base_lr=1e-3, fixed_batch=BATCH, target={"metric": "val_loss", "value": TARGET},
+        studies,
+        run_doc_for=lambda p: {"pipeline": {"schedule": p.schedule}, "training": {"profile": str(profile)}},
+        base_lr=1e-3,
+        fixed_batch=BATCH,
+        target={"metric": "val_loss", "value": TARGET},
         budget={"clock": "sim", "seconds": BUDGET, "grid": 10},
-        provenance={"study_name": "rep", "storage": storage, "clock": "sim"}, confirm_seeds=SEEDS,
-    )  # fmt: skip
+        provenance={"study_name": "rep", "storage": storage, "clock": "sim"},
+        confirm_seeds=SEEDS,
+    )
     write_best(d / "best.yaml", best)
     return d / "best.yaml"
 
@@ -128,8 +163,9 @@ def test_each_picture_has_its_content(searched: Path) -> None:
 
     heat = figures.draw_heatmap(ev)
     grids = [ax for ax in heat.axes if ax.images]
-    assert len(grids) == 2 and all(ax.get_ylabel() == "pipeline depth P" and "window" in ax.get_xlabel()
-                                   for ax in grids)  # fmt: skip
+    assert len(grids) == 2 and all(
+        ax.get_ylabel() == "pipeline depth P" and "window" in ax.get_xlabel() for ax in grids
+    )
     cells = grids[0].images[0].get_array()
     assert cells.shape == (2, 3)  # P in {2, 4} x a in {2, 4, 8}
     assert float(cells[0, 1]) == 4.0  # P=2, a=4 (b=4): the winner's score; P=4 b=2 was pruned: blank
@@ -159,8 +195,14 @@ def test_each_picture_has_its_content(searched: Path) -> None:
 @pytest.mark.slow
 def test_report_command_writes_a_page_that_holds_everything(searched: Path, tmp_path: Path) -> None:
     out = tmp_path / "rep"
-    proc = subprocess.run([sys.executable, "-m", "paci_tune.cli", "report", str(searched), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO, env=cli_env())  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "paci_tune.cli", "report", str(searched), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=cli_env(),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Verdict: paci -- PACI wins" in proc.stderr and "crash x1" in proc.stderr
     page = (out / "index.html").read_text()
@@ -206,19 +248,31 @@ def test_a_real_browser_loads_every_image_and_the_verdict(searched: Path, tmp_pa
 
     out = tmp_path / "rep"
     assert CliRunner().invoke(main, ["report", str(searched), "--out", str(out)]).exit_code == 0
-    probe = ("<script>window.addEventListener('load', () => { const im = [...document.images];"
-             " const ok = im.filter(i => i.complete && i.naturalWidth > 0).length;"
-             " const v = document.getElementById('verdict').textContent;"
-             " document.body.insertAdjacentHTML('beforeend', `<pre id=probe>${ok}/${im.length}|${v}</pre>`); });"
-             "</script>")  # fmt: skip
+    probe = (
+        "<script>window.addEventListener('load', () => { const im = [...document.images];"
+        " const ok = im.filter(i => i.complete && i.naturalWidth > 0).length;"
+        " const v = document.getElementById('verdict').textContent;"
+        " document.body.insertAdjacentHTML('beforeend', `<pre id=probe>${ok}/${im.length}|${v}</pre>`); });"
+        "</script>"
+    )
     page = (out / "index.html").read_text()
     harness = out / "probe.html"
     harness.write_text(page.replace("</body>", probe + "</body>"))
     proc = subprocess.run(
-        [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-         "--virtual-time-budget=10000", "--dump-dom", harness.as_uri()],
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        [
+            _browser(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            harness.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     found = re.search(r'<pre id="probe">(\d+)/(\d+)\|([^<]*)</pre>', proc.stdout)
     assert found, proc.stdout[-2000:] + proc.stderr[-2000:]
     ok, total, verdict = int(found[1]), int(found[2]), found[3]

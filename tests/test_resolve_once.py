@@ -76,14 +76,20 @@ def test_apply_resolves_once(tmp_path: Path, calls: Counter[str]) -> None:
     run = make_config(training={"steps": 2})
     p = run["pipeline"]
     best = {
-        "recommended": {"schedule": p["schedule"], "stages": p["stages"], "window": p["window"], "microbatch_size": 2,
-                        "global_batch": run["training"]["global_batch"], "lr": run["optimizer"]["lr"]},
+        "recommended": {
+            "schedule": p["schedule"],
+            "stages": p["stages"],
+            "window": p["window"],
+            "microbatch_size": 2,
+            "global_batch": run["training"]["global_batch"],
+            "lr": run["optimizer"]["lr"],
+        },
         "evidence": {"steps": 2},
         "target": {"metric": "val_loss", "value": 1.0},
         "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
         "provenance": {"study_name": "run"},
         "run": copy.deepcopy(run),
-    }  # fmt: skip
+    }
     (tmp_path / "best.yaml").write_text(yaml.safe_dump(best, sort_keys=False))
     r = _invoke(tmp_path, ["apply", "best.yaml", "--no-live", "--clock", "wall"])
     assert r.exit_code == 0, r.output

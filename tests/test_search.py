@@ -66,8 +66,9 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
         best_search[s] = min(search, key=lambda t: (t.value, t.number))
         conf = [t for t in st.trials if "confirm" in t.user_attrs]
         assert sorted(t.user_attrs["confirm"]["seed"] for t in conf) == [1, 2]
-        assert all(t.user_attrs["confirm"]["of"] == best_search[s].number and t.params == best_search[s].params
-                   for t in conf)  # fmt: skip
+        assert all(
+            t.user_attrs["confirm"]["of"] == best_search[s].number and t.params == best_search[s].params for t in conf
+        )
         assert all(t.state == TrialState.COMPLETE and "pruned_step" not in t.user_attrs for t in conf)
         per_seed[s] = {t.user_attrs["confirm"]["seed"]: t.value for t in conf}
         means[s] = sum(per_seed[s].values()) / 2
@@ -110,8 +111,20 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     trial_dir = tmp_path / "work" / "trials" / f"model.{schedule}" / f"trial-{trial.number:04d}"
     want = _metrics_losses(trial_dir / "metrics.jsonl")
     replayed = tmp_path / "replay.jsonl"
-    applied = run([sys.executable, "-m", "paci_tune.cli", "apply", str(tmp_path / "best.yaml"), "--no-live",
-                   "--metrics", str(replayed), "--checkpoint-dir", str(tmp_path / "replay-ckpt")])  # fmt: skip
+    applied = run(
+        [
+            sys.executable,
+            "-m",
+            "paci_tune.cli",
+            "apply",
+            str(tmp_path / "best.yaml"),
+            "--no-live",
+            "--metrics",
+            str(replayed),
+            "--checkpoint-dir",
+            str(tmp_path / "replay-ckpt"),
+        ]
+    )
     check_ok(applied)
     assert _metrics_losses(replayed)[: len(want)] == want
     assert f"the search's verdict: {best['verdict']} -- " in applied.stderr  # apply reads the comparison back
@@ -134,8 +147,22 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     assert not (tmp_path / "best-checkpoints").exists(), "a dry run trains nothing"
 
     metrics = tmp_path / "apply.jsonl"
-    check_ok(run([sys.executable, "-m", "paci_tune.cli", "apply", str(tmp_path / "best.yaml"), "--steps", "4",
-                  "--no-live", "--metrics", str(metrics)]))  # fmt: skip
+    check_ok(
+        run(
+            [
+                sys.executable,
+                "-m",
+                "paci_tune.cli",
+                "apply",
+                str(tmp_path / "best.yaml"),
+                "--steps",
+                "4",
+                "--no-live",
+                "--metrics",
+                str(metrics),
+            ]
+        )
+    )
     s = summary_of(read_metrics(metrics))
     assert s["steps"] == 4 and s["schedule"] == rec["schedule"] and s["window"] == rec["window"]
     assert (tmp_path / "best-checkpoints").is_dir()
@@ -169,9 +196,14 @@ def test_pruning_stops_the_trial_process(tmp_path: Path) -> None:
     from paci_tune.tune.space import load_space
     from paci_tune.tune.study import open_studies
 
-    config = write_search(tmp_path, budget={"clock": "wall", "seconds": 30.0, "grid": 10}, training={"eval_every": 5},
-                          hardware={"runtime": "emulated", "devices": 2}, search={"trials": 1},
-                          target={"value": 0.01})  # fmt: skip
+    config = write_search(
+        tmp_path,
+        budget={"clock": "wall", "seconds": 30.0, "grid": 10},
+        training={"eval_every": 5},
+        hardware={"runtime": "emulated", "devices": 2},
+        search={"trials": 1},
+        target={"value": 0.01},
+    )
     tune = load_tune_config(read_yaml(config))
     space = load_space(str(tmp_path / "space.yaml"), global_batch=8, n_units=4, max_stages=2)
     storage = optuna.storages.InMemoryStorage()
@@ -216,8 +248,14 @@ def _children_of(pid: int, server: bool = False) -> list[int]:
 def test_sigkill_mid_trial_then_resume(tmp_path: Path) -> None:
     config = write_search(tmp_path, search={"trials": 2})
     storage = f"sqlite:///{tmp_path / 'work' / 'study.db'}"
-    proc = subprocess.Popen(search_cmd(config, tmp_path), cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        search_cmd(config, tmp_path),
+        cwd=REPO,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     # Kill once a trial has finished and another one's process is alive. Polls must be cheap (one
     # storage object, a /proc scan): a trial lives a few seconds, and a loaded CI machine once let
     # a poll that reopened the storage every time miss every window.
@@ -245,15 +283,26 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path) -> None:
         if proc.poll() is None:
             kill_tree(proc)
     # The trial the kill interrupted is the one left RUNNING in the storage.
-    running = next(((s, t) for s, st in studies(storage).items() for t in st.trials
-                    if t.state == TrialState.RUNNING and "repeat_of" not in t.user_attrs), None)  # fmt: skip
+    running = next(
+        (
+            (s, t)
+            for s, st in studies(storage).items()
+            for t in st.trials
+            if t.state == TrialState.RUNNING and "repeat_of" not in t.user_attrs
+        ),
+        None,
+    )
     assert running is not None, "the killed search left no running trial behind"
     deadline = time.monotonic() + 20
     while _children_of(proc.pid, server=True) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _children_of(proc.pid, server=True), "the trial (or its fork server) outlived its killed search"
-    before = {(s, t.number): (t.state, t.value) for s, st in studies(storage).items() for t in st.trials
-              if t.state.is_finished()}  # fmt: skip
+    before = {
+        (s, t.number): (t.state, t.value)
+        for s, st in studies(storage).items()
+        for t in st.trials
+        if t.state.is_finished()
+    }
 
     check_ok(run(search_cmd(config, tmp_path)))
     after = studies(storage)
@@ -339,8 +388,19 @@ def test_workers_starting_together_on_a_fresh_sqlite_file_both_open_it(tmp_path:
 def test_two_workers_share_one_journal_file(tmp_path: Path) -> None:
     config = write_search(tmp_path, search={"trials": 3})
     journal = tmp_path / "study.log"
-    cmds = [search_cmd(config, tmp_path, "--storage", f"journal://{journal}", "--study-name", "shared",
-                       "--out", str(tmp_path / f"best{i}.yaml")) for i in range(2)]  # fmt: skip
+    cmds = [
+        search_cmd(
+            config,
+            tmp_path,
+            "--storage",
+            f"journal://{journal}",
+            "--study-name",
+            "shared",
+            "--out",
+            str(tmp_path / f"best{i}.yaml"),
+        )
+        for i in range(2)
+    ]
     done = run_workers(cmds, timeout=400)
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
     workers = set()

@@ -39,8 +39,11 @@ def _config(tmp: Path, space: dict[str, Any], **sections: dict[str, Any]) -> Pat
     m = quick_search()
     (tmp / "space.yaml").write_text(yaml.safe_dump(space))
     (tmp / "profile.yaml").write_text(yaml.safe_dump(m.QUICK_PROFILE))
-    doc = {**m.QUICK, "search": {**m.QUICK["search"], "space": str(tmp / "space.yaml")},
-           "budget": {**m.QUICK["budget"], "profile": str(tmp / "profile.yaml")}}  # fmt: skip
+    doc = {
+        **m.QUICK,
+        "search": {**m.QUICK["search"], "space": str(tmp / "space.yaml")},
+        "budget": {**m.QUICK["budget"], "profile": str(tmp / "profile.yaml")},
+    }
     for k, v in sections.items():
         doc[k] = {**doc.get(k, {}), **v}
     path = tmp / "quick.yaml"
@@ -75,8 +78,10 @@ def test_zb_h1_is_tuned_like_flush_and_the_strongest_baseline_is_named(tmp_path:
         extra = ("confirm", "transfer")  # confirmation and transfer-check runs (tune/record.py's keys)
         return [t for t in study.trials if t.state.is_finished() and not any(k in t.user_attrs for k in extra)]
 
-    trained = {s: [t for t in search_trials(st) if "repeat_of" not in t.user_attrs and
-                   "infeasible" not in t.user_attrs] for s, st in studies.items()}  # fmt: skip
+    trained = {
+        s: [t for t in search_trials(st) if "repeat_of" not in t.user_attrs and "infeasible" not in t.user_attrs]
+        for s, st in studies.items()
+    }
     assert {s: len(t) for s, t in trained.items()} == dict.fromkeys(SCHEDULES, TRIALS), proc.stderr[-2000:]
 
     # The strongest baseline: the lowest best search draw among the synchronous studies, reported on fresh seeds.
@@ -85,8 +90,11 @@ def test_zb_h1_is_tuned_like_flush_and_the_strongest_baseline_is_named(tmp_path:
         done = [t for t in trained[s] if t.state == TrialState.COMPLETE and t.value is not None]
         drawn[s] = min(done, key=lambda t: (t.value, t.number))
     strongest = min(("1f1b", "zb-h1"), key=lambda s: (drawn[s].value, s != "1f1b"))
-    conf = [t.value if t.value is not None else math.inf for t in studies[strongest].trials
-            if "confirm" in t.user_attrs and t.user_attrs["confirm"]["of"] == drawn[strongest].number]  # fmt: skip
+    conf = [
+        t.value if t.value is not None else math.inf
+        for t in studies[strongest].trials
+        if "confirm" in t.user_attrs and t.user_attrs["confirm"]["of"] == drawn[strongest].number
+    ]
     assert conf, f"{strongest} has no confirmation runs"
     c = best["comparison"]
     assert best["baseline_schedule"] == strongest == c["baseline"]["schedule"], (drawn, best)
@@ -136,20 +144,28 @@ def test_a_wall_clock_search_trains_zb_h1_and_interleaved_for_real(tmp_path: Pat
         assert summary["numerics_schedule"] == summary["schedule"] == s
         assert len(summary["stages"]) == (4 if s == "interleaved" else 2), s
     storage = f"sqlite:///{tmp_path / 'work' / 'study.db'}"
-    counts = {s: sum(t.state.is_finished() for t in optuna.load_study(study_name=f"quick.{s}", storage=storage).trials)
-              for s in schedules}  # fmt: skip
+    counts = {
+        s: sum(t.state.is_finished() for t in optuna.load_study(study_name=f"quick.{s}", storage=storage).trials)
+        for s in schedules
+    }
     assert counts == dict.fromkeys(schedules, 1), counts
 
 
 @pytest.mark.parametrize(
     ("space", "sections", "key"),
     [
-        ({"schedules": ["paci", "interleaved"], "stages": [2], "microbatch_size": [2], "chunks": [1]}, {},
-         "space.chunks"),
-        ({"schedules": ["paci", "zb-h1"], "stages": [2], "microbatch_size": [2]},  # zb-h1 runs for real only
-         {"budget": {"clock": "wall"}, "hardware": {"runtime": "emulated"}}, "space.schedules"),  # distributed
+        (
+            {"schedules": ["paci", "interleaved"], "stages": [2], "microbatch_size": [2], "chunks": [1]},
+            {},
+            "space.chunks",
+        ),
+        (
+            {"schedules": ["paci", "zb-h1"], "stages": [2], "microbatch_size": [2]},  # zb-h1 runs for real only
+            {"budget": {"clock": "wall"}, "hardware": {"runtime": "emulated"}},  # distributed
+            "space.schedules",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_space_the_tool_cannot_run_exits_2_naming_the_key(
     tmp_path: Path, space: dict[str, Any], sections: dict[str, Any], key: str
 ) -> None:

@@ -86,8 +86,15 @@ def test_a_checkpoint_that_would_run_code_is_refused_before_any_work(tmp_path: P
         _refused(run_cli(run_yaml, "--checkpoint-dir", root, "--resume"), "--resume", stage, marker)
     else:
         config = write_search(tmp_path, search={"warm_start": {"checkpoint": str(root)}})
-        proc = subprocess.run(search_cmd(config, tmp_path), capture_output=True, text=True, timeout=300, cwd=REPO,
-                              env=cli_env(), check=False)  # fmt: skip
+        proc = subprocess.run(
+            search_cmd(config, tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+            env=cli_env(),
+            check=False,
+        )
         _refused(proc, "search.warm_start.checkpoint", stage, marker)
         assert not (tmp_path / "work" / "study.db").exists(), "the storage was opened before the refusal"
 
@@ -175,7 +182,13 @@ def test_a_url_is_shown_and_kept_as_sqlalchemy_reads_it_without_its_password(url
     kept = make_url(without_password(url))
     assert kept.password is None
     assert (kept.drivername, kept.username, kept.host, kept.port, kept.database, dict(kept.query)) == (
-        parsed.drivername, parsed.username, parsed.host, parsed.port, parsed.database, dict(parsed.query))  # fmt: skip
+        parsed.drivername,
+        parsed.username,
+        parsed.host,
+        parsed.port,
+        parsed.database,
+        dict(parsed.query),
+    )
 
 
 def test_a_password_in_the_query_is_hidden_too_and_scrubbed_wherever_it_turns_up() -> None:
@@ -204,8 +217,16 @@ def test_nothing_in_the_package_unpickles() -> None:
     pkg = REPO / "paci_tune"
     for f in pkg.rglob("*.py"):
         text = f.read_text()
-        for needle in ("weights_only=False", "pickle.load", "all_gather_object(", "broadcast_object_list(",
-                       "recv_object_list(", "yaml.unsafe_load", "yaml.full_load", "np.load("):  # fmt: skip
+        for needle in (
+            "weights_only=False",
+            "pickle.load",
+            "all_gather_object(",
+            "broadcast_object_list(",
+            "recv_object_list(",
+            "yaml.unsafe_load",
+            "yaml.full_load",
+            "np.load(",
+        ):
             assert needle not in text, f"{f.relative_to(REPO)} uses {needle}"
         for line in text.splitlines():
             if "yaml.load(" in line:
@@ -304,22 +325,33 @@ def test_a_search_on_postgresql_never_shows_writes_or_hands_on_its_password(tmp_
     best = tmp_path / "best.yaml"
     _clean(best.read_text(), "best.yaml")
     kept = make_url(yaml.safe_load(best.read_text())["provenance"]["storage"])
-    assert kept.password is None and (kept.host, kept.port, kept.database) == ("127.0.0.1", password_server.port,
-                                                                                  "paci")  # fmt: skip
+    assert kept.password is None and (kept.host, kept.port, kept.database) == (
+        "127.0.0.1",
+        password_server.port,
+        "paci",
+    )
     for f in (tmp_path / "work").rglob("*"):
         if f.is_file():
             _clean(f.read_bytes().decode(errors="replace"), str(f))
 
     # The URL in the environment instead of on the command line: the same search resumes (nothing left to run).
-    again = subprocess.run(search_cmd(config, tmp_path, "--study-name", HTML_NAME), cwd=REPO, capture_output=True,
-                           text=True, timeout=300, env={**env, STORAGE_ENV: url}, check=False)  # fmt: skip
+    again = subprocess.run(
+        search_cmd(config, tmp_path, "--study-name", HTML_NAME),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, STORAGE_ENV: url},
+        check=False,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     _clean(again.stdout + again.stderr, "the resumed search's output")
 
     def report(out: str, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "paci_tune.cli", "report", str(best), "--out", str(tmp_path / out)]
-        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**env, **extra_env},
-                              check=False)  # fmt: skip
+        return subprocess.run(
+            cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**env, **extra_env}, check=False
+        )
 
     refused = report("rep0", {})  # best.yaml alone cannot open it: the server wants the password
     assert refused.returncode == 1 and "password" in refused.stderr, refused.stderr[-2000:]
@@ -339,8 +371,9 @@ def test_a_report_page_escapes_what_users_named(tmp_path: Path) -> None:
     from paci_tune.report.summary import Table
 
     evil = "<script>alert(1)</script>"
-    page = write_page(tmp_path / "index.html", title=evil, verdict=evil,
-                      tables=[Table(evil, [evil], [[evil]])], pictures=[]).read_text()  # fmt: skip
+    page = write_page(
+        tmp_path / "index.html", title=evil, verdict=evil, tables=[Table(evil, [evil], [[evil]])], pictures=[]
+    ).read_text()
     assert "<script>" not in page and page.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 6
 
 

@@ -33,8 +33,12 @@ SPACE = {"schedules": ["paci", "1f1b"], "stages": [1, 2], "microbatch_size": [2]
 def _search(tmp: Path) -> tuple[Path, dict[str, optuna.Study]]:
     (tmp / "space.yaml").write_text(yaml.safe_dump(SPACE))
     # A grid: every point once. Flush's two layouts are one curve, and PACI at P = 1 is flush's too.
-    config = write_search(tmp, search={"trials": 2, "sampler": "grid", "pruner": "none"},
-                          budget={"seconds": 0.3, "grid": 3}, training={"eval_sequences": 16})  # fmt: skip
+    config = write_search(
+        tmp,
+        search={"trials": 2, "sampler": "grid", "pruner": "none"},
+        budget={"seconds": 0.3, "grid": 3},
+        training={"eval_sequences": 16},
+    )
     check_ok(run(search_cmd(config, tmp), timeout=600))
     return config, studies(f"sqlite:///{tmp / 'work' / 'study.db'}")
 
@@ -82,8 +86,9 @@ def test_a_bench_trains_each_curve_once_and_reads_each_layout_as_its_own_run(tmp
     import simrun
 
     profile = tmp_path / "profile.yaml"
-    make_profile([unit(1e-3, 2e-3, mb=2, opt=5e-4) for _ in range(4)], p2p={"latency_s": 1e-4, "bandwidth_Bps": 1e9},
-                 seq_len=32).save(profile)  # fmt: skip
+    make_profile(
+        [unit(1e-3, 2e-3, mb=2, opt=5e-4) for _ in range(4)], p2p={"latency_s": 1e-4, "bandwidth_Bps": 1e9}, seq_len=32
+    ).save(profile)
     base = make_config(training={"global_batch": 8, "eval_sequences": 16})
     seconds, grid = 0.12, 4
     layouts = [("1f1b", 2, 1, 2, {}), ("1f1b", 2, 1, 4, {}), ("zb-h1", 2, 1, 4, {})]
@@ -100,8 +105,11 @@ def test_a_bench_trains_each_curve_once_and_reads_each_layout_as_its_own_run(tmp
         fresh_doc["training"].update({"eval_every": row["eval_every"], "eval_every_seconds": None})
         fresh_doc["data"]["draw"] = "sequence"
         every = row["eval_every"]
-        fresh = [(r["clock"], r["val_loss"]) for r in run_in_process(fresh_doc)
-                 if r.get("event") == "eval" and r["step"] % every == 0 and not r.get("drained")]  # fmt: skip
+        fresh = [
+            (r["clock"], r["val_loss"])
+            for r in run_in_process(fresh_doc)
+            if r.get("event") == "eval" and r["step"] % every == 0 and not r.get("drained")
+        ]
         assert len(fresh) == len(row["curve"]) > 1, (schedule, a)
         for (c, v), (c2, v2) in zip(row["curve"], fresh, strict=True):
             assert abs(c - c2) <= 1e-6 and abs(v - v2) <= TOL, (schedule, a, row["curve"], fresh)

@@ -35,9 +35,12 @@ SPACE = {"schedules": ["1f1b", "paci"], "stages": [1, 2], "microbatch_size": [2,
 def _search(tmp: Path, every_layout: bool) -> tuple[Path, dict[str, optuna.Study]]:
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "space.yaml").write_text(yaml.safe_dump(SPACE))
-    config = write_search(tmp, search={"trials": 1, "sampler": "random", "pruner": "none", "seed": 3,
-                                       "every_layout": every_layout},
-                          budget={"seconds": 0.3, "grid": 3}, training={"eval_sequences": 16})  # fmt: skip
+    config = write_search(
+        tmp,
+        search={"trials": 1, "sampler": "random", "pruner": "none", "seed": 3, "every_layout": every_layout},
+        budget={"seconds": 0.3, "grid": 3},
+        training={"eval_sequences": 16},
+    )
     check_ok(run(search_cmd(config, tmp), timeout=600))
     return config, studies(f"sqlite:///{tmp / 'work' / 'study.db'}")
 
@@ -55,8 +58,7 @@ def test_a_study_holds_every_layout_of_each_curve_it_trained(tmp_path: Path) -> 
     assert len(sampled) == 1 and counted(flush.get_trials(), 1) == 1  # the queued layouts use no quota
 
     def key(params: dict) -> str | None:  # the point's run as its own trial trains it, from the space alone
-        return numerics_key(derive_run(search.trial_doc(search.space.suggest(optuna.trial.FixedTrial(params),
-                                                                             "1f1b"))))  # fmt: skip
+        return numerics_key(derive_run(search.trial_doc(search.space.suggest(optuna.trial.FixedTrial(params), "1f1b"))))
 
     grid = [search.space.params_of(q) for q in search.space.grid("1f1b")]
     assert len(grid) == 3

@@ -64,9 +64,24 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _ratio(config: Path, profile: Path, schedule: str, metrics: Path) -> tuple[float, str]:
     """sim/measured step time of one distributed run, and a line describing it."""
     proc = run_cli(
-        config, "--runtime", "distributed", "--stages", "2", "--schedule", schedule, "--steps", str(STEPS),
-        "--eval-every", "1000", "--clock", "rst", "--profile", profile, "--metrics", metrics,
-    )  # fmt: skip
+        config,
+        "--runtime",
+        "distributed",
+        "--stages",
+        "2",
+        "--schedule",
+        schedule,
+        "--steps",
+        str(STEPS),
+        "--eval-every",
+        "1000",
+        "--clock",
+        "rst",
+        "--profile",
+        profile,
+        "--metrics",
+        metrics,
+    )
     check_ok(proc)
     s = summary_of(read_metrics(metrics))
     measured, simulated = s["pipeline_seconds"] / s["steps"], s["clock"] / s["steps"]
@@ -94,10 +109,20 @@ def _timing_spec(**changes: Any) -> dict[str, Any]:
 
     cfg = load_run_config(copy.deepcopy(DOC))
     spec = {
-        "model": cfg.model, "vocab_size": 256, "n_classes": 256, "seed": 0, "sizes": [2], "device": "cpu",
-        "dtype": "fp32", "threads": 1, "window": 4, "inflight": 2, "repeats": 1, "warmup": 0,
+        "model": cfg.model,
+        "vocab_size": 256,
+        "n_classes": 256,
+        "seed": 0,
+        "sizes": [2],
+        "device": "cpu",
+        "dtype": "fp32",
+        "threads": 1,
+        "window": 4,
+        "inflight": 2,
+        "repeats": 1,
+        "warmup": 0,
         "optimizer": asdict(cfg.optimizer),
-    }  # fmt: skip
+    }
     return {**spec, **changes}
 
 

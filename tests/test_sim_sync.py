@@ -167,8 +167,14 @@ def test_old_profiles_load_with_a_derived_split() -> None:
 
 def test_a_measured_split_round_trips_interpolates_and_scales(tmp_path) -> None:
     units = [split_unit(1.0, 1.2, 0.9)]
-    units[0]["microbatch"][4] = {"forward_s": 4.0, "backward_s": 8.0, "activation_bytes": 4000, "saved_bytes": 20000,
-                                 "backward_input_s": 4.8, "backward_weight_s": 3.6}  # fmt: skip
+    units[0]["microbatch"][4] = {
+        "forward_s": 4.0,
+        "backward_s": 8.0,
+        "activation_bytes": 4000,
+        "saved_bytes": 20000,
+        "backward_input_s": 4.8,
+        "backward_weight_s": 3.6,
+    }
     prof = make_profile(units)
     path = tmp_path / "p.yaml"
     prof.save(path)

@@ -50,8 +50,11 @@ def step_times(layout: Layout, tied: list[dict[str, Any]], n_units: int = 4) -> 
     """(average, steady) step time added by ``tied``, and the untied profile's step time."""
     untied = simulate(layout, Profile.from_dict(doc(n_units)), 8)
     with_tie = simulate(layout, Profile.from_dict(doc(n_units, tied)), 8)
-    return (with_tie.step_time_s - untied.step_time_s, with_tie.steady_step_time_s - untied.steady_step_time_s,
-            untied.step_time_s)  # fmt: skip
+    return (
+        with_tie.step_time_s - untied.step_time_s,
+        with_tie.steady_step_time_s - untied.steady_step_time_s,
+        untied.step_time_s,
+    )
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
@@ -159,8 +162,16 @@ def test_calibrate_records_the_tied_embedding(tmp_path) -> None:
     from paci_tune.config import load_config
 
     cfg = load_config(write_config(tmp_path, doc_for("1f1b", [3, 3], entry="build_tied", n_layer=1)))
-    prof = calibrate(cfg, microbatch_sizes=[2], repeats=1, warmup=0, threads=1, processes=1,
-                     p2p=P2PCost(0.0, math.inf), allreduce=False)  # fmt: skip
+    prof = calibrate(
+        cfg,
+        microbatch_sizes=[2],
+        repeats=1,
+        warmup=0,
+        threads=1,
+        processes=1,
+        p2p=P2PCost(0.0, math.inf),
+        allreduce=False,
+    )
     assert prof.n_units == 3
     assert prof.tied == [TiedGroup((0, 2), 4 * 64 * 32)]
     assert Profile.from_dict(prof.to_dict()).tied == prof.tied

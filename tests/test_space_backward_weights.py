@@ -75,10 +75,21 @@ def test_a_space_without_the_key_leaves_the_run_its_own_value(tmp_path: Path, ab
 
 @pytest.mark.parametrize(
     "bad",
-    [[], "forward", "current", ["stale"], ["forward", "stale"], [True], [1], ["forward", None], [["forward"]],
-     {"forward": 1}, 0],
+    [
+        [],
+        "forward",
+        "current",
+        ["stale"],
+        ["forward", "stale"],
+        [True],
+        [1],
+        ["forward", None],
+        [["forward"]],
+        {"forward": 1},
+        0,
+    ],
     ids=repr,
-)  # fmt: skip
+)
 def test_bad_values_are_refused_naming_the_key_the_value_and_the_choices(tmp_path: Path, bad: Any) -> None:
     with pytest.raises(ConfigError) as e:
         _space(tmp_path, backward_weights=bad)
@@ -99,10 +110,16 @@ def test_a_bad_value_ends_paci_tune_search_with_exit_2_and_one_line(
 
     monkeypatch.setattr(search.Search, "run", no_work)  # tripwires: nothing may be measured or trained
     monkeypatch.setattr(session, "profile_for", no_work)
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump({**BASE_SPACE, "microbatch_size": [2], "backward_weights":
-                                                     ["forward", "stale"]}))  # fmt: skip
-    doc = {**make_config(), "target": {"value": 2.0}, "budget": {"clock": "sim", "seconds": 1.0, "grid": 2},
-           "hardware": {"devices": 2}, "search": {"space": str(tmp_path / "s.yaml"), "trials": 1}}  # fmt: skip
+    (tmp_path / "s.yaml").write_text(
+        yaml.safe_dump({**BASE_SPACE, "microbatch_size": [2], "backward_weights": ["forward", "stale"]})
+    )
+    doc = {
+        **make_config(),
+        "target": {"value": 2.0},
+        "budget": {"clock": "sim", "seconds": 1.0, "grid": 2},
+        "hardware": {"devices": 2},
+        "search": {"space": str(tmp_path / "s.yaml"), "trials": 1},
+    }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc))
     r = CliRunner().invoke(main, ["search", str(tmp_path / "c.yaml"), "--no-live", "--workdir", str(tmp_path / "w")])
     assert r.exit_code == 2, r.stderr[-2000:]
@@ -152,8 +169,10 @@ def test_the_paci_study_suggests_both_values_and_the_flush_study_never_the_dimen
 
 def test_a_grid_search_queues_both_values_for_paci_only(tmp_path: Path) -> None:
     space = _space(tmp_path, backward_weights=["forward", "current"])
-    for schedule, want in (("paci", {(b, w) for b in (4, 8) for w in ("forward", "current")}),
-                           ("1f1b", {(4, None), (8, None)})):  # fmt: skip
+    for schedule, want in (
+        ("paci", {(b, w) for b in (4, 8) for w in ("forward", "current")}),
+        ("1f1b", {(4, None), (8, None)}),
+    ):
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
         enqueue_grid(study, space, schedule, seed=3)
         got = set()
@@ -183,8 +202,13 @@ def test_one_choice_fixes_every_paci_trial_without_a_dimension(tmp_path: Path, v
 
 
 # ------------------------------------------------------------------------------ the trial's run
-SEARCH_DOC = {**make_config(), "target": {"value": 2.0}, "budget": {"clock": "sim", "seconds": 1.0, "grid": 2},
-              "hardware": {"devices": 2}, "search": {"trials": 1}}  # fmt: skip
+SEARCH_DOC = {
+    **make_config(),
+    "target": {"value": 2.0},
+    "budget": {"clock": "sim", "seconds": 1.0, "grid": 2},
+    "hardware": {"devices": 2},
+    "search": {"trials": 1},
+}
 """A search over the test GPT: global batch 8, P=2 a=4 b=2 as written, two devices."""
 
 
@@ -214,8 +238,10 @@ def test_the_start_point_is_the_files_value_in_a_study_that_tunes_it(tmp_path: P
         studies = {s: optuna.create_study(study_name=s) for s in space.schedules}
         enqueue_start_points(tune, space, studies)
         queued = {s: [t.system_attrs.get("fixed_params") for t in st.trials] for s, st in studies.items()}
-        assert queued == {"paci": [{"stages": 2, "microbatch_size": 2, **paci_param}],
-                          "1f1b": [{"stages": 2, "microbatch_size": 2}]}  # fmt: skip
+        assert queued == {
+            "paci": [{"stages": 2, "microbatch_size": 2, **paci_param}],
+            "1f1b": [{"stages": 2, "microbatch_size": 2}],
+        }
 
 
 class _StubRunner:
@@ -246,17 +272,27 @@ def test_a_search_runs_stores_and_recommends_the_value(tmp_path: Path, given: li
     runner = _StubRunner()
     search = Search(tune, space, studies, runner, tmp_path, None)  # type: ignore[arg-type]
     search.run()
-    ran = {(j.params.schedule, j.params.microbatch_size, j.run_doc["pipeline"].get("backward_weights"))
-           for j in runner.jobs}  # fmt: skip
+    ran = {
+        (j.params.schedule, j.params.microbatch_size, j.run_doc["pipeline"].get("backward_weights"))
+        for j in runner.jobs
+    }
     want = {("paci", b, w) for b in (2, 4) for w in given} | {("1f1b", b, None) for b in (2, 4)}
     assert ran == want  # every PACI run has the point's value; no flush run sets it
     for t in studies["paci"].trials:
         stored = t.params.get("backward_weights", t.user_attrs.get("backward_weights"))
         assert stored in given and ("backward_weights" in t.params) == (len(given) == 2)
-    assert all("backward_weights" not in t.params and "backward_weights" not in t.user_attrs
-               for t in studies["1f1b"].trials)  # fmt: skip
-    best = build_best(studies, run_doc_for=search.trial_doc, base_lr=float(tune.run.optimizer.lr), fixed_batch=8,
-                      target={}, budget={}, provenance={})  # fmt: skip
+    assert all(
+        "backward_weights" not in t.params and "backward_weights" not in t.user_attrs for t in studies["1f1b"].trials
+    )
+    best = build_best(
+        studies,
+        run_doc_for=search.trial_doc,
+        base_lr=float(tune.run.optimizer.lr),
+        fixed_batch=8,
+        target={},
+        budget={},
+        provenance={},
+    )
     assert best["recommended"]["schedule"] == "paci" and best["recommended"]["backward_weights"] == "current"
     assert derive_run(best["run"]).pipeline.backward_weights == "current"
 
@@ -276,8 +312,7 @@ def _trial(value: float, b: int, backward_weights: str | None = None, *, as_attr
     elif backward_weights is not None:
         params["backward_weights"] = backward_weights
         dists["backward_weights"] = CategoricalDistribution(["forward", "current"])
-    return create_trial(state=TrialState.COMPLETE, value=value, params=params, distributions=dists,
-                        user_attrs=attrs)  # fmt: skip
+    return create_trial(state=TrialState.COMPLETE, value=value, params=params, distributions=dists, user_attrs=attrs)
 
 
 def _studies(paci: list[FrozenTrial], flush: list[FrozenTrial]) -> dict[str, optuna.Study]:
@@ -291,10 +326,14 @@ def _studies(paci: list[FrozenTrial], flush: list[FrozenTrial]) -> dict[str, opt
 
 def _best_file(tmp_path: Path, studies: dict[str, optuna.Study], run: dict[str, Any] = RUN) -> Path:
     doc = build_best(
-        studies, run_doc_for=lambda p: derive_doc(copy.deepcopy(run), p.overrides()), base_lr=6.0e-4, fixed_batch=8,
-        target={"metric": "val_loss", "value": 3.0}, budget={"clock": "sim", "seconds": 5.0, "grid": 4},
+        studies,
+        run_doc_for=lambda p: derive_doc(copy.deepcopy(run), p.overrides()),
+        base_lr=6.0e-4,
+        fixed_batch=8,
+        target={"metric": "val_loss", "value": 3.0},
+        budget={"clock": "sim", "seconds": 5.0, "grid": 4},
         provenance={"study_name": "t"},
-    )  # fmt: skip
+    )
     path = tmp_path / "best.yaml"
     write_best(path, doc)
     return path

@@ -25,21 +25,33 @@ from paci_tune.tune.narrow import skip_incompatible
 from paci_tune.tune.recipes import optimizer_recipes, recipe_overrides, staleness_recipes
 from paci_tune.tune.space import SearchSpace, load_space
 
-OPT = {"name": ["adamw", "nadam", "muon"], "betas": [[0.9, 0.95], [0.99, 0.999]], "momentum_decay": [0.004, 0.04],
-       "momentum": [0.95]}  # fmt: skip
+OPT = {
+    "name": ["adamw", "nadam", "muon"],
+    "betas": [[0.9, 0.95], [0.99, 0.999]],
+    "momentum_decay": [0.004, 0.04],
+    "momentum": [0.95],
+}
 STALE = {"stage_momentum": [None, 0.995], "predict_weights": [False, True]}
 
 
 def test_the_recipes_are_the_product_of_what_each_optimizer_reads() -> None:
     assert optimizer_recipes(OPT) == (
-        "adamw betas=0.9,0.95", "adamw betas=0.99,0.999",
-        "nadam betas=0.9,0.95 momentum_decay=0.004", "nadam betas=0.9,0.95 momentum_decay=0.04",
-        "nadam betas=0.99,0.999 momentum_decay=0.004", "nadam betas=0.99,0.999 momentum_decay=0.04",
-        "muon momentum=0.95 betas=0.9,0.95", "muon momentum=0.95 betas=0.99,0.999",
-    )  # fmt: skip
+        "adamw betas=0.9,0.95",
+        "adamw betas=0.99,0.999",
+        "nadam betas=0.9,0.95 momentum_decay=0.004",
+        "nadam betas=0.9,0.95 momentum_decay=0.04",
+        "nadam betas=0.99,0.999 momentum_decay=0.004",
+        "nadam betas=0.99,0.999 momentum_decay=0.04",
+        "muon momentum=0.95 betas=0.9,0.95",
+        "muon momentum=0.95 betas=0.99,0.999",
+    )
     assert optimizer_recipes({"name": ["sgd", "adamw"]}) == ("sgd", "adamw")  # nothing given: the run's values
-    assert staleness_recipes(STALE) == ("off", "predict_weights", "stage_momentum=0.995",
-                                        "stage_momentum=0.995 predict_weights")  # fmt: skip
+    assert staleness_recipes(STALE) == (
+        "off",
+        "predict_weights",
+        "stage_momentum=0.995",
+        "stage_momentum=0.995 predict_weights",
+    )
     assert optimizer_recipes(None) == () and staleness_recipes(None) == ()
 
 
@@ -56,21 +68,31 @@ def test_each_recipe_derives_the_run_it_names(recipe: str) -> None:
     assert (cfg.pipeline.stage_momentum, cfg.pipeline.predict_weights, cfg.pipeline.stale_lr) == (0.999, True, None)
 
 
-@pytest.mark.parametrize(("key", "bad"), [
-    ("optimizer", {"betas": [[0.9, 0.95]]}), ("optimizer.name", {"name": ["adam"]}),
-    ("optimizer.betas", {"name": ["adamw"], "betas": [[0.9, 1.0]]}),
-    ("optimizer.momentum_decay", {"name": ["nadam"], "momentum_decay": [0]}),
-    ("optimizer", {"name": ["adamw"], "lr": [1e-3]}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("key", "bad"),
+    [
+        ("optimizer", {"betas": [[0.9, 0.95]]}),
+        ("optimizer.name", {"name": ["adam"]}),
+        ("optimizer.betas", {"name": ["adamw"], "betas": [[0.9, 1.0]]}),
+        ("optimizer.momentum_decay", {"name": ["nadam"], "momentum_decay": [0]}),
+        ("optimizer", {"name": ["adamw"], "lr": [1e-3]}),
+    ],
+)
 def test_a_bad_optimizer_section_names_its_key(key: str, bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigError) as e:
         optimizer_recipes(bad)
     assert e.value.key == f"space.{key}"
 
 
-@pytest.mark.parametrize(("key", "bad"), [("staleness", {"stale": [True]}), ("staleness.stage_momentum",
-                         {"stage_momentum": [1.0]}), ("staleness.predict_weights", {"predict_weights": [1]}),
-                         ("staleness.stale_lr", {"stale_lr": [0]})])  # fmt: skip
+@pytest.mark.parametrize(
+    ("key", "bad"),
+    [
+        ("staleness", {"stale": [True]}),
+        ("staleness.stage_momentum", {"stage_momentum": [1.0]}),
+        ("staleness.predict_weights", {"predict_weights": [1]}),
+        ("staleness.stale_lr", {"stale_lr": [0]}),
+    ],
+)
 def test_a_bad_staleness_section_names_its_key(key: str, bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigError) as e:
         staleness_recipes(bad)
@@ -79,8 +101,9 @@ def test_a_bad_staleness_section_names_its_key(key: str, bad: dict[str, Any]) ->
 
 def _space(tmp_path: Path, **keys: Any) -> SearchSpace:
     path = tmp_path / "space.yaml"
-    path.write_text(yaml.safe_dump({"schedules": ["paci", "1f1b", "zb-h1"], "stages": [2], "microbatch_size": [4],
-                                    **keys}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump({"schedules": ["paci", "1f1b", "zb-h1"], "stages": [2], "microbatch_size": [4], **keys})
+    )
     return load_space(str(path), global_batch=8, n_units=4, max_stages=None)
 
 
@@ -92,16 +115,21 @@ def test_every_schedule_gets_the_optimizer_dimension_and_only_paci_the_staleness
         assert ("staleness" in dims) == (s == "paci"), s
         points = space.grid(s)
         assert {(q.optimizer, q.staleness) for q in points} == (
-            {(o, st) for o in ("adamw", "nadam") for st in ("off", "predict_weights")} if s == "paci"
-            else {("adamw", None), ("nadam", None)})  # fmt: skip
+            {(o, st) for o in ("adamw", "nadam") for st in ("off", "predict_weights")}
+            if s == "paci"
+            else {("adamw", None), ("nadam", None)}
+        )
     assert space.describe()["optimizer"] == ["adamw", "nadam"]
     labels = {q.label() for q in space.grid("paci")}
     assert "paci P=2 a=2 b=4 [nadam] +predict_weights" in labels
 
 
 def test_a_stage_momentum_at_or_below_an_optimizers_beta1_is_dropped_for_that_pair(tmp_path: Path) -> None:
-    space = _space(tmp_path, optimizer={"name": ["adamw", "nadam"], "betas": [[0.9, 0.95], [0.99, 0.999]]},
-                   staleness={"stage_momentum": [None, 0.95]})  # fmt: skip
+    space = _space(
+        tmp_path,
+        optimizer={"name": ["adamw", "nadam"], "betas": [[0.9, 0.95], [0.99, 0.999]]},
+        staleness={"stage_momentum": [None, 0.95]},
+    )
     narrowed = skip_incompatible(space, make_config())
     kept = {(q.optimizer, q.staleness) for q in narrowed.grid("paci")}
     assert ("adamw betas=0.9,0.95", "stage_momentum=0.95") in kept
@@ -119,13 +147,22 @@ def test_a_search_tunes_the_optimizer_for_every_schedule_and_staleness_for_paci(
     for u in prof["units"]:
         u["optimizer_steps"] = {"nadam": u["optimizer_s"] * 1.2}  # the rst clock charges each its own step
     (tmp_path / "profile.yaml").write_text(yaml.safe_dump(prof))
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({
-        "schedules": ["paci", "1f1b"], "stages": [2], "microbatch_size": [2, 4],
-        "optimizer": {"name": ["adamw", "nadam"], "betas": [[0.99, 0.999]]},
-        "staleness": {"predict_weights": [False, True]}}))  # fmt: skip
-    config = write_search(tmp_path, budget={"clock": "rst", "profile": str(tmp_path / "profile.yaml"), "seconds": 0.3,
-                                            "grid": 3},
-                          search={"trials": 4, "sampler": "grid"})  # fmt: skip
+    (tmp_path / "space.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "schedules": ["paci", "1f1b"],
+                "stages": [2],
+                "microbatch_size": [2, 4],
+                "optimizer": {"name": ["adamw", "nadam"], "betas": [[0.99, 0.999]]},
+                "staleness": {"predict_weights": [False, True]},
+            }
+        )
+    )
+    config = write_search(
+        tmp_path,
+        budget={"clock": "rst", "profile": str(tmp_path / "profile.yaml"), "seconds": 0.3, "grid": 3},
+        search={"trials": 4, "sampler": "grid"},
+    )
     check_ok(run(search_cmd(config, tmp_path)))
     storage = f"sqlite:///{tmp_path / 'work' / 'study.db'}"
     for s in ("paci", "1f1b"):
@@ -162,8 +199,9 @@ def test_the_search_view_prints_the_optimizer_recipe_in_brackets(live: bool):
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=live, width=200, color_system=None)
-    params = TrialParams("paci", 2, 4, 4, data_parallel=2, optimizer="muon momentum=0.95 betas=0.9,0.95",
-                         staleness="predict_weights")  # fmt: skip
+    params = TrialParams(
+        "paci", 2, 4, 4, data_parallel=2, optimizer="muon momentum=0.95 betas=0.9,0.95", staleness="predict_weights"
+    )
     with SearchView(budget=4.0, clock="rst", target=2.75, console=console, live=live) as view:
         view.on_event(SearchEvent("start", "paci", 3, params=params))
         view.on_event(SearchEvent("end", "paci", 3, params=params, state="complete", value=2.0, reason="[done]"))

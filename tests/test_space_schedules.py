@@ -135,8 +135,13 @@ def test_timed_schedules_only_where_their_trials_can_run(
 ) -> None:
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({"schedules": ["paci", schedule], "stages": [2], "microbatch_size": [2]}))
-    doc = {**make_config(), "target": {"value": 2.0}, "hardware": {"devices": 2},
-           "search": {"space": str(space)}, **sections}  # fmt: skip
+    doc = {
+        **make_config(),
+        "target": {"value": 2.0},
+        "hardware": {"devices": 2},
+        "search": {"space": str(space)},
+        **sections,
+    }
     if not refused:
         load_tune_config(doc)
         return
@@ -154,8 +159,9 @@ def _study(schedule: str, value: float, partition: list[int], chunks: int | None
         params["chunks"], dists["chunks"] = chunks, CategoricalDistribution([chunks])
     attrs = {"time_to_target": value, "best_val_loss": 1.0, "partition": partition, "steps": 4}
     study = optuna.create_study(study_name=f"t.{schedule}", direction="minimize")
-    study.add_trial(create_trial(state=TrialState.COMPLETE, value=value, params=params, distributions=dists,
-                                 user_attrs=attrs))  # fmt: skip
+    study.add_trial(
+        create_trial(state=TrialState.COMPLETE, value=value, params=params, distributions=dists, user_attrs=attrs)
+    )
     return study
 
 
@@ -167,15 +173,21 @@ def test_best_yaml_names_the_strongest_baseline_and_apply_trains_it(tmp_path: Pa
     # Hand-chosen scores: the winner 2.0 beats PACI 3.0, which beats 1F1B-flush 4.0 (the other baselines 5.0),
     # each gap above the time to target's resolution (2.0 s / 4 validations = 0.5 s).
     scores = {s: 5.0 for s in ALL} | {"paci": 3.0, "1f1b": 4.0, winner: 2.0}
-    studies = {s: _study(s, v, [1, 1, 1, 1] if s in TWO_CHUNKS else [2, 2], 2 if s == "interleaved" else None)
-               for s, v in scores.items()}  # fmt: skip
+    studies = {
+        s: _study(s, v, [1, 1, 1, 1] if s in TWO_CHUNKS else [2, 2], 2 if s == "interleaved" else None)
+        for s, v in scores.items()
+    }
     run = make_config(training={"steps": 4}, pipeline={"window": 4, "runtime": "emulated"})
     sim = {"training.clock": "sim", "training.profile": "profiles/tiny-gpt.yaml"}
     doc = build_best(
-        studies, run_doc_for=lambda p: derive_doc(copy.deepcopy(run), {**p.overrides(), **sim}), base_lr=1e-3,
-        fixed_batch=8, target={"metric": "val_loss", "value": 3.0}, budget={"clock": "sim", "seconds": 2.0, "grid": 4},
+        studies,
+        run_doc_for=lambda p: derive_doc(copy.deepcopy(run), {**p.overrides(), **sim}),
+        base_lr=1e-3,
+        fixed_batch=8,
+        target={"metric": "val_loss", "value": 3.0},
+        budget={"clock": "sim", "seconds": 2.0, "grid": 4},
         provenance={"study_name": "t"},
-    )  # fmt: skip
+    )
     assert doc["recommended"]["schedule"] == winner and doc["baseline_schedule"] == winner
     c = doc["comparison"]  # PACI against the strongest synchronous point, not the easiest (flush, 4.0)
     assert c["baseline"]["schedule"] == winner and c["baseline"]["mean"] == 2.0 and c["paci"]["mean"] == 3.0
@@ -192,10 +204,25 @@ def test_best_yaml_names_the_strongest_baseline_and_apply_trains_it(tmp_path: Pa
 
 def test_a_flush_only_comparison_is_one_record(tmp_path: Path) -> None:
     """A [paci, 1f1b] search: the comparison's baseline is flush, and no per-baseline key pairs are written."""
-    doc = build_best({"paci": _study("paci", 2.0, [2, 2]), "1f1b": _study("1f1b", 4.0, [2, 2])},
-                     run_doc_for=lambda p: derive_doc(make_config(), p.overrides()), base_lr=1e-3, fixed_batch=8,
-                     target={}, budget={"seconds": 5.0, "grid": 4}, provenance={})  # fmt: skip
+    doc = build_best(
+        {"paci": _study("paci", 2.0, [2, 2]), "1f1b": _study("1f1b", 4.0, [2, 2])},
+        run_doc_for=lambda p: derive_doc(make_config(), p.overrides()),
+        base_lr=1e-3,
+        fixed_batch=8,
+        target={},
+        budget={"seconds": 5.0, "grid": 4},
+        provenance={},
+    )
     assert doc["baseline_schedule"] == "1f1b" and doc["comparison"]["speedup"] == 2.0 and doc["verdict"] == "paci"
-    old = {"speedup_vs_baseline", "paci_speedup_vs_baseline", "paci_baseline_interval", "verdict_vs_flush",
-           "paci_speedup_vs_flush", "paci_speedup_interval", "baseline", "paci_won", "speedup_note"}  # fmt: skip
+    old = {
+        "speedup_vs_baseline",
+        "paci_speedup_vs_baseline",
+        "paci_baseline_interval",
+        "verdict_vs_flush",
+        "paci_speedup_vs_flush",
+        "paci_speedup_interval",
+        "baseline",
+        "paci_won",
+        "speedup_note",
+    }
     assert not old & set(doc)

@@ -42,12 +42,15 @@ def _rank_of(pid: int) -> int | None:
 
 
 def test_a_killed_rank_ends_train_in_bounded_time_with_one_line(tmp_path: Path) -> None:
-    doc = make_config(training={"steps": 100_000, "eval_every": 100_000, "checkpoint_every": 5},
-                      pipeline={"schedule": "paci", "stages": 2, "window": 2})  # fmt: skip
+    doc = make_config(
+        training={"steps": 100_000, "eval_every": 100_000, "checkpoint_every": 5},
+        pipeline={"schedule": "paci", "stages": 2, "window": 2},
+    )
     ckpt = tmp_path / "ckpt"
     cmd = cli_command(write_config(tmp_path, doc), "--runtime", "distributed", "--checkpoint-dir", ckpt)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     tree: list[int] = []
     try:
         deadline = time.monotonic() + 120

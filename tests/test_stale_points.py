@@ -79,9 +79,14 @@ def test_a_search_logs_the_skipped_points_and_does_not_start_paci_on_one(tmp_pat
     doc["pipeline"] = {**doc["pipeline"], "stages": 8, "window": 2}
     doc["hardware"] = {"devices": 8}
     cost = {"forward_s": 0.002, "backward_s": 0.004, "activation_bytes": 65536, "saved_bytes": 262144}
-    profile = {"seq_len": 32, "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e10},
-               "units": [{"name": f"u{i}", "param_bytes": 1 << 16, "optimizer_s": 0.001,
-                          "microbatch": {4: cost, 16: cost}} for i in range(10)]}  # fmt: skip
+    profile = {
+        "seq_len": 32,
+        "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e10},
+        "units": [
+            {"name": f"u{i}", "param_bytes": 1 << 16, "optimizer_s": 0.001, "microbatch": {4: cost, 16: cost}}
+            for i in range(10)
+        ],
+    }
     (tmp_path / "profile.yaml").write_text(yaml.safe_dump(profile))  # hand-written: nothing is measured
     doc["budget"] = {"clock": "sim", "seconds": 0.3, "grid": 3, "profile": str(tmp_path / "profile.yaml")}
     (tmp_path / "space.yaml").write_text(yaml.safe_dump({**SPACE, "stages": [8], "microbatch_size": [4, 16]}))
@@ -90,8 +95,10 @@ def test_a_search_logs_the_skipped_points_and_does_not_start_paci_on_one(tmp_pat
     lines: list[str] = []
     session = open_search(tmp_path / "model.yaml", workdir=tmp_path / "work", log=lines.append)
     skipped = [ln for ln in lines if "paci P=8 D=1 a=2 b=16: drift bound" in ln]
-    queued = {s: [t.system_attrs.get("fixed_params") for t in st.get_trials(deepcopy=False)]
-              for s, st in session.studies.items()}  # fmt: skip
+    queued = {
+        s: [t.system_attrs.get("fixed_params") for t in st.get_trials(deepcopy=False)]
+        for s, st in session.studies.items()
+    }
     assert queued["1f1b"] == [{"stages": 8, "microbatch_size": 16}]
     if bound is None:
         assert not skipped and queued["paci"] == queued["1f1b"]

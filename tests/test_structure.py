@@ -181,8 +181,10 @@ def test_each_may_import_line_names_exactly_the_nodes_imported() -> None:
             done = {n for n in map(_node, _imports(f)) if n is not None and n != own}
         said.discard(own)
         if said != done:
-            bad.append(f"{f.relative_to(PKG)}: names but does not import {sorted(said - done)}, "
-                       f"imports but does not name {sorted(done - said)}")  # fmt: skip
+            bad.append(
+                f"{f.relative_to(PKG)}: names but does not import {sorted(said - done)}, "
+                f"imports but does not name {sorted(done - said)}"
+            )
     assert not bad, "'May import:' lines vs the imports:\n" + "\n".join(bad)
 
 
@@ -207,8 +209,13 @@ def test_one_copy_of_each_mechanism(needle: str, home: str) -> None:
 def test_only_the_trial_record_touches_optuna_user_attributes() -> None:
     """What a search stores has one schema (``tune/record.py``): no other module reads or writes user attributes."""
     home = PKG / "tune" / "record.py"
-    where = sorted(f"{f.relative_to(PKG)}:{i}" for f in PKG.rglob("*.py") if f != home
-                   for i, line in enumerate(f.read_text().splitlines(), 1) if "user_attr" in line)  # fmt: skip
+    where = sorted(
+        f"{f.relative_to(PKG)}:{i}"
+        for f in PKG.rglob("*.py")
+        if f != home
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if "user_attr" in line
+    )
     assert not where, f"Optuna user attributes touched outside tune/record.py: {', '.join(where)}"
     assert "set_user_attr" in home.read_text() and "user_attrs" in home.read_text()
 
@@ -297,8 +304,12 @@ def test_no_schedule_name_is_compared_outside_the_registry() -> None:
     module reads that value's attributes, so a new schedule is taught to the registry alone."""
     from paci_tune.schedule import NAMES
 
-    found = [f for path in sorted(PKG.rglob("*.py")) if path != REGISTRY_MODULE
-             for f in _schedule_name_tests(path, set(NAMES))]  # fmt: skip
+    found = [
+        f
+        for path in sorted(PKG.rglob("*.py"))
+        if path != REGISTRY_MODULE
+        for f in _schedule_name_tests(path, set(NAMES))
+    ]
     assert not found, "\n".join(found)
 
 

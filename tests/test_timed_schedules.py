@@ -33,8 +33,14 @@ F, B, B_IN, B_W, OPT = 1e-3, 2e-3, 1.2e-3, 0.8e-3, 5e-4  # per unit; the split m
 
 def split_profile(tmp_path: Path) -> Path:
     """Four equal units (the test model's), their backward's split measured, free transfers."""
-    cost = {"forward_s": F, "backward_s": B, "backward_input_s": B_IN, "backward_weight_s": B_W,
-            "activation_bytes": 1000, "saved_bytes": 5000}  # fmt: skip
+    cost = {
+        "forward_s": F,
+        "backward_s": B,
+        "backward_input_s": B_IN,
+        "backward_weight_s": B_W,
+        "activation_bytes": 1000,
+        "saved_bytes": 5000,
+    }
     units = [{"param_bytes": 4000, "optimizer_s": OPT, "microbatch": {MB: cost}} for _ in range(4)]
     path = tmp_path / "profile.yaml"
     make_profile(units, p2p=FREE, seq_len=32).save(path)
@@ -72,14 +78,22 @@ def test_every_timed_schedule_is_synchronous_and_runs_for_real_through_torch() -
 
 @pytest.mark.parametrize(
     ("schedule", "pipeline", "clip"),
-    [("zb-h1", {}, None), ("interleaved", {"chunks": 2, "partition": [1, 1, 1, 1]}, None), ("zb-h1", {}, 0.5),
-     ("zb-v", {"partition": [1, 1, 1, 1]}, None), ("dualpipev", {}, None)],
+    [
+        ("zb-h1", {}, None),
+        ("interleaved", {"chunks": 2, "partition": [1, 1, 1, 1]}, None),
+        ("zb-h1", {}, 0.5),
+        ("zb-v", {"partition": [1, 1, 1, 1]}, None),
+        ("dualpipev", {}, None),
+    ],
     ids=["zb-h1", "interleaved-pinned-cut", "zb-h1-clipped", "zb-v-pinned-cut", "dualpipev"],
-)  # fmt: skip
+)
 def test_timed_schedules_train_flush_numbers(
-    tmp_path: Path, flush_losses: Callable[[float | None], list[float]], schedule: str, pipeline: dict[str, Any],
+    tmp_path: Path,
+    flush_losses: Callable[[float | None], list[float]],
+    schedule: str,
+    pipeline: dict[str, Any],
     clip: float | None,
-) -> None:  # fmt: skip
+) -> None:
     """Same (P, a, b), seed and data: every loss equals 1f1b's bit for bit, and plain training's within
     1e-5 (clipped: the whole model's norm, as 1f1b clips it, with its clock's synchronised steps)."""
     doc = merge(timed_doc(tmp_path, schedule), {"pipeline": pipeline})

@@ -57,10 +57,26 @@ def traced_run(tmp_path: Path, doc: dict[str, Any]) -> tuple[list[dict[str, Any]
     """``doc`` trained by :mod:`helpers.trace_worker` under torchrun: its records and each rank's actions."""
     p = doc["pipeline"]
     n = p["stages"] * p.get("data_parallel", 1)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-           str(TRACE_WORKER), str(write_config(tmp_path, doc)), str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=dict(cli_env(), OMP_NUM_THREADS="1"), check=False)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(n),
+        str(TRACE_WORKER),
+        str(write_config(tmp_path, doc)),
+        str(tmp_path),
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=dict(cli_env(), OMP_NUM_THREADS="1"),
+        check=False,
+    )
     check_ok(proc)
     traces = [json.loads((tmp_path / f"trace{r}.json").read_text()) for r in range(n)]
     return read_metrics(tmp_path / "m.jsonl"), traces
@@ -107,9 +123,14 @@ def test_layouts_torch_cannot_run_are_refused_up_front(
 def test_supported_combinations_load(tmp_path: Path) -> None:
     """zb-h1 and interleaved on the distributed runtime on the wall clock, a window of at most P or a
     multiple of it; 1f1b through torch's class on request."""
-    for doc in (run_doc("zb-h1", 2), run_doc("zb-h1", 4, window=2), run_doc("zb-h1", 2, window=6),
-                run_doc("interleaved", 2), run_doc("interleaved", 2, window=6, chunks=3),
-                run_doc("1f1b", 2, torch_schedule=True)):  # fmt: skip
+    for doc in (
+        run_doc("zb-h1", 2),
+        run_doc("zb-h1", 4, window=2),
+        run_doc("zb-h1", 2, window=6),
+        run_doc("interleaved", 2),
+        run_doc("interleaved", 2, window=6, chunks=3),
+        run_doc("1f1b", 2, torch_schedule=True),
+    ):
         if doc["pipeline"]["window"] != 4:
             doc["training"]["global_batch"] = 2 * doc["pipeline"]["window"]
         cfg = load_config(write_config(tmp_path, doc))
@@ -216,17 +237,32 @@ def test_interleaved_checkpoints_move_to_and_from_other_layouts(tmp_path: Path) 
     whose checkpoint continues as emulated 1F1B at P=4 to step 12 -- every loss plain training's."""
     doc = merge(run_doc("interleaved", 2, chunks=2), {"training": {"steps": 12, "eval_every": 1000}})
     want, _, _ = plain_training(doc)
-    first = merge(doc, {"training": {"steps": 4, "checkpoint_dir": str(tmp_path / "a"), "checkpoint_every": 4},
-                        "pipeline": {"schedule": "1f1b", "runtime": "emulated", "chunks": None}})  # fmt: skip
+    first = merge(
+        doc,
+        {
+            "training": {"steps": 4, "checkpoint_dir": str(tmp_path / "a"), "checkpoint_every": 4},
+            "pipeline": {"schedule": "1f1b", "runtime": "emulated", "chunks": None},
+        },
+    )
     check_ok(run_cli(write_config(tmp_path, first, "a.yaml"), "--metrics", tmp_path / "a.jsonl"))
-    middle = merge(doc, {"training": {"steps": 8, "checkpoint_dir": str(tmp_path / "b"), "checkpoint_every": 4,
-                                      "init_from": str(tmp_path / "a")}})  # fmt: skip
+    middle = merge(
+        doc,
+        {
+            "training": {
+                "steps": 8,
+                "checkpoint_dir": str(tmp_path / "b"),
+                "checkpoint_every": 4,
+                "init_from": str(tmp_path / "a"),
+            }
+        },
+    )
     check_ok(run_cli(write_config(tmp_path, middle, "b.yaml"), "--metrics", tmp_path / "b.jsonl"))
     four = {"schedule": "1f1b", "runtime": "emulated", "stages": 4, "chunks": None}
     last = merge(doc, {"training": {"init_from": str(tmp_path / "b")}, "pipeline": four})
     check_ok(run_cli(write_config(tmp_path, last, "c.yaml"), "--metrics", tmp_path / "c.jsonl"))
-    got = sorted((r["step"], r["loss"]) for x in "abc" for r in read_metrics(tmp_path / f"{x}.jsonl")
-                 if r["event"] == "train")  # fmt: skip
+    got = sorted(
+        (r["step"], r["loss"]) for x in "abc" for r in read_metrics(tmp_path / f"{x}.jsonl") if r["event"] == "train"
+    )
     assert [step for step, _ in got] == list(range(1, 13))
     assert [loss for _, loss in got] == pytest.approx(want, abs=1e-5, rel=0)
 
@@ -247,8 +283,15 @@ def test_interleaved_in_bf16_equals_1f1b_in_bf16(tmp_path: Path) -> None:
 def test_the_sim_vs_measured_bench_runs_in_its_quick_mode() -> None:
     """``bench/sim_vs_measured.py --quick``: calibrate, then 1f1b, zb-h1, 1f1b through torch's class and
     interleaved trained on the distributed runtime, each row's measured and simulated step time printed."""
-    proc = subprocess.run([sys.executable, "bench/sim_vs_measured.py", "--quick"], capture_output=True, text=True,
-                          timeout=600, cwd=REPO, env=cli_env(), check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "bench/sim_vs_measured.py", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=cli_env(),
+        check=False,
+    )
     check_ok(proc)
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("P=2 ")]
     assert [ln.split()[1] for ln in rows] == ["1f1b", "zb-h1", "1f1b-torch", "interleaved"], proc.stdout
@@ -261,11 +304,16 @@ def test_a_search_drops_the_zb_h1_windows_torch_cannot_run(tmp_path: Path) -> No
     written out in the module docstring); b = 1 makes a = 10 in 5 rounds of 2. zb-h1 is torch's class,
     and the emulated runtime times the same schedule, so both refuse the point; 1f1b keeps it."""
     space_file = tmp_path / "space.yaml"
-    space_file.write_text(yaml.safe_dump({"schedules": ["paci", "1f1b", "zb-h1"], "stages": [2],
-                                          "microbatch_size": [1, 2]}))  # fmt: skip
-    doc = {**make_config(training={"global_batch": 10}, pipeline={"window": 5}), "target": {"value": 2.0},
-           "budget": {"clock": "wall", "seconds": 1.0}, "hardware": {"devices": 2},
-           "search": {"space": str(space_file)}}  # fmt: skip
+    space_file.write_text(
+        yaml.safe_dump({"schedules": ["paci", "1f1b", "zb-h1"], "stages": [2], "microbatch_size": [1, 2]})
+    )
+    doc = {
+        **make_config(training={"global_batch": 10}, pipeline={"window": 5}),
+        "target": {"value": 2.0},
+        "budget": {"clock": "wall", "seconds": 1.0},
+        "hardware": {"devices": 2},
+        "search": {"space": str(space_file)},
+    }
     space = bind_space(load_tune_config(doc))  # trials on the wall clock: the distributed runtime
     why = space.why_not(TrialParams("zb-h1", 2, 5, 2))
     assert why is not None and "rounds" in why

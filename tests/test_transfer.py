@@ -74,20 +74,34 @@ def test_the_option_is_off_by_default_and_its_values_are_checked() -> None:
     assert not SearchConfig().transfer_check.enabled and SearchConfig().transfer_check.top == 0
     ok = parse_tune_sections({"search": {"transfer_check": {"top": 5, "factor": 4}}}, require=False)
     assert ok["search"].transfer_check.enabled and ok["search"].transfer_check.factor == 4.0
-    for bad, key in [({"top": 51}, "top"), ({"top": -1}, "top"), ({"top": 2, "factor": 1}, "factor"),
-                     ({"top": 2, "factor": 0.5}, "factor"), ({"top": 2, "factor": 101}, "factor"),
-                     ({"top": 2, "factor": "four"}, "factor"), ({"top": 2.5}, "top"),
-                     ({"top": 2, "seeds": 3}, "seeds")]:  # fmt: skip
+    for bad, key in [
+        ({"top": 51}, "top"),
+        ({"top": -1}, "top"),
+        ({"top": 2, "factor": 1}, "factor"),
+        ({"top": 2, "factor": 0.5}, "factor"),
+        ({"top": 2, "factor": 101}, "factor"),
+        ({"top": 2, "factor": "four"}, "factor"),
+        ({"top": 2.5}, "top"),
+        ({"top": 2, "seeds": 3}, "seeds"),
+    ]:
         with pytest.raises(ConfigError) as e:
             parse_tune_sections({"search": {"transfer_check": bad}}, require=False)
         assert e.value.key == f"search.transfer_check.{key}", bad
 
 
 # ---------------------------------------------------------------------------------- planning
-def _add(study: optuna.Study, b: int, value: float | None, state: TrialState = TrialState.COMPLETE,
-         **attrs: Any) -> None:  # fmt: skip
-    study.add_trial(create_trial(state=state, value=value, params={"stages": 2, "microbatch_size": b},
-                                 distributions=DISTS, user_attrs={"time_to_target": None, **attrs}))  # fmt: skip
+def _add(
+    study: optuna.Study, b: int, value: float | None, state: TrialState = TrialState.COMPLETE, **attrs: Any
+) -> None:
+    study.add_trial(
+        create_trial(
+            state=state,
+            value=value,
+            params={"stages": 2, "microbatch_size": b},
+            distributions=DISTS,
+            user_attrs={"time_to_target": None, **attrs},
+        )
+    )
 
 
 def _searched(schedule: str, scores: list[tuple[int, float | None]]) -> optuna.Study:
@@ -113,7 +127,9 @@ def test_the_plan_takes_the_best_distinct_search_points_and_queues_each_once(mon
     assert extra.enqueue_transfers(paci, [1, 2], 4.0) == 0  # called again (a resumed search): nothing new
     waiting = paci.get_trials(states=(TrialState.WAITING,))
     assert [(t.user_attrs[TRANSFER_ATTR], t.system_attrs["fixed_params"]["microbatch_size"]) for t in waiting] == [
-        ({"of": 1, "factor": 4.0}, 2), ({"of": 2, "factor": 4.0}, 4)]  # fmt: skip
+        ({"of": 1, "factor": 4.0}, 2),
+        ({"of": 2, "factor": 4.0}, 4),
+    ]
     assert extra.transfer_queued(paci) and not extra.waiting(paci)
 
     # One of them runs and its worker dies: it is failed, queued again as a transfer trial, not twice.
@@ -145,10 +161,15 @@ def test_transfer_trials_are_no_search_trials() -> None:
     counts = trial_counts(paci)
     assert counts["complete"] == 2 and counts["confirmation"] == 1 and counts["transfer"] == 2
     best = build_best(
-        studies_, run_doc_for=lambda p: {"pipeline": {"schedule": p.schedule}}, base_lr=1e-3, fixed_batch=8,
-        target={"metric": "val_loss", "value": 2.0}, budget={"clock": "sim", "seconds": 10.0, "grid": 5},
-        provenance={"study_name": "t"}, transfer_factor=4.0,
-    )  # fmt: skip
+        studies_,
+        run_doc_for=lambda p: {"pipeline": {"schedule": p.schedule}},
+        base_lr=1e-3,
+        fixed_batch=8,
+        target={"metric": "val_loss", "value": 2.0},
+        budget={"clock": "sim", "seconds": 10.0, "grid": 5},
+        provenance={"study_name": "t"},
+        transfer_factor=4.0,
+    )
     assert best["recommended"]["microbatch_size"] == 2 and best["evidence"]["trial"] == "t.paci#1"
     assert best["comparison"]["baseline"]["trial"] == "t.1f1b#0"
     assert best["provenance"]["compute"]["transfer_s"] == 28.0
@@ -219,12 +240,22 @@ def test_the_loop_trains_each_long_run_once_after_the_quota(tmp_path: Path) -> N
     from paci_tune.tune.space import load_space
     from paci_tune.tune.study import open_studies
 
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"schedules": ["paci", "1f1b"], "stages": [2],
-                                                         "microbatch_size": [1, 2, 4]}))  # fmt: skip
-    config = write_search(tmp_path, target={"value": 0.5}, budget={"seconds": 1.0, "grid": 4},
-                          hardware={"devices": 2}, search={"trials": 3, "sampler": "grid", "pruner": "none",
-                          "confirm": {"top": 1, "seeds": 2, "max_seeds": 2},
-                          "transfer_check": {"top": 2, "factor": 2.5}})  # fmt: skip
+    (tmp_path / "space.yaml").write_text(
+        yaml.safe_dump({"schedules": ["paci", "1f1b"], "stages": [2], "microbatch_size": [1, 2, 4]})
+    )
+    config = write_search(
+        tmp_path,
+        target={"value": 0.5},
+        budget={"seconds": 1.0, "grid": 4},
+        hardware={"devices": 2},
+        search={
+            "trials": 3,
+            "sampler": "grid",
+            "pruner": "none",
+            "confirm": {"top": 1, "seeds": 2, "max_seeds": 2},
+            "transfer_check": {"top": 2, "factor": 2.5},
+        },
+    )
     tune = load_tune_config(read_yaml(config))
     space = load_space(str(tmp_path / "space.yaml"), global_batch=8, n_units=4, max_stages=None, devices=2)
     storage = optuna.storages.InMemoryStorage()
@@ -277,26 +308,38 @@ def _rho_no_ties(x: list[float], y: list[float]) -> float:
 def test_search_runs_the_transfer_check_and_resumes_without_rerunning(tmp_path: Path) -> None:
     # Two stages on two devices, three micro-batch sizes: three distinct points per schedule, of which the
     # check trains the best two at twice the budget. A target no run reaches: every run spends its budget.
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"schedules": ["paci", "1f1b"], "stages": [2],
-                                                         "microbatch_size": [1, 2, 4]}))  # fmt: skip
+    (tmp_path / "space.yaml").write_text(
+        yaml.safe_dump({"schedules": ["paci", "1f1b"], "stages": [2], "microbatch_size": [1, 2, 4]})
+    )
     # A hand profile of the model's 4 units (no calibration): a step of (8/b + 1) micro-batch slots of
     # 6 ms x b on the sim clock is about 60 ms, so a trial is ~5 steps, a long run ~10.
-    units = [UnitProfile(f"u{i}", 40_000, 1e-4, {b: UnitCost(1e-3 * b, 2e-3 * b, 2048 * b, 8192 * b)
-                                                  for b in (1, 2, 4)}) for i in range(4)]  # fmt: skip
+    units = [
+        UnitProfile(f"u{i}", 40_000, 1e-4, {b: UnitCost(1e-3 * b, 2e-3 * b, 2048 * b, 8192 * b) for b in (1, 2, 4)})
+        for i in range(4)
+    ]
     Profile(units, P2PCost(1e-5, 1e9), seq_len=32).save(tmp_path / "profile.yaml")
     seconds, grid = 0.3, 2
-    config = write_search(tmp_path, target={"value": 0.5},
-                          budget={"seconds": seconds, "grid": grid, "profile": str(tmp_path / "profile.yaml")},
-                          hardware={"devices": 2},
-                          search={"trials": 3, "sampler": "grid", "pruner": "none", "confirm": {"top": 0},
-                                  "transfer_check": {"top": 2, "factor": 2},
-                                  # Misses ranked by their best validation at every grid point: distinct scores
-                                  # for the oracle (far apart, 2 a budget here, two layouts' bests tie).
-                                  "validate_near_target": False})  # fmt: skip
+    config = write_search(
+        tmp_path,
+        target={"value": 0.5},
+        budget={"seconds": seconds, "grid": grid, "profile": str(tmp_path / "profile.yaml")},
+        hardware={"devices": 2},
+        search={
+            "trials": 3,
+            "sampler": "grid",
+            "pruner": "none",
+            "confirm": {"top": 0},
+            "transfer_check": {"top": 2, "factor": 2},
+            # Misses ranked by their best validation at every grid point: distinct scores
+            # for the oracle (far apart, 2 a budget here, two layouts' bests tie).
+            "validate_near_target": False,
+        },
+    )
 
     def run() -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(search_cmd(config, tmp_path), capture_output=True, text=True, timeout=900, cwd=REPO,
-                              env=cli_env())  # fmt: skip
+        proc = subprocess.run(
+            search_cmd(config, tmp_path), capture_output=True, text=True, timeout=900, cwd=REPO, env=cli_env()
+        )
         check_ok(proc)
         return proc
 
@@ -309,8 +352,10 @@ def test_search_runs_the_transfer_check_and_resumes_without_rerunning(tmp_path: 
     for s, st in studies(storage).items():
         trials = st.trials
         search = [t for t in trials if TRANSFER_ATTR not in t.user_attrs and CONFIRM_ATTR not in t.user_attrs]
-        done = sorted((t for t in search if t.state == TrialState.COMPLETE and "repeat_of" not in t.user_attrs),
-                      key=lambda t: (t.value, t.number))  # fmt: skip
+        done = sorted(
+            (t for t in search if t.state == TrialState.COMPLETE and "repeat_of" not in t.user_attrs),
+            key=lambda t: (t.value, t.number),
+        )
         assert len({tuple(sorted(t.params.items())) for t in done}) == 3, s
         long = [t for t in trials if TRANSFER_ATTR in t.user_attrs]
         assert len(long) == 2, s
@@ -322,8 +367,9 @@ def test_search_runs_the_transfer_check_and_resumes_without_rerunning(tmp_path: 
             assert t.params == short.params and t.state == TrialState.COMPLETE and "pruned_step" not in t.user_attrs
             curve = t.user_attrs["curve"]
             assert curve[-1][0] > seconds and len(curve) == 2 * grid  # the longer budget, the same spacing
-            trial_doc = yaml.safe_load((tmp_path / "work" / "trials" / f"model.{s}" / f"trial-{t.number:04d}"
-                                        / "trial.yaml").read_text())  # fmt: skip
+            trial_doc = yaml.safe_load(
+                (tmp_path / "work" / "trials" / f"model.{s}" / f"trial-{t.number:04d}" / "trial.yaml").read_text()
+            )
             assert trial_doc["training"]["seconds"] == pytest.approx(2 * seconds)
             assert trial_doc["training"]["eval_every_seconds"] == pytest.approx(seconds / grid)
             assert trial_doc["training"]["seed"] == 0
@@ -344,9 +390,18 @@ def test_search_runs_the_transfer_check_and_resumes_without_rerunning(tmp_path: 
     rec_number = int(best["evidence"]["trial"].rsplit("#", 1)[1])
     assert TRANSFER_ATTR not in studies(storage)[rec].trials[rec_number].user_attrs
     assert "transfer check (2x the trial budget): Spearman" in proc.stderr
-    figure = subprocess.run([sys.executable, str(REPO / "bench" / "transfer_figure.py"), str(tmp_path / "best.yaml"),
-                             "--out", str(tmp_path / "transfer.png")],
-                            capture_output=True, text=True, check=False)  # fmt: skip
+    figure = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "transfer_figure.py"),
+            str(tmp_path / "best.yaml"),
+            "--out",
+            str(tmp_path / "transfer.png"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert figure.returncode == 0 and (tmp_path / "transfer.png").stat().st_size > 5_000, figure.stderr[-2000:]
 
     # The same command again: the study is complete, no trial is added, the section is the same.

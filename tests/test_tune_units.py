@@ -46,8 +46,15 @@ def test_stages_capped_by_units_and_by_devices_on_the_wall_clock(tmp_path: Path)
 
 
 def test_log_range_is_powers_of_two_and_free_batch_multiplies_out(tmp_path: Path) -> None:
-    s = _space(tmp_path, {"global_batch": "free", "stages": [2], "window": {"low": 2, "high": 16, "log": True},
-                          "microbatch_size": {"low": 3, "high": 9, "log": True}})  # fmt: skip
+    s = _space(
+        tmp_path,
+        {
+            "global_batch": "free",
+            "stages": [2],
+            "window": {"low": 2, "high": 16, "log": True},
+            "microbatch_size": {"low": 3, "high": 9, "log": True},
+        },
+    )
     assert s.window == (2, 4, 8, 16) and s.microbatch_size == (4, 8)
     assert len(s.grid()) == 2 * 4 * 2  # both schedules
     assert {p.global_batch for p in s.grid()} == {a * b for a in (2, 4, 8, 16) for b in (4, 8)}
@@ -116,9 +123,12 @@ def test_grid_step_maps_clock_to_rungs() -> None:
 # ------------------------------------------------------------------------ quota counting
 def _trial(state: TrialState, value: float | None = None, **attrs: object) -> optuna.trial.FrozenTrial:
     return create_trial(
-        state=state, value=value, params={"microbatch_size": 4}, user_attrs=dict(attrs),
+        state=state,
+        value=value,
+        params={"microbatch_size": 4},
+        user_attrs=dict(attrs),
         distributions={"microbatch_size": CategoricalDistribution([4, 8])},
-    )  # fmt: skip
+    )
 
 
 def test_counted_skips_retried_failures_and_free_repeats() -> None:
@@ -136,8 +146,11 @@ def test_counted_skips_retried_failures_and_free_repeats() -> None:
 
 
 def test_counted_skips_queued_layouts_of_a_curve() -> None:
-    trials = [_trial(TrialState.COMPLETE, 1.0), _trial(TrialState.COMPLETE, 2.0, sibling_of=0),
-              _trial(TrialState.PRUNED, sibling_of=0)]  # fmt: skip
+    trials = [
+        _trial(TrialState.COMPLETE, 1.0),
+        _trial(TrialState.COMPLETE, 2.0, sibling_of=0),
+        _trial(TrialState.PRUNED, sibling_of=0),
+    ]
     assert counted(trials, quota=5) == 1  # siblings.py: the simulator's cost, not a trial's
 
 

@@ -57,8 +57,10 @@ def test_identical_arms_are_a_tie_with_an_interval_of_no_width() -> None:
 def test_the_confirmed_verdict_is_scipys_paired_t_on_its_own_confirmation_scores(tmp_path: Path) -> None:
     paci = {1: 3.0, 2: 3.3, 3: 2.8}
     flush = {1: 6.0, 2: 5.5, 3: 6.4}
-    best = best_of({"paci": confirmed_study("paci", {8: paci}), "1f1b": confirmed_study("1f1b", {8: flush})},
-                   confirm_seeds=[1, 2, 3])  # fmt: skip
+    best = best_of(
+        {"paci": confirmed_study("paci", {8: paci}), "1f1b": confirmed_study("1f1b", {8: flush})},
+        confirm_seeds=[1, 2, 3],
+    )
     c = best["comparison"]
     assert c["interval"] == pytest.approx(_t_interval(flush, paci), abs=1e-4)
     assert c["ratios"] == pytest.approx({s: flush[s] / paci[s] for s in paci}, abs=1e-6)
@@ -79,8 +81,9 @@ def test_the_compared_points_are_chosen_on_the_search_draws_not_the_confirmation
     pick on the seeds that report it: the comparison keeps b=4, and with its spread that is a tie, so the
     synchronous point is recommended."""
     paci = confirmed_study("paci", {4: {1: 2.0, 2: 8.0, 3: 5.0}, 8: {1: 3.0, 2: 3.1, 3: 2.9}}, search={4: 1.0, 8: 2.0})
-    best = best_of({"paci": paci, "1f1b": confirmed_study("1f1b", {8: {1: 6.0, 2: 6.2, 3: 5.8}})},
-                   confirm_seeds=[1, 2, 3])  # fmt: skip
+    best = best_of(
+        {"paci": paci, "1f1b": confirmed_study("1f1b", {8: {1: 6.0, 2: 6.2, 3: 5.8}})}, confirm_seeds=[1, 2, 3]
+    )
     c = best["comparison"]
     assert c["paci"]["point"] == "paci P=2 a=8 b=4" and c["paci"]["trial"] == "t.paci#0"
     assert c["verdict"] == "tie" and best["recommended"]["schedule"] == "1f1b"
@@ -90,21 +93,26 @@ def test_the_compared_points_are_chosen_on_the_search_draws_not_the_confirmation
 
 def test_a_tie_recommends_the_synchronous_point_and_flush_wins_say_so() -> None:
     paci, flush = {1: 3.0, 2: 7.0, 3: 5.0}, {1: 4.0, 2: 6.0, 3: 5.5}
-    tie = best_of({"paci": confirmed_study("paci", {8: paci}), "1f1b": confirmed_study("1f1b", {8: flush})},
-                  confirm_seeds=[1, 2, 3])  # fmt: skip
+    tie = best_of(
+        {"paci": confirmed_study("paci", {8: paci}), "1f1b": confirmed_study("1f1b", {8: flush})},
+        confirm_seeds=[1, 2, 3],
+    )
     low, high = tie["comparison"]["interval"]
     assert low < 1.0 < high and tie["verdict"] == "tie" and tie["recommended"]["schedule"] == "1f1b"
     slow = {1: 9.0, 2: 9.5, 3: 8.6}
-    lost = best_of({"paci": confirmed_study("paci", {8: slow}), "1f1b": confirmed_study("1f1b", {8: flush})},
-                   confirm_seeds=[1, 2, 3])  # fmt: skip
+    lost = best_of(
+        {"paci": confirmed_study("paci", {8: slow}), "1f1b": confirmed_study("1f1b", {8: flush})},
+        confirm_seeds=[1, 2, 3],
+    )
     assert lost["verdict"] == "flush" and lost["comparison"]["interval"][1] < 1.0
     assert Comparison.from_doc(lost["comparison"]).sentence().startswith("flush -- flush wins")
 
 
 def test_no_pipeline_is_said_when_the_whole_model_on_each_device_wins() -> None:
     flush = confirmed_study("1f1b", {8: {1: 3.0, 2: 3.1, 3: 2.9}}, stages=1)
-    best = best_of({"paci": confirmed_study("paci", {8: {1: 6.0, 2: 6.3, 3: 5.9}}), "1f1b": flush},
-                   confirm_seeds=[1, 2, 3])  # fmt: skip
+    best = best_of(
+        {"paci": confirmed_study("paci", {8: {1: 6.0, 2: 6.3, 3: 5.9}}), "1f1b": flush}, confirm_seeds=[1, 2, 3]
+    )
     c = Comparison.from_doc(best["comparison"])
     assert c.verdict == "flush" and c.no_pipeline and "no pipeline" in c.sentence()
     assert best["recommended"]["schedule"] == "1f1b" and best["recommended"]["stages"] == 1
@@ -148,19 +156,25 @@ def test_an_interval_of_no_width_below_the_validation_spacing_is_a_tie() -> None
     """Every seed reached the target at the same validation: the interval excludes 1, but the means differ by
     less than one validation interval (2 s), the resolution of time to target; 2.5 s apart it stands."""
     flush = confirmed_study("1f1b", {8: {1: 3.0, 2: 3.0, 3: 3.0}})
-    close = best_of({"paci": confirmed_study("paci", {8: {1: 3.5, 2: 3.5, 3: 3.5}}), "1f1b": flush},
-                    confirm_seeds=[1, 2, 3])  # fmt: skip
+    close = best_of(
+        {"paci": confirmed_study("paci", {8: {1: 3.5, 2: 3.5, 3: 3.5}}), "1f1b": flush}, confirm_seeds=[1, 2, 3]
+    )
     assert close["comparison"]["interval"][1] < 1.0 and close["verdict"] == "tie"
     assert any("less than one validation interval" in n for n in close["comparison"]["notes"])
-    apart = best_of({"paci": confirmed_study("paci", {8: {1: 5.5, 2: 5.5, 3: 5.5}}), "1f1b": flush},
-                    confirm_seeds=[1, 2, 3])  # fmt: skip
+    apart = best_of(
+        {"paci": confirmed_study("paci", {8: {1: 5.5, 2: 5.5, 3: 5.5}}), "1f1b": flush}, confirm_seeds=[1, 2, 3]
+    )
     assert apart["verdict"] == "flush"
 
 
 def test_a_single_stage_pacis_comparison_is_noted() -> None:
     """A space with only P = 1 (the A/A construction): PACI there trains flush's numbers."""
-    best = best_of({"paci": search_study("paci", [(8, 5.0, 5.0)], stages=1),
-                    "1f1b": search_study("1f1b", [(8, 5.0, 5.0)], stages=1)})  # fmt: skip
+    best = best_of(
+        {
+            "paci": search_study("paci", [(8, 5.0, 5.0)], stages=1),
+            "1f1b": search_study("1f1b", [(8, 5.0, 5.0)], stages=1),
+        }
+    )
     assert best["verdict"] == "tie" and any("single stage" in n for n in best["comparison"]["notes"])
 
 
@@ -180,8 +194,13 @@ def test_a_file_from_before_the_comparison_record_still_reads(tmp_path: Path) ->
 
 
 # ------------------------------------------------------------------------------------ rounds
-def _round(paci: dict[int, float], flush: dict[int, float], minimum: int = 3, cap: int = 5,
-           missed: frozenset[tuple[int, int]] = frozenset()) -> Round:  # fmt: skip
+def _round(
+    paci: dict[int, float],
+    flush: dict[int, float],
+    minimum: int = 3,
+    cap: int = 5,
+    missed: frozenset[tuple[int, int]] = frozenset(),
+) -> Round:
     studies = {"paci": confirmed_study("paci", {8: paci}, missed), "1f1b": confirmed_study("1f1b", {8: flush})}
     return current_round(studies, 0, Design(minimum, cap))  # base seed 0: the fresh seeds are 1, 2, ...
 
@@ -204,8 +223,11 @@ def test_a_miss_stops_the_confirmation() -> None:
 
 def test_one_seed_decides_nothing_and_bad_rounds_are_refused() -> None:
     assert _round({1: 3.0}, {1: 6.0}, minimum=1, cap=3) == Round(2, None)  # 2x on one seed: no spread, no test
-    for bad, key in ((ConfirmConfig(seeds=3, max_seeds=2), "max_seeds"), (ConfirmConfig(seeds=1, max_seeds=1),
-                     "max_seeds"), (ConfirmConfig(tolerance=0), "tolerance")):  # fmt: skip
+    for bad, key in (
+        (ConfirmConfig(seeds=3, max_seeds=2), "max_seeds"),
+        (ConfirmConfig(seeds=1, max_seeds=1), "max_seeds"),
+        (ConfirmConfig(tolerance=0), "tolerance"),
+    ):
         with pytest.raises(ConfigError) as e:
             bad.check("search.confirm")
         assert e.value.key == f"search.confirm.{key}"

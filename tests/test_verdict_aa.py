@@ -24,10 +24,18 @@ def test_identical_arms_end_in_a_tie(tmp_path: Path) -> None:
     q = quick_search()
     (tmp_path / "space.yaml").write_text(yaml.safe_dump({**q.QUICK_SPACE, "stages": [1]}))
     (tmp_path / "profile.yaml").write_text(yaml.safe_dump(q.QUICK_PROFILE))
-    doc = {**q.QUICK, "target": {"value": 3.35},  # reached by every run
-           "budget": {**q.QUICK["budget"], "seconds": 0.3, "grid": 6, "profile": str(tmp_path / "profile.yaml")},
-           "search": {**q.QUICK["search"], "space": str(tmp_path / "space.yaml"), "trials": 2, "seed": 0,
-                      "confirm": {"top": 1, "seeds": 3}}}  # fmt: skip
+    doc = {
+        **q.QUICK,
+        "target": {"value": 3.35},  # reached by every run
+        "budget": {**q.QUICK["budget"], "seconds": 0.3, "grid": 6, "profile": str(tmp_path / "profile.yaml")},
+        "search": {
+            **q.QUICK["search"],
+            "space": str(tmp_path / "space.yaml"),
+            "trials": 2,
+            "seed": 0,
+            "confirm": {"top": 1, "seeds": 3},
+        },
+    }
     config = tmp_path / "model.yaml"
     config.write_text(yaml.safe_dump(doc, sort_keys=False))
     check_ok(run(search_cmd(config, tmp_path)))

@@ -70,8 +70,10 @@ def test_the_whole_path_ends_where_the_rule_says() -> None:
         n = design.min_seeds
         while True:
             seeds = confirm_seeds(0, n)
-            studies = {"paci": confirmed_study("paci", {8: {s: float(p[s - 1]) for s in seeds}}),
-                       "1f1b": confirmed_study("1f1b", {8: {s: float(b[s - 1]) for s in seeds}})}  # fmt: skip
+            studies = {
+                "paci": confirmed_study("paci", {8: {s: float(p[s - 1]) for s in seeds}}),
+                "1f1b": confirmed_study("1f1b", {8: {s: float(b[s - 1]) for s in seeds}}),
+            }
             now = current_round(studies, 0, design)
             if now.stopped_by is not None:
                 break

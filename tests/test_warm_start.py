@@ -45,8 +45,9 @@ TRAINING_LINE = "warm start: training"
 """The start of the line a search logs when it trains the warm-up (and only then)."""
 
 
-def write_quick(folder: Path, warm: dict[str, Any] | None = None, *, relative: bool = False,
-                **sections: dict[str, Any]) -> Path:  # fmt: skip
+def write_quick(
+    folder: Path, warm: dict[str, Any] | None = None, *, relative: bool = False, **sections: dict[str, Any]
+) -> Path:
     """QUICK as ``folder/model.yaml`` (its space and profile beside it, named by absolute paths unless
     ``relative``): a 0.6 s rst budget (a few steps a trial), an LR that warms up over half of a run (so a
     trial that warmed up again would show it), one trial per schedule confirmed on exactly seeds 1 and 2,
@@ -56,13 +57,20 @@ def write_quick(folder: Path, warm: dict[str, Any] | None = None, *, relative: b
     (folder / "space.yaml").write_text(yaml.safe_dump(q.QUICK_SPACE))
     (folder / "profile.yaml").write_text(yaml.safe_dump(q.QUICK_PROFILE))
     where = (lambda n: n) if relative else (lambda n: str(folder / n))
-    doc = merge(q.QUICK, {
-        "optimizer": OPTIMIZER,
-        "lr_schedule": {"warmup_fraction": 0.5},
-        "budget": {"seconds": 0.6, "profile": where("profile.yaml")},
-        "search": {"space": where("space.yaml"), "trials": 1, "seed": 0,
-                   "confirm": {"top": 1, "seeds": 2, "max_seeds": 2}},
-    })  # fmt: skip
+    doc = merge(
+        q.QUICK,
+        {
+            "optimizer": OPTIMIZER,
+            "lr_schedule": {"warmup_fraction": 0.5},
+            "budget": {"seconds": 0.6, "profile": where("profile.yaml")},
+            "search": {
+                "space": where("space.yaml"),
+                "trials": 1,
+                "seed": 0,
+                "confirm": {"top": 1, "seeds": 2, "max_seeds": 2},
+            },
+        },
+    )
     doc = merge(doc, sections)
     doc["search"].pop("warm_start", None)
     if warm is not None:
@@ -72,8 +80,12 @@ def write_quick(folder: Path, warm: dict[str, Any] | None = None, *, relative: b
 
 def _files(folder: Path) -> dict[str, tuple[int, int, int]]:
     """Every file under ``folder`` but the lock: (inode, mtime in ns, size). Rewritten or retrained, it changes."""
-    return {str(p.relative_to(folder)): (st.st_ino, st.st_mtime_ns, st.st_size)
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock" for st in [p.stat()]}  # fmt: skip
+    return {
+        str(p.relative_to(folder)): (st.st_ino, st.st_mtime_ns, st.st_size)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+        for st in [p.stat()]
+    }
 
 
 def _train(path: Path) -> list[dict[str, Any]]:
@@ -168,8 +180,14 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> Searched:
     killed = work / "trials" / "model.paci" / "trial-0002"  # trials: 1, so PACI's #1 and #2 are its confirmation
     log = tmp / "first.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(search_cmd(config, tmp), cwd=REPO, env=cli_env(), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            search_cmd(config, tmp),
+            cwd=REPO,
+            env=cli_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + 400
             while not killed.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -179,14 +197,18 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> Searched:
     first_log = log.read_text()
     assert killed.exists(), f"the confirmation never started (exit {proc.returncode}):\n{first_log[-3000:]}"
     storage = f"sqlite:///{work / 'study.db'}"
-    at_kill = {(s, t.number): (t.state, t.value, t.user_attrs.get("confirm"))
-               for s, st in studies(storage).items() for t in st.trials}  # fmt: skip
+    at_kill = {
+        (s, t.number): (t.state, t.value, t.user_attrs.get("confirm"))
+        for s, st in studies(storage).items()
+        for t in st.trials
+    }
     warm_dir = work / "model-warm-start"
     files_at_kill = _files(warm_dir)
     resumed = run(search_cmd(config, tmp), timeout=400)
     check_ok(resumed)
-    return Searched(tmp, config, storage, warm_dir, killed, first_log, at_kill, files_at_kill, resumed,
-                    _files(warm_dir))  # fmt: skip
+    return Searched(
+        tmp, config, storage, warm_dir, killed, first_log, at_kill, files_at_kill, resumed, _files(warm_dir)
+    )
 
 
 @pytest.mark.slow
@@ -197,8 +219,12 @@ def test_every_trial_starts_at_the_step_after_the_warm_up(searched: Searched) ->
     trained = _check_trials_start_from(searched.tmp / "work", done, may_lack=(searched.killed,))
     # The storage's finished trials each trained in their own folder (a reused repeat, or a layout answered
     # from another trial's curve, has none).
-    complete = [(s, t.number) for s, st in studies(searched.storage).items() for t in st.trials
-                if t.state == TrialState.COMPLETE and not {"repeat_of", "shared_from"} & set(t.user_attrs)]  # fmt: skip
+    complete = [
+        (s, t.number)
+        for s, st in studies(searched.storage).items()
+        for t in st.trials
+        if t.state == TrialState.COMPLETE and not {"repeat_of", "shared_from"} & set(t.user_attrs)
+    ]
     assert len(complete) >= 6, complete  # 1 search trial + 2 confirmations per schedule
     for s, n in complete:
         assert _train(searched.tmp / "work" / "trials" / f"model.{s}" / f"trial-{n:04d}" / "events.jsonl"), (s, n)
@@ -260,8 +286,10 @@ def test_a_search_killed_mid_confirmation_resumes_with_the_same_seeds(searched: 
         assert any(t.user_attrs.get("retry_of") == killed for t in after["paci"].trials)
     best = yaml.safe_load((searched.tmp / "best.yaml").read_text())
     assert best["confirmation"]["seeds"] == [1, 2]
-    assert {s: sorted(int(k) for k in best["confirmation"][s][0]["seeds"]) for s in ("paci", "1f1b")} == \
-        {"paci": [1, 2], "1f1b": [1, 2]}  # fmt: skip
+    assert {s: sorted(int(k) for k in best["confirmation"][s][0]["seeds"]) for s in ("paci", "1f1b")} == {
+        "paci": [1, 2],
+        "1f1b": [1, 2],
+    }
 
 
 @pytest.mark.slow
@@ -274,8 +302,9 @@ def test_the_same_search_again_does_not_train_the_warm_up_again(searched: Search
     assert TRAINING_LINE not in proc.stderr, proc.stderr[-3000:]
     assert _files(searched.warm_dir) == before, "warm.json or the checkpoint was written again"
     assert before == searched.files_at_kill  # nor by the resume before it
-    assert _trial_folders(work) == folders and sum(len(st.trials) for st in studies(searched.storage).values()) \
-        == n_trials  # fmt: skip
+    assert (
+        _trial_folders(work) == folders and sum(len(st.trials) for st in studies(searched.storage).values()) == n_trials
+    )
     assert yaml.safe_load((searched.tmp / "best.yaml").read_text())["warm_start"]["step"] == WARM
 
 
@@ -284,8 +313,16 @@ def test_apply_trains_what_the_recommended_trial_trained(searched: Searched) -> 
     want, shared = _evidence_losses(searched)
     assert len(want) >= 3
     metrics = searched.tmp / "replay.jsonl"
-    check_ok(_apply(searched.tmp / "best.yaml", "--no-live", "--metrics", metrics, "--checkpoint-dir",
-                    searched.tmp / "replay-checkpoints"))  # fmt: skip
+    check_ok(
+        _apply(
+            searched.tmp / "best.yaml",
+            "--no-live",
+            "--metrics",
+            metrics,
+            "--checkpoint-dir",
+            searched.tmp / "replay-checkpoints",
+        )
+    )
     got = [r["loss"] for r in _train(metrics)]
     assert _train(metrics)[0]["step"] == WARM + 1
     # The trial may have trained past its budget: a shared curve's first run trains its class's (tune/sharing.py).
@@ -309,8 +346,11 @@ def test_apply_trains_the_warm_up_first_when_its_checkpoint_is_gone(searched: Se
         assert written["training"]["init_from"] == str(redo / f"batch_{WARM:08d}")
 
         metrics = tmp / "rewarmed.jsonl"
-        check_ok(_apply(tmp / "best.yaml", "--no-live", "--metrics", metrics, "--checkpoint-dir",
-                        tmp / "rewarmed-checkpoints"))  # fmt: skip
+        check_ok(
+            _apply(
+                tmp / "best.yaml", "--no-live", "--metrics", metrics, "--checkpoint-dir", tmp / "rewarmed-checkpoints"
+            )
+        )
         assert not warm_dir.exists(), "apply wrote into the search's folder"
         redone = json.loads((redo / "warm.json").read_text())
         original = json.loads((away / "warm.json").read_text())
@@ -362,8 +402,15 @@ def test_a_killed_warm_up_continues_from_its_last_checkpoint(tmp_path: Path, mon
     tune = load_tune_config(read_yaml(config))
     doc = warm.warm_up_doc(tune, folder, trial_runtime(tune))
     assert doc["training"]["checkpoint_every"] == 2
-    killed = subprocess.run([sys.executable, "-c", _DIES_AT, json.dumps(doc), "7"], capture_output=True, text=True,
-                            cwd=REPO, env=cli_env(), timeout=300, check=False)  # fmt: skip
+    killed = subprocess.run(
+        [sys.executable, "-c", _DIES_AT, json.dumps(doc), "7"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=cli_env(),
+        timeout=300,
+        check=False,
+    )
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert not (folder / warm.DONE).exists() and (folder / "LATEST").read_text().strip() == "batch_00000006"
 
@@ -396,8 +443,19 @@ def test_a_killed_warm_up_continues_from_its_last_checkpoint(tmp_path: Path, mon
 def test_workers_on_one_journal_train_one_warm_up_and_start_every_trial_from_it(tmp_path: Path) -> None:
     config = write_quick(tmp_path, warm={"steps": WARM}, search={"trials": 2, "confirm": {"top": 0}})
     journal = tmp_path / "s.log"
-    cmds = [search_cmd(config, tmp_path, "--storage", f"journal://{journal}", "--workdir", str(tmp_path / f"w{i}"),
-                       "--out", str(tmp_path / f"best{i}.yaml")) for i in range(2)]  # fmt: skip
+    cmds = [
+        search_cmd(
+            config,
+            tmp_path,
+            "--storage",
+            f"journal://{journal}",
+            "--workdir",
+            str(tmp_path / f"w{i}"),
+            "--out",
+            str(tmp_path / f"best{i}.yaml"),
+        )
+        for i in range(2)
+    ]
     outs = [(out, err) for _, out, err in run_workers(cmds, timeout=500)]
     folder = tmp_path / "model-warm-start"  # beside the journal file
     assert sorted(tmp_path.rglob("warm.json")) == [folder / "warm.json"], "more than one warm-up"
@@ -412,8 +470,10 @@ def test_workers_on_one_journal_train_one_warm_up_and_start_every_trial_from_it(
         st = optuna.load_study(study_name=f"model.{s}", storage=storage)
         assert StudyRecord.read(st).warm_start == {"folder": str(folder), "checkpoint": done["checkpoint"]}
     for i in range(2):
-        assert yaml.safe_load((tmp_path / f"best{i}.yaml").read_text())["run"]["training"]["init_from"] == \
-            done["checkpoint"]  # fmt: skip
+        assert (
+            yaml.safe_load((tmp_path / f"best{i}.yaml").read_text())["run"]["training"]["init_from"]
+            == done["checkpoint"]
+        )
 
 
 @pytest.mark.slow
@@ -433,9 +493,21 @@ def test_workers_on_postgresql_with_other_work_folders_train_one_warm_up(tmp_pat
     name = f"warm-{os.getpid()}-{tmp_path.name}"
     try:
         config = write_quick(tmp_path, warm={"steps": WARM}, search={"trials": 2, "confirm": {"top": 0}})
-        cmds = [search_cmd(config, tmp_path, "--storage", url, "--study-name", name,
-                           "--workdir", str(tmp_path / f"w{i}"), "--out", str(tmp_path / f"best{i}.yaml"))
-                for i in range(2)]  # fmt: skip
+        cmds = [
+            search_cmd(
+                config,
+                tmp_path,
+                "--storage",
+                url,
+                "--study-name",
+                name,
+                "--workdir",
+                str(tmp_path / f"w{i}"),
+                "--out",
+                str(tmp_path / f"best{i}.yaml"),
+            )
+            for i in range(2)
+        ]
         env = cli_env()
         env.pop("OMP_NUM_THREADS", None)
         first = subprocess.Popen(cmds[0], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -443,8 +515,7 @@ def test_workers_on_postgresql_with_other_work_folders_train_one_warm_up(tmp_pat
         while not (tmp_path / "w0" / "warm-start" / ".lock").exists():  # the first worker claimed the folder
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-2000:]
             time.sleep(0.1)
-        second = subprocess.Popen(cmds[1], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True)  # fmt: skip
+        second = subprocess.Popen(cmds[1], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         outs = [p.communicate(timeout=500) for p in (first, second)]
         for p, (_, err) in zip((first, second), outs, strict=True):
             assert p.returncode == 0, err[-3000:]
@@ -471,8 +542,9 @@ def test_folder_for_finds_the_warm_up_folder(tmp_path: Path) -> None:
     work = tmp_path / "work"
     tune = load_tune_config(read_yaml(write_quick(tmp_path, warm={"steps": WARM})))
     fresh = {s: optuna.create_study(study_name=s) for s in ("paci", "1f1b")}
-    assert folder_for(tune, "run", work, f"sqlite:///{tmp_path}/db/study.db", fresh) == tmp_path / "db" / \
-        "run-warm-start"  # fmt: skip
+    assert (
+        folder_for(tune, "run", work, f"sqlite:///{tmp_path}/db/study.db", fresh) == tmp_path / "db" / "run-warm-start"
+    )
     assert folder_for(tune, "run", work, f"journal://{tmp_path}/j/s.log", fresh) == tmp_path / "j" / "run-warm-start"
     assert folder_for(tune, "run", work, str(tmp_path / "j" / "s.log"), fresh) == tmp_path / "j" / "run-warm-start"
     for server in ("postgresql://u@db.example/paci", "mysql://u@db.example/paci"):
@@ -515,8 +587,9 @@ def _refused_in_process(folder: Path, args: list[str], key: str, value: str) -> 
 
 
 @pytest.mark.parametrize(("case", "warm", "key", "value"), BAD_WARM_START, ids=[c[0] for c in BAD_WARM_START])
-def test_bad_warm_start_is_refused_by_search_and_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str,
-                                                       warm: Any, key: str, value: str) -> None:  # fmt: skip
+def test_bad_warm_start_is_refused_by_search_and_train(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, warm: Any, key: str, value: str
+) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # a profile measured would land here
     write_quick(tmp_path / "in", warm=warm, relative=True)
     for args in (["search", "model.yaml", "--no-live"], ["train", "model.yaml", "--no-live"]):
@@ -572,12 +645,14 @@ INIT_FROM_CASES: list[tuple[str, dict[str, Any], list[str], str]] = [
 
 
 @pytest.mark.parametrize(("case", "training", "args", "value"), INIT_FROM_CASES, ids=[c[0] for c in INIT_FROM_CASES])
-def test_train_refuses_an_init_from_that_is_not_a_checkpoint(tmp_path: Path, case: str, training: dict[str, Any],
-                                                             args: list[str], value: str) -> None:  # fmt: skip
+def test_train_refuses_an_init_from_that_is_not_a_checkpoint(
+    tmp_path: Path, case: str, training: dict[str, Any], args: list[str], value: str
+) -> None:
     (tmp_path / "plain").mkdir()  # a folder, but no checkpoint in it
     write_config(tmp_path, make_config(training=training), "c.yaml")
-    _refused_in_process(tmp_path, ["train", "c.yaml", "--no-live", "--metrics", "m.jsonl", *args],
-                        "training.init_from", value)  # fmt: skip
+    _refused_in_process(
+        tmp_path, ["train", "c.yaml", "--no-live", "--metrics", "m.jsonl", *args], "training.init_from", value
+    )
 
 
 @pytest.mark.slow
@@ -586,8 +661,12 @@ def test_train_refuses_a_missing_init_from_end_to_end(tmp_path: Path, how: str) 
     doc = make_config(training={"init_from": "ckpts/missing"} if how == "key" else {})
     args = ["--init-from", "ckpts/missing"] if how == "option" else []
     metrics = tmp_path / "metrics.jsonl"
-    check_error(run_cli(write_config(tmp_path, doc), *args, "--metrics", metrics), metrics, "training.init_from",
-                "ckpts/missing")  # fmt: skip
+    check_error(
+        run_cli(write_config(tmp_path, doc), *args, "--metrics", metrics),
+        metrics,
+        "training.init_from",
+        "ckpts/missing",
+    )
 
 
 def test_a_relative_init_from_is_read_from_the_current_folder(tmp_path: Path) -> None:
@@ -614,8 +693,14 @@ def _warm_best(folder: Path, gone: Path) -> Path:
     warm_run = merge(BEST["run"], {"pipeline": {"schedule": "1f1b"}, "training": training})
     doc = copy.deepcopy(BEST)
     doc["run"]["training"]["init_from"] = checkpoint
-    doc["warm_start"] = {"note": "warm-started", "checkpoint": checkpoint, "step": 4, "source": "warm-up",
-                         "val_loss": 3.9, "run": warm_run}  # fmt: skip
+    doc["warm_start"] = {
+        "note": "warm-started",
+        "checkpoint": checkpoint,
+        "step": 4,
+        "source": "warm-up",
+        "val_loss": 3.9,
+        "run": warm_run,
+    }
     path = folder / "best.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -635,5 +720,6 @@ def test_apply_refuses_a_missing_init_from_given_instead_of_the_warm_up(tmp_path
     """``--init-from`` replaces the search's checkpoint: one that is not there is refused, naming it, rather than
     the search's warm-up trained in its place."""
     _warm_best(tmp_path, tmp_path / "gone")
-    _refused_in_process(tmp_path, ["apply", "best.yaml", "--dry-run", "--init-from", "typo/ckpt"],
-                        "training.init_from", "typo/ckpt")  # fmt: skip
+    _refused_in_process(
+        tmp_path, ["apply", "best.yaml", "--dry-run", "--init-from", "typo/ckpt"], "training.init_from", "typo/ckpt"
+    )

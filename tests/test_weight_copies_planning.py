@@ -115,8 +115,7 @@ def test_planning_prediction_of_an_interleaved_cut_counts_each_stages_chunks() -
     stage (P entries), and stage 0's activations are its warm-up plus one chunk activations,
     (v - 1) r + 2 (P - 1) + 1 = 5 at P = 2, v = 2, m = 4 (r = 2), each one 2-unit piece's."""
     prof = profile([unit() for _ in range(8)])
-    pipeline = {"schedule": "interleaved", "chunks": 2, "stages": 2, "window": 4, "microbatch_size": 1,
-                "device": "cpu"}  # fmt: skip
+    pipeline = {"schedule": "interleaved", "chunks": 2, "stages": 2, "window": 4, "microbatch_size": 1, "device": "cpu"}
     cfg = derive_run(make_config(training={"global_batch": 4, "clock": "sim"}, pipeline=pipeline))
     need = predicted_memory(cfg, prof, [2, 2, 2, 2])
     sim = simulate(cfg.layout.with_partition([2, 2, 2, 2]), prof, 4)

@@ -48,12 +48,16 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
 
 def test_a_forked_child_has_its_own_group_output_environment_and_exit_code(tmp_path: Path) -> None:
     env = child_environment(os.environ)
-    script = _script(tmp_path, "child.py", """
+    script = _script(
+        tmp_path,
+        "child.py",
+        """
         import os, sys
         print("out", os.getpid(), os.getpgid(0), os.getsid(0), flush=True)
         print("err", os.environ.get("OMP_NUM_THREADS"), os.getcwd(), file=sys.stderr, flush=True)
         sys.exit(3)
-    """)  # fmt: skip
+    """,
+    )
     with Zygote(PRELOAD, env, tmp_path / "server.log") as server:
         child = server.spawn("runpy:run_path", [script], {**env, "OMP_NUM_THREADS": "1"}, tmp_path / "child.log")
         assert child is not None
@@ -104,7 +108,10 @@ def test_a_child_runs_the_ordinary_way_when_the_server_cannot_start(tmp_path: Pa
 
 def test_sigkill_of_the_parent_leaves_neither_the_server_nor_its_children(tmp_path: Path) -> None:
     sleeper = _script(tmp_path, "sleep.py", "import time\ntime.sleep(600)\n")
-    parent = _script(tmp_path, "parent.py", f"""
+    parent = _script(
+        tmp_path,
+        "parent.py",
+        f"""
         import os, sys, time
         from pathlib import Path
         from paci_tune.base.zygote import Zygote
@@ -112,7 +119,8 @@ def test_sigkill_of_the_parent_leaves_neither_the_server_nor_its_children(tmp_pa
         c = z.spawn("runpy:run_path", [{sleeper!r}], dict(os.environ), Path({str(tmp_path / "s.log")!r}))
         print(z._proc.pid, c.pid, flush=True)
         time.sleep(600)
-    """)  # fmt: skip
+    """,
+    )
     proc = subprocess.Popen([sys.executable, parent], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     server_pid, child_pid = (int(v) for v in proc.stdout.readline().split())

@@ -173,9 +173,15 @@ class Child:
     """
 
     def __init__(
-        self, cmd: Sequence[str], *, log: Path, events: Path, env: dict[str, str] | None = None, stdin: bool = False,
+        self,
+        cmd: Sequence[str],
+        *,
+        log: Path,
+        events: Path,
+        env: dict[str, str] | None = None,
+        stdin: bool = False,
         fork: Fork | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cmd, self.log_path, self.events_path = list(cmd), Path(log), Path(events)
         self.env, self.stdin, self.fork = child_environment(os.environ if env is None else env), stdin, fork
         self.proc: Process | None = None
@@ -189,8 +195,13 @@ class Child:
         if self.proc is not None:
             return self
         with open(self.log_path, "w") as logf:
-            self.proc = start_in_group(self.cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
-                                       stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL)  # fmt: skip
+            self.proc = start_in_group(
+                self.cmd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL,
+            )
         return self
 
     def __exit__(

@@ -22,8 +22,14 @@ from .measure import METHOD, calibrate, default_threads, device_name, resolve_ta
 Log = Callable[[str], None]
 
 
-def cache_key(cfg: RunConfig, device: torch.device, dtype: str, threads: int, microbatch_sizes: Sequence[int],
-              optimizers: Sequence[str] = ()) -> str:  # fmt: skip
+def cache_key(
+    cfg: RunConfig,
+    device: torch.device,
+    dtype: str,
+    threads: int,
+    microbatch_sizes: Sequence[int],
+    optimizers: Sequence[str] = (),
+) -> str:
     """Hash of everything a quick profile depends on: model, data, device, dtype, threads, micro-batch sizes.
 
     Also the measurement method and the pipeline shape it reproduces (stages set the co-runners
@@ -88,7 +94,15 @@ def measured_profile(
             pass  # a stale or foreign file: measure again and overwrite it
     if log:
         log(f"measuring the model once on this machine at micro-batch sizes {sizes}; kept as {path}")
-    profile = calibrate(cfg, microbatch_sizes=sizes, repeats=3, warmup=1, threads=n_threads, p2p_repeats=30, log=log,
-                        optimizers=optimizers)  # fmt: skip
+    profile = calibrate(
+        cfg,
+        microbatch_sizes=sizes,
+        repeats=3,
+        warmup=1,
+        threads=n_threads,
+        p2p_repeats=30,
+        log=log,
+        optimizers=optimizers,
+    )
     profile.save(path)
     return profile, path

@@ -116,8 +116,9 @@ def co_run_pattern(
                 full = {**spec, "rank": rank, "out": outs[rank], "events": str(events), "parent_pid": os.getpid()}
                 spec_path.write_text(json.dumps(full, default=str))
                 code = f"from paci_tune.calibrate.corun import _timing_worker; _timing_worker({str(spec_path)!r})"
-                child = Child([sys.executable, "-c", code], log=Path(tmp, f"rank{rank}.log"), events=events, env=env,
-                              stdin=True)  # fmt: skip
+                child = Child(
+                    [sys.executable, "-c", code], log=Path(tmp, f"rank{rank}.log"), events=events, env=env, stdin=True
+                )
                 children.append(stack.enter_context(child))
             _await(children, "ready", idle_timeout_s, None)
             for child in children:  # the barrier: every child is built, all start timing now

@@ -16,8 +16,9 @@ from .allreduce import ALLREDUCE_SIZES, ALLREDUCE_TIMEOUT_S, fit_allreduce, time
 from .p2p import P2P_TIMEOUT_S, fit_p2p, measure_in_group, ping_pong, run_ranks, sizes_of
 
 
-def _links_worker(rank: int, port: int, p2p: list[int], p2p_repeats: int, allreduce: list[int],
-                  allreduce_repeats: int, out_path: str) -> None:  # fmt: skip
+def _links_worker(
+    rank: int, port: int, p2p: list[int], p2p_repeats: int, allreduce: list[int], allreduce_repeats: int, out_path: str
+) -> None:
     """One of the two ranks; rank 0 writes {"p2p": {bytes: s}, "allreduce": {bytes: s}} to ``out_path``."""
 
     def both() -> dict[str, dict[int, float]]:
@@ -27,9 +28,12 @@ def _links_worker(rank: int, port: int, p2p: list[int], p2p_repeats: int, allred
 
 
 def measure_links(
-    p2p_sizes: Sequence[int], *, p2p_repeats: int = 30, allreduce_sizes: Sequence[int] = ALLREDUCE_SIZES,
+    p2p_sizes: Sequence[int],
+    *,
+    p2p_repeats: int = 30,
+    allreduce_sizes: Sequence[int] = ALLREDUCE_SIZES,
     allreduce_repeats: int = 8,
-) -> tuple[P2PCost, AllReduceCost]:  # fmt: skip
+) -> tuple[P2PCost, AllReduceCost]:
     """(point-to-point cost, all-reduce cost over 2 ranks) of gloo on loopback, from one pair of
     processes: what :func:`.p2p.measure_p2p` and :func:`.allreduce.measure_allreduce` give apart."""
 

@@ -263,27 +263,43 @@ def calibrate(
         del x, probe
     with torch_threads(n_threads):
         costs, optimizer_s = _stage_costs(
-            cfg, model, units, vocab=vocab, n_classes=n_classes, sizes=sizes, device=dev, dtype=dtype,
-            threads=n_threads, processes=n_procs, inflight=default_inflight(stages), repeats=repeats,
-            warmup=warmup, groups=groups, nbytes=nbytes, log=log,
-        )  # fmt: skip
+            cfg,
+            model,
+            units,
+            vocab=vocab,
+            n_classes=n_classes,
+            sizes=sizes,
+            device=dev,
+            dtype=dtype,
+            threads=n_threads,
+            processes=n_procs,
+            inflight=default_inflight(stages),
+            repeats=repeats,
+            warmup=warmup,
+            groups=groups,
+            nbytes=nbytes,
+            log=log,
+        )
         if costs is None:
             # The whole model with micro-batches in flight does not fit on the device: time units alone.
             if log:
                 log("the whole model does not fit on the device: timing units one at a time instead")
             release_masters([p for u in units for p in u.parameters()])
             torch.cuda.empty_cache()
-            isolated = measure_units(model, vocab, sizes, device=dev, dtype=dtype, repeats=repeats, warmup=warmup,
-                                     optimizer=cfg.optimizer)  # fmt: skip
+            isolated = measure_units(
+                model, vocab, sizes, device=dev, dtype=dtype, repeats=repeats, warmup=warmup, optimizer=cfg.optimizer
+            )
             costs, optimizer_s = [u.costs for u in isolated], [u.optimizer_s for u in isolated]
             copy_s = [u.copy_s for u in isolated]
         else:
             copy_s = measure_copies(units, device=dev, repeats=repeats, warmup=warmup)
-        costs = [{b: c.with_bytes(*transients[b][i]) for b, c in unit_costs.items()}
-                 for i, unit_costs in enumerate(costs)]  # fmt: skip
+        costs = [
+            {b: c.with_bytes(*transients[b][i]) for b, c in unit_costs.items()} for i, unit_costs in enumerate(costs)
+        ]
         step_bytes = step_transients(units, dev, cfg.optimizer)
-        others, note = other_optimizer_steps(cfg.optimizer, optimizers, units, optimizer_s, device=dev,
-                                             repeats=repeats, warmup=warmup)  # fmt: skip
+        others, note = other_optimizer_steps(
+            cfg.optimizer, optimizers, units, optimizer_s, device=dev, repeats=repeats, warmup=warmup
+        )
     unit_profiles = [
         UnitProfile(
             model.names[i],
@@ -334,9 +350,15 @@ def calibrate(
 
 
 def other_optimizer_steps(
-    timed: OptimizerConfig, optimizers: Sequence[OptimizerConfig], units: Sequence[nn.Module],
-    optimizer_s: Sequence[float], *, device: torch.device, repeats: int, warmup: int,
-) -> tuple[list[dict[str, float]], str | None]:  # fmt: skip
+    timed: OptimizerConfig,
+    optimizers: Sequence[OptimizerConfig],
+    units: Sequence[nn.Module],
+    optimizer_s: Sequence[float],
+    *,
+    device: torch.device,
+    repeats: int,
+    warmup: int,
+) -> tuple[list[dict[str, float]], str | None]:
     """Per unit, the steps of ``optimizers`` other than ``timed`` (the pattern's): each timed alone on the
     unit and scaled by what the pattern's step took over the same step alone there, so every optimizer is
     charged in the pattern's conditions (caches, co-runners). Returns them and the note saying so."""
@@ -352,18 +374,23 @@ def other_optimizer_steps(
         sig = (unit_signature(unit), 0 < i < last)
         if sig not in alone:
             kw = {"device": device, "repeats": repeats, "warmup": warmup, "hidden": sig[1]}
-            alone[sig] = {key: measure_optimizer(unit, optimizer=opt, **kw) for key, opt in
-                          {timed.timing_key: timed, **wanted}.items()}  # fmt: skip
+            alone[sig] = {
+                key: measure_optimizer(unit, optimizer=opt, **kw)
+                for key, opt in {timed.timing_key: timed, **wanted}.items()
+            }
         base = alone[sig][timed.timing_key]
         ratio = optimizer_s[i] / base if base > 0 else 1.0
         out[i] = {key: alone[sig][key] * ratio for key in wanted}
-    note = (f"optimizer_steps of {', '.join(wanted)}: timed alone on each unit, x the {timed.timing_key} step's "
-            "stage-pattern time over its own time alone there")  # fmt: skip
+    note = (
+        f"optimizer_steps of {', '.join(wanted)}: timed alone on each unit, x the {timed.timing_key} step's "
+        "stage-pattern time over its own time alone there"
+    )
     return out, note
 
 
-def with_optimizers(profile: Profile, cfg: RunConfig, optimizers: Sequence[OptimizerConfig], *, repeats: int = 5,
-                    warmup: int = 2) -> Profile:  # fmt: skip
+def with_optimizers(
+    profile: Profile, cfg: RunConfig, optimizers: Sequence[OptimizerConfig], *, repeats: int = 5, warmup: int = 2
+) -> Profile:
     """``profile`` (of ``cfg``'s model, perhaps measured on another machine) with the steps of ``optimizers``
     added: each timed alone here on each unit against the profile's own optimizer timed alone, and the
     profile's step scaled by that ratio (:func:`other_optimizer_steps`); the note says where and how.
@@ -382,8 +409,9 @@ def with_optimizers(profile: Profile, cfg: RunConfig, optimizers: Sequence[Optim
     # element-wise step hardly, so the ratio would not carry over (a 2-thread extension on a busy
     # 2-core machine charged Muon 20x its one-thread step).
     with torch_threads(max(1, int(profile.threads or 1))):
-        steps, note = other_optimizer_steps(own, optimizers, units, [u.optimizer_s for u in profile.units],
-                                            device=dev, repeats=repeats, warmup=warmup)  # fmt: skip
+        steps, note = other_optimizer_steps(
+            own, optimizers, units, [u.optimizer_s for u in profile.units], device=dev, repeats=repeats, warmup=warmup
+        )
     if note is None:
         return profile
     where = (

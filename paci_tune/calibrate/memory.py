@@ -133,8 +133,9 @@ def measure_transients(
     return transient, evaluation
 
 
-def measure_step_bytes(unit: nn.Module, *, device: torch.device, optimizer: OptimizerConfig | None = None,
-                       hidden: bool = False) -> int:  # fmt: skip
+def measure_step_bytes(
+    unit: nn.Module, *, device: torch.device, optimizer: OptimizerConfig | None = None, hidden: bool = False
+) -> int:
     """Peak bytes one optimizer step over ``unit``'s parameters allocates above the state it keeps (the
     second step: the first makes the state), on clones so the unit is untouched; 0 with nothing to train.
 

@@ -28,8 +28,9 @@ P2P_SIZES = (4 * 1024, 256 * 1024, 4 * 2**20)
 P2P_TIMEOUT_S = 120.0
 
 
-def measure_in_group(rank: int, world: int, port: int, timeout_s: float, out_path: str,
-                     measure: Callable[[], Any]) -> None:  # fmt: skip
+def measure_in_group(
+    rank: int, world: int, port: int, timeout_s: float, out_path: str, measure: Callable[[], Any]
+) -> None:
     """A measurement process's life: join the gloo group on loopback (one thread per process: a link,
     not compute), run ``measure``, rank 0 writes its figures as JSON to ``out_path``, leave the group."""
     import datetime
@@ -38,9 +39,12 @@ def measure_in_group(rank: int, world: int, port: int, timeout_s: float, out_pat
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),
-    )  # fmt: skip
+    )
     try:
         result = measure()
         if rank == 0:
@@ -135,8 +139,11 @@ def run_ranks(what: str, ranks: int, code: Callable[[int, int, str], str], timeo
         for rank in range(ranks):
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")  # noqa: SIM115 -- closed below
             logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, "-c", code(rank, port, out)], stdout=log,
-                                          stderr=subprocess.STDOUT, env=env))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", code(rank, port, out)], stdout=log, stderr=subprocess.STDOUT, env=env
+                )
+            )
         deadline = time.monotonic() + timeout_s
         try:
             for p in procs:

@@ -128,8 +128,10 @@ class StagePattern:
         params = [[p for p in u.parameters() if p.requires_grad] for u in self.units]
         self._params = params
         last = len(self.units) - 1  # Muon takes the matrices of the units between the first and the last
-        self.optimizers = [AliasedOptimizer.from_config(ps, optimizer, [0 < i < last] * len(ps)) if ps else None
-                           for i, ps in enumerate(params)]  # fmt: skip
+        self.optimizers = [
+            AliasedOptimizer.from_config(ps, optimizer, [0 < i < last] * len(ps)) if ps else None
+            for i, ps in enumerate(params)
+        ]
         self.samples = PatternSamples(optimizer=[[] for _ in self.units])
         self._pending: deque[_Pending | _SplitPending] = deque()
         self._backwards = 0

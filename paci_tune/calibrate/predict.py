@@ -131,8 +131,11 @@ def predict_schedules(
     check_depth(p.stages, profile.n_units)
     cap = int(memory_bytes) if memory_bytes is not None else cfg.hardware.memory_bytes
     if cap is not None and (too_small := unit_refusal(profile, cap)):
-        key, value = ("--memory-gib", memory_bytes / 2**30) if memory_bytes is not None else (
-            "hardware.memory", cfg.hardware.memory)  # fmt: skip
+        key, value = (
+            ("--memory-gib", memory_bytes / 2**30)
+            if memory_bytes is not None
+            else ("hardware.memory", cfg.hardware.memory)
+        )
         raise ConfigError(key, value, too_small)
     results: dict[str, SimResult] = {}
     errors: dict[str, str] = {}
@@ -141,8 +144,11 @@ def predict_schedules(
             v = schedule_of(name).chunks_of(chunks)
             if not 1 <= v * p.stages <= profile.n_units:
                 key, value = ("--chunks", chunks) if schedule_of(name).chunks is None else ("pipeline.stages", p.stages)
-                raise ConfigError(key, value, f"{p.stages} stages x {v} chunks: no more pieces than the model's "
-                                  f"{profile.n_units} units")  # fmt: skip
+                raise ConfigError(
+                    key,
+                    value,
+                    f"{p.stages} stages x {v} chunks: no more pieces than the model's {profile.n_units} units",
+                )
             results[name] = _predict_one(schedule_run(cfg, name, chunks, cap), profile, batches)
         except ConfigError as e:  # refused by this layout (PACI on a cut splitting tied parameters, ...)
             if len(schedules) == 1:
@@ -179,8 +185,13 @@ def _predict_one(run: RunConfig, profile: Profile, batches: int) -> SimResult:
     (module docstring)."""
     p = run.pipeline
     sizes = budget_cut(run, profile)
-    res = simulator.simulate(p.layout.with_partition(sizes), profile, batches, optimizer=run.optimizer.name,
-                             backward_weights=p.backward_weights)  # fmt: skip
+    res = simulator.simulate(
+        p.layout.with_partition(sizes),
+        profile,
+        batches,
+        optimizer=run.optimizer.name,
+        backward_weights=p.backward_weights,
+    )
     reserve = budget_reserve(profile)
     memory = [dataclasses.replace(m, overhead=reserve) for m in predicted_stage_memory(run, profile, sizes)]
     stages = [dataclasses.replace(st, memory=m) for st, m in zip(res.per_stage, memory, strict=True)]
@@ -192,5 +203,7 @@ def over_budget(result: SimResult, cap: int | None) -> str | None:
     if cap is None or result.peak_memory_bytes <= cap:
         return None
     worst = max(result.per_stage, key=lambda st: st.peak_memory_bytes)
-    return (f"predicted peak {format_bytes(worst.peak_memory_bytes)} on stage {worst.stage} over the budget of "
-            f"{format_bytes(cap)} a device, on its leanest cut")  # fmt: skip
+    return (
+        f"predicted peak {format_bytes(worst.peak_memory_bytes)} on stage {worst.stage} over the budget of "
+        f"{format_bytes(cap)} a device, on its leanest cut"
+    )

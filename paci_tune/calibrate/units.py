@@ -212,9 +212,14 @@ def timed(fn: Callable[[], T], device: torch.device) -> tuple[float, T]:
 
 
 def measure_optimizer(
-    unit: nn.Module, *, device: torch.device, repeats: int, warmup: int = 2, optimizer: OptimizerConfig | None = None,
+    unit: nn.Module,
+    *,
+    device: torch.device,
+    repeats: int,
+    warmup: int = 2,
+    optimizer: OptimizerConfig | None = None,
     hidden: bool = False,
-) -> float:  # fmt: skip
+) -> float:
     """Median seconds of one ``optimizer`` step (default AdamW) over ``unit``'s parameters alone (0 for a
     unit without any); ``hidden``: the unit lies between the model's first and last (Muon steps its matrices).
 
@@ -309,9 +314,15 @@ def measure_units(
                 if log:
                     log(f"unit {i} ({model.names[i]}), micro-batch {b}")
                 measured[sig] = measure_unit(
-                    unit, x, last=i == len(units) - 1, device=device, dtype=dtype, repeats=repeats, warmup=warmup,
+                    unit,
+                    x,
+                    last=i == len(units) - 1,
+                    device=device,
+                    dtype=dtype,
+                    repeats=repeats,
+                    warmup=warmup,
                     input_grad=needs_grad[i],
-                )  # fmt: skip
+                )
             costs[i][b] = measured[sig]
             if i < len(units) - 1:
                 with torch.no_grad():
@@ -324,10 +335,19 @@ def measure_units(
         hidden = 0 < i < len(units) - 1
         sig = (unit_signature(unit), hidden)
         if sig not in opt_seen:
-            opt_seen[sig] = measure_optimizer(unit, device=device, repeats=repeats, warmup=warmup, optimizer=optimizer,
-                                              hidden=hidden)  # fmt: skip
-        out.append(UnitProfile(model.names[i], param_bytes, opt_seen[sig], costs[i], copy_s=copy_s[i],
-                               trainable_bytes=fp32_param_bytes(unit, trainable=True)))  # fmt: skip
+            opt_seen[sig] = measure_optimizer(
+                unit, device=device, repeats=repeats, warmup=warmup, optimizer=optimizer, hidden=hidden
+            )
+        out.append(
+            UnitProfile(
+                model.names[i],
+                param_bytes,
+                opt_seen[sig],
+                costs[i],
+                copy_s=copy_s[i],
+                trainable_bytes=fp32_param_bytes(unit, trainable=True),
+            )
+        )
     for unit in units:
         unit.zero_grad(set_to_none=True)
     return out

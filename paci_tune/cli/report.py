@@ -13,8 +13,13 @@ import click
 @click.argument("best", required=False, type=click.Path(dir_okay=False))
 @click.option("--storage", default=None, help="Optuna storage URL of the search (default: best.yaml's).")
 @click.option("--study-name", default=None, help="The search's study name (default: best.yaml's).")
-@click.option("--out", default="paci-report", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for the PNGs and index.html.")  # fmt: skip
+@click.option(
+    "--out",
+    default="paci-report",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder for the PNGs and index.html.",
+)
 def report(best: str | None, storage: str | None, study_name: str | None, out: str) -> None:
     """Show why the tuner chose what it chose: BEST (a best.yaml), or --storage and --study-name.
 

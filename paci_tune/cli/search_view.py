@@ -86,10 +86,17 @@ class SearchView:
         if e.kind == "start":
             assert e.params is not None
             point = e.params.label() + (f" ({e.reason})" if e.reason else "")  # a confirmation says so
-            self.rows[key] = {"schedule": e.schedule, "number": e.number, "point": point,
-                              "state": "running", "ttt": None, "note": ""}  # fmt: skip
-            self.running[key] = self.progress.add_task(escape(f"{e.schedule}#{e.number} {point}"),
-                                                       total=self.budget, clock="-", val="-")  # fmt: skip
+            self.rows[key] = {
+                "schedule": e.schedule,
+                "number": e.number,
+                "point": point,
+                "state": "running",
+                "ttt": None,
+                "note": "",
+            }
+            self.running[key] = self.progress.add_task(
+                escape(f"{e.schedule}#{e.number} {point}"), total=self.budget, clock="-", val="-"
+            )
             if not self.live:
                 self.console.print(f"trial {e.schedule}#{e.number}: {point} ...", markup=False)
         elif e.kind == "eval" and e.progress is not None:
@@ -101,11 +108,20 @@ class SearchView:
                     self.running[key], completed=min(p.clock, self.budget), clock=at, val=_fmt(val, "")
                 )
             if not self.live:
-                self.console.print(f"  {e.schedule}#{e.number} step {e.step}: clock {p.clock:.3g}s val "
-                                   f"{_fmt(val, '')} (target {self.target:g})")  # fmt: skip
+                self.console.print(
+                    f"  {e.schedule}#{e.number} step {e.step}: clock {p.clock:.3g}s val "
+                    f"{_fmt(val, '')} (target {self.target:g})"
+                )
         elif e.kind == "end":
-            row = self.rows.setdefault(key, {"schedule": e.schedule, "number": e.number,
-                                             "point": e.params.label() if e.params else "", "ttt": None})  # fmt: skip
+            row = self.rows.setdefault(
+                key,
+                {
+                    "schedule": e.schedule,
+                    "number": e.number,
+                    "point": e.params.label() if e.params else "",
+                    "ttt": None,
+                },
+            )
             row["state"] = e.state or "?"
             p = e.progress
             if e.state == "complete":
@@ -124,9 +140,11 @@ class SearchView:
             if key in self.running:
                 self.progress.remove_task(self.running.pop(key))
             if not self.live:
-                self.console.print(f"trial {e.schedule}#{e.number}: {row['state']} -- {row['note']}"
-                                   + (f", score {_fmt(e.value)}" if e.value is not None else ""),
-                                   markup=False)  # fmt: skip
+                self.console.print(
+                    f"trial {e.schedule}#{e.number}: {row['state']} -- {row['note']}"
+                    + (f", score {_fmt(e.value)}" if e.value is not None else ""),
+                    markup=False,
+                )
         if self._live is not None:
             self._live.update(self._render())
 
@@ -143,8 +161,13 @@ class SearchView:
         rows = list(self.rows.values())[-MAX_ROWS:]
         for r in rows:
             st = r.get("state", "?")
-            table.add_row(f"{r['schedule']}#{r['number']}", Text(r["point"]), Text(st, style=_STYLE.get(st, "")),
-                          _fmt(r.get("ttt")), Text(r.get("note", "")))  # fmt: skip
+            table.add_row(
+                f"{r['schedule']}#{r['number']}",
+                Text(r["point"]),
+                Text(st, style=_STYLE.get(st, "")),
+                _fmt(r.get("ttt")),
+                Text(r.get("note", "")),
+            )
         parts: list[Any] = [table]
         if self.running:
             parts.append(self.progress)

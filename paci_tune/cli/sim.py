@@ -89,12 +89,19 @@ def _check_calibrate_options(cfg: Any, sizes: list[int] | None, repeats: int, th
 )
 @_threads_option
 @click.option("--stages", type=int, default=None, help="Pipeline depth the default thread count assumes.")
-@click.option("--optimizers", default=None, help="Comma-separated optimizers whose steps to time too (nadam,muon): a "
-              "search over optimizers needs each one's.")  # fmt: skip
-@click.option("--extend", default=None, type=click.Path(dir_okay=False, exists=True),
-              help="Add --optimizers' steps to this existing profile (of CONFIG's model, from any machine), "
-              "each rescaled from its own optimizer's step by their ratio timed alone here; nothing else is "
-              "measured.")  # fmt: skip
+@click.option(
+    "--optimizers",
+    default=None,
+    help="Comma-separated optimizers whose steps to time too (nadam,muon): a search over optimizers needs each one's.",
+)
+@click.option(
+    "--extend",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True),
+    help="Add --optimizers' steps to this existing profile (of CONFIG's model, from any machine), "
+    "each rescaled from its own optimizer's step by their ratio timed alone here; nothing else is "
+    "measured.",
+)
 def calibrate(
     config: str,
     out: str,
@@ -135,8 +142,16 @@ def calibrate(
         extended.save(out)
         stderr(f"wrote {out}: {extend} with the steps of {', '.join(extended.timed_optimizers())}")
         return
-    profile = run_calibration(cfg, microbatch_sizes=sizes, device=device, precision=precision, repeats=repeats,
-                              threads=threads, log=lambda m: stderr(f"measuring {m}"), optimizers=others)  # fmt: skip
+    profile = run_calibration(
+        cfg,
+        microbatch_sizes=sizes,
+        device=device,
+        precision=precision,
+        repeats=repeats,
+        threads=threads,
+        log=lambda m: stderr(f"measuring {m}"),
+        optimizers=others,
+    )
     profile.save(out)
     table = Table(title=f"{profile.device} · {profile.dtype} · {profile.threads} thread(s) · seq {profile.seq_len}")
     b_max = profile.microbatch_sizes[-1]
@@ -190,9 +205,13 @@ def calibrate(
 @click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Draw the timelines to FILE.png/.svg.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of a table.")
 @click.option("--batches", type=int, default=8, show_default=True, help="Global batches to simulate (PACI: >= 4P).")
-@click.option("--memory-gib", type=float, default=None,
-              help="Device memory per stage (default: the config's hardware.memory): each schedule's cut is the "
-              "fastest that fits it, else the leanest, shown over it.")  # fmt: skip
+@click.option(
+    "--memory-gib",
+    type=float,
+    default=None,
+    help="Device memory per stage (default: the config's hardware.memory): each schedule's cut is the "
+    "fastest that fits it, else the leanest, shown over it.",
+)
 @_threads_option
 def simulate(
     config: str,
@@ -295,8 +314,11 @@ def _print_table(doc: dict[str, Any], results: dict, errors: dict[str, str], mem
         if name not in results:  # refused by the layout; one over the budget has its row, in red
             table.add_row(name, "-", "-", "-", "-", "-", "-", "[red]refused[/red]", "-")
         stderr(f"{name}: {msg}")
-    notes = [f"peak per device: the search's figure, in red over the budget of {memory_bytes / 2**20:.1f} MiB"] if (
-        memory_bytes is not None) else []  # fmt: skip
+    notes = (
+        [f"peak per device: the search's figure, in red over the budget of {memory_bytes / 2**20:.1f} MiB"]
+        if (memory_bytes is not None)
+        else []
+    )
     notes += [
         f"analytic flush bubble (P-1)/(m+P-1) = {(doc['n_stages'] - 1) / (doc['window'] + doc['n_stages'] - 1):.1%}"
     ]

@@ -53,13 +53,27 @@ from .options import overrides_from, run_options
     help="Optuna pruner on the clock grid.",
 )
 @click.option("--seed", type=int, default=None, help="Sampler seed (overrides search.seed).")
-@click.option("--memory", default=None,
-              help="Each device's memory, 24GiB or bytes (overrides hardware.memory): points predicted above it "
-              "are dropped before any trial.")  # fmt: skip
+@click.option(
+    "--memory",
+    default=None,
+    help="Each device's memory, 24GiB or bytes (overrides hardware.memory): points predicted above it "
+    "are dropped before any trial.",
+)
 @click.option("--live/--no-live", default=True, help="Rich live view (default on a terminal) or plain lines.")
-def search(config: str, out: str, storage: str | None, study_name: str | None, workdir: str | None,
-           trials: int | None, space: str | None, sampler: str | None, pruner: str | None, seed: int | None,
-           memory: str | None, live: bool) -> None:  # fmt: skip
+def search(
+    config: str,
+    out: str,
+    storage: str | None,
+    study_name: str | None,
+    workdir: str | None,
+    trials: int | None,
+    space: str | None,
+    sampler: str | None,
+    pruner: str | None,
+    seed: int | None,
+    memory: str | None,
+    live: bool,
+) -> None:
     """Tune window, micro-batch size and depth for time to target; write best.yaml.
 
     Running the same command again resumes the study from its storage; several workers (on one
@@ -73,16 +87,31 @@ def search(config: str, out: str, storage: str | None, study_name: str | None, w
     from .search_view import SearchView
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the view reports trials; Optuna's INFO lines repeat it
-    given = {"search.trials": trials, "search.space": space, "search.sampler": sampler, "search.pruner": pruner,
-             "search.seed": seed, "hardware.memory": memory}  # fmt: skip
-    session = open_search(config, overrides={k: v for k, v in given.items() if v is not None}, study_name=study_name,
-                          workdir=workdir, storage=storage, log=stderr, out=out)  # fmt: skip
+    given = {
+        "search.trials": trials,
+        "search.space": space,
+        "search.sampler": sampler,
+        "search.pruner": pruner,
+        "search.seed": seed,
+        "hardware.memory": memory,
+    }
+    session = open_search(
+        config,
+        overrides={k: v for k, v in given.items() if v is not None},
+        study_name=study_name,
+        workdir=workdir,
+        storage=storage,
+        log=stderr,
+        out=out,
+    )
     tune, b = session.tune, session.tune.budget
     view = SearchView(float(b.seconds or 0), b.clock, float(tune.target.value or 0), live=live)
     view.seed(_existing_rows(session.studies, session.space.fixed_batch))
     srch = session.search(view.on_event)
-    stderr(f"study {session.name} ({', '.join(session.space.schedules)}; {tune.search.trials} trials each) in "
-           f"{shown(session.storage_url)}; trial logs in {session.workdir / 'trials'}")  # fmt: skip
+    stderr(
+        f"study {session.name} ({', '.join(session.space.schedules)}; {tune.search.trials} trials each) in "
+        f"{shown(session.storage_url)}; trial logs in {session.workdir / 'trials'}"
+    )
     with view:  # Ctrl-C: exit 130 from the one handler (.failures); finished trials stay in the storage
         srch.run()
     out_path = Path(out)
@@ -100,11 +129,22 @@ def _existing_rows(studies: dict[str, Any], fixed_batch: int | None) -> list[dic
                 continue
             state = t.state.name.lower().replace("fail", "failed")
             r = TrialRecord.read(t)
-            note = r.fail_reason or (f"{'capped' if r.capped_at is not None else 'pruned'} at step {r.pruned_step}"
-                                     if state == "pruned" else "from the storage")  # fmt: skip
-            rows.append({"schedule": schedule, "number": t.number, "point": params_of(t, schedule, fixed_batch).label(),
-                         "state": state, "ttt": r.time_to_target, "note": note,
-                         "value": t.value})  # fmt: skip
+            note = r.fail_reason or (
+                f"{'capped' if r.capped_at is not None else 'pruned'} at step {r.pruned_step}"
+                if state == "pruned"
+                else "from the storage"
+            )
+            rows.append(
+                {
+                    "schedule": schedule,
+                    "number": t.number,
+                    "point": params_of(t, schedule, fixed_batch).label(),
+                    "state": state,
+                    "ttt": r.time_to_target,
+                    "note": note,
+                    "value": t.value,
+                }
+            )
     return rows
 
 
@@ -127,18 +167,22 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
     bw = r.get("backward_weights")
     w = f"w={bw} " if bw not in (None, DEFAULT_BACKWARD_WEIGHTS) else ""  # as a trial's label says it
     v = f" v={r['chunks']}" if r.get("chunks") else ""
-    stderr(f"recommended: {r['schedule']} P={r['stages']}{v} D={r.get('data_parallel', 1)} a={r['window']} "
-           f"b={r['microbatch_size']} {w}"
-           f"lr={r['lr']:.3g}: {_outcome(best, r['schedule'], e.get('time_to_target'))} on the "
-           f"{best['budget']['clock']} clock")  # fmt: skip
+    stderr(
+        f"recommended: {r['schedule']} P={r['stages']}{v} D={r.get('data_parallel', 1)} a={r['window']} "
+        f"b={r['microbatch_size']} {w}"
+        f"lr={r['lr']:.3g}: {_outcome(best, r['schedule'], e.get('time_to_target'))} on the "
+        f"{best['budget']['clock']} clock"
+    )
     from ..tune.comparison import Comparison
 
     if best.get("comparison"):
         c = Comparison.from_doc(best["comparison"])
         base = c.baseline
         runs = f"over {base['runs']} fresh seeds" if c.interval is not None or c.n > 1 else "(one draw)"
-        stderr(f"strongest synchronous baseline ({c.baseline_name}): {base['point']}: "
-               f"mean score {base['mean']:.3g}s {runs} (target reached on {base['reached']})")  # fmt: skip
+        stderr(
+            f"strongest synchronous baseline ({c.baseline_name}): {base['point']}: "
+            f"mean score {base['mean']:.3g}s {runs} (target reached on {base['reached']})"
+        )
         stderr(f"verdict: {c.sentence()}")
         if c.interval is not None:
             ratios = ", ".join(f"{r:.4g}" for r in c.ratios.values())
@@ -159,13 +203,21 @@ def _print_best(best: dict[str, Any], path: Path) -> None:
         stderr(line)
     _print_candidates(best)
     counts = best["provenance"]["trials"]
-    stderr("trials: " + "; ".join(f"{s} {c['complete']} complete, {c['pruned']} pruned"
-                                  + (f" ({c['capped']} of them capped: they could not rank)" if c.get("capped") else "")
-                                  + f", {c['failed']} failed"
-                                  + (f", {c['infeasible']} outside the device budget (unrun)" if c.get("infeasible")
-                                     else "")
-                                  + (f", {c['other_layouts']} of them other layouts of a trained curve (unrun)"
-                                     if c.get("other_layouts") else "") for s, c in counts.items()))  # fmt: skip
+    stderr(
+        "trials: "
+        + "; ".join(
+            f"{s} {c['complete']} complete, {c['pruned']} pruned"
+            + (f" ({c['capped']} of them capped: they could not rank)" if c.get("capped") else "")
+            + f", {c['failed']} failed"
+            + (f", {c['infeasible']} outside the device budget (unrun)" if c.get("infeasible") else "")
+            + (
+                f", {c['other_layouts']} of them other layouts of a trained curve (unrun)"
+                if c.get("other_layouts")
+                else ""
+            )
+            for s, c in counts.items()
+        )
+    )
     stderr(f"wrote {path}; the trials' curves: {best['provenance'].get('plot')}")
 
 
@@ -187,9 +239,15 @@ def _print_candidates(best: dict[str, Any]) -> None:
     for schedule, rows in (best.get("candidates") or {}).items():
         for row in rows:
             peak, step = row.get("predicted_peak_bytes"), row.get("step_time_s")
-            table.add_row(schedule, str(row["rank"]), row["point"], "-" if step is None else f"{step * 1e3:.1f} ms",
-                          "-" if peak is None else fmt_bytes(peak), f"{row['score']:.3g}",
-                          "reached" if row["reached_target"] else "missed")  # fmt: skip
+            table.add_row(
+                schedule,
+                str(row["rank"]),
+                row["point"],
+                "-" if step is None else f"{step * 1e3:.1f} ms",
+                "-" if peak is None else fmt_bytes(peak),
+                f"{row['score']:.3g}",
+                "reached" if row["reached_target"] else "missed",
+            )
     dropped = mem.get("dropped") or []
     if dropped:
         table.caption = f"{len(dropped)} point(s) dropped before any trial, predicted above hardware.memory"
@@ -213,8 +271,7 @@ def _print_candidates(best: dict[str, Any]) -> None:
 @click.option("--dry-run", is_flag=True, help="Write the run config, print it and the launch command; train nothing.")
 @click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="Write JSON-lines metrics here.")
 @click.option("--live/--no-live", default=True, help="Rich live progress (default on a terminal) or plain lines.")
-def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | None, live: bool,
-          **options: Any) -> None:  # fmt: skip
+def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | None, live: bool, **options: Any) -> None:
     """Train with the configuration recommended in BEST (a best.yaml from `paci-tune search`).
 
     Options override the recommendation (e.g. --steps for a different length, --runtime
@@ -223,8 +280,9 @@ def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | Non
     """
     from ..tune.apply import prepare_apply
 
-    prepared = prepare_apply(best, overrides_from(options), until=until, metrics=metrics, resume=resume,
-                             dry_run=dry_run, log=stderr)  # fmt: skip
+    prepared = prepare_apply(
+        best, overrides_from(options), until=until, metrics=metrics, resume=resume, dry_run=dry_run, log=stderr
+    )
     if dry_run:
         click.echo(f"# {prepared.run_path}")
         click.echo(prepared.run_path.read_text(), nl=False)

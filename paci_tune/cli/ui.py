@@ -113,12 +113,15 @@ def budget_line(s: dict[str, Any]) -> str | None:
 def _measured_line(s: dict[str, Any], cap: int) -> str:
     over = s.get("memory_over_budget")
     if over is None:
-        return (f"hardware.memory {fmt_bytes(cap)}: admitted on its prediction; the allocator's peak was not "
-                "measured here (a CPU process's resident set counts torch's libraries too)")  # fmt: skip
+        return (
+            f"hardware.memory {fmt_bytes(cap)}: admitted on its prediction; the allocator's peak was not "
+            "measured here (a CPU process's resident set counts torch's libraries too)"
+        )
     if not over:
         return f"hardware.memory {fmt_bytes(cap)}: every stage's measured peak stayed within it"
-    worst = ", ".join(f"stage {o['stage']} measured {fmt_bytes(o['measured_bytes'])} > {fmt_bytes(o['budget_bytes'])}"
-                      for o in over)  # fmt: skip
+    worst = ", ".join(
+        f"stage {o['stage']} measured {fmt_bytes(o['measured_bytes'])} > {fmt_bytes(o['budget_bytes'])}" for o in over
+    )
     return f"warning: hardware.memory exceeded: {worst} (the prediction admitted it; see docs/benchmarks.md)"
 
 

@@ -2,8 +2,8 @@
 
 Every bad value is caught here, before any process starts, with a message that names the dotted
 key, the value and what is allowed (:class:`~paci_tune.errors.ConfigError`). Sections map onto
-dataclasses; ``model`` and ``data`` stay plain dicts because their keys depend on the chosen preset
-or source and are validated by the loaders that own them.
+dataclasses, built by the typed parsing of :mod:`.parsing`; ``model`` and ``data`` stay plain dicts
+because their keys depend on the chosen preset or source and are validated by the loaders that own them.
 
 A :class:`RunConfig` is frozen and checked when it is built (``__post_init__``): one that exists is
 valid, window and micro-batch size are both known integers, and nothing downstream can change it
@@ -15,9 +15,7 @@ is the schedule registry's (:mod:`paci_tune.schedule`). May import: :mod:`paci_t
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,6 +25,7 @@ from ..schedule import NAMES, schedule_of
 from .layout import Layout
 from .memory import RunHardware  # hardware.memory: the device budget a run keeps to
 from .optimizer import OptimizerConfig  # the optimizer section's own module
+from .parsing import from_dict  # typed parsing of any section (re-exported: callers import it from here)
 
 ScheduleName = Literal[NAMES]  # type: ignore[valid-type]  # every name in the schedule registry
 TIMED_SCHEDULES: tuple[str, ...] = tuple(n for n in NAMES if not schedule_of(n).own_program)
@@ -119,11 +118,17 @@ class TrainingConfig:
         if self.eval_far_every is not None:
             _positive(f"{key}.eval_far_every", self.eval_far_every)
             if self.eval_far_every % self.eval_every:
-                raise ConfigError(f"{key}.eval_far_every", self.eval_far_every,
-                                  f"null or a multiple of training.eval_every ({self.eval_every})")  # fmt: skip
+                raise ConfigError(
+                    f"{key}.eval_far_every",
+                    self.eval_far_every,
+                    f"null or a multiple of training.eval_every ({self.eval_every})",
+                )
             if self.eval_every_seconds is not None:
-                raise ConfigError(f"{key}.eval_far_every", self.eval_far_every,
-                                  "null when training.eval_every_seconds sets a clock grid")  # fmt: skip
+                raise ConfigError(
+                    f"{key}.eval_far_every",
+                    self.eval_far_every,
+                    "null when training.eval_every_seconds sets a clock grid",
+                )
         _positive(f"{key}.eval_sequences", self.eval_sequences)
         _positive(f"{key}.eval_microbatch_size", self.eval_microbatch_size)
         if self.checkpoint_every < 0:
@@ -194,18 +199,28 @@ class PipelineConfig:
     def _check_staleness(self, key: str) -> None:
         """PACI's staleness controls: valid values, and PACI only (a synchronous schedule's are never late)."""
         if self.stage_momentum is not None and not 0.0 < self.stage_momentum < 1.0:
-            raise ConfigError(f"{key}.stage_momentum", self.stage_momentum, "null or a number in (0, 1): the momentum "
-                              "of the stalest stage's limit (0.99 in Ajanthan et al.)")  # fmt: skip
+            raise ConfigError(
+                f"{key}.stage_momentum",
+                self.stage_momentum,
+                "null or a number in (0, 1): the momentum of the stalest stage's limit (0.99 in Ajanthan et al.)",
+            )
         if self.stale_lr is not None and not 0.0 < self.stale_lr <= 1.0:
-            raise ConfigError(f"{key}.stale_lr", self.stale_lr, "null or a number in (0, 1]: PipeMare's horizon as a "
-                              "fraction of the budget")  # fmt: skip
+            raise ConfigError(
+                f"{key}.stale_lr",
+                self.stale_lr,
+                "null or a number in (0, 1]: PipeMare's horizon as a fraction of the budget",
+            )
         if schedule_of(self.schedule).synchronous:
             for name in STALENESS_KEYS:
                 value = getattr(self, name)
                 if value not in (None, False):
-                    raise ConfigError(f"{key}.{name}", value, f"{'false' if name == 'predict_weights' else 'null'} for "
-                                      f"schedule {self.schedule}: a staleness control acts on PACI only (a "
-                                      "synchronous schedule's gradients are never late)")  # fmt: skip
+                    raise ConfigError(
+                        f"{key}.{name}",
+                        value,
+                        f"{'false' if name == 'predict_weights' else 'null'} for "
+                        f"schedule {self.schedule}: a staleness control acts on PACI only (a "
+                        "synchronous schedule's gradients are never late)",
+                    )
 
     @property
     def staleness(self) -> dict[str, Any]:
@@ -231,8 +246,16 @@ class PipelineConfig:
         """This pipeline's :class:`~.layout.Layout` (its cut None while ``partition: auto``)."""
         sizes = tuple(self.partition) if isinstance(self.partition, list) else None
         chunks = schedule_of(self.schedule).chunks_of(self.chunks)
-        return Layout(self.schedule, self.stages, self.data_parallel, self.window, self.microbatch_size,
-                      self.inflight, sizes, chunks)  # fmt: skip
+        return Layout(
+            self.schedule,
+            self.stages,
+            self.data_parallel,
+            self.window,
+            self.microbatch_size,
+            self.inflight,
+            sizes,
+            chunks,
+        )
 
 
 @dataclass(frozen=True)
@@ -251,12 +274,19 @@ class RunConfig:
         self.pipeline.layout.check(self.training.global_batch)
         top = self.pipeline.stage_momentum
         if top is not None and top <= self.optimizer.beta1:
-            raise ConfigError("pipeline.stage_momentum", top, f"null or above the optimizer's first-moment "
-                              f"coefficient {self.optimizer.beta1:g} (it raises that at the stale stages)")  # fmt: skip
+            raise ConfigError(
+                "pipeline.stage_momentum",
+                top,
+                f"null or above the optimizer's first-moment "
+                f"coefficient {self.optimizer.beta1:g} (it raises that at the stale stages)",
+            )
         schedule, clock = self.pipeline.schedule, self.training.clock
         if schedule in TIMED_SCHEDULES and clock == "wall" and not self.pipeline.runs_torch_schedule:
-            raise ConfigError("training.clock", clock, f"rst or sim for pipeline.schedule {schedule} on the "
-                              f"{self.pipeline.runtime} runtime ({TIMED_ONLY})")  # fmt: skip
+            raise ConfigError(
+                "training.clock",
+                clock,
+                f"rst or sim for pipeline.schedule {schedule} on the {self.pipeline.runtime} runtime ({TIMED_ONLY})",
+            )
 
     @property
     def layout(self) -> Layout:
@@ -274,11 +304,9 @@ class RunConfig:
         return doc
 
 
-# ----------------------------------------------------------------------------- generic parsing
+# ----------------------------------------------------------------------------- checks and document rules
 
 
-INT_LIMIT = 2**63
-"""Integers in a config are 64-bit in every consumer (numpy, torch); a larger one cannot be used."""
 SEED_LIMIT = 2**63
 """Seeds must be non-negative (the data stream's generator) and fit torch's 64-bit seed."""
 
@@ -286,109 +314,6 @@ SEED_LIMIT = 2**63
 def _positive(key: str, value: float) -> None:
     if value <= 0:
         raise ConfigError(key, value, "a positive number")
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of: " + ", ".join(str(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return "null"
-    if origin in (list, tuple):
-        args = typing.get_args(tp)
-        return f"a list of {_type_name(args[0])}" + (f" (length {len(args)})" if origin is tuple else "")
-    if origin is dict:
-        return "a mapping"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
-
-
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Check ``value`` against the annotation ``tp``; return it converted (ints to floats etc.)."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        specific = None
-        for arg in typing.get_args(tp):
-            try:
-                return _coerce(key, value, arg)
-            except ConfigError as e:
-                if e.allowed != _type_name(arg) and e.key == key:
-                    specific = e  # right type, wrong value (an infinite number): say that, not the type
-        if specific is not None:
-            raise specific
-        raise ConfigError(key, value, _type_name(tp))
-    if origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise ConfigError(key, value, _type_name(tp))
-    if tp is type(None):
-        if value is None:
-            return None
-        raise ConfigError(key, value, "null")
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(key, value, _type_name(tp))
-        args = typing.get_args(tp)
-        if origin is tuple:
-            if len(value) != len(args):
-                raise ConfigError(key, value, _type_name(tp))
-            return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args, strict=True)))
-        return [_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(key, value, "a mapping")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(key, value, "true or false")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            if abs(value) >= INT_LIMIT:
-                raise ConfigError(key, value, "an integer of at most 63 bits")
-            return value
-        raise ConfigError(key, value, "an integer")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            try:
-                number = float(value)
-            except OverflowError:
-                number = math.inf
-            if not math.isfinite(number):
-                raise ConfigError(key, value, "a finite number")
-            return number
-        raise ConfigError(key, value, "a number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(key, value, "a string")
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
-    raise TypeError(f"unsupported annotation {tp!r} at {key}")
-
-
-@functools.cache
-def _fields_of(cls: type) -> tuple[dict[str, Any], list[str]]:
-    """A dataclass's resolved annotations and field names, once per class (a search derives thousands of runs)."""
-    return typing.get_type_hints(cls), [f.name for f in dataclasses.fields(cls)]
-
-
-def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a YAML mapping, rejecting unknown keys and wrong types."""
-    where = prefix or "config"
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(where, data, "a mapping of keys to values")
-    hints, names = _fields_of(cls)
-    kwargs = {}
-    for k, v in data.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if k not in names:
-            raise ConfigError(key, v, f"a known key of {where}: {', '.join(names)}")
-        kwargs[k] = _coerce(key, v, hints[k])
-    return cls(**kwargs)
 
 
 def resolve_batching(doc: dict[str, Any]) -> dict[str, Any]:

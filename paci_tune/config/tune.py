@@ -128,12 +128,18 @@ class ConfirmConfig:
             if not 0 <= getattr(self, name) <= MAX_CONFIRM:
                 raise ConfigError(f"{key}.{name}", getattr(self, name), f"an integer in [0, {MAX_CONFIRM}]")
         if self.max_seeds is not None and not max(self.seeds, 2) <= self.max_seeds <= MAX_CONFIRM:
-            raise ConfigError(f"{key}.max_seeds", self.max_seeds,
-                              f"an integer in [{max(self.seeds, 2)}, {MAX_CONFIRM}]: at least {key}.seeds = "
-                              f"{self.seeds}, and at least 2 (a paired t-test needs two seeds to decide)")  # fmt: skip
+            raise ConfigError(
+                f"{key}.max_seeds",
+                self.max_seeds,
+                f"an integer in [{max(self.seeds, 2)}, {MAX_CONFIRM}]: at least {key}.seeds = "
+                f"{self.seeds}, and at least 2 (a paired t-test needs two seeds to decide)",
+            )
         if not (isinstance(self.tolerance, (int, float)) and 0 < self.tolerance <= 10):
-            raise ConfigError(f"{key}.tolerance", self.tolerance, "a number in (0, 10]: the relative interval width "
-                              "below which the confirmation stops adding seeds")  # fmt: skip
+            raise ConfigError(
+                f"{key}.tolerance",
+                self.tolerance,
+                "a number in (0, 10]: the relative interval width below which the confirmation stops adding seeds",
+            )
 
     @property
     def cap(self) -> int:
@@ -186,16 +192,24 @@ class WarmStartConfig:
 
     def check(self, key: str) -> None:
         if self.steps is not None and self.checkpoint is not None:
-            raise ConfigError(f"{key}.checkpoint", self.checkpoint, f"absent when {key}.steps is given (one or the "
-                              "other: train a warm-up, or start from a checkpoint)")  # fmt: skip
+            raise ConfigError(
+                f"{key}.checkpoint",
+                self.checkpoint,
+                f"absent when {key}.steps is given (one or the other: train a warm-up, or start from a checkpoint)",
+            )
         if self.steps is not None and not 1 <= self.steps <= MAX_WARM_STEPS:
-            raise ConfigError(f"{key}.steps", self.steps, f"an integer in [1, {MAX_WARM_STEPS}]: the warm-up's "
-                              "global batches")  # fmt: skip
+            raise ConfigError(
+                f"{key}.steps", self.steps, f"an integer in [1, {MAX_WARM_STEPS}]: the warm-up's global batches"
+            )
         if self.checkpoint is not None:
             found = Path(self.checkpoint).expanduser()
             if not ((found / "meta.json").is_file() or (found / "LATEST").is_file()):
-                raise ConfigError(f"{key}.checkpoint", self.checkpoint, "a checkpoint folder (with meta.json) or a "
-                                  "checkpoint root with LATEST (paci-tune train --checkpoint-dir)")  # fmt: skip
+                raise ConfigError(
+                    f"{key}.checkpoint",
+                    self.checkpoint,
+                    "a checkpoint folder (with meta.json) or a "
+                    "checkpoint root with LATEST (paci-tune train --checkpoint-dir)",
+                )
             self.checkpoint = str(found.resolve())
         if self.dir is not None and self.steps is None:
             with_what = f"with {key}.checkpoint" if self.checkpoint is not None else f"without {key}.steps"
@@ -317,8 +331,12 @@ def check_timed_schedules(search: SearchConfig, budget: BudgetConfig, hardware: 
     wall = budget.clock == "wall"
     runtime = hardware.runtime or ("distributed" if wall else "emulated")  # what a trial runs on
     if timed and wall and runtime == "emulated":
-        raise ConfigError("space.schedules", schedules, f"{' and '.join(timed)} on the wall clock only on the "
-                          f"distributed runtime ({TIMED_ONLY}); hardware.runtime is emulated")  # fmt: skip
+        raise ConfigError(
+            "space.schedules",
+            schedules,
+            f"{' and '.join(timed)} on the wall clock only on the "
+            f"distributed runtime ({TIMED_ONLY}); hardware.runtime is emulated",
+        )
 
 
 RUN_HARDWARE_KEYS = ("memory",)
@@ -387,6 +405,10 @@ def check_warm_up_reaches_peak(run: RunConfig, warm: WarmStartConfig) -> None:
         return
     ramp = run.lr_schedule.warmup_fraction * total
     if ramp >= steps:
-        raise ConfigError("search.warm_start.steps", steps, f"more than the run's LR warm-up, {ramp:g} global "
-                          f"batches (lr_schedule.warmup_fraction {run.lr_schedule.warmup_fraction:g} x "
-                          f"training.steps {total}): the warm-up must reach the peak LR of the trials")  # fmt: skip
+        raise ConfigError(
+            "search.warm_start.steps",
+            steps,
+            f"more than the run's LR warm-up, {ramp:g} global "
+            f"batches (lr_schedule.warmup_fraction {run.lr_schedule.warmup_fraction:g} x "
+            f"training.steps {total}): the warm-up must reach the peak LR of the trials",
+        )

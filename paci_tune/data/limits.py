@@ -29,5 +29,8 @@ def check_fits_data(source: Any, block_size: int, global_batch: int, microbatch_
         raise ConfigError("pipeline.microbatch_size", microbatch_size, why)
     windows = max(val - block_size, 1)
     if eval_sequences > windows:
-        raise ConfigError("training.eval_sequences", eval_sequences,
-                          f"at most {windows}: the distinct windows of the {val}-token validation split")  # fmt: skip
+        raise ConfigError(
+            "training.eval_sequences",
+            eval_sequences,
+            f"at most {windows}: the distinct windows of the {val}-token validation split",
+        )

@@ -68,9 +68,16 @@ class MicroBatchStream:
     """
 
     def __init__(
-        self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, seed: int, *, replicas: int = 1,
-        replica: int = 0, draw: str = DEFAULT_DRAW,
-    ) -> None:  # fmt: skip
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        micro_batch_size: int,
+        seed: int,
+        *,
+        replicas: int = 1,
+        replica: int = 0,
+        draw: str = DEFAULT_DRAW,
+    ) -> None:
         _check(tokens, seq_len, micro_batch_size)
         if seed < 0:
             raise ValueError(f"seed must be non-negative, got {seed}")
@@ -98,8 +105,9 @@ class MicroBatchStream:
         sequences, not per sequence: a generator costs ~20 us, a step may carry hundreds of sequences)."""
         high = len(self.tokens) - self.seq_len
         lo, hi = first // BLOCK, (first + count - 1) // BLOCK
-        drawn = np.concatenate([np.random.default_rng([self.seed, blk]).integers(0, high, size=BLOCK)
-                                for blk in range(lo, hi + 1)])  # fmt: skip
+        drawn = np.concatenate(
+            [np.random.default_rng([self.seed, blk]).integers(0, high, size=BLOCK) for blk in range(lo, hi + 1)]
+        )
         start = first - lo * BLOCK
         return drawn[start : start + count]
 

@@ -189,10 +189,11 @@ def check_fits(cfg: GPTConfig, wanted: list[int]) -> None:
     params = blocks * _unit_params(cfg, 1) + first * (0 in wanted) + last * (num_units(cfg) - 1 in wanted)
     if 4 * params > ram:
         raise ConfigError(
-            "model", {k: getattr(cfg, k) for k in ("n_layer", "d_model", "vocab_size", "block_size")},
+            "model",
+            {k: getattr(cfg, k) for k in ("n_layer", "d_model", "vocab_size", "block_size")},
             f"a model whose weights fit in this machine's {ram / 2**30:.0f} GiB (these units need "
             f"{4 * params / 2**30:.0f} GiB in fp32)",
-        )  # fmt: skip
+        )
 
 
 def _check_indices(indices: Iterable[int] | None, n: int) -> list[int]:

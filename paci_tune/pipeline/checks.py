@@ -75,9 +75,13 @@ def check_optimizer(cfg: RunConfig, meta: LoadedModel) -> None:
     report the wrong optimizer's numbers under Muon's name.
     """
     if cfg.optimizer.name == "muon" and not any(meta.matrices[1:-1]):
-        raise ConfigError("optimizer.name", "muon", "an optimizer other than muon for this model: no unit between its "
-                          "first and last has a 2-D trainable parameter, and Muon steps only those (the first "
-                          "and last units' parameters go to AdamW)")  # fmt: skip
+        raise ConfigError(
+            "optimizer.name",
+            "muon",
+            "an optimizer other than muon for this model: no unit between its "
+            "first and last has a 2-D trainable parameter, and Muon steps only those (the first "
+            "and last units' parameters go to AdamW)",
+        )
 
 
 def _described(out: object) -> str:
@@ -104,8 +108,10 @@ def _wrap_hint(out: object) -> str:
         pick = "[0]"
     else:
         pick = ""
-    return (f"wrap it in a module whose forward returns one tensor, the hidden state: "
-            f"`def forward(self, h): return self.inner(h){pick}`")  # fmt: skip
+    return (
+        f"wrap it in a module whose forward returns one tensor, the hidden state: "
+        f"`def forward(self, h): return self.inner(h){pick}`"
+    )
 
 
 @torch.no_grad()
@@ -127,16 +133,25 @@ def check_units(meta: LoadedModel, vocab_size: int, entry: str) -> None:
             h = unit(h)
         except Exception as exc:  # the user's model on a sample of its contract's input: say which unit
             why = f"unit {i} ({name}) raised {type(exc).__name__}: {_first_line(exc)}"
-            raise ConfigError(ENTRY, entry, f"units that run on token ids of shape (1, {t}) and on each other's "
-                              f"output: {why}") from None  # fmt: skip
+            raise ConfigError(
+                ENTRY, entry, f"units that run on token ids of shape (1, {t}) and on each other's output: {why}"
+            ) from None
         if not isinstance(h, torch.Tensor):
-            raise ConfigError(ENTRY, entry, f"units that each return one tensor (a stage cut may fall after any "
-                              f"unit): unit {i} ({name}) returns {_described(h)}; {_wrap_hint(h)}")  # fmt: skip
+            raise ConfigError(
+                ENTRY,
+                entry,
+                f"units that each return one tensor (a stage cut may fall after any "
+                f"unit): unit {i} ({name}) returns {_described(h)}; {_wrap_hint(h)}",
+            )
     assert isinstance(h, torch.Tensor)
     if not h.is_floating_point() or h.dim() != 3 or tuple(h.shape[:2]) != (1, t) or h.shape[-1] < vocab_size:
-        raise ConfigError(ENTRY, entry, f"a last unit returning logits (b, T, V) with V >= the data's vocabulary "
-                          f"{vocab_size}: unit {n - 1} ({type(meta.units[n - 1]).__name__}) returns {_described(h)} "
-                          f"for token ids of shape (1, {t})")  # fmt: skip
+        raise ConfigError(
+            ENTRY,
+            entry,
+            f"a last unit returning logits (b, T, V) with V >= the data's vocabulary "
+            f"{vocab_size}: unit {n - 1} ({type(meta.units[n - 1]).__name__}) returns {_described(h)} "
+            f"for token ids of shape (1, {t})",
+        )
 
 
 def check_shared_parameters(meta: LoadedModel, sizes: Sequence[int], schedule: str, chunked: bool = False) -> None:
@@ -159,21 +174,23 @@ def check_shared_parameters(meta: LoadedModel, sizes: Sequence[int], schedule: s
         for t in tied_across_stages(meta, sizes):
             if t.trainable:
                 raise ConfigError(
-                    "pipeline.runtime", "distributed",
+                    "pipeline.runtime",
+                    "distributed",
                     f"emulated for schedule {schedule} with this cut {list(sizes)}: {t.label} are one trainable "
                     f"parameter held by pieces {', '.join(map(str, t.stages))}, and the distributed runtime sums "
                     "a tied parameter over one stage per rank; or a pipeline.partition keeping those units in one "
                     "piece, or untie the parameter",
-                )  # fmt: skip
+                )
     if schedule_of(schedule).synchronous:
         return
     flush = " or ".join(n for n in OWN_PROGRAM if schedule_of(n).synchronous)
     for t in tied_across_stages(meta, sizes):
         if t.trainable:
             raise ConfigError(
-                "pipeline.schedule", schedule,
+                "pipeline.schedule",
+                schedule,
                 f"{flush} for this cut {list(sizes)}: {t.label} are one trainable parameter held by stages "
                 f"{', '.join(map(str, t.stages))}; PACI's stages step at their own cadence with no synchronisation, "
                 "so the stages' copies would diverge (summing their gradients needs the synchronised step of a "
                 "flush schedule); or a pipeline.partition keeping those units on one stage, or untie the parameter",
-            )  # fmt: skip
+            )

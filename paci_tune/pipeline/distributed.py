@@ -113,8 +113,9 @@ class DistributedRuntime(RuntimeBase):
         self.grads: dict[int, GradientAllReduce] = {}  # by piece index
         self.losses: LossAllReduce | None = None
         if replicas > 1:  # a piece with nothing to train all-reduces nothing
-            self.grads = {p.index: GradientAllReduce(self.mesh.dp_group, replicas, self.wire, p.optim)
-                          for p in pieces if p.trains}  # fmt: skip
+            self.grads = {
+                p.index: GradientAllReduce(self.mesh.dp_group, replicas, self.wire, p.optim) for p in pieces if p.trains
+            }
         tied = tied or []
         if len(pieces) > 1 and any(t.trainable for t in tied):
             raise ValueError("a trainable parameter tied across pieces needs one stage per rank (refused up front)")
@@ -204,8 +205,9 @@ class DistributedRuntime(RuntimeBase):
         if self.s == self.stages - 1 and self.n_replicas == 1:  # the reporter's place in the pipe
             self.batch_losses = BatchLosses(self.window, on_batch)
         elif self.s == self.stages - 1:
-            self.losses = LossAllReduce(self.mesh.dp_group, self.n_replicas, self.wire,
-                                        on_batch if self.is_reporter else None)  # fmt: skip
+            self.losses = LossAllReduce(
+                self.mesh.dp_group, self.n_replicas, self.wire, on_batch if self.is_reporter else None
+            )
             self.batch_losses = BatchLosses(self.window, self.losses.add)
         last = self.runners[-1]
         if last.stage.is_last:

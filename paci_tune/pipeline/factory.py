@@ -152,10 +152,17 @@ def build_setup(
     model = load_model(cfg.model, source.vocab_size, t.seed, indices=[i for s in mine for i in ranges[s]])
     needs_grad = input_grads(model.trainable)  # per unit: whether a unit before it trains
     streams = [
-        MicroBatchStream(source.train, model.block_size, p.microbatch_size, t.seed, replicas=p.data_parallel,
-                         replica=r, draw=cfg.data.get("draw", DEFAULT_DRAW))
+        MicroBatchStream(
+            source.train,
+            model.block_size,
+            p.microbatch_size,
+            t.seed,
+            replicas=p.data_parallel,
+            replica=r,
+            draw=cfg.data.get("draw", DEFAULT_DRAW),
+        )
         for r in replicas
-    ]  # fmt: skip
+    ]
     val = ValidationSet(source.val, model.block_size, t.eval_sequences, t.eval_microbatch_size)
     dtype = compute_dtype(precision)
 
@@ -189,8 +196,16 @@ def build_setup(
             from .torch_schedules import TorchScheduleRuntime
 
             kind = TorchScheduleRuntime
-        runtime = kind([make_stage(s, replicas[0]) for s in mine], ranges, streams[0], val, p.schedule,
-                       p.inflight, p.data_parallel, tied)  # fmt: skip
+        runtime = kind(
+            [make_stage(s, replicas[0]) for s in mine],
+            ranges,
+            streams[0],
+            val,
+            p.schedule,
+            p.inflight,
+            p.data_parallel,
+            tied,
+        )
     else:
         stages = [[make_stage(s, r) for s in mine] for r in replicas]
         runtime = EmulatedRuntime(stages, ranges, streams, val, p.schedule, p.inflight, tied)

@@ -22,8 +22,9 @@ from typing import Any
 import torch
 
 
-def orthogonalize_fp32(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
-                       eps: float) -> torch.Tensor:  # fmt: skip
+def orthogonalize_fp32(
+    update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float
+) -> torch.Tensor:
     """torch's quintic Newton-Schulz iteration (``torch.optim._muon``), in fp32: ~U V^T of ``update``'s SVD."""
     a, b, c = coefficients
     x = update.float()

@@ -133,9 +133,12 @@ class AliasedOptimizer:
 
     @classmethod
     def from_config(
-        cls, params: Sequence[torch.Tensor], cfg: OptimizerConfig, hidden: Sequence[bool] | None = None,
+        cls,
+        params: Sequence[torch.Tensor],
+        cfg: OptimizerConfig,
+        hidden: Sequence[bool] | None = None,
         predict: int = 0,
-    ) -> AliasedOptimizer:  # fmt: skip
+    ) -> AliasedOptimizer:
         """The optimizer ``cfg`` names over ``params`` (``hidden``: which may go to Muon,
         :func:`.optimizers.build_optimizer`), with ``predict`` steps of weight prediction (module docstring)."""
         aliases = [p.data for p in params]

@@ -104,10 +104,12 @@ class OptimizerChain:
         for opt in self.optimizers:
             mine = groups[start : start + len(opt.param_groups)]
             n = sum(len(g["params"]) for g in opt.param_groups)
-            opt.load_state_dict({
-                "state": {i - offset: s for i, s in state_dict["state"].items() if offset <= int(i) < offset + n},
-                "param_groups": [{**g, "params": [i - offset for i in g["params"]]} for g in mine],
-            })  # fmt: skip
+            opt.load_state_dict(
+                {
+                    "state": {i - offset: s for i, s in state_dict["state"].items() if offset <= int(i) < offset + n},
+                    "param_groups": [{**g, "params": [i - offset for i in g["params"]]} for g in mine],
+                }
+            )
             start += len(opt.param_groups)
             offset += n
 
@@ -121,8 +123,10 @@ def steps_as_one(optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimiz
 
 def _decay_groups(params: Sequence[torch.Tensor], weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on matrices only (biases and gains take none); empty groups left out."""
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     return [g for g in groups if g["params"]]
 
 
@@ -144,8 +148,14 @@ def build_optimizer(
         return torch.optim.SGD(_decay_groups(params, cfg.weight_decay), lr=cfg.lr, momentum=cfg.momentum_value)
     if cfg.name == "nadam":
         groups = _decay_groups(params, cfg.weight_decay)
-        return torch.optim.NAdam(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                                 momentum_decay=cfg.momentum_decay, decoupled_weight_decay=True)  # fmt: skip
+        return torch.optim.NAdam(
+            groups,
+            lr=cfg.lr,
+            betas=tuple(cfg.betas),
+            eps=cfg.eps,
+            momentum_decay=cfg.momentum_decay,
+            decoupled_weight_decay=True,
+        )
     if cfg.name == "muon":
         flags = list(hidden) if hidden is not None else [False] * len(params)
         matrices = [p for p, h in zip(params, flags, strict=True) if h and p.dim() == 2]
@@ -153,9 +163,17 @@ def build_optimizer(
         rest = [p for p in params if id(p) not in taken]
         parts: list[torch.optim.Optimizer] = []
         if matrices:
-            parts.append(Muon(matrices, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                          momentum=cfg.momentum_value, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
-                                          adjust_lr_fn="match_rms_adamw"))  # fmt: skip
+            parts.append(
+                Muon(
+                    matrices,
+                    lr=cfg.lr,
+                    weight_decay=cfg.weight_decay,
+                    momentum=cfg.momentum_value,
+                    nesterov=cfg.nesterov,
+                    ns_steps=cfg.ns_steps,
+                    adjust_lr_fn="match_rms_adamw",
+                )
+            )
         if rest:
             parts.append(_adamw(rest, cfg))
         return parts[0] if len(parts) == 1 else OptimizerChain(parts)

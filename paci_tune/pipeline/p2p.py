@@ -140,8 +140,9 @@ class P2P:
         if self.rank_of[src] == self._me:
             got_kind, got_mb, tensor, flag = self._local[src].popleft()
             if (got_kind, got_mb) != (kind, mb):
-                raise RuntimeError(f"stage {dst} expected {kind} of micro-batch {mb} from stage {src}, got "
-                                   f"{got_kind} of {got_mb}")  # fmt: skip
+                raise RuntimeError(
+                    f"stage {dst} expected {kind} of micro-batch {mb} from stage {src}, got {got_kind} of {got_mb}"
+                )
             return tensor.to(self.device), flag
         posted = self._posted.get(src)
         if posted:

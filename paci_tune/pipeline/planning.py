@@ -80,9 +80,10 @@ def check_profile(
         raise ConfigError(key, where, f"a profile of this model's {n_units} units (it has {profile.n_units})")
     if profile.seq_len != seq_len:
         raise ConfigError(
-            key, where,
+            key,
+            where,
             f"a profile measured at this model's sequence length {seq_len} (it was measured at {profile.seq_len})",
-        )  # fmt: skip
+        )
     return profile if tied is None else dataclasses.replace(profile, tied=list(tied))
 
 
@@ -92,8 +93,9 @@ def load_profile(cfg: RunConfig, n_units: int, seq_len: int, tied: Sequence[Tied
     path = cfg.training.profile
     if not path:
         return None
-    profile = check_profile(Profile.load(path, key="training.profile"), n_units, seq_len, "training.profile", path,
-                            tied)  # fmt: skip
+    profile = check_profile(
+        Profile.load(path, key="training.profile"), n_units, seq_len, "training.profile", path, tied
+    )
     return profile.for_optimizer(cfg.optimizer.timing_key, "training.profile", str(path))  # charged its own step
 
 
@@ -139,9 +141,12 @@ def predicted_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> 
             copies=copies,
             activations=activations,
             masters=prediction_steps(p, s) > 0,
-            transient=max(train_transient(profile, units, p.microbatch_size), step_transient(profile, units),
-                          eval_transient(profile, units, eval_chunk(cfg))),
-        )  # fmt: skip
+            transient=max(
+                train_transient(profile, units, p.microbatch_size),
+                step_transient(profile, units),
+                eval_transient(profile, units, eval_chunk(cfg)),
+            ),
+        )
         out.append(mem.total)
     return out
 
@@ -178,8 +183,15 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
         acts = stage_actions(p.schedule, s, p.stages, p.window, 0, 3, p.inflight, chunks=p.layout.chunks)
         if eval_mid_run and not torch_run:  # paci-tune's programs place evaluations themselves (PACI's undrained)
             acts = list(Program(p.schedule, s, p.stages, p.window, 0, 2, inflight=p.inflight, eval_at=lambda k: k == 1))
-        base = stage_memory(profile, units, p.microbatch_size, 0, last=s == p.stages - 1, optimizer=cfg.optimizer.name,
-                            masters=prediction_steps(p, s) > 0)  # fmt: skip
+        base = stage_memory(
+            profile,
+            units,
+            p.microbatch_size,
+            0,
+            last=s == p.stages - 1,
+            optimizer=cfg.optimizer.name,
+            masters=prediction_steps(p, s) > 0,
+        )
         forward = spec.asynchronous and p.backward_weights == "forward"
         copy_bytes = sum(profile.units[i].trained_bytes for i in units) * WEIGHT_BYTES[profile.dtype] // 4
         peak = action_peak(
@@ -197,9 +209,16 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
             keeps_logits=torch_run,
             placement=spec.placement,
         )
-        out.append(dataclasses.replace(base, activations=peak.activations, weight_copies=peak.copies * copy_bytes,
-                                       transient=peak.transient, grads=base.grads if peak.grads else 0,
-                                       buffers=0 if torch_run else posted_buffers(profile, pieces, s, p)))  # fmt: skip
+        out.append(
+            dataclasses.replace(
+                base,
+                activations=peak.activations,
+                weight_copies=peak.copies * copy_bytes,
+                transient=peak.transient,
+                grads=base.grads if peak.grads else 0,
+                buffers=0 if torch_run else posted_buffers(profile, pieces, s, p),
+            )
+        )
     return out
 
 
@@ -246,8 +265,11 @@ def interleaved_cut(layout: Layout, unit_costs: Sequence[float], profile: Profil
     ``pipeline.chunks`` when the model has fewer units than pieces."""
     n, pieces = len(unit_costs), layout.virtual_stages
     if pieces > n:
-        raise ConfigError("pipeline.chunks", layout.chunks, f"at most {n // layout.stages}: {layout.stages} stages x "
-                          f"chunks pieces of the model's {n} units")  # fmt: skip
+        raise ConfigError(
+            "pipeline.chunks",
+            layout.chunks,
+            f"at most {n // layout.stages}: {layout.stages} stages x chunks pieces of the model's {n} units",
+        )
     if profile is not None:
         unit_costs = [c.forward_s + c.backward_s for c in profile.at(layout.microbatch_size)]
     return balanced_partition(unit_costs, pieces)
@@ -286,8 +308,13 @@ def budget_cut(cfg: RunConfig, profile: Profile) -> list[int]:
     cap = cfg.hardware.memory_bytes
     if isinstance(p.partition, list) or p.layout.chunks > 1 or cap is None:
         return plan_partition(cfg, [1.0] * profile.n_units, profile)
-    model = PartitionModel(profile, p.layout, optimizer=cfg.optimizer.name, backward_weights=p.backward_weights,
-                           overhead_bytes=budget_reserve(profile))  # fmt: skip
+    model = PartitionModel(
+        profile,
+        p.layout,
+        optimizer=cfg.optimizer.name,
+        backward_weights=p.backward_weights,
+        overhead_bytes=budget_reserve(profile),
+    )
     try:
         return model.fastest(cap).sizes
     except ConfigError:
@@ -331,10 +358,15 @@ def check_budget(cfg: RunConfig, profile: Profile) -> list[int]:
     worst = max(range(len(peaks)), key=peaks.__getitem__)
     if peaks[worst] > cap:
         p = cfg.pipeline
-        raise ConfigError("hardware.memory", cfg.hardware.memory, (
-            f"at least {format_bytes(peaks[worst])} for {p.schedule} at P={p.stages} b={p.microbatch_size}: its "
-            f"stage {worst} is predicted that on the leanest cut {sizes}; more stages, a smaller micro-batch or "
-            "a schedule with fewer micro-batches in flight need less"))  # fmt: skip
+        raise ConfigError(
+            "hardware.memory",
+            cfg.hardware.memory,
+            (
+                f"at least {format_bytes(peaks[worst])} for {p.schedule} at P={p.stages} b={p.microbatch_size}: its "
+                f"stage {worst} is predicted that on the leanest cut {sizes}; more stages, a smaller micro-batch or "
+                "a schedule with fewer micro-batches in flight need less"
+            ),
+        )
     return sizes
 
 
@@ -355,9 +387,13 @@ def memory_refusal(
 
 
 def check_memory(
-    cfg: RunConfig, profile: Profile, sizes: Sequence[int], device: torch.device, distributed: bool,
+    cfg: RunConfig,
+    profile: Profile,
+    sizes: Sequence[int],
+    device: torch.device,
+    distributed: bool,
     processes: int | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Refuse a run whose predicted peak memory exceeds what this machine has for it.
 
     ``processes``: stage processes on this machine (default: torchrun's ``LOCAL_WORLD_SIZE``).

@@ -333,8 +333,9 @@ class RuntimeBase:
     def _program(self, s: int, first_batch: int, n_batches: int | None, plan: EvalPlan) -> Program:
         """Stage ``s``'s program of the segment from ``first_batch`` (``n_batches``, or until ``plan`` ends it)."""
         end = None if n_batches is None else first_batch + n_batches - 1
-        return Program(self.schedule, s, self.stages, self.window, first_batch, end, inflight=self.inflight,
-                       eval_at=plan.eval_at)  # fmt: skip
+        return Program(
+            self.schedule, s, self.stages, self.window, first_batch, end, inflight=self.inflight, eval_at=plan.eval_at
+        )
 
     def _warmup_actions(self, s: int) -> list[Action]:
         """Stage ``s``'s warm-up, at the first stage's in-flight depth (:func:`warmup_actions`)."""
@@ -343,5 +344,13 @@ class RuntimeBase:
 
     def _stage_entry(self, stage: Stage, timing: StageTiming, makespan: float) -> dict:
         """``stage``'s entry of the run summary (:func:`stage_stats`)."""
-        return stage_stats(stage, timing, makespan, self.units[stage.index], self.device, self.schedule, self.inflight,
-                           self.meter.peak_bytes)  # fmt: skip
+        return stage_stats(
+            stage,
+            timing,
+            makespan,
+            self.units[stage.index],
+            self.device,
+            self.schedule,
+            self.inflight,
+            self.meter.peak_bytes,
+        )

@@ -351,8 +351,11 @@ class Stage:
         if self.optim.mixed:
             state["masters"] = [m.detach() for m in self.optim.master_weights()]
             # whose masters they are: bf16 parameters', or every one's under weight prediction (resharding)
-            state["master_names"] = [n for n, m, a in zip(self.param_names, self.optim.masters, self.optim.aliases,
-                                                          strict=True) if m is not a]  # fmt: skip
+            state["master_names"] = [
+                n
+                for n, m, a in zip(self.param_names, self.optim.masters, self.optim.aliases, strict=True)
+                if m is not a
+            ]
         return state
 
     def _optimizer_order(self) -> list[str]:
@@ -385,8 +388,10 @@ class Stage:
             if master is not p.data:
                 p.data.copy_(master)
             if entries[name]["state"]:
-                opt_state[master] = {k: v.clone() if k == "step" else v.to(self.device).clone()
-                                     for k, v in entries[name]["state"].items()}  # fmt: skip
+                opt_state[master] = {
+                    k: v.clone() if k == "step" else v.to(self.device).clone()
+                    for k, v in entries[name]["state"].items()
+                }
         for name, buf in state.get("buffers", {}).items():
             self.module.get_buffer(name).copy_(buf)
 

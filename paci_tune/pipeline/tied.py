@@ -161,9 +161,14 @@ class TiedAllReduce:
     """
 
     def __init__(
-        self, stage: Stage, tied: Sequence[TiedParameter], stages: int, replicas: int, replica: int,
+        self,
+        stage: Stage,
+        tied: Sequence[TiedParameter],
+        stages: int,
+        replicas: int,
+        replica: int,
         wire: torch.device,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.stage, self.wire = stage, wire
         trainable = [t for t in tied if t.trainable]
         index = dict(holdings(stage, trainable))
@@ -178,8 +183,9 @@ class TiedAllReduce:
         optim = self.stage.optim
         for group, indices in self.parts:
             grads = [optim.gradient_of(i) for i in indices]
-            parts = [torch.zeros_like(optim.masters[i]) if g is None else g
-                     for i, g in zip(indices, grads, strict=True)]  # fmt: skip
+            parts = [
+                torch.zeros_like(optim.masters[i]) if g is None else g for i, g in zip(indices, grads, strict=True)
+            ]
             flat = torch.cat([g.reshape(-1) for g in parts]).to(self.wire)
             dist.all_reduce(flat, group=group)
             offset = 0

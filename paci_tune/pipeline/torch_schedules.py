@@ -120,8 +120,12 @@ class TorchScheduleRuntime(DistributedRuntime):
             why = f"one of {torch_schedule_names()} for torch's schedules"
             raise ConfigError("pipeline.schedule", self.schedule, why)
         if self.wire != self.stage.device:
-            raise ConfigError("pipeline.backend", dist.get_backend(), f"nccl for schedule {self.schedule} on CUDA "
-                              "stages (torch's schedules send from the stage's device; gloo cannot)")  # fmt: skip
+            raise ConfigError(
+                "pipeline.backend",
+                dist.get_backend(),
+                f"nccl for schedule {self.schedule} on CUDA "
+                "stages (torch's schedules send from the stage's device; gloo cannot)",
+            )
         self.stream = self.runner.stream
         self.trace: list[Action] = []
         self.tracing = True

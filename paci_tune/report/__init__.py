@@ -42,30 +42,63 @@ def make_report(ev: Evidence, out: Path) -> Report:
         path = figures.save(fig, out / f"{key}.png") if fig is not None else None  # type: ignore[arg-type]
         pics.append(Picture(key, title, path, caption if path is not None else why))
 
-    add("curves", "Validation loss of every trial", figures.draw_curves(ev),
+    add(
+        "curves",
+        "Validation loss of every trial",
+        figures.draw_curves(ev),
         "Each line is one trial on the search's clock; dashed lines were pruned where they end (x); the dotted "
-        "line is the target; thick lines are each schedule's chosen point and its confirmation seeds.")  # fmt: skip
-    add("heatmap", "Time to target over depth x window",
-        figures.draw_heatmap(ev), "Best score per cell (seconds on the search's clock; a miss scores above the "
-        "budget); blank cells were not finished by any trial.")  # fmt: skip
-    add("microbatch", "Time to target over micro-batch size", figures.draw_microbatch(ev),
-        "Every finished search trial; crosses at the top were pruned.")  # fmt: skip
+        "line is the target; thick lines are each schedule's chosen point and its confirmation seeds.",
+    )
+    add(
+        "heatmap",
+        "Time to target over depth x window",
+        figures.draw_heatmap(ev),
+        "Best score per cell (seconds on the search's clock; a miss scores above the "
+        "budget); blank cells were not finished by any trial.",
+    )
+    add(
+        "microbatch",
+        "Time to target over micro-batch size",
+        figures.draw_microbatch(ev),
+        "Every finished search trial; crosses at the top were pruned.",
+    )
     fig, imp = figures.draw_importances(ev)
-    add("importances", "Parameter importances (Optuna, fANOVA)", fig,
+    add(
+        "importances",
+        "Parameter importances (Optuna, fANOVA)",
+        fig,
         "The share of the score's variance each searched parameter explains, per schedule.",
-        "; ".join(f"{s}: {v}" for s, v in imp.items() if isinstance(v, str)))  # fmt: skip
+        "; ".join(f"{s}: {v}" for s, v in imp.items() if isinstance(v, str)),
+    )
     path, why = verdict.draw_timelines(ev, out / "timelines.png")
-    pics.append(Picture("timelines", "Simulated timelines: recommended PACI vs best flush", path,
-                        "Both chosen points simulated on the search's cost profile, on one time axis: hatched grey is "
-                        "idle time, the bubble PACI removes." if path else why))  # fmt: skip
-    add("drift", "PACI's drift per stage against its bound", verdict.draw_drift(ev),
+    pics.append(
+        Picture(
+            "timelines",
+            "Simulated timelines: recommended PACI vs best flush",
+            path,
+            "Both chosen points simulated on the search's cost profile, on one time axis: hatched grey is "
+            "idle time, the bubble PACI removes."
+            if path
+            else why,
+        )
+    )
+    add(
+        "drift",
+        "PACI's drift per stage against its bound",
+        verdict.draw_drift(ev),
         "Measured in the chosen PACI trial and predicted by the simulator; the step line is ceil((P-s-1)/a).",
-        "no finished PACI trial")  # fmt: skip
-    add("speedup", "PACI's speedup over flush", verdict.draw_speedup(ev),
+        "no finished PACI trial",
+    )
+    add(
+        "speedup",
+        "PACI's speedup over flush",
+        verdict.draw_speedup(ev),
         "Flush's score over PACI's per confirmation seed, and the ratio of means with best.yaml's interval.",
-        "best.yaml has no PACI-vs-flush figure")  # fmt: skip
+        "best.yaml has no PACI-vs-flush figure",
+    )
     sentence = verdict_sentence(ev)
     tabs = tables(ev)
-    index = write_page(out / "index.html", title=f"paci-tune report: {ev.name}", verdict=sentence, tables=tabs,
-                       pictures=pics)  # fmt: skip
+    index = write_page(
+        out / "index.html", title=f"paci-tune report: {ev.name}", verdict=sentence, tables=tabs, pictures=pics
+    )
     return Report(ev, sentence, tabs, pics, imp, index)

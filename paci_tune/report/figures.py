@@ -53,13 +53,11 @@ def draw_curves(ev: Evidence) -> Figure:
             thick.add((schedule, w.number))
             thick.update((schedule, r.number) for r in ev.confirmations(schedule, w.number))
     budget = ev.budget or max((c for rows in ev.rows.values() for r in rows for c, _ in r.curve), default=1.0)
-    return draw_search(ev.studies, target=ev.target or math.nan, budget=budget, clock=ev.clock, best=None,
-                       thick=thick)  # fmt: skip
+    return draw_search(ev.studies, target=ev.target or math.nan, budget=budget, clock=ev.clock, best=None, thick=thick)
 
 
 def _search_rows(ev: Evidence, schedule: str) -> list[TrialRow]:
-    return [r for r in ev.rows.get(schedule, []) if r.is_search and r.point is not None
-            and r.state != "infeasible"]  # fmt: skip
+    return [r for r in ev.rows.get(schedule, []) if r.is_search and r.point is not None and r.state != "infeasible"]
 
 
 def _depth_label(ev: Evidence, p: int) -> str:
@@ -103,7 +101,7 @@ def draw_heatmap(ev: Evidence) -> Figure:
                     va="center",
                     fontsize=8,
                     color="black" if v < (lo + hi) / 2 else "white",
-                )  # fmt: skip  (viridis_r: low is light)
+                )  # viridis_r: low is light
         ax.set_xticks(range(len(xs)), [str(x) for x in xs])
         ax.set_yticks(range(len(ys)), [_depth_label(ev, y) for y in ys])
         ax.set_xlabel("window a (micro-batches per step)")
@@ -123,12 +121,21 @@ def draw_microbatch(ev: Evidence) -> Figure:
         rows = _search_rows(ev, s)
         jitter = (i - 0.5) * 0.06
         done = [r for r in rows if r.state == "complete" and r.score is not None]
-        ax.scatter([r.point.microbatch_size * (1 + jitter) for r in done], [r.score for r in done],
-                   color=COLOURS.get(s), label=f"{s} (finished)")  # fmt: skip
+        ax.scatter(
+            [r.point.microbatch_size * (1 + jitter) for r in done],
+            [r.score for r in done],
+            color=COLOURS.get(s),
+            label=f"{s} (finished)",
+        )
         pruned = [r for r in rows if r.state == "pruned"]
         if pruned:
-            ax.scatter([r.point.microbatch_size * (1 + jitter) for r in pruned], [top * 1.05] * len(pruned),
-                       marker="x", color=COLOURS.get(s), label=f"{s} (pruned)")  # fmt: skip
+            ax.scatter(
+                [r.point.microbatch_size * (1 + jitter) for r in pruned],
+                [top * 1.05] * len(pruned),
+                marker="x",
+                color=COLOURS.get(s),
+                label=f"{s} (pruned)",
+            )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("micro-batch size b (sequences)")
     ax.set_ylabel(f"score: time to target ({ev.clock} clock, s)")
@@ -153,8 +160,11 @@ def importances(ev: Evidence) -> dict[str, dict[str, float] | str]:
 
     out: dict[str, dict[str, float] | str] = {}
     for s, study in ev.studies.items():
-        done = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and t.value is not None
-                and not is_extra(t)]  # fmt: skip
+        done = [
+            t
+            for t in study.get_trials(deepcopy=False)
+            if t.state.is_finished() and t.value is not None and not is_extra(t)
+        ]
         varied = {k for t in done for k in t.params if len({u.params.get(k) for u in done}) > 1}
         if len(done) < 2 or not varied:
             out[s] = f"{len(done)} finished trial(s), no parameter varied among them"

@@ -136,8 +136,7 @@ def gather(best_path: str | Path | None, storage: str | None, study_name: str | 
         )
     store = open_storage(storage)
     names = {s.study_name for s in optuna.get_all_study_summaries(store)}
-    studies = {s: optuna.load_study(study_name=f"{name}.{s}", storage=store) for s in NAMES
-               if f"{name}.{s}" in names}  # fmt: skip
+    studies = {s: optuna.load_study(study_name=f"{name}.{s}", storage=store) for s in NAMES if f"{name}.{s}" in names}
     if not studies:
         known = sorted({n.rsplit(".", 1)[0] for n in names})
         raise ConfigError("--study-name", name, f"a search stored in {shown(storage)}: {', '.join(known) or 'none'}")
@@ -161,8 +160,13 @@ def _with_password(kept: str | None) -> str | None:
 
 def _row(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialRow:
     r = TrialRecord.read(t)
-    state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
-             TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}[t.state]  # fmt: skip
+    state = {
+        TrialState.COMPLETE: "complete",
+        TrialState.PRUNED: "pruned",
+        TrialState.FAIL: "failed",
+        TrialState.RUNNING: "running",
+        TrialState.WAITING: "waiting",
+    }[t.state]
     point = params_of(t, schedule, fixed_batch) if "stages" in t.params and "microbatch_size" in t.params else None
     reason = r.fail_reason
     if r.infeasible:  # a sampler's proposal outside the device budget, answered without training
@@ -173,11 +177,20 @@ def _row(t: FrozenTrial, schedule: str, fixed_batch: int | None) -> TrialRow:
         if r.capped_at is not None:  # tune/capping.py: it could not rank
             reason = f"capped at step {r.pruned_step}, past {r.capped_at:.3g}s"
     return TrialRow(
-        schedule=schedule, number=t.number, state=state, point=point, score=t.value,
-        time_to_target=r.time_to_target, best_val_loss=r.best_val_loss,
-        curve=[(float(c), float(v)) for c, v in r.curve or []], reason=reason,
-        confirmation_of=r.confirm_of, seed=r.seed, attrs=dict(r.attrs), transfer_of=r.transfer_of,
-    )  # fmt: skip
+        schedule=schedule,
+        number=t.number,
+        state=state,
+        point=point,
+        score=t.value,
+        time_to_target=r.time_to_target,
+        best_val_loss=r.best_val_loss,
+        curve=[(float(c), float(v)) for c, v in r.curve or []],
+        reason=reason,
+        confirmation_of=r.confirm_of,
+        seed=r.seed,
+        attrs=dict(r.attrs),
+        transfer_of=r.transfer_of,
+    )
 
 
 def _trial_number(ref: Any) -> int | None:

@@ -48,8 +48,10 @@ def _picture(p: Picture) -> str:
     if p.path is None:
         return f'<h2>{html.escape(p.title)}</h2>\n<p class="note">Not drawn: {html.escape(p.caption)}</p>'
     data = base64.b64encode(p.path.read_bytes()).decode("ascii")
-    return (f'<h2>{html.escape(p.title)}</h2>\n<img id="{p.key}" alt="{html.escape(p.title)}" '
-            f'src="data:image/png;base64,{data}">\n<p class="note">{html.escape(p.caption)}</p>')  # fmt: skip
+    return (
+        f'<h2>{html.escape(p.title)}</h2>\n<img id="{p.key}" alt="{html.escape(p.title)}" '
+        f'src="data:image/png;base64,{data}">\n<p class="note">{html.escape(p.caption)}</p>'
+    )
 
 
 def write_page(path: Path, *, title: str, verdict: str, tables: list[Table], pictures: list[Picture]) -> Path:

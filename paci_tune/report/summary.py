@@ -35,8 +35,10 @@ def verdict_sentence(ev: Evidence) -> str:
 def _verdict(ev: Evidence) -> str:
     best = ev.best
     if best is None:
-        return (f"No recommendation yet: study {ev.name} has no best.yaml (run `paci-tune search` to finish it); "
-                "the tables show its trials as they stand.")  # fmt: skip
+        return (
+            f"No recommendation yet: study {ev.name} has no best.yaml (run `paci-tune search` to finish it); "
+            "the tables show its trials as they stand."
+        )
     r = best.recommended
     d = r.layout.data_parallel
     where = f" x D={d} on {r.devices if r.devices is not None else r.layout.devices} devices" if d != 1 else ""
@@ -65,8 +67,10 @@ def comparison_table(ev: Evidence) -> Table | None:
     c = ev.best.verdict_record if ev.best is not None else None
     if c is None:
         return None
-    rows = [[side["schedule"], side["point"], side["trial"], _g(side["mean"], "s"), f"{side['reached']}/{side['runs']}"]
-            for side in (c.paci, c.baseline)]  # fmt: skip
+    rows = [
+        [side["schedule"], side["point"], side["trial"], _g(side["mean"], "s"), f"{side['reached']}/{side['runs']}"]
+        for side in (c.paci, c.baseline)
+    ]
     rows += [
         [f"seed {seed}", f"{c.baseline_name} / PACI", "-", f"{ratio:.4g}x", "-"] for seed, ratio in c.ratios.items()
     ]
@@ -85,11 +89,21 @@ def chosen_points(ev: Evidence) -> Table:
         conf = ev.confirmations(s, w.number)
         scores = [c.score for c in conf if c.score is not None]
         mean = sum(scores) / len(scores) if scores else None
-        rows.append([s, f"#{w.number} {w.label}", _g(w.score, "s"), _g(w.time_to_target, "s"),
-                     _g(w.best_val_loss), f"{_g(mean, 's')} over {len(scores)} seeds" if scores else "-"])  # fmt: skip
-    return Table("Chosen point per schedule",
-                 ["schedule", "trial", "search score", "time to target", "best val loss", "confirmed mean"],
-                 rows)  # fmt: skip
+        rows.append(
+            [
+                s,
+                f"#{w.number} {w.label}",
+                _g(w.score, "s"),
+                _g(w.time_to_target, "s"),
+                _g(w.best_val_loss),
+                f"{_g(mean, 's')} over {len(scores)} seeds" if scores else "-",
+            ]
+        )
+    return Table(
+        "Chosen point per schedule",
+        ["schedule", "trial", "search score", "time to target", "best val loss", "confirmed mean"],
+        rows,
+    )
 
 
 def confirmation(ev: Evidence) -> Table:
@@ -99,16 +113,28 @@ def confirmation(ev: Evidence) -> Table:
         for c in ev.confirmations(s, w.number) if w else []:
             reached = "yes" if c.time_to_target is not None else "no"
             rows.append([s, str(c.seed), f"#{c.number}", c.state, _g(c.score, "s"), reached, _g(c.best_val_loss)])
-    return Table("Confirmation: the chosen points on fresh seeds",
-                 ["schedule", "seed", "trial", "state", "score", "reached target", "best val loss"], rows)  # fmt: skip
+    return Table(
+        "Confirmation: the chosen points on fresh seeds",
+        ["schedule", "seed", "trial", "state", "score", "reached target", "best val loss"],
+        rows,
+    )
 
 
 def counts(ev: Evidence) -> Table:
     rows = []
     for s, c in ev.counts().items():
         reasons = "; ".join(f"{k} x{n}" for k, n in ev.reasons(s).items()) or "-"
-        rows.append([s, str(c["complete"]), str(c["pruned"]), str(c["failed"]), str(c.get("infeasible", 0)),
-                     str(c["confirmation"]), reasons])  # fmt: skip
+        rows.append(
+            [
+                s,
+                str(c["complete"]),
+                str(c["pruned"]),
+                str(c["failed"]),
+                str(c.get("infeasible", 0)),
+                str(c["confirmation"]),
+                reasons,
+            ]
+        )
     header = [
         "schedule",
         "complete",
@@ -135,14 +161,24 @@ def candidates(ev: Evidence) -> Table:
     from ..config.memory import format_bytes
 
     ranked = (ev.best.candidates if ev.best else None) or {}
-    rows = [[s, str(r["rank"]), f"#{r['trial']} {r['point']}",
-             "-" if r.get("step_time_s") is None else f"{r['step_time_s'] * 1e3:.1f} ms",
-             "-" if r.get("predicted_peak_bytes") is None else format_bytes(r["predicted_peak_bytes"]),
-             _g(r.get("score"), "s"), "yes" if r.get("reached_target") else "no"]
-            for s, table in ranked.items() for r in table]  # fmt: skip
-    return Table("Candidates: each schedule's best points (search draws)",
-                 ["schedule", "rank", "trial", "step", "predicted peak per device", "score", "reached target"],
-                 rows)  # fmt: skip
+    rows = [
+        [
+            s,
+            str(r["rank"]),
+            f"#{r['trial']} {r['point']}",
+            "-" if r.get("step_time_s") is None else f"{r['step_time_s'] * 1e3:.1f} ms",
+            "-" if r.get("predicted_peak_bytes") is None else format_bytes(r["predicted_peak_bytes"]),
+            _g(r.get("score"), "s"),
+            "yes" if r.get("reached_target") else "no",
+        ]
+        for s, table in ranked.items()
+        for r in table
+    ]
+    return Table(
+        "Candidates: each schedule's best points (search draws)",
+        ["schedule", "rank", "trial", "step", "predicted peak per device", "score", "reached target"],
+        rows,
+    )
 
 
 def memory_dropped(ev: Evidence) -> Table:
@@ -150,10 +186,21 @@ def memory_dropped(ev: Evidence) -> Table:
     from ..config.memory import format_bytes
 
     mem = (ev.best.memory if ev.best else None) or {}
-    rows = [[d["schedule"], d["reason"].split(":")[0], format_bytes(d["predicted_peak_bytes"]), str(d["stage"]),
-             format_bytes(d["memory_bytes"])] for d in mem.get("dropped") or []]  # fmt: skip
-    return Table(f"Dropped for memory: predicted above hardware.memory ({mem.get('memory')})",
-                 ["schedule", "point", "predicted peak", "on stage", "hardware.memory"], rows)  # fmt: skip
+    rows = [
+        [
+            d["schedule"],
+            d["reason"].split(":")[0],
+            format_bytes(d["predicted_peak_bytes"]),
+            str(d["stage"]),
+            format_bytes(d["memory_bytes"]),
+        ]
+        for d in mem.get("dropped") or []
+    ]
+    return Table(
+        f"Dropped for memory: predicted above hardware.memory ({mem.get('memory')})",
+        ["schedule", "point", "predicted peak", "on stage", "hardware.memory"],
+        rows,
+    )
 
 
 def tables(ev: Evidence) -> list[Table]:

@@ -87,12 +87,14 @@ def drift_rows(ev: Evidence) -> list[dict[str, Any]]:
     sim = simulated(ev, w, n_batches=max(4 * p.stages, 8))
     rows = []
     for s in range(p.stages):
-        rows.append({
-            "stage": s,
-            "measured": measured[s]["max"] if s < len(measured) else None,
-            "simulated": sim.per_stage[s].max_drift if sim is not None else None,
-            "bound": drift_bound(s, p.stages, p.window),
-        })  # fmt: skip
+        rows.append(
+            {
+                "stage": s,
+                "measured": measured[s]["max"] if s < len(measured) else None,
+                "simulated": sim.per_stage[s].max_drift if sim is not None else None,
+                "bound": drift_bound(s, p.stages, p.window),
+            }
+        )
     return rows
 
 
@@ -106,10 +108,22 @@ def draw_drift(ev: Evidence) -> Figure | None:
     for k, (key, colour, dx) in enumerate((("measured", COLOURS["paci"], -0.2), ("simulated", "#88BBEE", 0.2))):
         vals = [(x, r[key]) for x, r in zip(xs, rows, strict=True) if r[key] is not None]
         if vals:
-            ax.bar([x + dx for x, _ in vals], [v for _, v in vals], width=0.4, color=colour,
-                   label=f"{key} max drift", zorder=2 + k)  # fmt: skip
-    ax.step([x - 0.5 for x in xs] + [xs[-1] + 0.5], [r["bound"] for r in rows] + [rows[-1]["bound"]], where="post",
-            color="black", lw=1.5, label="bound ceil((P-s-1)/a)")  # fmt: skip
+            ax.bar(
+                [x + dx for x, _ in vals],
+                [v for _, v in vals],
+                width=0.4,
+                color=colour,
+                label=f"{key} max drift",
+                zorder=2 + k,
+            )
+    ax.step(
+        [x - 0.5 for x in xs] + [xs[-1] + 0.5],
+        [r["bound"] for r in rows] + [rows[-1]["bound"]],
+        where="post",
+        color="black",
+        lw=1.5,
+        label="bound ceil((P-s-1)/a)",
+    )
     p = ev.winner("paci").point  # type: ignore[union-attr]
     ax.set_xticks(xs, [f"stage {x}" for x in xs])
     ax.set_ylabel("optimizer updates crossed")
@@ -132,12 +146,19 @@ def draw_speedup(ev: Evidence) -> Figure | None:
         ratios = c.ratios
         ax.scatter(list(ratios.values()), [0.15] * len(ratios), color="grey", label=f"one seed ({name} / PACI)")
         for i, (seed, r) in enumerate(ratios.items()):  # staggered: equal ratios must stay legible
-            ax.annotate(f"seed {seed}", (r, 0.15), textcoords="offset points", xytext=(0, 6 + 9 * (i % 3)),
-                        ha="center", fontsize=7)  # fmt: skip
+            ax.annotate(
+                f"seed {seed}",
+                (r, 0.15),
+                textcoords="offset points",
+                xytext=(0, 6 + 9 * (i % 3)),
+                ha="center",
+                fontsize=7,
+            )
         lo, hi = c.interval
         label = f"geometric mean, {c.level:.0%} interval [{lo:.3g}, {hi:.3g}] (n = {c.n})"
-        ax.errorbar([c.speedup], [0], xerr=[[c.speedup - lo], [hi - c.speedup]], fmt="o", color="black", capsize=6,
-                    label=label)  # fmt: skip
+        ax.errorbar(
+            [c.speedup], [0], xerr=[[c.speedup - lo], [hi - c.speedup]], fmt="o", color="black", capsize=6, label=label
+        )
     else:
         ax.scatter([c.speedup], [0], color="black", label="single draws (no interval)")
     ax.axvline(1.0, color="#CC6611", ls="--", lw=1, label="1 = tie")

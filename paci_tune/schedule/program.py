@@ -215,11 +215,17 @@ def stage_actions(
     return out
 
 
-def build(schedule: str, stages: int, window: int, first_batch: int, n_batches: int,
-          inflight: int | None = None, chunks: int = 1) -> list[list[Action]]:  # fmt: skip
+def build(
+    schedule: str,
+    stages: int,
+    window: int,
+    first_batch: int,
+    n_batches: int,
+    inflight: int | None = None,
+    chunks: int = 1,
+) -> list[list[Action]]:
     """Every stage's action list for one segment of the run (``chunks``: model chunks per stage)."""
-    return [stage_actions(schedule, s, stages, window, first_batch, n_batches, inflight, chunks)
-            for s in range(stages)]  # fmt: skip
+    return [stage_actions(schedule, s, stages, window, first_batch, n_batches, inflight, chunks) for s in range(stages)]
 
 
 def needs_snapshot(actions: list[Action]) -> set[int]:

@@ -186,21 +186,48 @@ SYNCHRONOUS_CURVE = "synchronous"
 PACI = Schedule("paci", "PACI", synchronous=False, colour="#4477AA")
 ONE_F_ONE_B = Schedule("1f1b", "flush", synchronous=True, torch_class="1F1B", torch_always=False, colour="#CC6611")
 ZB_H1 = Schedule(
-    "zb-h1", "zero-bubble", synchronous=True, split_backward=True, builder=synchronous.zb_h1,
-    torch_class="InterleavedZeroBubble", rounds=True, colour="#228833",
-)  # fmt: skip
+    "zb-h1",
+    "zero-bubble",
+    synchronous=True,
+    split_backward=True,
+    builder=synchronous.zb_h1,
+    torch_class="InterleavedZeroBubble",
+    rounds=True,
+    colour="#228833",
+)
 INTERLEAVED = Schedule(
-    "interleaved", "interleaved 1F1B", synchronous=True, chunks=None, builder=synchronous.interleaved,
-    torch_class="Interleaved1F1B", rounds=True, colour="#AA3377",
-)  # fmt: skip
+    "interleaved",
+    "interleaved 1F1B",
+    synchronous=True,
+    chunks=None,
+    builder=synchronous.interleaved,
+    torch_class="Interleaved1F1B",
+    rounds=True,
+    colour="#AA3377",
+)
 ZB_V = Schedule(
-    "zb-v", "ZB-V", synchronous=True, placement="v", chunks=2, split_backward=True, builder=vshape.zb_v,
-    torch_class="ZBVZeroBubble", colour="#66CCEE",
-)  # fmt: skip
+    "zb-v",
+    "ZB-V",
+    synchronous=True,
+    placement="v",
+    chunks=2,
+    split_backward=True,
+    builder=vshape.zb_v,
+    torch_class="ZBVZeroBubble",
+    colour="#66CCEE",
+)
 DUALPIPE_V = Schedule(
-    "dualpipev", "DualPipeV", synchronous=True, placement="v", chunks=2, split_backward=True,
-    builder=vshape.dualpipe_v, torch_class="DualPipeV", min_window=lambda p: 2 * p, colour="#CCBB44",
-)  # fmt: skip
+    "dualpipev",
+    "DualPipeV",
+    synchronous=True,
+    placement="v",
+    chunks=2,
+    split_backward=True,
+    builder=vshape.dualpipe_v,
+    torch_class="DualPipeV",
+    min_window=lambda p: 2 * p,
+    colour="#CCBB44",
+)
 GPIPE = Schedule("gpipe", "GPipe", synchronous=True, whole_batch_inflight=True, colour="#BBBBBB")
 
 REGISTRY: dict[str, Schedule] = {s.name: s for s in (PACI, ONE_F_ONE_B, ZB_H1, INTERLEAVED, ZB_V, DUALPIPE_V, GPIPE)}

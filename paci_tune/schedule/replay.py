@@ -64,9 +64,17 @@ class Placer:
     arguments (see ``_arrival`` below).
     """
 
-    def __init__(self, stages: int, latency: Latency | None = None, sync_steps: int | None = None,
-                 keep: bool = False, chunks: int = 1, step_groups: Sequence[Sequence[int]] = (),
-                 lead: Duration | None = None, placement: str = "looped") -> None:  # fmt: skip
+    def __init__(
+        self,
+        stages: int,
+        latency: Latency | None = None,
+        sync_steps: int | None = None,
+        keep: bool = False,
+        chunks: int = 1,
+        step_groups: Sequence[Sequence[int]] = (),
+        lead: Duration | None = None,
+        placement: str = "looped",
+    ) -> None:
         self.n, self.latency, self.sync_steps, self.chunks, self.lead = stages, latency, sync_steps, chunks, lead
         self.placement = placement
         self.partners = step_partners(stages, sync_steps, step_groups)

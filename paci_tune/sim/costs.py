@@ -71,9 +71,17 @@ class UnitCost:
         def mul(x: float | None) -> float | None:
             return None if x is None else x * factor
 
-        return UnitCost(self.forward_s * factor, self.backward_s * factor, self.activation_bytes, self.saved_bytes,
-                        mul(self.backward_input_s), mul(self.backward_weight_s), self.transient_bytes,
-                        self.eval_bytes, self.split_bytes)  # fmt: skip
+        return UnitCost(
+            self.forward_s * factor,
+            self.backward_s * factor,
+            self.activation_bytes,
+            self.saved_bytes,
+            mul(self.backward_input_s),
+            mul(self.backward_weight_s),
+            self.transient_bytes,
+            self.eval_bytes,
+            self.split_bytes,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -140,9 +148,17 @@ class UnitProfile:
             (b0,) = sizes
             f = microbatch_size / b0
             c = self.costs[b0].scaled(f)
-            return UnitCost(c.forward_s, c.backward_s, round(c.activation_bytes * f), round(c.saved_bytes * f),
-                            c.backward_input_s, c.backward_weight_s, _times(c.transient_bytes, f),
-                            _times(c.eval_bytes, f), _times(c.split_bytes, f))  # fmt: skip
+            return UnitCost(
+                c.forward_s,
+                c.backward_s,
+                round(c.activation_bytes * f),
+                round(c.saved_bytes * f),
+                c.backward_input_s,
+                c.backward_weight_s,
+                _times(c.transient_bytes, f),
+                _times(c.eval_bytes, f),
+                _times(c.split_bytes, f),
+            )
         i = bisect.bisect_left(sizes, microbatch_size)
         i = min(max(i, 1), len(sizes) - 1)  # the segment [i-1, i] containing the size, or the nearest end one
         lo, hi = sizes[i - 1], sizes[i]

@@ -169,9 +169,14 @@ def inflight_bytes(profile: Profile, units: Sequence[int], microbatch_size: int,
 
 
 def chunked_activations(
-    profile: Profile, pieces: Sequence[Sequence[int]], stage: int, stages: int, microbatch_size: int,
-    actions: Sequence[Action], placement: str = "looped",
-) -> int:  # fmt: skip
+    profile: Profile,
+    pieces: Sequence[Sequence[int]],
+    stage: int,
+    stages: int,
+    microbatch_size: int,
+    actions: Sequence[Action],
+    placement: str = "looped",
+) -> int:
     """Peak activation bytes of ``stage`` of a cut into ``v`` chunks a stage: ``pieces`` (each a list of
     units) in model order, placed by ``placement`` (:func:`held_pieces`). The largest, over the stage's
     ``actions``, of the sum over its chunks of micro-batches in flight
@@ -330,10 +335,13 @@ def action_peak(
     costs = profile.at(microbatch_size)
     # from B to W a micro-batch's units hold split_bytes in place of saved_bytes; the first piece's B computes
     # nothing (its input needs no gradient: the whole backward runs at W)
-    split = [0 if j == 0 else sum((costs[u].split_bytes or costs[u].saved_bytes) - costs[u].saved_bytes
-                                  for u in pieces[j]) for j in mine]  # fmt: skip
-    logits = [profile.at(microbatch_size)[pieces[j][-1]].activation_bytes if keeps_logits and j == last else 0
-              for j in mine]  # fmt: skip
+    split = [
+        0 if j == 0 else sum((costs[u].split_bytes or costs[u].saved_bytes) - costs[u].saved_bytes for u in pieces[j])
+        for j in mine
+    ]
+    logits = [
+        profile.at(microbatch_size)[pieces[j][-1]].activation_bytes if keeps_logits and j == last else 0 for j in mine
+    ]
     train = [train_transient(profile, pieces[j], microbatch_size) for j in mine]
     running = [in_progress(profile, pieces[j], microbatch_size, held[i], last=j == last) for i, j in enumerate(mine)]
     units = [u for j in mine for u in pieces[j]]

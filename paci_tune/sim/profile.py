@@ -83,14 +83,16 @@ measured sizes, and extrapolated along the line through the two nearest measured
 either end (clamped at zero); with a single measured size, costs are taken proportional to the
 micro-batch size. Compute time is close to linear in the micro-batch size once a kernel is large
 enough to fill the device, and activation sizes are exactly linear, so this is accurate between
-measured sizes and a fair guess a little beyond them. May import: PyYAML, :mod:`.costs`, :mod:`.tied`,
-:mod:`paci_tune.base`, :mod:`paci_tune.errors`.
+measured sizes and a fair guess a little beyond them.
+
+Each value of a profile file is checked by :mod:`.profile_doc`. May import: PyYAML, :mod:`.costs`,
+:mod:`.profile_doc`, :mod:`.tied`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
@@ -101,17 +103,10 @@ from ..base.files import atomic_write_text, read_mapping
 from ..base.shipped import resolve_path
 from ..errors import ConfigError
 from .costs import UnitCost, UnitProfile
+from .profile_doc import _TOP_KEYS, _int, _link, _mapping, _unit  # the document's values, checked
 from .tied import TiedGroup, parse_tied
 
 FORMAT = "paci-tune-profile/1"
-_TOP_KEYS = ("format", "machine", "device", "torch", "dtype", "date", "threads", "seq_len", "units", "p2p",
-             "allreduce", "tied", "optimizer", "optimizer_note")  # fmt: skip
-_UNIT_KEYS = ("name", "param_bytes", "trainable_bytes", "optimizer_s", "copy_s", "microbatch", "optimizer_steps",
-              "step_bytes")  # fmt: skip
-_COST_KEYS = ("forward_s", "backward_s", "activation_bytes", "saved_bytes")
-_SPLIT_KEYS = ("backward_input_s", "backward_weight_s")
-_TRANSIENT_KEYS = ("transient_bytes", "eval_bytes", "split_bytes")
-_P2P_KEYS = ("latency_s", "bandwidth_Bps", "backend")
 
 
 @dataclass(frozen=True)
@@ -188,12 +183,24 @@ class Profile:
         if key == self.optimizer:
             return self
         if key not in self.timed_optimizers():
-            raise ConfigError(where, path or self.device, f"a profile that timed the {key} step (this one timed "
-                              f"{', '.join(self.timed_optimizers())}): paci-tune calibrate CONFIG, with "
-                              f"optimizer.name: {key.split()[0]} in CONFIG, measures one")  # fmt: skip
-        units = [replace(u, optimizer_s=u.optimizer_steps[key], optimizer_steps={
-            **{k: v for k, v in u.optimizer_steps.items() if k != key}, self.optimizer: u.optimizer_s})
-            for u in self.units]  # fmt: skip
+            raise ConfigError(
+                where,
+                path or self.device,
+                f"a profile that timed the {key} step (this one timed "
+                f"{', '.join(self.timed_optimizers())}): paci-tune calibrate CONFIG, with "
+                f"optimizer.name: {key.split()[0]} in CONFIG, measures one",
+            )
+        units = [
+            replace(
+                u,
+                optimizer_s=u.optimizer_steps[key],
+                optimizer_steps={
+                    **{k: v for k, v in u.optimizer_steps.items() if k != key},
+                    self.optimizer: u.optimizer_s,
+                },
+            )
+            for u in self.units
+        ]
         return replace(self, units=units, optimizer=key)
 
     @property
@@ -274,8 +281,9 @@ class Profile:
             for u in self.units
         ]
         ar = None if self.allreduce_cost is None else self.allreduce_cost.scaled(pf)
-        return replace(self, units=units, p2p=self.p2p.scaled(pf), allreduce_cost=ar,
-                       device=f"{self.device} (scaled x{factor:g})")  # fmt: skip
+        return replace(
+            self, units=units, p2p=self.p2p.scaled(pf), allreduce_cost=ar, device=f"{self.device} (scaled x{factor:g})"
+        )
 
     # ------------------------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
@@ -356,95 +364,3 @@ class Profile:
         ``profiles/NAME.yaml`` not found here is the shipped reference profile of that name, as in
         ``budget.profile`` (``--profile profiles/tiny-gpt.yaml`` works from any folder)."""
         return cls.from_dict(read_mapping(resolve_path(path), key, "a cost profile: seq_len, units, p2p"), key)
-
-
-# --------------------------------------------------------------------------------- validation
-
-
-def _mapping(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if not isinstance(value, Mapping):
-        raise ConfigError(key, value, "a mapping with keys: " + ", ".join(allowed))
-    for k, v in value.items():
-        if k not in allowed:
-            raise ConfigError(f"{key}.{k}", v, "a known key: " + ", ".join(allowed))
-
-
-def _link(key: str, raw: Any) -> tuple[float, float, str]:
-    """(latency_s, bandwidth_Bps, backend) of a ``p2p`` or ``allreduce`` mapping."""
-    _mapping(key, raw, _P2P_KEYS)
-    latency = _number(f"{key}.latency_s", raw.get("latency_s"))
-    bandwidth = raw.get("bandwidth_Bps")
-    if (
-        isinstance(bandwidth, bool)
-        or not isinstance(bandwidth, (int, float))
-        or not bandwidth > 0
-        or (isinstance(bandwidth, int) and bandwidth >= 2**1023)
-    ):
-        raise ConfigError(f"{key}.bandwidth_Bps", bandwidth, "a positive number of bytes/s (.inf: free)")
-    return latency, float(bandwidth), str(raw.get("backend", "unknown"))
-
-
-def _number(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2**63:
-        raise ConfigError(key, value, "a finite number >= 0")
-    if not math.isfinite(float(value)):
-        raise ConfigError(key, value, "a finite number >= 0")
-    return float(value)
-
-
-def _int(key: str, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < 2**63:
-        raise ConfigError(key, value, f"an integer >= {minimum} (below 2**63)")
-    return value
-
-
-def _unit(key: str, raw: Any, index: int) -> UnitProfile:
-    _mapping(key, raw, _UNIT_KEYS)
-    mbs = raw.get("microbatch")
-    if not isinstance(mbs, Mapping) or not mbs:
-        raise ConfigError(f"{key}.microbatch", mbs, "a non-empty mapping of micro-batch size to costs")
-    costs: dict[int, UnitCost] = {}
-    for b_raw, c in mbs.items():
-        try:
-            b = int(b_raw)  # YAML written by hand may quote the size
-        except (TypeError, ValueError):
-            b = 0
-        if b < 1 or isinstance(b_raw, bool) or (isinstance(b_raw, float) and b != b_raw):
-            raise ConfigError(f"{key}.microbatch", b_raw, "positive integer micro-batch sizes as keys")
-        ck = f"{key}.microbatch.{b}"
-        _mapping(ck, c, _COST_KEYS + _SPLIT_KEYS + _TRANSIENT_KEYS)
-        for k in _COST_KEYS:
-            if k not in c:
-                raise ConfigError(f"{ck}.{k}", None, "a number >= 0 (every cost is required)")
-        split = [None if c.get(k) is None else _number(f"{ck}.{k}", c[k]) for k in _SPLIT_KEYS]
-        for i, half in enumerate(split):  # one half given: the other is the rest of the backward
-            other = split[1 - i]
-            if half is None and other is not None:
-                split[i] = max(float(c["backward_s"]) - other, 0.0)
-        costs[b] = UnitCost(
-            _number(f"{ck}.forward_s", c["forward_s"]),
-            _number(f"{ck}.backward_s", c["backward_s"]),
-            _int(f"{ck}.activation_bytes", c["activation_bytes"]),
-            _int(f"{ck}.saved_bytes", c["saved_bytes"]),
-            *split,
-            *(None if c.get(k) is None else _int(f"{ck}.{k}", c[k]) for k in _TRANSIENT_KEYS),
-        )
-    param_bytes = _int(f"{key}.param_bytes", raw.get("param_bytes"))
-    trainable = raw.get("trainable_bytes")
-    if trainable is not None:
-        trainable = _int(f"{key}.trainable_bytes", trainable)
-        if trainable > param_bytes:
-            raise ConfigError(f"{key}.trainable_bytes", trainable, f"at most param_bytes ({param_bytes})")
-    steps = raw.get("optimizer_steps") or {}
-    if not isinstance(steps, Mapping):
-        raise ConfigError(f"{key}.optimizer_steps", steps, "a mapping of optimizer to the seconds of its step")
-    return UnitProfile(
-        name=str(raw.get("name", f"unit{index}")),
-        param_bytes=param_bytes,
-        trainable_bytes=trainable,
-        optimizer_s=_number(f"{key}.optimizer_s", raw.get("optimizer_s")),
-        costs=costs,
-        copy_s=None if raw.get("copy_s") is None else _number(f"{key}.copy_s", raw["copy_s"]),
-        optimizer_steps={str(k): _number(f"{key}.optimizer_steps.{k}", v) for k, v in steps.items()},
-        step_bytes=None if raw.get("step_bytes") is None else _int(f"{key}.step_bytes", raw["step_bytes"]),
-    )

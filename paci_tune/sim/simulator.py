@@ -54,165 +54,26 @@ measured or derived (:mod:`.costs`; ``backward_split`` in the JSON says which). 
 counted off the lists (:mod:`.memory`), every chunk a rank holds.
 
 PACI never drains inside a segment: it is simulated over at least ``4 * P`` global batches, and the
-steady-state step time (between optimizer steps mid-run) is reported next to the average. May
-import: :mod:`.memory`, :mod:`.profile`, :mod:`.tied`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the layout
-and the backward-weights values), :mod:`paci_tune.errors`.
+steady-state step time (between optimizer steps mid-run) is reported next to the average. What it
+predicts is a :class:`~.results.SimResult`. May import: :mod:`.memory`, :mod:`.profile`,
+:mod:`.results`, :mod:`.tied`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config` (the layout and the
+backward-weights values), :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from ..config.layout import Layout
 from ..config.schema import BACKWARD_WEIGHTS
 from ..errors import ConfigError
 from ..schedule import NAMES, Action, Op, build, check_partition, drift_bound, schedule_of, stage_units
 from ..schedule.replay import StageTimes, Timeline, drift_per_microbatch, peak_inflight, replay
-from .memory import DEFAULT_OVERHEAD_BYTES, StageMemory, chunked_activations, stage_memory
+from .memory import DEFAULT_OVERHEAD_BYTES, chunked_activations, stage_memory
 from .profile import Profile
+from .results import SimResult, StageResult  # what it predicts (re-exported: callers import them from here)
 from .tied import tied_steps
-
-
-@dataclass
-class StageResult:
-    """One stage's share of a simulated run."""
-
-    stage: int
-    units: range  # with several chunks: the first chunk's (``chunk_units`` has them all)
-    busy_s: float
-    idle_s: float
-    bubble_fraction: float
-    steady_bubble_fraction: float
-    peak_inflight: int
-    memory: StageMemory
-    max_drift: int
-    mean_drift: float
-    drift_bound: int
-    drift_histogram: dict[int, int] = field(default_factory=dict)
-    allreduce_s: float = 0.0  # one gradient all-reduce in the stage's dp group (0 when D = 1)
-    tied_allreduce_s: float = 0.0  # one step's all-reduces of tied parameters among their holders
-    weight_copies_made: int = 0  # forward mode: steps that cloned the weights (module docstring)
-    weight_copies_peak: int = 0  # forward mode: most weight copies held at once
-    copy_s: float = 0.0  # one clone of the stage's weights (the profile's ``copy_s``)
-    chunk_units: tuple[range, ...] = ()  # several chunks: the units of each chunk the stage holds
-
-    @property
-    def peak_memory_bytes(self) -> int:
-        return self.memory.total
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "units": [self.units.start, self.units.stop],
-            "busy_s": self.busy_s,
-            "idle_s": self.idle_s,
-            "bubble_fraction": self.bubble_fraction,
-            "steady_bubble_fraction": self.steady_bubble_fraction,
-            "peak_inflight": self.peak_inflight,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "memory": self.memory.to_dict(),
-            "max_drift": self.max_drift,
-            "mean_drift": self.mean_drift,
-            "drift_bound": self.drift_bound,
-            "drift_histogram": {str(k): v for k, v in sorted(self.drift_histogram.items())},
-            "allreduce_s": self.allreduce_s,
-            "tied_allreduce_s": self.tied_allreduce_s,
-            "weight_copies_made": self.weight_copies_made,
-            "weight_copies_peak": self.weight_copies_peak,
-            "copy_s": self.copy_s,
-            **({"chunk_units": [[r.start, r.stop] for r in self.chunk_units]} if len(self.chunk_units) > 1 else {}),
-        }
-
-
-@dataclass
-class SimResult:
-    """Predicted performance of one schedule; ``to_dict()`` is what ``simulate --json`` prints."""
-
-    layout: Layout  # its cut set
-    seq_len: int
-    n_batches: int
-    makespan_s: float
-    step_time_s: float
-    steady_step_time_s: float
-    bubble_fraction: float
-    steady_bubble_fraction: float
-    per_stage: list[StageResult]
-    timeline: Timeline = field(repr=False)
-    backward_weights: str = "forward"
-    backward_split: str | None = None  # split B/W: "measured" or "derived" (the profile's split, :mod:`.costs`)
-    mean_costs: tuple[float, float, float] = (0.0, 0.0, 0.0)  # F, B, W of a stage, averaged over stages
-
-    @property
-    def allreduce_fraction(self) -> float:
-        """Share of the run each stage spends in gradient all-reduces (dp and tied), averaged over stages."""
-        span = self.timeline.makespan
-        if span <= 0:
-            return 0.0
-        reduce = sum(st.allreduce_s + st.tied_allreduce_s for st in self.per_stage)
-        return reduce * self.n_batches / (span * len(self.per_stage))
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Tokens per second over the whole simulated run (fill and drain included)."""
-        return self.layout.global_batch * self.seq_len / self.step_time_s if self.step_time_s > 0 else float("inf")
-
-    @property
-    def steady_tokens_per_s(self) -> float:
-        return self.layout.global_batch * self.seq_len / self.steady_step_time_s if self.steady_step_time_s > 0 else 0.0
-
-    @property
-    def analytic_bubble_fraction(self) -> float:
-        """Textbook bubble with equal stages and free transfers (the registry's ``Schedule.bubble``: 0 for
-        PACI, (P-1)/(m+P-1) for a flush, interleaved (P-1)/(v m + P-1), a V schedule's own); ZB-H1's on the
-        stages' mean F, B, W: (P-1)(F+B-W) / (m(F+B+W) + (P-1)(F+B-W)) (Qi et al.; (P-1)/(3m+P-1) when equal)."""
-        lay, spec = self.layout, schedule_of(self.layout.schedule)
-        p, m = lay.stages, lay.window
-        if spec.split_backward and not spec.multi_chunk:
-            f, b, w = self.mean_costs
-            idle = (p - 1) * max(f + b - w, 0.0)
-            return idle / (m * (f + b + w) + idle) if idle else 0.0
-        return spec.bubble(p, m, lay.chunks)
-
-    @property
-    def max_drift(self) -> int:
-        return max(st.max_drift for st in self.per_stage)
-
-    @property
-    def peak_memory_bytes(self) -> int:
-        return max(st.peak_memory_bytes for st in self.per_stage)
-
-    def to_dict(self) -> dict[str, Any]:
-        lay = self.layout
-        return {
-            "schedule": lay.schedule,
-            "n_stages": lay.stages,  # the JSON's name for P since its first version (``stages`` is the per-stage list)
-            "chunks": lay.chunks,
-            "backward_split": self.backward_split,
-            "data_parallel": lay.data_parallel,
-            "backward_weights": self.backward_weights,
-            "devices": lay.devices,
-            "window": lay.window,
-            "microbatch_size": lay.microbatch_size,
-            "global_batch": lay.global_batch,
-            "seq_len": self.seq_len,
-            "partition": list(lay.partition or ()),
-            "n_batches": self.n_batches,
-            "tokens_per_s": self.tokens_per_s,
-            "steady_tokens_per_s": self.steady_tokens_per_s,
-            "step_time_s": self.step_time_s,
-            "steady_step_time_s": self.steady_step_time_s,
-            "makespan_s": self.makespan_s,
-            "bubble_fraction": self.bubble_fraction,
-            "steady_bubble_fraction": self.steady_bubble_fraction,
-            "analytic_bubble_fraction": self.analytic_bubble_fraction,
-            "max_drift": self.max_drift,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "allreduce_fraction": self.allreduce_fraction,
-            "stages": [st.to_dict() for st in self.per_stage],
-        }
 
 
 def weight_copy_steps(actions: Sequence[Action]) -> tuple[set[int], int]:
@@ -287,8 +148,12 @@ def simulate(
     if layout.partition is None:
         raise ConfigError("pipeline.partition", None, "the stage cut to simulate (units per stage)")
     if layout.virtual_stages > profile.n_units >= stages:
-        raise ConfigError("pipeline.chunks", chunks, f"at most {profile.n_units // stages}: "
-                          f"{stages} stages x chunks pieces of the model's {profile.n_units} units")  # fmt: skip
+        raise ConfigError(
+            "pipeline.chunks",
+            chunks,
+            f"at most {profile.n_units // stages}: "
+            f"{stages} stages x chunks pieces of the model's {profile.n_units} units",
+        )
     sizes = check_partition(list(layout.partition), layout.virtual_stages, profile.n_units)
     layout = layout.with_partition(sizes)
     pieces = stage_units(sizes)  # per virtual stage, in model order
@@ -306,24 +171,32 @@ def simulate(
         bwd = [sum(split[i][0] for i in r) for r in pieces]
     wgt = [sum(split[i][1] for i in r) for r in pieces]
     trains = [profile.trains(u) for u in units]  # else: no step, nothing to reduce, copy or drift
-    reduce = [profile.allreduce.ring_s(profile.gradient_bytes(u), data_parallel) if t else 0.0
-              for u, t in zip(units, trains, strict=True)]  # fmt: skip
+    reduce = [
+        profile.allreduce.ring_s(profile.gradient_bytes(u), data_parallel) if t else 0.0
+        for u, t in zip(units, trains, strict=True)
+    ]
     tied = tied_steps(profile.tied, units)  # holder stages -> bytes they sum at each step
     if tied and spec.asynchronous:
-        raise ConfigError("pipeline.schedule", schedule, f"1f1b or gpipe for this cut {sizes}: stages {list(tied)} "
-                          "hold units sharing trainable parameters (the profile's tied), whose copies PACI's "
-                          "unsynchronised steps would let diverge; or a cut keeping them on one stage")  # fmt: skip
+        raise ConfigError(
+            "pipeline.schedule",
+            schedule,
+            f"1f1b or gpipe for this cut {sizes}: stages {list(tied)} "
+            "hold units sharing trainable parameters (the profile's tied), whose copies PACI's "
+            "unsynchronised steps would let diverge; or a cut keeping them on one stage",
+        )
     tied_s = [sum(profile.allreduce.ring_s(b, len(h)) for h, b in tied.items() if s in h) for s in range(stages)]
-    opt = [sum(profile.units[i].optimizer_s for i in u) + ar + t
-           for u, ar, t in zip(units, reduce, tied_s, strict=True)]  # fmt: skip
+    opt = [
+        sum(profile.units[i].optimizer_s for i in u) + ar + t for u, ar, t in zip(units, reduce, tied_s, strict=True)
+    ]
     link = [profile.p2p.transfer_s(costs[r[-1]].activation_bytes) for r in pieces]
     # Across the cut after piece j a real gradient goes back only if a unit up to j trains.
-    grad_link = [link[j] if profile.trains(range(r.stop)) else profile.p2p.transfer_s(0)
-                 for j, r in enumerate(pieces)]  # fmt: skip
+    grad_link = [link[j] if profile.trains(range(r.stop)) else profile.p2p.transfer_s(0) for j, r in enumerate(pieces)]
     per_piece = {Op.FORWARD: fwd, Op.BACKWARD: bwd, Op.WEIGHT: wgt}
     copy = [profile.weight_copy_s(u) for u in units]
-    kept = [weight_copy_steps(acts) if backward_weights == "forward" and t and spec.asynchronous else (set(), 0)
-            for acts, t in zip(lists, trains, strict=True)]  # fmt: skip
+    kept = [
+        weight_copy_steps(acts) if backward_weights == "forward" and t and spec.asynchronous else (set(), 0)
+        for acts, t in zip(lists, trains, strict=True)
+    ]
 
     def duration(s: int, act: Action) -> float:
         if act.op is Op.STEP:

@@ -66,8 +66,11 @@ def check_files(folder: Path, key: str) -> None:
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
         except (ValueError, RuntimeError, pickle.UnpicklingError, EOFError):
-            raise ConfigError(key, str(path), "a stage file paci-tune wrote (this is not a file torch.save "
-                              "wrote: truncated, or another format)") from None  # fmt: skip
+            raise ConfigError(
+                key,
+                str(path),
+                "a stage file paci-tune wrote (this is not a file torch.save wrote: truncated, or another format)",
+            ) from None
         if unsafe:
             shown = ", ".join(unsafe[:4]) + (", ..." if len(unsafe) > 4 else "")
             raise _refuse(path, key, f" ({shown})")
@@ -165,8 +168,9 @@ def units_of(folder: Path) -> tuple[dict, dict[tuple[int, str], dict]]:
                 entry["buffer"] = True
             units[(rng[int(i)], rest)] = entry
         # whose masters: named (bf16 parameters, or all of them under weight prediction), else the bf16 ones
-        owners = st.get("master_names") or [k for k in st["module"] if k in param_set and
-                                            st["module"][k].dtype == torch.bfloat16]  # fmt: skip
+        owners = st.get("master_names") or [
+            k for k in st["module"] if k in param_set and st["module"][k].dtype == torch.bfloat16
+        ]
         for key in owners:
             i, rest = key.split(".", 1)
             units[(rng[int(i)], rest)]["value"] = next(masters)

@@ -207,13 +207,20 @@ class ProfileClock:
     def plan(self, n_batches: int) -> SegmentPlan:
         """Simulate a drained segment of ``n_batches`` global batches (cached by length)."""
         if n_batches not in self._plans:
-            res = simulate(self.layout, self.profile, n_batches, extend=False, sync_steps=self.sync_steps,
-                           backward_weights=self.backward_weights)  # fmt: skip
+            res = simulate(
+                self.layout,
+                self.profile,
+                n_batches,
+                extend=False,
+                sync_steps=self.sync_steps,
+                backward_weights=self.backward_weights,
+            )
             steps = [[end for act, _, end in st.intervals if act.op is Op.STEP] for st in res.timeline.stages]
             model = tuple(max(per[i] for per in steps) for i in range(n_batches))
             busy = tuple(st.busy for st in res.timeline.stages)
-            self._plans[n_batches] = SegmentPlan(tuple(steps[-1]), model, res.timeline.makespan, busy,
-                                                 res.analytic_bubble_fraction)  # fmt: skip
+            self._plans[n_batches] = SegmentPlan(
+                tuple(steps[-1]), model, res.timeline.makespan, busy, res.analytic_bubble_fraction
+            )
         return self._plans[n_batches]
 
     def begin_segment(self, n_batches: int | None) -> None:
@@ -272,5 +279,6 @@ def run_clock(cfg: RunConfig, profile: Profile, layout: Layout, offset: float = 
     search reads to time a layout against a curve another layout trained (:mod:`paci_tune.tune.sharing`)."""
     t, p = cfg.training, cfg.pipeline
     sync_steps = schedule_of(p.schedule).synchronous and bool(cfg.optimizer.grad_clip)
-    return ProfileClock(t.clock, profile, layout, sync_steps=sync_steps, backward_weights=p.backward_weights,
-                        offset=offset)  # fmt: skip
+    return ProfileClock(
+        t.clock, profile, layout, sync_steps=sync_steps, backward_weights=p.backward_weights, offset=offset
+    )

@@ -38,9 +38,18 @@ LOOPBACK = "127.0.0.1"
 
 def _torchrun_args(config_path: Path, n_procs: int, extra: list[str]) -> list[str]:
     """One node, its static rendezvous on the loopback address at a free port (module docstring)."""
-    return ["--nnodes=1", "--node-rank=0", "--rdzv-backend=static", f"--master-addr={LOOPBACK}",
-            f"--master-port={free_port(LOOPBACK)}", f"--nproc-per-node={n_procs}", "-m", WORKER_MODULE,
-            str(config_path), *extra]  # fmt: skip
+    return [
+        "--nnodes=1",
+        "--node-rank=0",
+        "--rdzv-backend=static",
+        f"--master-addr={LOOPBACK}",
+        f"--master-port={free_port(LOOPBACK)}",
+        f"--nproc-per-node={n_procs}",
+        "-m",
+        WORKER_MODULE,
+        str(config_path),
+        *extra,
+    ]
 
 
 def worker_command(config_path: Path, n_procs: int, extra: list[str]) -> list[str]:

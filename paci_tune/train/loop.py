@@ -5,9 +5,9 @@ batches -- each ends drained, at an evaluation or checkpoint point -- and the ru
 losses as batches complete. The same loop runs in the single emulated process and on every rank
 of the distributed runtime (SPMD); only the reporting rank writes records. It takes only a resolved
 run (:func:`paci_tune.train.run.resolve_run`): a profile clock finds its profile named, and nothing
-here loads the data, the model's metadata or the profile again.
-May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`,
-:mod:`paci_tune.schedule`, the train layer's own modules.
+here loads the data, the model's metadata or the profile again. The summary that closes a run is
+:mod:`.summary`'s. May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`,
+the train layer's own modules.
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ from ..errors import ConfigError
 from ..pipeline.evaluation import NEAR, REACHED, EvalPlan, EvalResult
 from ..pipeline.factory import ResolvedRun, Setup, build_setup
 from ..pipeline.runtime import Runtime, StageTiming
-from ..schedule import schedule_of
 from . import checkpoint
 from .clock import Clock, WallClock, run_clock
 from .fingerprint import fingerprint, mismatch
 from .lr import lr_factor, peak_lr, step_progress
-from .memory_check import against_budget, allocated, predicted
 from .metrics import RecordSink
 from .nearness import after_validation, near, validated
+from .summary import summary_record
 from .timed import is_timed, numerics_config, numerics_run
 
 
@@ -173,8 +172,9 @@ class Trainer:
     def _on_eval(self, r: EvalResult) -> int:
         """The last stage's report of an evaluation inside the pipeline; its news bits for stage 0: the target
         reached, the target near (at a far point, :mod:`.nearness` decides again)."""
-        reached = self._record_eval(r.batch + 1, r.val_loss, self.clock.model_done(r.batch - self._segment_first),
-                                    r.updates, r.snapshots)  # fmt: skip
+        reached = self._record_eval(
+            r.batch + 1, r.val_loss, self.clock.model_done(r.batch - self._segment_first), r.updates, r.snapshots
+        )
         t = self.cfg.training
         dense = after_validation(self.state.far_vals, r.batch + 1, r.val_loss, t.eval_far_every, t.target_val_loss)
         return (REACHED if reached else 0) | (NEAR if dense else 0)
@@ -202,15 +202,21 @@ class Trainer:
             if t.eval_far_every is not None:  # the reporter's far validations (a resumed run's, on every rank)
                 self.state.far_vals = list(self.runtime.share(self.state.far_vals))  # type: ignore[call-overload]
             dense = near(t.eval_far_every, t.target_val_loss, self.state.far_vals)  # a resumed run's word
-            plan = EvalPlan(eval_at=self._eval_points(first, n), control=self._control, on_eval=self._on_eval,
-                            spent=self.clock.exclude, news=NEAR if dense else 0)  # fmt: skip
+            plan = EvalPlan(
+                eval_at=self._eval_points(first, n),
+                control=self._control,
+                on_eval=self._on_eval,
+                spent=self.clock.exclude,
+                news=NEAR if dense else 0,
+            )
             self.clock.begin_segment(n)
             start_clock = self.clock.now()
             report = self.runtime.run_segment(first, n, self._on_batch, plan)
             self.clock.end_segment(report.batches)
             busy = self.clock.last_busy  # none on the wall clock: clock_busy stays empty
-            self.state.clock_busy = [a + b for a, b in zip(self.state.clock_busy or [0.0] * len(busy), busy,
-                                                           strict=True)]  # fmt: skip
+            self.state.clock_busy = [
+                a + b for a, b in zip(self.state.clock_busy or [0.0] * len(busy), busy, strict=True)
+            ]
             self.state.clock_span += self.clock.now() - start_clock
             self.state.train_wall += report.wall
             self.state.makespan += report.makespan
@@ -254,11 +260,13 @@ class Trainer:
         validation is scored), every stage at the same update count."""
         val = self.runtime.evaluate()
         b = self.state.batches_done
-        self._record_eval(b, val, self.clock.now(), [b] * self.cfg.pipeline.stages, [False] * self.cfg.pipeline.stages,
-                          drained=True)  # fmt: skip
+        self._record_eval(
+            b, val, self.clock.now(), [b] * self.cfg.pipeline.stages, [False] * self.cfg.pipeline.stages, drained=True
+        )
 
-    def _record_eval(self, step: int, val: float, clock: float, updates: list[int], snapshots: list[bool],
-                     drained: bool = False) -> bool:  # fmt: skip
+    def _record_eval(
+        self, step: int, val: float, clock: float, updates: list[int], snapshots: list[bool], drained: bool = False
+    ) -> bool:
         """Record a validation (``drained``: the run's closing one); True once the target is reached."""
         self.state.last_eval, self.state.last_val_loss, self.state.last_eval_clock = step, val, clock
         self.sink.emit(
@@ -327,8 +335,9 @@ class Trainer:
         meta, states = checkpoint.reshard(folder, self.setup.partition, self.runtime.local_stages)
         mine, theirs = fingerprint(self.cfg), meta["fingerprint"]
         for section in ("model", "data"):  # the tokens, not how this run draws from them
-            diff = mismatch(theirs.get(section, {}), {k: v for k, v in mine.get(section, {}).items() if k != "draw"},
-                            section)  # fmt: skip
+            diff = mismatch(
+                theirs.get(section, {}), {k: v for k, v in mine.get(section, {}).items() if k != "draw"}, section
+            )
             if diff:
                 raise ConfigError(checkpoint.INIT_FROM, str(folder), f"a checkpoint of the same {section} ({diff})")
         was = (theirs.get("optimizer") or {}).get("name", "adamw")
@@ -382,65 +391,8 @@ class Trainer:
         )
 
     def _summary(self, timing: list[StageTiming]) -> dict[str, Any]:
-        c, st = self.cfg, self.state
-        stats = self.runtime.stats(timing, st.makespan)
-        losses = [r["loss"] for r in self.sink.records if r.get("event") == "train"]
-        tail = losses[-10:]
-        p, m = c.pipeline.stages, c.pipeline.window
-        spec = schedule_of(c.pipeline.schedule)
-        if spec.asynchronous:  # fills and drains once per segment (at checkpoints)
-            fill = st.segments * (p - 1)
-            analytic = fill / (m * st.batches_done + fill) if st.batches_done else 0.0
-        elif is_timed(c) and self.clock.analytic_bubble is not None:  # its own formula, on the profile's costs
-            analytic = self.clock.analytic_bubble
-        else:  # the schedule's textbook bubble at equal costs
-            analytic = spec.bubble(p, m, c.layout.chunks)
-        mfu_flops = self.setup.flops_per_token
-        bubble = sum(x["bubble_fraction"] for x in stats) / len(stats)
-        if st.clock_busy and st.clock_span > 0:  # the same figures on the objective's clock
-            clock_bubble = sum(1.0 - b / st.clock_span for b in st.clock_busy) / len(st.clock_busy)
-        else:
-            clock_bubble = bubble
-        return {
-            "event": "summary",
-            "schedule": c.pipeline.schedule,
-            "chunks": c.layout.chunks,
-            # The schedule the runtime ran: a timed one's (interleaved, zb-h1 on the emulated runtime)
-            # numbers are 1F1B's, and so are the runtime's own figures below (tokens_per_s,
-            # bubble_fraction, stages); its clock_* figures are its own schedule's simulated timeline.
-            "numerics_schedule": numerics_config(c).pipeline.schedule,
-            "runtime": c.pipeline.runtime,
-            "n_stages": p,
-            "data_parallel": c.pipeline.data_parallel,  # replicas; tokens and tokens/s count the whole global batch
-            "window": m,
-            "microbatch_size": c.pipeline.microbatch_size,
-            "global_batch": c.training.global_batch,
-            "partition": list(self.layout.partition or ()),  # the run's own cut (a timed schedule's, v * P pieces)
-            "device": str(self.setup.device),
-            "precision": self.setup.precision,
-            "steps": st.batches_done,
-            "tokens": st.tokens,
-            "tokens_per_s": st.tokens / st.makespan if st.makespan else 0.0,
-            "wall_tokens_per_s": st.tokens / st.train_wall if st.train_wall else 0.0,
-            "train_seconds": st.train_wall,
-            "pipeline_seconds": st.makespan,
-            "model_flops_per_token": mfu_flops,
-            "bubble_fraction": bubble,
-            "analytic_bubble_fraction": analytic,
-            "max_drift": max(x["max_drift"] for x in stats),
-            "drift_bound": max(x["drift_bound"] for x in stats) if spec.asynchronous else 0,
-            "peak_memory_bytes": max(x["peak_memory_bytes"] for x in stats),
-            "final_val_loss": st.last_val_loss,
-            "train_loss": sum(tail) / len(tail) if tail else None,
-            "clock": self.clock.now(),
-            "clock_name": self.clock.name,
-            "clock_tokens_per_s": st.tokens / st.clock_span if st.clock_span > 0 else 0.0,
-            "clock_step_time_s": st.clock_span / trained if (trained := st.batches_done - st.origin) else 0.0,
-            "clock_bubble_fraction": clock_bubble,
-            "memory_measured_per": "stage" if c.pipeline.runtime == "distributed" else "process (all stages)",
-            **allocated(stats, getattr(self.runtime, "meter", None), self.setup.device.type),
-            **against_budget(c, stats),  # hardware.memory against what the run measured
-            **predicted(c, self.setup.profile),  # simulate's and the search's figure for this layout
-            "profile": self.cfg.training.profile,
-            "stages": stats,
-        }
+        stats = self.runtime.stats(timing, self.state.makespan)
+        meter = getattr(self.runtime, "meter", None)
+        return summary_record(
+            self.cfg, self.state, stats, self.sink.records, self.setup, self.clock, self.layout, meter
+        )

@@ -52,8 +52,9 @@ def against_budget(cfg: RunConfig, stats: list[dict[str, Any]]) -> dict[str, Any
     if all(m is None for _, m in measured):
         return {"memory_budget_bytes": cap, "memory_over_budget": None}
     if cfg.pipeline.runtime == "distributed":
-        over = [{"stage": s, "measured_bytes": m, "budget_bytes": cap} for s, m in measured
-                if m is not None and m > cap]  # fmt: skip
+        over = [
+            {"stage": s, "measured_bytes": m, "budget_bytes": cap} for s, m in measured if m is not None and m > cap
+        ]
     else:  # one process, all stages: its peak against the devices it emulates
         whole = max(m for _, m in measured if m is not None)
         budget = cap * cfg.pipeline.stages * cfg.pipeline.data_parallel

@@ -94,8 +94,9 @@ def check_outputs(cfg: RunConfig, metrics: str | None, *, resume: bool = False) 
         check_files(start, RESUME)
 
 
-def prepare_run(cfg: RunConfig, *, metrics: str | None = None, resume: bool = False,
-                log: Log | None = None) -> ResolvedRun:  # fmt: skip
+def prepare_run(
+    cfg: RunConfig, *, metrics: str | None = None, resume: bool = False, log: Log | None = None
+) -> ResolvedRun:
     """What a command does before it trains: its files checked, then the run resolved."""
     check_outputs(cfg, metrics, resume=resume)
     return resolve_run(cfg, log=log)
@@ -108,9 +109,13 @@ def _check_launch(cfg: RunConfig, resume: bool, log: Log | None) -> None:
     p, n_gpus, n = cfg.pipeline, visible_gpus(), n_processes(cfg)
     backend = choose_backend(p.backend, p.device, n, n_gpus)  # all stage processes run on this machine
     if p.runs_torch_schedule and backend == "gloo" and uses_cuda(p.device, n_gpus):
-        raise ConfigError("pipeline.backend", p.backend, f"nccl, with a GPU per stage process, for schedule "
-                          f"{p.schedule} on CUDA stages: torch's schedule classes send from the stage's device, "
-                          "which gloo cannot (pipeline.device: cpu runs it on gloo)")  # fmt: skip
+        raise ConfigError(
+            "pipeline.backend",
+            p.backend,
+            f"nccl, with a GPU per stage process, for schedule "
+            f"{p.schedule} on CUDA stages: torch's schedule classes send from the stage's device, "
+            "which gloo cannot (pipeline.device: cpu runs it on gloo)",
+        )
     if shares_gpus(backend, p.device, n, n_gpus) and log:
         log(
             f"note: {n} stage processes share {n_gpus} GPU(s): NCCL needs a GPU per process, so they talk over "

@@ -61,8 +61,9 @@ def numerics_config(cfg: RunConfig) -> RunConfig:
     if isinstance(partition, list):
         v = p.layout.chunks
         partition = [sum(partition[s * v : (s + 1) * v]) for s in range(p.stages)]
-    return dataclasses.replace(cfg, pipeline=dataclasses.replace(p, schedule=NUMERICS, chunks=None,
-                                                                 partition=partition))  # fmt: skip
+    return dataclasses.replace(
+        cfg, pipeline=dataclasses.replace(p, schedule=NUMERICS, chunks=None, partition=partition)
+    )
 
 
 def numerics_run(run: ResolvedRun) -> ResolvedRun:

@@ -63,8 +63,9 @@ def _starting_from(cfg: RunConfig, checkpoint: str | None) -> RunConfig:
     return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, init_from=checkpoint))
 
 
-def warm_up_first(best: str | Path, cfg: RunConfig, *, dry_run: bool,
-                  log: Callable[[str], None] | None = None) -> tuple[RunConfig, str | None]:  # fmt: skip
+def warm_up_first(
+    best: str | Path, cfg: RunConfig, *, dry_run: bool, log: Callable[[str], None] | None = None
+) -> tuple[RunConfig, str | None]:
     """(the run, the checkpoint its warm-up will write when the dry run trains nothing).
 
     A run whose ``training.init_from`` is missing here, from a warm-started search that trained its
@@ -83,8 +84,10 @@ def warm_up_first(best: str | Path, cfg: RunConfig, *, dry_run: bool,
     doc = derive_doc(warm.run or {}, {"training.checkpoint_dir": str(folder)})
     if dry_run:
         if log:
-            log(f"the search's warm-up checkpoint {init} is not here: apply will first train its "
-                f"{warm.step}-step warm-up into {folder}")  # fmt: skip
+            log(
+                f"the search's warm-up checkpoint {init} is not here: apply will first train its "
+                f"{warm.step}-step warm-up into {folder}"
+            )
         return cfg, str(folder / f"batch_{warm.step:08d}")
     done = ensure(doc, "best.yaml.warm_start", log)
     return _starting_from(cfg, done["checkpoint"]), None
@@ -119,8 +122,10 @@ class PreparedApply:
     def describe(self) -> str:
         lay = self.run.layout
         said = f"\nthe search's verdict: {self.verdict}" if self.verdict else ""
-        return (f"training {lay.schedule} P={lay.stages} D={lay.data_parallel} a={lay.window} "
-                f"b={lay.microbatch_size} from {self.best} (config {self.run_path}){said}")  # fmt: skip
+        return (
+            f"training {lay.schedule} P={lay.stages} D={lay.data_parallel} a={lay.window} "
+            f"b={lay.microbatch_size} from {self.best} (config {self.run_path}){said}"
+        )
 
 
 def prepare_apply(
@@ -139,13 +144,13 @@ def prepare_apply(
     check_outputs(cfg, metrics, resume=resume)
     folder = cfg.training.checkpoint_dir
     if not dry_run and not resume and folder and checkpoint.latest(Path(folder)):
-        raise ConfigError("--resume", False, f"--resume, or a new --checkpoint-dir: {folder} already holds "
-                          "checkpoints of a run")  # fmt: skip
+        raise ConfigError(
+            "--resume", False, f"--resume, or a new --checkpoint-dir: {folder} already holds checkpoints of a run"
+        )
     compared = read_best(best, trainable=False).verdict_record
     said = compared.sentence() if compared is not None else None
     if pending is None:
         run = resolve_run(cfg, log=log)
         return PreparedApply(Path(best), run, write_resolved(run.config, run_file_for(best)), said)
     run = resolve_run(_starting_from(cfg, None), log=log)  # a dry run: the warm-up's checkpoint is not written yet
-    return PreparedApply(Path(best), run, write_resolved(_starting_from(run.config, pending), run_file_for(best)),
-                         said)  # fmt: skip
+    return PreparedApply(Path(best), run, write_resolved(_starting_from(run.config, pending), run_file_for(best)), said)

@@ -41,13 +41,34 @@ from .choices import BACKWARD_WEIGHTS
 from .comparison import VERDICTS, Comparison
 
 EVIDENCE = (
-    "clock_tokens_per_s", "clock_step_time_s", "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift",
-    "measured_peak_memory_bytes", "memory_measured_per", "predicted_peak_memory_bytes", "clock_used", "partition",
-)  # fmt: skip
+    "clock_tokens_per_s",
+    "clock_step_time_s",
+    "clock_bubble_fraction",
+    "tokens_per_s",
+    "bubble_fraction",
+    "max_drift",
+    "measured_peak_memory_bytes",
+    "memory_measured_per",
+    "predicted_peak_memory_bytes",
+    "clock_used",
+    "partition",
+)
 """A trial's figures ``best.yaml`` shows; the ``clock_`` ones are on the objective's clock."""
 
-RECOMMENDED = ("schedule", "stages", "data_parallel", "devices", "window", "microbatch_size", "partition",
-               "global_batch", "lr", "lr_scale", "backward_weights", "optimizer")  # fmt: skip
+RECOMMENDED = (
+    "schedule",
+    "stages",
+    "data_parallel",
+    "devices",
+    "window",
+    "microbatch_size",
+    "partition",
+    "global_batch",
+    "lr",
+    "lr_scale",
+    "backward_weights",
+    "optimizer",
+)
 """The keys of ``best.yaml``'s ``recommended`` (``apply`` checks them against the run it trains)."""
 
 HEADER = "# Written by `paci-tune search`; train it with `paci-tune apply {name}`.\n"
@@ -106,8 +127,11 @@ class Recommended:
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Recommended:
-        return cls(**{k: doc[k] for k in RECOMMENDED if k in doc},
-                   extra={k: v for k, v in doc.items() if k not in RECOMMENDED}, keys=tuple(doc))  # fmt: skip
+        return cls(
+            **{k: doc[k] for k in RECOMMENDED if k in doc},
+            extra={k: v for k, v in doc.items() if k not in RECOMMENDED},
+            keys=tuple(doc),
+        )
 
     def to_doc(self) -> dict[str, Any]:
         return {k: getattr(self, k) if k in RECOMMENDED else self.extra[k] for k in self.keys}
@@ -116,8 +140,15 @@ class Recommended:
     def layout(self) -> Layout:
         """The recommended point's layout (D = 1 in files written before data parallelism)."""
         cut = tuple(self.partition) if self.partition else None
-        return Layout(self.schedule or "", self.stages or 0, self.data_parallel or 1, self.window or 0,
-                      self.microbatch_size or 0, None, cut)  # fmt: skip
+        return Layout(
+            self.schedule or "",
+            self.stages or 0,
+            self.data_parallel or 1,
+            self.window or 0,
+            self.microbatch_size or 0,
+            None,
+            cut,
+        )
 
 
 @dataclass(frozen=True)
@@ -137,8 +168,11 @@ class BestEvidence:
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> BestEvidence:
-        return cls(**{k: doc[k] for k in cls._OWN if k in doc},
-                   figures={k: v for k, v in doc.items() if k not in cls._OWN}, keys=tuple(doc))  # fmt: skip
+        return cls(
+            **{k: doc[k] for k in cls._OWN if k in doc},
+            figures={k: v for k, v in doc.items() if k not in cls._OWN},
+            keys=tuple(doc),
+        )
 
     def to_doc(self) -> dict[str, Any]:
         return {k: getattr(self, k) if k in self._OWN else self.figures[k] for k in self.keys}
@@ -178,11 +212,13 @@ class BestFile:
         ev = doc.get("evidence")
         doc = {k: v for k, v in doc.items() if k not in LEGACY}
         return cls(
-            recommended=Recommended.from_doc(doc["recommended"]), run=doc["run"],
+            recommended=Recommended.from_doc(doc["recommended"]),
+            run=doc["run"],
             evidence=BestEvidence.from_doc(ev) if isinstance(ev, dict) else None,
             **{k: doc.get(k) for k in TOP if k not in ("recommended", "evidence", "run")},
-            keys=tuple(doc), run_config=run_config,
-        )  # fmt: skip
+            keys=tuple(doc),
+            run_config=run_config,
+        )
 
     def to_doc(self) -> dict[str, Any]:
         """The document, in its key order (YAML-safe: tuples as lists, numpy/torch scalars as numbers)."""
@@ -265,17 +301,23 @@ def _check_recommended(rec: dict[str, Any], run: RunConfig | None) -> None:
             raise ConfigError(f"best.yaml.recommended.{k}", v, "a key of " + ", ".join(allowed))
     p = run.pipeline if run is not None else None
     if run is not None:
-        same = {**{k: getattr(p, k) for k in ("schedule", "stages", "window", "microbatch_size", "data_parallel")},
-                "global_batch": run.training.global_batch, "lr": run.optimizer.lr,
-                "devices": run.layout.devices}  # fmt: skip
+        same = {
+            **{k: getattr(p, k) for k in ("schedule", "stages", "window", "microbatch_size", "data_parallel")},
+            "global_batch": run.training.global_batch,
+            "lr": run.optimizer.lr,
+            "devices": run.layout.devices,
+        }
         for k, want in same.items():
             v = rec.get(k)
             if k in rec and (type(v) is bool or v != want):
                 raise ConfigError(f"best.yaml.recommended.{k}", v, f"{want!r}, what the run apply trains says")
     part = rec.get("partition")
     stages = p.layout.virtual_stages if p is not None else None  # interleaved: v * P pieces
-    if part is not None and (not isinstance(part, list) or (stages is not None and len(part) != stages)
-                             or any(type(n) is not int or not 1 <= n <= MAX_UNITS for n in part)):  # fmt: skip
+    if part is not None and (
+        not isinstance(part, list)
+        or (stages is not None and len(part) != stages)
+        or any(type(n) is not int or not 1 <= n <= MAX_UNITS for n in part)
+    ):
         raise ConfigError("best.yaml.recommended.partition", part, f"null or {stages or 'P'} positive unit counts")
     scale = rec.get("lr_scale")
     if scale is not None and not _number(scale, 1e3):
@@ -285,11 +327,13 @@ def _check_recommended(rec: dict[str, Any], run: RunConfig | None) -> None:
         want = f"{run.optimizer.settings()!r}, what the run apply trains says" if run is not None else "a mapping"
         raise ConfigError("best.yaml.recommended.optimizer", opt, f"null or {want}")
     bw = rec.get("backward_weights")  # absent in files written before the key: nothing to compare
-    if bw is not None and (not isinstance(bw, str) or bw not in BACKWARD_WEIGHTS
-                           or (p is not None and bw != p.backward_weights)):  # fmt: skip
+    if bw is not None and (
+        not isinstance(bw, str) or bw not in BACKWARD_WEIGHTS or (p is not None and bw != p.backward_weights)
+    ):
         want = f"{p.backward_weights!r}, what the run apply trains says (one of" if p is not None else "one of ("
-        raise ConfigError("best.yaml.recommended.backward_weights", bw,
-                          f"null or {want} {', '.join(BACKWARD_WEIGHTS)})")  # fmt: skip
+        raise ConfigError(
+            "best.yaml.recommended.backward_weights", bw, f"null or {want} {', '.join(BACKWARD_WEIGHTS)})"
+        )
 
 
 def _check_comparison(c: Any) -> None:
@@ -307,8 +351,9 @@ def _check_comparison(c: Any) -> None:
         raise ConfigError(f"{key}.interval", iv, "null or [low, high], two finite numbers >= 0")
     ratios = c.get("ratios")
     seed = lambda k: (isinstance(k, int) and not isinstance(k, bool)) or (isinstance(k, str) and k.isdigit())  # noqa: E731
-    if not isinstance(ratios, dict) or not all(seed(k) and not isinstance(v, bool) and isinstance(v, (int, float))
-                                               for k, v in ratios.items()):  # fmt: skip
+    if not isinstance(ratios, dict) or not all(
+        seed(k) and not isinstance(v, bool) and isinstance(v, (int, float)) for k, v in ratios.items()
+    ):
         raise ConfigError(f"{key}.ratios", ratios, "a mapping of seed (an integer) to a ratio (a number)")
     for side in ("paci", "baseline"):
         v = c.get(side)
@@ -320,8 +365,17 @@ def _check_comparison(c: Any) -> None:
             raise ConfigError(f"{key}.{k}", c.get(k), f"a {want.__name__}")
 
 
-NUMBERS = ("time_to_target", "best_val_loss", "score", "clock_tokens_per_s", "clock_step_time_s",
-           "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift")  # fmt: skip
+NUMBERS = (
+    "time_to_target",
+    "best_val_loss",
+    "score",
+    "clock_tokens_per_s",
+    "clock_step_time_s",
+    "clock_bubble_fraction",
+    "tokens_per_s",
+    "bubble_fraction",
+    "max_drift",
+)
 """Evidence figures that are numbers (null where the trial did not measure them)."""
 
 

@@ -13,9 +13,13 @@ from ..config.layout import Layout
 
 
 def budget_points(
-    stages: list[int], sizes: list[int], windows: list[int], fixed: int | None, devices: int | None,
+    stages: list[int],
+    sizes: list[int],
+    windows: list[int],
+    fixed: int | None,
+    devices: int | None,
     given_windows: list[int] | None,
-) -> tuple[set[tuple[int, int, int]], list[str]]:  # fmt: skip
+) -> tuple[set[tuple[int, int, int]], list[str]]:
     """Feasible (P, a, b) under the device budget, and a reason for every (P[, b]) dropped."""
     points: set[tuple[int, int, int]] = set()
     dropped: list[str] = []

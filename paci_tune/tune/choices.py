@@ -65,8 +65,11 @@ def backward_weights_choices(spec: Any) -> tuple[str, ...]:
     non-empty list of the schema's values, kept in their order without repeats."""
     if spec is None:
         return ()
-    allowed = ("absent (the run's pipeline.backward_weights), or a non-empty list of: " + ", ".join(BACKWARD_WEIGHTS)
-               + " (PACI's choices; two make a dimension, one fixes it)")  # fmt: skip
+    allowed = (
+        "absent (the run's pipeline.backward_weights), or a non-empty list of: "
+        + ", ".join(BACKWARD_WEIGHTS)
+        + " (PACI's choices; two make a dimension, one fixes it)"
+    )
     if not isinstance(spec, list) or not spec or any(not isinstance(v, str) or v not in BACKWARD_WEIGHTS for v in spec):
         raise ConfigError("space.backward_weights", spec, allowed)
     return tuple(v for v in BACKWARD_WEIGHTS if v in spec)
@@ -80,8 +83,9 @@ def chunks_choices(spec: Any) -> tuple[int, ...]:
         return (DEFAULT_CHUNKS,)
     values = int_choices("space.chunks", spec)
     if min(values) < 2:
-        raise ConfigError("space.chunks", spec, "integers >= 2 (v model chunks per stage of interleaved 1F1B; "
-                          "v = 1 is 1f1b)")  # fmt: skip
+        raise ConfigError(
+            "space.chunks", spec, "integers >= 2 (v model chunks per stage of interleaved 1F1B; v = 1 is 1f1b)"
+        )
     return tuple(values)
 
 

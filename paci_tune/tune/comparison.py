@@ -39,8 +39,10 @@ from ..schedule import REGISTRY
 ALPHA = 0.05
 LEVEL = 1 - ALPHA
 """The overall level: the chance that a confirmation names a winner when there is none is at most ALPHA."""
-METHOD = ("paired t-test on log time ratios, group-sequential: Lan-DeMets O'Brien-Fleming alpha spending, "
-          "Bonferroni across looks")  # fmt: skip
+METHOD = (
+    "paired t-test on log time ratios, group-sequential: Lan-DeMets O'Brien-Fleming alpha spending, "
+    "Bonferroni across looks"
+)
 UNCONFIRMED = "single search draws: no interval (search.confirm gives one)"
 MIN_PAIRED = 2
 """The fewest paired seeds a t-test can decide on."""
@@ -147,8 +149,15 @@ class Side:
         return sum(not ok for ok in self.reached.values())
 
     def to_doc(self) -> dict[str, Any]:
-        return {"schedule": self.schedule, "point": self.point, "trial": self.trial, "stages": self.stages,
-                "mean": self.mean, "reached": sum(self.reached.values()), "runs": len(self.scores)}  # fmt: skip
+        return {
+            "schedule": self.schedule,
+            "point": self.point,
+            "trial": self.trial,
+            "stages": self.stages,
+            "mean": self.mean,
+            "reached": sum(self.reached.values()),
+            "runs": len(self.scores),
+        }
 
 
 @dataclass(frozen=True)
@@ -234,8 +243,11 @@ def build(paci: Side, baseline: Side, design: Design | None, *, spacing: float =
         method = METHOD
     verdict = look.verdict
     if missed:
-        who = [f"{name} on {side.missed} of {len(side.scores)}" for name, side in (("PACI", paci), ("the baseline",
-               baseline)) if side.missed]  # fmt: skip
+        who = [
+            f"{name} on {side.missed} of {len(side.scores)}"
+            for name, side in (("PACI", paci), ("the baseline", baseline))
+            if side.missed
+        ]
         verdict = UNDECIDED
         reason = (
             f"{' and '.join(who)} compared run(s) missed the target (or failed): a miss is censored, its "
@@ -243,16 +255,31 @@ def build(paci: Side, baseline: Side, design: Design | None, *, spacing: float =
         ).rstrip("; ")
     elif verdict in (PACI_WINS, BASELINE_WINS) and abs(baseline.mean - paci.mean) < spacing:
         verdict = TIE
-        notes.append(f"the interval excludes 1, but the mean times differ by less than one validation interval "
-                     f"({spacing:.3g}s), the resolution of time to target: a tie")  # fmt: skip
+        notes.append(
+            f"the interval excludes 1, but the mean times differ by less than one validation interval "
+            f"({spacing:.3g}s), the resolution of time to target: a tie"
+        )
     if paci.stages == 1:
-        notes.append("PACI's best is a single stage: the space has no pipelined point, and PACI at P = 1 trains "
-                     "flush's numbers (nothing is stale): the two sides are the same method")  # fmt: skip
+        notes.append(
+            "PACI's best is a single stage: the space has no pipelined point, and PACI at P = 1 trains "
+            "flush's numbers (nothing is stale): the two sides are the same method"
+        )
     interval = None if look.low is None or look.high is None else [round(look.low, 4), round(look.high, 4)]
     return Comparison(
-        paci=paci.to_doc(), baseline=baseline.to_doc(), method=method, level=LEVEL, n=len(seeds) or 1, seeds=seeds,
-        ratios={s: round(v, 6) for s, v in ratios.items()}, speedup=round(look.speedup, 4), interval=interval,
-        look_level=None if math.isnan(look.confidence) else round(look.confidence, 6), verdict=verdict,
-        stopped_by=look.stopped_by, min_seeds=design.min_seeds if design else None,
-        max_seeds=design.max_seeds if design else None, reason=reason, notes=notes,
-    )  # fmt: skip
+        paci=paci.to_doc(),
+        baseline=baseline.to_doc(),
+        method=method,
+        level=LEVEL,
+        n=len(seeds) or 1,
+        seeds=seeds,
+        ratios={s: round(v, 6) for s, v in ratios.items()},
+        speedup=round(look.speedup, 4),
+        interval=interval,
+        look_level=None if math.isnan(look.confidence) else round(look.confidence, 6),
+        verdict=verdict,
+        stopped_by=look.stopped_by,
+        min_seeds=design.min_seeds if design else None,
+        max_seeds=design.max_seeds if design else None,
+        reason=reason,
+        notes=notes,
+    )

@@ -42,8 +42,20 @@ from ..pipeline.factory import resolve_device, resolve_precision
 from ..schedule.registry import SYNCHRONOUS_CURVE, schedule_of
 from ..train.fingerprint import fingerprint
 
-LAYOUT = ("schedule", "stages", "window", "microbatch_size", "data_parallel", "inflight", "partition", "chunks",
-          "backward_weights", "stage_momentum", "predict_weights", "stale_lr")  # fmt: skip
+LAYOUT = (
+    "schedule",
+    "stages",
+    "window",
+    "microbatch_size",
+    "data_parallel",
+    "inflight",
+    "partition",
+    "chunks",
+    "backward_weights",
+    "stage_momentum",
+    "predict_weights",
+    "stale_lr",
+)
 """The pipeline keys a synchronous schedule's numbers do not read (PACI's controls are None there)."""
 
 PACI_FREE = ("microbatch_size", "data_parallel")
@@ -100,5 +112,7 @@ def checkpoint_identity(path: Path) -> dict[str, Any]:
     (a checkpoint written again, even in place, is another start)."""
     root = path.resolve()
     files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
-    return {"path": str(root), "files": [[str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns]
-                                         for f in files]}  # fmt: skip
+    return {
+        "path": str(root),
+        "files": [[str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns] for f in files],
+    }

@@ -46,8 +46,11 @@ def best_distinct_trials(study: optuna.Study, top: int) -> list[FrozenTrial]:
 
     Repeats (answered from an earlier trial) are not new evidence and are left out.
     """
-    done = [t for t in search_trials(study, (TrialState.COMPLETE,)) if t.value is not None
-            and not TrialRecord.read(t).is_repeat]  # fmt: skip
+    done = [
+        t
+        for t in search_trials(study, (TrialState.COMPLETE,))
+        if t.value is not None and not TrialRecord.read(t).is_repeat
+    ]
     chosen: list[FrozenTrial] = []
     for t in sorted(done, key=lambda t: (t.value, t.number)):
         if len(chosen) < top and all(t.params != c.params for c in chosen):
@@ -120,8 +123,9 @@ def enqueue_transfers(study: optuna.Study, numbers: list[int], factor: float) ->
 def waiting(study: optuna.Study, kind: str = CONFIRM) -> bool:
     """A trial of this kind (``kind``: :data:`.record.CONFIRM` or :data:`.record.TRANSFER`) is queued in ``study``."""
     waiting_ = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    return any((TrialRecord.read(t).is_confirmation if kind == CONFIRM else TrialRecord.read(t).is_transfer)
-               for t in waiting_)  # fmt: skip
+    return any(
+        (TrialRecord.read(t).is_confirmation if kind == CONFIRM else TrialRecord.read(t).is_transfer) for t in waiting_
+    )
 
 
 def transfer_queued(study: optuna.Study) -> bool:

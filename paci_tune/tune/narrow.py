@@ -43,16 +43,23 @@ def restrict(space: SearchSpace, why_not: Callable[[TrialParams], str | None]) -
         else:
             dropped.append(reason)
     if not kept:
-        raise ConfigError("hardware.devices", space.devices, "a budget that leaves a point of the space; none is "
-                          "left: " + "; ".join(dropped))  # fmt: skip
+        raise ConfigError(
+            "hardware.devices",
+            space.devices,
+            "a budget that leaves a point of the space; none is left: " + "; ".join(dropped),
+        )
     return dataclasses.replace(
-        space, points=frozenset(kept), dropped=tuple(dropped),
-        stages=tuple(sorted({p for p, _, _ in kept})), microbatch_size=tuple(sorted({b for _, _, b in kept})),
-    )  # fmt: skip
+        space,
+        points=frozenset(kept),
+        dropped=tuple(dropped),
+        stages=tuple(sorted({p for p, _, _ in kept})),
+        microbatch_size=tuple(sorted({b for _, _, b in kept})),
+    )
 
 
-def drop_over_memory(space: SearchSpace, predict: Callable[[TrialParams], MemoryDrop], cap: int,
-                     written: Any) -> SearchSpace:  # fmt: skip
+def drop_over_memory(
+    space: SearchSpace, predict: Callable[[TrialParams], MemoryDrop], cap: int, written: Any
+) -> SearchSpace:
     """``space`` less what ``hardware.memory`` (``cap`` bytes; ``written`` as the file says it) rules out.
 
     ``predict`` gives a point's predicted peak (a :class:`~.point.MemoryDrop` whether or not it fits).
@@ -77,19 +84,29 @@ def drop_over_memory(space: SearchSpace, predict: Callable[[TrialParams], Memory
     sync = [s for s in space.schedules if s in SYNCHRONOUS]
     for schedule, least in left_out.items():
         if schedule not in SYNCHRONOUS or all(s in left_out for s in sync):  # no PACI, or no baseline left
-            raise ConfigError("hardware.memory", written, f"at least {format_bytes(least.peak_bytes)}, the smallest "
-                              f"predicted peak of {schedule}'s points ({least.params.label()}, stage {least.stage}); "
-                              f"none of them fits {format_bytes(cap)}")  # fmt: skip
-    gone = tuple(f"{s}: left out of the search, none of its points fits {format_bytes(cap)} (its leanest, "
-                 f"{d.params.label()}, is predicted at {format_bytes(d.peak_bytes)} on stage {d.stage})"
-                 for s, d in left_out.items())  # fmt: skip
+            raise ConfigError(
+                "hardware.memory",
+                written,
+                f"at least {format_bytes(least.peak_bytes)}, the smallest "
+                f"predicted peak of {schedule}'s points ({least.params.label()}, stage {least.stage}); "
+                f"none of them fits {format_bytes(cap)}",
+            )
+    gone = tuple(
+        f"{s}: left out of the search, none of its points fits {format_bytes(cap)} (its leanest, "
+        f"{d.params.label()}, is predicted at {format_bytes(d.peak_bytes)} on stage {d.stage})"
+        for s, d in left_out.items()
+    )
     points = {(p, a, b) for p, a, b in space.points if (p, a, b) in fits} if space.points else fits
     return dataclasses.replace(
-        space, points=frozenset(points), over_memory=tuple(over), memory_bytes=cap,
+        space,
+        points=frozenset(points),
+        over_memory=tuple(over),
+        memory_bytes=cap,
         schedules=tuple(s for s in space.schedules if s not in left_out),
         dropped=space.dropped + tuple(d.reason() for d in over) + gone,
-        stages=tuple(sorted({p for p, _, _ in points})), microbatch_size=tuple(sorted({b for _, _, b in points})),
-    )  # fmt: skip
+        stages=tuple(sorted({p for p, _, _ in points})),
+        microbatch_size=tuple(sorted({b for _, _, b in points})),
+    )
 
 
 def skip_stale(space: SearchSpace, max_drift: int | None) -> SearchSpace:
@@ -106,8 +123,11 @@ def skip_stale(space: SearchSpace, max_drift: int | None) -> SearchSpace:
         return space
     bounds = [drift_bound(0, p, a) for p, a, _ in space.points]
     if bounds and min(bounds) > max_drift:
-        raise ConfigError("search.paci_max_drift", max_drift, f"null, or at least {min(bounds)}: every PACI point "
-                          "of the space has a larger drift bound")  # fmt: skip
+        raise ConfigError(
+            "search.paci_max_drift",
+            max_drift,
+            f"null, or at least {min(bounds)}: every PACI point of the space has a larger drift bound",
+        )
     out = dataclasses.replace(space, paci_max_drift=max_drift)
     stale = [(p, a, b) for p, a, b in sorted(space.points) if out._stale(p, a)]
     dropped = [f"{space.paci} P={p} D={space.data_parallel(p)} a={a} b={b}: {out._stale(p, a)}" for p, a, b in stale]
@@ -122,8 +142,10 @@ def skip_untimed(space: SearchSpace, wall_emulated: bool) -> SearchSpace:
     timed = [s for s in space.schedules if not schedule_of(s).own_program]
     if not wall_emulated or not timed:
         return space
-    why = (f"{' and '.join(timed)}: no trial of theirs runs on the wall clock on the emulated runtime (the "
-           "simulator times them on the sim and rst clocks; they run for real on the distributed runtime)")  # fmt: skip
+    why = (
+        f"{' and '.join(timed)}: no trial of theirs runs on the wall clock on the emulated runtime (the "
+        "simulator times them on the sim and rst clocks; they run for real on the distributed runtime)"
+    )
     kept = tuple(s for s in space.schedules if s not in timed)
     return dataclasses.replace(space, schedules=kept, dropped=(*space.dropped, why))
 
@@ -141,8 +163,12 @@ def skip_tied(space: SearchSpace, tied: str | None) -> SearchSpace:
         return space
     out = dataclasses.replace(space, paci_tied=tied)
     if all(p >= 2 for p in space.stages):
-        raise ConfigError("space.schedules", list(space.schedules), f"schedules without paci, or stages including 1: "
-                          f"{out._tied(2)}, and every point of the space has 2 or more stages")  # fmt: skip
+        raise ConfigError(
+            "space.schedules",
+            list(space.schedules),
+            f"schedules without paci, or stages including 1: "
+            f"{out._tied(2)}, and every point of the space has 2 or more stages",
+        )
     dropped = [f"{space.paci} P={p} D={space.data_parallel(p)}: {out._tied(p)}" for p in space.stages if p >= 2]
     return dataclasses.replace(out, dropped=space.dropped + tuple(dropped))
 
@@ -164,7 +190,11 @@ def skip_incompatible(space: SearchSpace, run_doc: dict[str, Any]) -> SearchSpac
             except ConfigError as e:
                 refused[(opt, stale)] = f"{e.key}: {e.allowed}"
     if len(refused) == len(space.optimizers_of(paci)) * len(space.staleness):
-        raise ConfigError("space.staleness", list(space.staleness), "recipes the run accepts with some optimizer "
-                          "of the space; every pair was refused: " + "; ".join(refused.values()))  # fmt: skip
+        raise ConfigError(
+            "space.staleness",
+            list(space.staleness),
+            "recipes the run accepts with some optimizer "
+            "of the space; every pair was refused: " + "; ".join(refused.values()),
+        )
     dropped = [f"{paci} [{o or 'its own optimizer'}] +{s}: {why}" for (o, s), why in refused.items()]
     return dataclasses.replace(space, incompatible=frozenset(refused), dropped=space.dropped + tuple(dropped))

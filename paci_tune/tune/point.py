@@ -37,8 +37,9 @@ class TrialParams:
     @property
     def layout(self) -> Layout:
         """The point's pipeline layout (its cut chosen when the trial's run is resolved)."""
-        return Layout(self.schedule, self.stages, self.data_parallel, self.window, self.microbatch_size,
-                      chunks=self.chunks)  # fmt: skip
+        return Layout(
+            self.schedule, self.stages, self.data_parallel, self.window, self.microbatch_size, chunks=self.chunks
+        )
 
     @property
     def global_batch(self) -> int:
@@ -85,22 +86,51 @@ class MemoryDrop:
     def matches(self, q: TrialParams) -> bool:
         """Whether a proposed point is this one (any LR: memory does not depend on it)."""
         p = self.params
-        return (q.schedule, q.stages, q.window, q.microbatch_size, q.backward_weights, q.chunks, q.optimizer,
-                q.staleness) == (p.schedule, p.stages, p.window, p.microbatch_size, p.backward_weights, p.chunks,
-                                 p.optimizer, p.staleness)  # fmt: skip
+        return (
+            q.schedule,
+            q.stages,
+            q.window,
+            q.microbatch_size,
+            q.backward_weights,
+            q.chunks,
+            q.optimizer,
+            q.staleness,
+        ) == (p.schedule, p.stages, p.window, p.microbatch_size, p.backward_weights, p.chunks, p.optimizer, p.staleness)
 
     def reason(self) -> str:
-        return (f"{self.params.label()}: predicted peak {format_bytes(self.peak_bytes)} on stage {self.stage} "
-                f"(cut {list(self.cut)}) > hardware.memory {format_bytes(self.cap_bytes)}")  # fmt: skip
+        return (
+            f"{self.params.label()}: predicted peak {format_bytes(self.peak_bytes)} on stage {self.stage} "
+            f"(cut {list(self.cut)}) > hardware.memory {format_bytes(self.cap_bytes)}"
+        )
 
     def to_doc(self) -> dict[str, Any]:
         """best.yaml's and the report's entry: the point, its predicted peak and the cap, in bytes."""
         p = self.params
-        doc: dict[str, Any] = {"schedule": p.schedule, "stages": p.stages, "data_parallel": p.data_parallel,
-                               "window": p.window, "microbatch_size": p.microbatch_size}  # fmt: skip
-        doc.update({k: v for k, v in (("backward_weights", p.backward_weights), ("optimizer", p.optimizer),
-                                       ("staleness", p.staleness)) if v is not None})  # fmt: skip
+        doc: dict[str, Any] = {
+            "schedule": p.schedule,
+            "stages": p.stages,
+            "data_parallel": p.data_parallel,
+            "window": p.window,
+            "microbatch_size": p.microbatch_size,
+        }
+        doc.update(
+            {
+                k: v
+                for k, v in (
+                    ("backward_weights", p.backward_weights),
+                    ("optimizer", p.optimizer),
+                    ("staleness", p.staleness),
+                )
+                if v is not None
+            }
+        )
         if p.chunks > 1:
             doc["chunks"] = p.chunks
-        return {**doc, "predicted_peak_bytes": self.peak_bytes, "stage": self.stage, "cut": list(self.cut),
-                "memory_bytes": self.cap_bytes, "reason": self.reason()}  # fmt: skip
+        return {
+            **doc,
+            "predicted_peak_bytes": self.peak_bytes,
+            "stage": self.stage,
+            "cut": list(self.cut),
+            "memory_bytes": self.cap_bytes,
+            "reason": self.reason(),
+        }

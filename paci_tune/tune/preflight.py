@@ -49,9 +49,12 @@ def trial_points(space: SearchSpace) -> list[TrialParams]:
         return tuple(sorted({min(values), max(values)})) if values else values
 
     corners = dataclasses.replace(
-        space, stages=ends(space.stages), microbatch_size=ends(space.microbatch_size), window=ends(space.window),
+        space,
+        stages=ends(space.stages),
+        microbatch_size=ends(space.microbatch_size),
+        window=ends(space.window),
         lr_scale=ends(space.lr_scale) if space.lr_scale else None,
-    )  # fmt: skip
+    )
     return corners.grid()
 
 
@@ -90,8 +93,13 @@ def check_trials(tune: TuneConfig, space: SearchSpace, profile: str | None) -> l
     meta = load_model(first.model, source.vocab_size, first.training.seed, indices=[])
     for params, run in zip(trial_points(space), runs[:: len(seeds)], strict=True):
         try:
-            check_fits_data(source, meta.block_size, run.training.global_batch, run.pipeline.microbatch_size,
-                            run.training.eval_sequences)  # fmt: skip
+            check_fits_data(
+                source,
+                meta.block_size,
+                run.training.global_batch,
+                run.pipeline.microbatch_size,
+                run.training.eval_sequences,
+            )
         except ConfigError as e:
             raise _blame(e, params, None, space) from None
     p = first.pipeline
@@ -119,9 +127,14 @@ def check_start_checkpoints(tune: TuneConfig) -> None:
         check_files(find(Path(tune.search.warm_start.checkpoint), key), key)
 
 
-_FROM_POINT = {"optimizer.lr": "lr_scale", "pipeline.stages": "stages", "pipeline.window": "window",
-               "pipeline.microbatch_size": "microbatch_size", "training.global_batch": "microbatch_size",
-               "pipeline.backward_weights": "backward_weights"}  # fmt: skip
+_FROM_POINT = {
+    "optimizer.lr": "lr_scale",
+    "pipeline.stages": "stages",
+    "pipeline.window": "window",
+    "pipeline.microbatch_size": "microbatch_size",
+    "training.global_batch": "microbatch_size",
+    "pipeline.backward_weights": "backward_weights",
+}
 """The space's dimension behind each run key a point sets (the run as written already passed)."""
 
 

@@ -68,22 +68,31 @@ def optimizer_recipes(spec: Any) -> tuple[str, ...]:
     if spec is None:
         return ()
     if not isinstance(spec, dict) or any(k not in OPTIMIZER_KEYS for k in spec) or "name" not in spec:
-        raise ConfigError("space.optimizer", spec, "a mapping with name (a list of optimizers) and optionally "
-                          + ", ".join(OPTIMIZER_KEYS[1:]))  # fmt: skip
-    names = _list("space.optimizer.name", spec["name"], lambda v: v in OPTIMIZERS, "optimizers: "
-                  + ", ".join(OPTIMIZERS))  # fmt: skip
+        raise ConfigError(
+            "space.optimizer",
+            spec,
+            "a mapping with name (a list of optimizers) and optionally " + ", ".join(OPTIMIZER_KEYS[1:]),
+        )
+    names = _list(
+        "space.optimizer.name", spec["name"], lambda v: v in OPTIMIZERS, "optimizers: " + ", ".join(OPTIMIZERS)
+    )
     values: dict[str, list[str]] = {}
     if "betas" in spec:
-        pairs = _list("space.optimizer.betas", spec["betas"], lambda v: isinstance(v, list) and len(v) == 2
-                      and all(_unit(b) for b in v), "[beta1, beta2] pairs, each in [0, 1)")  # fmt: skip
+        pairs = _list(
+            "space.optimizer.betas",
+            spec["betas"],
+            lambda v: isinstance(v, list) and len(v) == 2 and all(_unit(b) for b in v),
+            "[beta1, beta2] pairs, each in [0, 1)",
+        )
         values["betas"] = [",".join(_number(b) for b in pair) for pair in pairs]
     if "momentum_decay" in spec:
         positive = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0  # noqa: E731
         psis = _list("space.optimizer.momentum_decay", spec["momentum_decay"], positive, "positive numbers")
         values["momentum_decay"] = [_number(v) for v in psis]
     if "momentum" in spec:
-        values["momentum"] = [_number(v) for v in _list("space.optimizer.momentum", spec["momentum"], _unit,
-                                                          "numbers in [0, 1)")]  # fmt: skip
+        values["momentum"] = [
+            _number(v) for v in _list("space.optimizer.momentum", spec["momentum"], _unit, "numbers in [0, 1)")
+        ]
     out = []
     for name in names:
         keys = [k for k in READS[name] if k in values]
@@ -101,14 +110,19 @@ def staleness_recipes(spec: Any) -> tuple[str, ...]:
     lists = []
     for key in STALENESS_KEYS:
         if key == "predict_weights":
-            vals = _list(f"space.staleness.{key}", spec.get(key, [False]), lambda v: isinstance(v, bool),
-                         "true or false")  # fmt: skip
+            vals = _list(
+                f"space.staleness.{key}", spec.get(key, [False]), lambda v: isinstance(v, bool), "true or false"
+            )
             lists.append(["predict_weights" if v else None for v in vals])
         else:
             ok = _stage_momentum if key == "stage_momentum" else _horizon
             what = "null or numbers in (0, 1)" if key == "stage_momentum" else "null or numbers in (0, 1]"
-            lists.append([None if v is None else f"{key}={_number(v)}" for v in _list(
-                f"space.staleness.{key}", spec.get(key, [None]), ok, what)])  # fmt: skip
+            lists.append(
+                [
+                    None if v is None else f"{key}={_number(v)}"
+                    for v in _list(f"space.staleness.{key}", spec.get(key, [None]), ok, what)
+                ]
+            )
     return tuple(" ".join(p for p in combo if p) or OFF for combo in itertools.product(*lists))
 
 

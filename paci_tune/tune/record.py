@@ -36,9 +36,17 @@ PRUNED_STEP, PRUNED_CLOCK = "pruned_step", "pruned_clock"
 CAPPED_AT = "capped_at"  # pruned by adaptive capping (:mod:`.capping`): the clock it could not rank past
 FAIL_REASON, INFEASIBLE = "fail_reason", "infeasible"
 SUMMARY_KEYS = (
-    "clock_tokens_per_s", "clock_step_time_s", "clock_bubble_fraction", "tokens_per_s", "bubble_fraction", "max_drift",
-    "peak_memory_bytes", "memory_measured_per", "partition", "steps",
-)  # fmt: skip
+    "clock_tokens_per_s",
+    "clock_step_time_s",
+    "clock_bubble_fraction",
+    "tokens_per_s",
+    "bubble_fraction",
+    "max_drift",
+    "peak_memory_bytes",
+    "memory_measured_per",
+    "partition",
+    "steps",
+)
 """Summary figures kept on each trial from its run's summary; the ``clock_`` ones are on the objective's clock."""
 MEASURED_KEYS = ("measured_peak_memory_bytes", "stage_drift", "predicted_peak_memory_bytes")
 """Per-stage figures kept beside them (measured and predicted peak memory, drift)."""
@@ -126,8 +134,11 @@ class PointAttrs:
         trial.set_user_attr(LABEL, self.label)
         trial.set_user_attr(DATA_PARALLEL, self.data_parallel)
         trial.set_user_attr(DEVICES, self.devices)
-        for key, value in ((BACKWARD_WEIGHTS, self.backward_weights), (OPTIMIZER, self.optimizer),
-                           (STALENESS, self.staleness)):  # fmt: skip
+        for key, value in (
+            (BACKWARD_WEIGHTS, self.backward_weights),
+            (OPTIMIZER, self.optimizer),
+            (STALENESS, self.staleness),
+        ):
             if value is not None:
                 trial.set_user_attr(key, value)
 
@@ -146,9 +157,12 @@ class Outcome:
 
     def write(self, trial: optuna.Trial) -> None:
         attrs: dict[str, Any] = {
-            TIME_TO_TARGET: self.time_to_target, BEST_VAL_LOSS: self.best_val_loss, CLOCK_USED: self.clock_used,
-            WALL_SECONDS: self.wall_seconds, CURVE: self.curve,
-        }  # fmt: skip
+            TIME_TO_TARGET: self.time_to_target,
+            BEST_VAL_LOSS: self.best_val_loss,
+            CLOCK_USED: self.clock_used,
+            WALL_SECONDS: self.wall_seconds,
+            CURVE: self.curve,
+        }
         if self.measured is not None:
             attrs.update({k: self.measured.get(k) for k in (*SUMMARY_KEYS, *MEASURED_KEYS)})
         for k, v in attrs.items():
@@ -249,19 +263,34 @@ class TrialRecord:
         a = t.user_attrs
         c, tr = a.get(CONFIRM), a.get(TRANSFER)
         return cls(
-            confirm_of=None if c is None else int(c["of"]), seed=None if c is None else int(c["seed"]),
+            confirm_of=None if c is None else int(c["of"]),
+            seed=None if c is None else int(c["seed"]),
             transfer_of=None if tr is None else int(tr["of"]),
             factor=None if tr is None else float(tr.get("factor", 1.0)),
-            retry_of=None if a.get(RETRY_OF) is None else int(a[RETRY_OF]), attempt=int(a.get(ATTEMPT, 0)),
-            repeat_of=a.get(REPEAT_OF), worker=a.get(WORKER), heartbeat=a.get(HEARTBEAT), label=a.get(LABEL),
-            data_parallel=a.get(DATA_PARALLEL), backward_weights=a.get(BACKWARD_WEIGHTS),
-            optimizer=a.get(OPTIMIZER), staleness=a.get(STALENESS),
-            time_to_target=a.get(TIME_TO_TARGET), best_val_loss=a.get(BEST_VAL_LOSS), wall_seconds=a.get(WALL_SECONDS),
-            curve=a.get(CURVE), pruned_step=a.get(PRUNED_STEP), pruned_clock=a.get(PRUNED_CLOCK),
-            capped_at=a.get(CAPPED_AT), fail_reason=a.get(FAIL_REASON), infeasible=bool(a.get(INFEASIBLE)),
+            retry_of=None if a.get(RETRY_OF) is None else int(a[RETRY_OF]),
+            attempt=int(a.get(ATTEMPT, 0)),
+            repeat_of=a.get(REPEAT_OF),
+            worker=a.get(WORKER),
+            heartbeat=a.get(HEARTBEAT),
+            label=a.get(LABEL),
+            data_parallel=a.get(DATA_PARALLEL),
+            backward_weights=a.get(BACKWARD_WEIGHTS),
+            optimizer=a.get(OPTIMIZER),
+            staleness=a.get(STALENESS),
+            time_to_target=a.get(TIME_TO_TARGET),
+            best_val_loss=a.get(BEST_VAL_LOSS),
+            wall_seconds=a.get(WALL_SECONDS),
+            curve=a.get(CURVE),
+            pruned_step=a.get(PRUNED_STEP),
+            pruned_clock=a.get(PRUNED_CLOCK),
+            capped_at=a.get(CAPPED_AT),
+            fail_reason=a.get(FAIL_REASON),
+            infeasible=bool(a.get(INFEASIBLE)),
             numerics=a.get(NUMERICS),
-            shared_from=a.get(SHARED_FROM), sibling_of=a.get(SIBLING_OF), attrs=a,
-        )  # fmt: skip
+            shared_from=a.get(SHARED_FROM),
+            sibling_of=a.get(SIBLING_OF),
+            attrs=a,
+        )
 
     @property
     def is_confirmation(self) -> bool:
@@ -356,5 +385,9 @@ def keep_metrics(trial: optuna.Trial, metrics: Path, store: Path) -> None:
     from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 
     store.mkdir(parents=True, exist_ok=True)
-    upload_artifact(artifact_store=FileSystemArtifactStore(str(store)), file_path=str(metrics),
-                    study_or_trial=trial, mimetype="application/jsonl")  # fmt: skip
+    upload_artifact(
+        artifact_store=FileSystemArtifactStore(str(store)),
+        file_path=str(metrics),
+        study_or_trial=trial,
+        mimetype="application/jsonl",
+    )

@@ -150,8 +150,15 @@ class SubprocessRunner:
         job.workdir.mkdir(parents=True, exist_ok=True)
         config, events, log = job.workdir / "trial.yaml", job.workdir / "events.jsonl", job.workdir / "trial.log"
         write_yaml(config, job.run_doc)
-        cmd = [sys.executable, "-m", "paci_tune.tune.child", str(os.getpid()), str(config), str(events),
-               str(job.workdir / "metrics.jsonl")]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "paci_tune.tune.child",
+            str(os.getpid()),
+            str(config),
+            str(events),
+            str(job.workdir / "metrics.jsonl"),
+        ]
         env = dict(os.environ)
         if job.threads is not None and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(job.threads)
@@ -187,8 +194,9 @@ class SubprocessRunner:
         wall = time.monotonic() - t0
         if watch.stop is not None:
             status, reason, step = watch.stop
-            return TrialResult(status, watch.progress, reason, step, watch.summary, wall, watch.evals, watch.by_step,
-                               watch.capped_at)  # fmt: skip
+            return TrialResult(
+                status, watch.progress, reason, step, watch.summary, wall, watch.evals, watch.by_step, watch.capped_at
+            )
         if returncode != 0:
             return TrialResult(
                 "failed",

@@ -7,10 +7,10 @@ goes on until each schedule's study has its quota of trials.
 A point already run is not trained again (:mod:`.repeats`). On the sim and rst clocks a trial
 whose numerics another trial trained is answered from that curve, read on its own layout's clock
 (:mod:`.sharing`), and the study's other points of that curve are queued and answered from it too
-(:mod:`.siblings`). Several trials may run at once (:mod:`.lanes`). May import: optuna,
-:mod:`paci_tune.pipeline` (predicted memory), :mod:`paci_tune.sim`, :mod:`paci_tune.config`,
-:mod:`paci_tune.base` (the fork server), :mod:`paci_tune.schedule`, :mod:`paci_tune.errors` and the tune
-layer's own modules.
+(:mod:`.siblings`). Several trials may run at once (:mod:`.lanes`). Each trial's end is told to its
+study by :mod:`.tell`. May import: optuna, :mod:`paci_tune.pipeline` (predicted memory),
+:mod:`paci_tune.sim`, :mod:`paci_tune.config`, :mod:`paci_tune.base` (the fork server),
+:mod:`paci_tune.schedule`, :mod:`paci_tune.errors` and the tune layer's own modules.
 """
 
 from __future__ import annotations
@@ -32,21 +32,22 @@ from ..config.tune import TuneConfig
 from ..errors import ConfigError
 from ..schedule import sides
 from . import extra, record, siblings
-from .capping import cap_of, capped
+from .capping import cap_of
 from .comparison import Design
 from .curves import numerics_key
 from .events import SearchEvent
 from .extra import confirm_seeds
 from .lanes import Lanes
-from .objective import Progress, grid_step
+from .objective import Progress
 from .point import TrialParams
-from .record import Outcome, PointAttrs, TrialRecord
+from .record import PointAttrs, TrialRecord
 from .repeats import answer_repeat
 from .rounds import confirmed_schedules, current_round
 from .runner import OnEval, TrialJob, TrialResult, TrialRunner, fork_server
 from .sharing import Horizons, StepGrid, applies, replay_points, stored_curve, walk
 from .space import SearchSpace
 from .study import HOST, Heartbeat, claim, counted, exhausted, reap_dead, retry_waiting, running_elsewhere
+from .tell import curve_result, refuse, tell
 from .trialdoc import plain_doc
 from .warm import WarmStart
 
@@ -129,8 +130,11 @@ class Search:
         """The study's search is over: its quota is met, none of its search trials runs still, here or in
         another worker, and no layout of a curve waits (its best points are known)."""
         schedule = next(s for s, st in self.studies.items() if st is study)
-        return ((counted(study.get_trials(deepcopy=False), self.quota) >= self.quota or self._exhausted(schedule))
-                and not extra.search_trials(study, (TrialState.RUNNING,)) and not siblings.waiting(study))  # fmt: skip
+        return (
+            (counted(study.get_trials(deepcopy=False), self.quota) >= self.quota or self._exhausted(schedule))
+            and not extra.search_trials(study, (TrialState.RUNNING,))
+            and not siblings.waiting(study)
+        )
 
     def _exhausted(self, schedule: str) -> bool:
         """Every feasible point of the schedule's space has run (:func:`.study.exhausted`; an LR range never has)."""
@@ -181,10 +185,19 @@ class Search:
         tag = f" seed {seed}" if seed is not None else (f" x{factor:g} budget" if factor != 1.0 else "")
         # backward_weights: PACI with the space's backward_weights (a fixed one is no param); else not written.
         # The optimizer and staleness recipes likewise (the stored trial names what it trained with).
-        PointAttrs(params.label() + tag, params.data_parallel, params.devices, params.backward_weights,
-                   params.optimizer, params.staleness).write(trial)  # fmt: skip
-        note = f"confirmation, seed {seed}" if seed is not None else (
-            f"transfer check, {factor:g}x the budget" if factor != 1.0 else None)  # fmt: skip
+        PointAttrs(
+            params.label() + tag,
+            params.data_parallel,
+            params.devices,
+            params.backward_weights,
+            params.optimizer,
+            params.staleness,
+        ).write(trial)
+        note = (
+            f"confirmation, seed {seed}"
+            if seed is not None
+            else (f"transfer check, {factor:g}x the budget" if factor != 1.0 else None)
+        )
         self.on_event(SearchEvent("start", schedule, trial.number, params, reason=note))
         if (why := self.space.why_not(params)) is not None:
             self._refuse(study, trial, params, why)
@@ -198,20 +211,20 @@ class Search:
         self.ran.append(trial.number)
 
     def _refuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, why: str) -> None:
-        """A proposal outside the device budget's feasible points: answered unrun, not counted (:func:`counted`).
-
-        Told as PRUNED with no value, not FAIL: TPE ignores failed trials, so it kept proposing the
-        same infeasible pair (17 of 24 flush proposals in the example); a pruned trial without values
-        ranks below every finished one, so the sampler learns to avoid the pair.
-        """
-        record.mark_refused(trial, why)
-        study.tell(trial, state=TrialState.PRUNED)
-        self.on_event(SearchEvent("end", params.schedule, trial.number, params, None, None, None, "rejected",
-                                  f"rejected: {why}", None))  # fmt: skip
+        """A proposal outside the device budget's feasible points: answered unrun (:func:`.tell.refuse`)."""
+        self.on_event(refuse(study, trial, params, why))
         self.ran.append(trial.number)
 
-    def _run_fresh(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None,
-                   factor: float = 1.0, *, cover: bool = True) -> None:  # fmt: skip
+    def _run_fresh(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        params: TrialParams,
+        seed: int | None,
+        factor: float = 1.0,
+        *,
+        cover: bool = True,
+    ) -> None:
         b = self.tune.budget
         budget, grid = extra.long_budget(float(b.seconds or 0.0), b.grid, factor)
         job = TrialJob(
@@ -236,8 +249,7 @@ class Search:
             job.scored_every = grid_of.every
         if cover:
             first = self.warm.step if self.warm else 0
-            job.run_doc = derive_doc(job.run_doc, {"training.seconds": None,
-                                                   "training.steps": first + grid_of.horizon})  # type: ignore[union-attr]  # fmt: skip
+            job.run_doc = derive_doc(job.run_doc, {"training.seconds": None, "training.steps": first + grid_of.horizon})  # type: ignore[union-attr]
         on_eval = self._reporter(study, trial, params, seed, factor, report=not cover)
         schedule = params.schedule
 
@@ -257,8 +269,16 @@ class Search:
             return
         self._tell(study, trial, params, result)
 
-    def _reporter(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None,
-                  factor: float, *, report: bool = True) -> OnEval:  # fmt: skip
+    def _reporter(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        params: TrialParams,
+        seed: int | None,
+        factor: float,
+        *,
+        report: bool = True,
+    ) -> OnEval:
         """Report each validation on the clock grid; True when the pruner stops the trial there (``report``
         False: show progress only, as a run training a shared curve does)."""
         # Steps already reported (a curve replayed by _reuse or _share) are not reported twice.
@@ -294,32 +314,8 @@ class Search:
         return self._lanes.threads(trial._trial_id, len(pids - {os.getpid()}))
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, result: TrialResult) -> None:
-        p = result.progress
-        clock_used, measured = p.clock, None
-        if result.summary:
-            measured = dict(result.summary)
-            stages = result.summary.get("stages", [])
-            measured["measured_peak_memory_bytes"] = [st.get("peak_memory_bytes") for st in stages]
-            measured["stage_drift"] = [{"max": st.get("max_drift"), "mean": st.get("mean_drift"),
-                                        "bound": st.get("drift_bound")} for st in stages]  # fmt: skip
-            clock_used = float(result.summary.get("clock", p.clock))
-            measured["predicted_peak_memory_bytes"] = self._predicted_memory(params, result.summary.get("partition"))
-        Outcome(p.reached_at, p.best_val, clock_used, round(result.wall_seconds, 3),
-                [[round(c, 6), v] for c, v in result.evals], measured).write(trial)  # fmt: skip
-        value: float | None = None
-        if result.status == "complete":
-            value = p.value
-            study.tell(trial, value)
-        elif result.status == "pruned":
-            record.mark_pruned(trial, result.pruned_step, p.clock, result.capped_at)
-            study.tell(trial, state=TrialState.PRUNED)
-        else:
-            record.mark_failed(trial, result.reason)
-            study.tell(trial, state=TrialState.FAIL)
-        self.on_event(
-            SearchEvent("end", params.schedule, trial.number, params, result.pruned_step, p, None,
-                        result.status, result.reason, value)
-        )  # fmt: skip
+        predicted = self._predicted_memory(params, result.summary.get("partition")) if result.summary else None
+        self.on_event(tell(study, trial, params, result, predicted))
 
     def _predicted_memory(self, params: TrialParams, partition: Any) -> list[int] | None:
         """Predicted peak bytes per stage, beside the measured ones and in best.yaml's candidates: the figure
@@ -351,8 +347,14 @@ class Search:
             self._horizons = Horizons(self.tune, self.space.grid, self._plain_doc, self.loaded_profile())
         return self._horizons.grid(params)
 
-    def _share(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, seed: int | None,
-               trained: TrialResult | None = None) -> bool:  # fmt: skip
+    def _share(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        params: TrialParams,
+        seed: int | None,
+        trained: TrialResult | None = None,
+    ) -> bool:
         """Answer a trial from the stored curve of its numerics, read on its own layout's clock
         (:mod:`.sharing`); False when it must train: no curve stored, or one that stops short of a step it needs.
         ``trained``: the trial's own run of the class's curve, answered the same way."""
@@ -374,28 +376,21 @@ class Search:
             return False
         on_eval = self._reporter(study, trial, params, seed, 1.0)
         cap = None if seed is not None else cap_of(study, self.tune.search, budget)  # as its own run's (.capping)
-        progress, evals, by_step, pruned, why, capped_at = Progress(target, budget), [], [], None, "pruned", None
-        for step, clock, val in read:
-            progress.add_eval(clock, val)
-            evals.append((clock, val))
-            by_step.append((step, val))
-            if on_eval(grid_step(clock, budget, b.grid), progress) and progress.reached_at is None:
-                pruned = grid_step(clock, budget, b.grid)
-            elif capped(progress, cap):
-                pruned, why, capped_at = grid_step(clock, budget, b.grid), f"capped past {cap:.3g}s", cap
-            if pruned is not None:
-                break
+        how = f"curve of {source_study} trial {source}" if trained is None else "its class's curve trained"
+        result = curve_result(
+            read,
+            replay,
+            on_eval,
+            target=target,
+            budget=budget,
+            grid=b.grid,
+            cap=cap,
+            first=first,
+            how=how,
+            trained=trained,
+        )
         if trained is None:
             record.mark_shared(trial, source_study, source)
-        ended = pruned is not None or progress.reached_at is not None
-        steps = by_step[-1][0] if ended and by_step else first + replay.steps  # counted as a run's: from step 0
-        summary = {"clock": progress.clock if ended else replay.clock_end, "partition": replay.cut, "steps": steps,
-                   "clock_step_time_s": replay.clock_end / replay.steps if replay.steps else 0.0}  # fmt: skip
-        how = f"curve of {source_study} trial {source}" if trained is None else "its class's curve trained"
-        result = TrialResult("pruned" if pruned is not None else "complete", progress,
-                             f"{why} at grid step {pruned} ({how})" if pruned is not None else how, pruned,
-                             {**(trained.summary or {}), **summary} if trained else summary,
-                             trained.wall_seconds if trained else 0.0, evals, by_step, capped_at)  # fmt: skip
         self._tell(study, trial, params, result)
         return True
 
@@ -411,8 +406,20 @@ class Search:
         """Answer a repeated point from its earlier trial (:mod:`.repeats`); False when it must be trained."""
         told = answer_repeat(study, trial)
         if told is not None:
-            self.on_event(SearchEvent("end", params.schedule, trial.number, params, told.step, None, None,
-                                      told.state, told.reason, told.value))  # fmt: skip
+            self.on_event(
+                SearchEvent(
+                    "end",
+                    params.schedule,
+                    trial.number,
+                    params,
+                    told.step,
+                    None,
+                    None,
+                    told.state,
+                    told.reason,
+                    told.value,
+                )
+            )
         return told is not None
 
     # ------------------------------------------------------------------------- configs

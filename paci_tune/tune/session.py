@@ -58,8 +58,17 @@ class SearchSession:
     def search(self, on_event: Callable[[SearchEvent], None]) -> Search:
         s = self.tune.search
         runner = SubprocessRunner(stall_seconds=s.stall_seconds, timeout=s.trial_timeout)
-        return Search(self.tune, self.space, self.studies, runner, self.workdir, self.profile, on_event=on_event,
-                      warm=self.warm, jobs=side_by_side(self.tune, self.space, self.profile))  # fmt: skip
+        return Search(
+            self.tune,
+            self.space,
+            self.studies,
+            runner,
+            self.workdir,
+            self.profile,
+            on_event=on_event,
+            warm=self.warm,
+            jobs=side_by_side(self.tune, self.space, self.profile),
+        )
 
 
 def open_search(
@@ -91,8 +100,15 @@ def open_search(
     check_trials(tune, space, None)
     check_outputs(out, work, storage_url)
     try:
-        studies = open_studies(open_storage(storage_url), name, space.schedules, tune.search, space,
-                               tune.budget.grid, fingerprint(tune, space))  # fmt: skip
+        studies = open_studies(
+            open_storage(storage_url),
+            name,
+            space.schedules,
+            tune.search,
+            space,
+            tune.budget.grid,
+            fingerprint(tune, space),
+        )
     except (ConfigError, Failure):
         raise
     except Exception as e:  # the database: unreachable, locked, not a database, another schema version

@@ -39,14 +39,25 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
         raise ConfigError("hardware.devices", None, "the device budget of every trial, a positive integer")
     if tune.budget.clock == "wall" and devices > (have := _devices(tune)):
         kind = "GPUs" if _uses_gpus(tune) else "CPU cores"
-        raise ConfigError("hardware.devices", devices, f"at most the {have} {kind} of this machine: on the wall "
-                          "clock every trial runs P x D = hardware.devices processes here (the sim clock "
-                          "simulates a larger budget)")  # fmt: skip
-    one_stage = derive_run(tune.run_doc, {"pipeline.stages": 1, "pipeline.data_parallel": 1,
-                                          "pipeline.partition": "auto"})  # fmt: skip
+        raise ConfigError(
+            "hardware.devices",
+            devices,
+            f"at most the {have} {kind} of this machine: on the wall "
+            "clock every trial runs P x D = hardware.devices processes here (the sim clock "
+            "simulates a larger budget)",
+        )
+    one_stage = derive_run(
+        tune.run_doc, {"pipeline.stages": 1, "pipeline.data_parallel": 1, "pipeline.partition": "auto"}
+    )
     meta = resolve_pieces(one_stage, distributed=True).model
-    space = load_space(tune.search.space, global_batch=tune.run.training.global_batch, n_units=meta.n_units,
-                       max_stages=None, devices=devices, distributed=trial_runtime(tune) == "distributed")  # fmt: skip
+    space = load_space(
+        tune.search.space,
+        global_batch=tune.run.training.global_batch,
+        n_units=meta.n_units,
+        max_stages=None,
+        devices=devices,
+        distributed=trial_runtime(tune) == "distributed",
+    )
     space = skip_untimed(space, tune.budget.clock == "wall" and trial_runtime(tune) == "emulated")
     space = skip_tied(skip_stale(space, tune.search.paci_max_drift), _tied(meta))
     return skip_incompatible(space, tune.run_doc)
@@ -175,8 +186,16 @@ def trials_in_memory(tune: TuneConfig, space: SearchSpace, profile_path: str) ->
     worst = 0
     for schedule in space.schedules:
         for p, a, b in space.points:
-            q = TrialParams(schedule, p, a, b, 1.0, space.data_parallel(p), space.backward_weights_of(schedule)[0],
-                            space.chunks_of(schedule)[0])  # fmt: skip
+            q = TrialParams(
+                schedule,
+                p,
+                a,
+                b,
+                1.0,
+                space.data_parallel(p),
+                space.backward_weights_of(schedule)[0],
+                space.chunks_of(schedule)[0],
+            )
             if space.why_not(q) is not None:
                 continue  # a point its study never runs
             cfg = point_run(tune, q, "emulated")
@@ -218,8 +237,13 @@ def profile_for(tune: TuneConfig, space: Any, work: Path, log: Log | None = None
     from .recipes import recipe_overrides
 
     optimizers = [derive_run(tune.run_doc, recipe_overrides(o, None)).optimizer for o in space.optimizers]
-    _, path = measured_profile(tune.run, microbatch_sizes=list(space.microbatch_size), path=work / "profile.yaml",
-                               log=log, optimizers=optimizers)  # every optimizer of the space timed  # fmt: skip
+    _, path = measured_profile(
+        tune.run,
+        microbatch_sizes=list(space.microbatch_size),
+        path=work / "profile.yaml",
+        log=log,
+        optimizers=optimizers,
+    )  # every optimizer of the space timed
     return str(path)
 
 
@@ -280,10 +304,14 @@ def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) 
         opts, stale = space.optimizers_of(schedule), space.staleness_of(schedule)
         opt = next((o for o in opts if o is not None and o.split(" ")[0] == tune.run.optimizer.name), opts[0])
         st = "off" if "off" in stale else stale[0]
-        tuned = {**tuned, **({"optimizer": opt} if len(opts) > 1 else {}),
-                 **({"staleness": st} if len(stale) > 1 else {})}  # fmt: skip
-        params = TrialParams(schedule, p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages), bw, v,
-                             opt, st)  # fmt: skip
+        tuned = {
+            **tuned,
+            **({"optimizer": opt} if len(opts) > 1 else {}),
+            **({"staleness": st} if len(stale) > 1 else {}),
+        }
+        params = TrialParams(
+            schedule, p.stages, a, p.microbatch_size, 1.0, space.data_parallel(p.stages), bw, v, opt, st
+        )
         # not a point under the device budget, or (PACI) too stale: that study starts from the sampler
         if not study.get_trials(deepcopy=False) and space.why_not(params) is None:
             study.enqueue_trial({**point, **tuned}, skip_if_exists=True)

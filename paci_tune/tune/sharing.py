@@ -73,8 +73,13 @@ class StepGrid:
 
     def overrides(self) -> dict[str, Any]:
         draw = {"data.draw": self.draw} if self.draw else {}
-        return {"lr_schedule.horizon_steps": self.horizon, "training.eval_every": self.every,
-                "training.eval_far_every": self.far, "training.eval_every_seconds": None, **draw}  # fmt: skip
+        return {
+            "lr_schedule.horizon_steps": self.horizon,
+            "training.eval_every": self.every,
+            "training.eval_far_every": self.far,
+            "training.eval_every_seconds": None,
+            **draw,
+        }
 
 
 def layout_clock(cfg: RunConfig, profile: Profile) -> tuple[ProfileClock, int, list[int]]:
@@ -113,8 +118,9 @@ def replay_points(cfg: RunConfig, profile: Profile, first_step: int, every: int)
     return Replay(points, n, clock.now(), cut)
 
 
-def walk(replay: Replay, curve: dict[int, float], target: float,
-         grid: StepGrid) -> list[tuple[int, float, float]] | None:  # fmt: skip
+def walk(
+    replay: Replay, curve: dict[int, float], target: float, grid: StepGrid
+) -> list[tuple[int, float, float]] | None:
     """(step, clock, val_loss) of each validation the run would score, up to its first at or below ``target``,
     read from ``curve``; None when the curve lacks one of them (the trial must train). Far from the target
     the run validates only at ``grid.far`` points, as its trainer decides (:mod:`paci_tune.train.nearness`)."""
@@ -141,8 +147,13 @@ class Horizons:
     (a continuous LR range) has no enumerable classes: each point's horizon is then its own steps.
     """
 
-    def __init__(self, tune: TuneConfig, points: Callable[[], list[TrialParams]],
-                 doc_for: Callable[[TrialParams], dict[str, Any]], profile: Profile) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tune: TuneConfig,
+        points: Callable[[], list[TrialParams]],
+        doc_for: Callable[[TrialParams], dict[str, Any]],
+        profile: Profile,
+    ) -> None:
         self.doc_for, self.profile, self._points = doc_for, profile, points
         self.grid_per_budget = max(VALIDATIONS, tune.budget.grid)
         self.far_per_budget = tune.budget.grid if tune.search.validate_near_target else None

@@ -143,25 +143,35 @@ def make_pruner(search: SearchConfig, grid: int) -> optuna.pruners.BasePruner:
 
 
 def open_studies(
-    storage: BaseStorage, name: str, schedules: tuple[str, ...], search: SearchConfig, space: SearchSpace, grid: int,
+    storage: BaseStorage,
+    name: str,
+    schedules: tuple[str, ...],
+    search: SearchConfig,
+    space: SearchSpace,
+    grid: int,
     fingerprint: dict[str, Any],
-) -> dict[str, optuna.Study]:  # fmt: skip
+) -> dict[str, optuna.Study]:
     """Create or load ``NAME.<schedule>`` for each schedule; refuse to mix a different search in."""
     studies = {}
     for i, schedule in enumerate(schedules):
         study = optuna.create_study(
-            study_name=f"{name}.{schedule}", storage=storage, direction="minimize", load_if_exists=True,
-            sampler=make_sampler(search, space, i), pruner=make_pruner(search, grid),
-        )  # fmt: skip
+            study_name=f"{name}.{schedule}",
+            storage=storage,
+            direction="minimize",
+            load_if_exists=True,
+            sampler=make_sampler(search, space, i),
+            pruner=make_pruner(search, grid),
+        )
         stored = StudyRecord.read(study).fingerprint
         if stored is None:
             StudyRecord.write_fingerprint(study, fingerprint, schedule)
         elif stored != fingerprint:
             diff = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != fingerprint.get(k))
             raise ConfigError(
-                "--study-name", name,
+                "--study-name",
+                name,
                 f"a new name or storage: the stored study was run with a different {', '.join(diff)}",
-            )  # fmt: skip
+            )
         studies[schedule] = study
     return studies
 
@@ -206,8 +216,11 @@ def counted(trials: list[FrozenTrial], quota: int) -> int:
 def exhausted(trials: list[FrozenTrial], points: list[dict[str, Any]]) -> bool:
     """Every point (as its Optuna parameters) has a finished search trial: the sampler has nothing new to
     propose, and its repeats would only run on until they count (:func:`counted`)."""
-    done = {tuple(sorted(t.params.items())) for t in trials
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not TrialRecord.read(t).is_extra}  # fmt: skip
+    done = {
+        tuple(sorted(t.params.items()))
+        for t in trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not TrialRecord.read(t).is_extra
+    }
     return bool(points) and all(tuple(sorted(p.items())) in done for p in points)
 
 

@@ -103,8 +103,9 @@ def warm_up_doc(tune: TuneConfig, folder: Path, runtime: str, profile: str | Non
     return warm_up_run(tune.run_doc, steps, folder, runtime, ramp, extra)
 
 
-def warm_up_run(run_doc: dict[str, Any], steps: int, folder: Path, runtime: str, ramp: float,
-                extra: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def warm_up_run(
+    run_doc: dict[str, Any], steps: int, folder: Path, runtime: str, ramp: float, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``run_doc`` as a warm-up (:func:`warm_up_doc`): 1F1B-flush for ``steps`` global batches into ``folder``,
     its LR warming up over ``ramp`` of them and then held at its peak (also the benches' warm start)."""
     over: dict[str, Any] = {
@@ -160,8 +161,16 @@ def _done(folder: Path) -> dict[str, Any] | None:
     return json.loads(p.read_text()) if p.is_file() else None
 
 
-def prepare(tune: TuneConfig, name: str, work: Path, storage_url: str, studies: dict[str, optuna.Study],
-            runtime: str, log: Log | None = None, profile: str | None = None) -> WarmStart | None:  # fmt: skip
+def prepare(
+    tune: TuneConfig,
+    name: str,
+    work: Path,
+    storage_url: str,
+    studies: dict[str, optuna.Study],
+    runtime: str,
+    log: Log | None = None,
+    profile: str | None = None,
+) -> WarmStart | None:
     """The search's warm start (None when off): the user's checkpoint, or the warm-up, trained here if
     no worker has trained it yet (module docstring); recorded in every study."""
     ws = tune.search.warm_start
@@ -211,8 +220,12 @@ def ensure(doc: dict[str, Any], key: str, log: Log | None = None) -> dict[str, A
         if done is None:
             return _train(doc, folder, log)
         if done.get("run") != _comparable(doc):
-            raise ConfigError(key, str(folder), "a folder of this search's warm-up (it holds the warm-up of "
-                              "another run: choose another folder or remove it)")  # fmt: skip
+            raise ConfigError(
+                key,
+                str(folder),
+                "a folder of this search's warm-up (it holds the warm-up of "
+                "another run: choose another folder or remove it)",
+            )
         if log:
             log(f"warm start: the {done['step']}-step warm-up in {folder} is done (val_loss {done['val_loss']:.4f})")
         return done
@@ -243,8 +256,12 @@ def _train(doc: dict[str, Any], folder: Path, log: Log | None) -> dict[str, Any]
     final = checkpoint.latest(folder)
     if final is None or summary is None:
         raise ConfigError("search.warm_start.steps", steps, "a warm-up that completes (it wrote no checkpoint)")
-    done = {"checkpoint": str(final), "step": int(summary["steps"]), "val_loss": summary.get("final_val_loss"),
-            "run": _comparable(doc)}  # fmt: skip
+    done = {
+        "checkpoint": str(final),
+        "step": int(summary["steps"]),
+        "val_loss": summary.get("final_val_loss"),
+        "run": _comparable(doc),
+    }
     atomic_write_text(folder / DONE, json.dumps(done, indent=1))
     if log:
         log(f"warm start: {done['step']} steps done, val_loss {done['val_loss']:.4f}")

@@ -162,14 +162,22 @@ def build_best(
     chosen = {s: t for s, st in studies.items() if (t := _chosen_trial(st, tables.get(s))) is not None}
     if not chosen:
         raise ConfigError(
-            "search", "no finished trial", "at least one trial that ran to its target or budget: "
+            "search",
+            "no finished trial",
+            "at least one trial that ran to its target or budget: "
             "see the failure reasons above, or give budget.seconds / target.value room",
-        )  # fmt: skip
+        )
     spacing = validation_spacing(list(chosen.values()), budget)
     if seeds and design is None:
         design = Design(len(seeds), max(len(seeds), 2))
-    found = verdict_of(studies, tables, point_of, design if seeds else None, spacing=spacing,
-                       advice=confirm.what_to_change(warm_started))  # fmt: skip
+    found = verdict_of(
+        studies,
+        tables,
+        point_of,
+        design if seeds else None,
+        spacing=spacing,
+        advice=confirm.what_to_change(warm_started),
+    )
     comparison = found[0] if found else None
     if found:
         chosen.update(found[1])
@@ -201,8 +209,12 @@ def build_best(
     if edges:
         doc["lr_edges"] = edges
     if confirm_seeds:
-        doc["confirmation"] = {"seeds": list(confirm_seeds), "level": LEVEL, **(confirm_rounds or {}),
-                               **{s: [c.to_dict() for c in table] for s, table in tables.items()}}  # fmt: skip
+        doc["confirmation"] = {
+            "seeds": list(confirm_seeds),
+            "level": LEVEL,
+            **(confirm_rounds or {}),
+            **{s: [c.to_dict() for c in table] for s, table in tables.items()},
+        }
     if transfer_factor:
         doc["transfer_check"] = transfer.section(studies, transfer_factor, budget.get("seconds"), point_of)
     doc["candidates"] = candidates.ranked(studies, point_of)
@@ -261,7 +273,11 @@ def validation_spacing(trials: list[FrozenTrial], budget: dict[str, Any]) -> flo
     records = [TrialRecord.read(t) for t in trials]
     gaps = [b[0] - a[0] for r in records for a, b in itertools.pairwise(r.curve or [])]
     if gaps and any(r.numerics is not None or r.shared_from is not None for r in records):
-        crossing = [b[0] - a[0] for r in records for a, b in itertools.pairwise(r.curve or [])
-                    if r.time_to_target is not None and abs(b[0] - r.time_to_target) < 1e-6]  # fmt: skip
+        crossing = [
+            b[0] - a[0]
+            for r in records
+            for a, b in itertools.pairwise(r.curve or [])
+            if r.time_to_target is not None and abs(b[0] - r.time_to_target) < 1e-6
+        ]
         return max(crossing or gaps)
     return float(budget.get("seconds") or 0.0) / int(budget.get("grid") or 1)

@@ -42,12 +42,22 @@ def ranked(
         for rank, number in enumerate(best_distinct(study, top), start=1):
             t = by_number[number]
             r, p = TrialRecord.read(t), point_of(t, schedule)
-            rows.append({
-                "rank": rank, "trial": number, "point": p.label(), "stages": p.stages,
-                "data_parallel": p.data_parallel, "window": p.window, "microbatch_size": p.microbatch_size,
-                "lr_scale": p.lr_scale, "step_time_s": r.figure("clock_step_time_s"),
-                "predicted_peak_bytes": _peak(r), "score": t.value, "reached_target": r.time_to_target is not None,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "rank": rank,
+                    "trial": number,
+                    "point": p.label(),
+                    "stages": p.stages,
+                    "data_parallel": p.data_parallel,
+                    "window": p.window,
+                    "microbatch_size": p.microbatch_size,
+                    "lr_scale": p.lr_scale,
+                    "step_time_s": r.figure("clock_step_time_s"),
+                    "predicted_peak_bytes": _peak(r),
+                    "score": t.value,
+                    "reached_target": r.time_to_target is not None,
+                }
+            )
         out[schedule] = rows
     return out
 

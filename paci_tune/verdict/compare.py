@@ -57,9 +57,14 @@ def _unconfirmed_pair(
 
 
 def verdict_of(
-    studies: dict[str, optuna.Study], tables: dict[str, list[Confirmed]], point_of: PointOf, design: Design | None,
-    *, spacing: float, advice: str,
-) -> tuple[Comparison, dict[str, FrozenTrial]] | None:  # fmt: skip
+    studies: dict[str, optuna.Study],
+    tables: dict[str, list[Confirmed]],
+    point_of: PointOf,
+    design: Design | None,
+    *,
+    spacing: float,
+    advice: str,
+) -> tuple[Comparison, dict[str, FrozenTrial]] | None:
     """The comparison and the two compared search trials by schedule; None when there is nothing to compare
     (no PACI or no synchronous trial finished). ``tables``: each schedule's confirmed points (empty: not
     confirmed); ``spacing``: time to target's resolution; ``advice``: what to change when undecided."""
@@ -71,8 +76,10 @@ def verdict_of(
             if c is not None and c.complete:
                 confirmed[schedule] = c
     if pair is not None and len(confirmed) == 2:
-        trials = {s: next(t for t in studies[s].get_trials(deepcopy=False) if t.number == n)
-                  for s, n in (pair.paci, pair.baseline)}  # fmt: skip
+        trials = {
+            s: next(t for t in studies[s].get_trials(deepcopy=False) if t.number == n)
+            for s, n in (pair.paci, pair.baseline)
+        }
     else:  # not confirmed (or its runs are not there): the search's single draws
         unconfirmed = _unconfirmed_pair(studies)
         if unconfirmed is None:

@@ -84,8 +84,11 @@ def confirmed(study: optuna.Study, schedule: str, seeds: list[int], params_of: A
 
 def what_to_change(warm_started: bool) -> str:
     """The advice of an undecided verdict: a longer budget, a looser target, a (longer) warm start."""
-    warm = ("a longer warm-up (search.warm_start.steps)" if warm_started else
-            "a warm start from a checkpoint of the run past its first phase (search.warm_start)")  # fmt: skip
+    warm = (
+        "a longer warm-up (search.warm_start.steps)"
+        if warm_started
+        else "a warm start from a checkpoint of the run past its first phase (search.warm_start)"
+    )
     return (
         f"what to change: a longer budget (budget.seconds or training.steps), a looser target (target.value), or {warm}"
     )

@@ -35,9 +35,17 @@ def lr_edges(points: Mapping[str, TrialParams], grid: Sequence[float] | Mapping[
     bounds = _bounds(grid)
     if bounds[0] == bounds[1]:
         fixed = bounds[0]
-        return [{"schedule": "all", "point": None, "lr_scale": fixed, "edge": "both", "grid": [fixed],
-                 "note": "the LR was not searched (the space fixes it): neither side's LR is tuned; "
-                         "give the space lr_scale: [0.5, 1.0, 2.0] or wider"}]  # fmt: skip
+        return [
+            {
+                "schedule": "all",
+                "point": None,
+                "lr_scale": fixed,
+                "edge": "both",
+                "grid": [fixed],
+                "note": "the LR was not searched (the space fixes it): neither side's LR is tuned; "
+                "give the space lr_scale: [0.5, 1.0, 2.0] or wider",
+            }
+        ]
     low, high = bounds
     near = NEAR if isinstance(grid, Mapping) else 1.0 + 1e-9
     out = []
@@ -46,9 +54,19 @@ def lr_edges(points: Mapping[str, TrialParams], grid: Sequence[float] | Mapping[
         if edge is None:
             continue
         step = "larger" if edge == "high" else "smaller"
-        note = (f"{schedule}'s best point {p.label()} sits at the {edge} edge of the LR grid (x{p.lr_scale:g} of "
-                f"[x{low:g}, x{high:g}]): a {step} LR was never tried, so this point may be under-tuned; widen "
-                f"lr_scale past x{p.lr_scale:g} before acting on the verdict")  # fmt: skip
-        out.append({"schedule": schedule, "point": p.label(), "lr_scale": p.lr_scale, "edge": edge,
-                    "grid": [low, high], "note": note})  # fmt: skip
+        note = (
+            f"{schedule}'s best point {p.label()} sits at the {edge} edge of the LR grid (x{p.lr_scale:g} of "
+            f"[x{low:g}, x{high:g}]): a {step} LR was never tried, so this point may be under-tuned; widen "
+            f"lr_scale past x{p.lr_scale:g} before acting on the verdict"
+        )
+        out.append(
+            {
+                "schedule": schedule,
+                "point": p.label(),
+                "lr_scale": p.lr_scale,
+                "edge": edge,
+                "grid": [low, high],
+                "note": note,
+            }
+        )
     return out

@@ -24,9 +24,15 @@ if TYPE_CHECKING:
 
 
 def plot_search(
-    studies: dict[str, optuna.Study], *, target: float, budget: float, clock: str, best: tuple[str, int] | None,
-    path: Path, thick: Collection[tuple[str, int]] = (),
-) -> Path:  # fmt: skip
+    studies: dict[str, optuna.Study],
+    *,
+    target: float,
+    budget: float,
+    clock: str,
+    best: tuple[str, int] | None,
+    path: Path,
+    thick: Collection[tuple[str, int]] = (),
+) -> Path:
     """Write the PNG (atomically: a temporary file renamed into place) and return its path."""
     import matplotlib.pyplot as plt
 
@@ -38,9 +44,14 @@ def plot_search(
 
 
 def draw_search(
-    studies: dict[str, optuna.Study], *, target: float, budget: float, clock: str, best: tuple[str, int] | None,
+    studies: dict[str, optuna.Study],
+    *,
+    target: float,
+    budget: float,
+    clock: str,
+    best: tuple[str, int] | None,
     thick: Collection[tuple[str, int]] = (),
-) -> Figure:  # fmt: skip
+) -> Figure:
     """The figure: one panel per schedule. ``thick``: (schedule, trial number) pairs drawn like the
     recommendation -- the report's confirmed seeds of each schedule's winner."""
     import matplotlib
@@ -58,8 +69,14 @@ def draw_search(
             xs, ys = [c for c, _ in curve], [v for _, v in curve]
             chosen = best == (schedule, t.number) or (schedule, t.number) in thick
             style = "-" if t.state == TrialState.COMPLETE else "--"
-            ax.plot(xs, ys, style, lw=3 if chosen else 1, alpha=1 if chosen else 0.6,
-                    label=f"#{t.number} {r.label or ''}" if chosen else None)  # fmt: skip
+            ax.plot(
+                xs,
+                ys,
+                style,
+                lw=3 if chosen else 1,
+                alpha=1 if chosen else 0.6,
+                label=f"#{t.number} {r.label or ''}" if chosen else None,
+            )
             if t.state == TrialState.PRUNED:
                 ax.plot(xs[-1:], ys[-1:], "x", color="grey")
         ax.axhline(target, color="black", lw=0.8, ls=":")

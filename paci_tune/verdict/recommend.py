@@ -31,8 +31,12 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
     design = Design(c.seeds, c.cap, c.tolerance)
     rounds = current_round(session.studies, tune.run.training.seed, design)
     # apply reads the budget back: an rst clock needs its reference profile, wherever apply runs from
-    budget = {"clock": b.clock, "seconds": b.seconds, "grid": b.grid,
-              **({"profile": str(Path(b.profile).resolve())} if b.profile else {})}  # fmt: skip
+    budget = {
+        "clock": b.clock,
+        "seconds": b.seconds,
+        "grid": b.grid,
+        **({"profile": str(Path(b.profile).resolve())} if b.profile else {}),
+    }
     best = build_best(
         session.studies,
         run_doc_for=search.trial_doc,
@@ -40,23 +44,41 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
         fixed_batch=session.space.fixed_batch,
         target={"metric": tune.target.metric, "value": tune.target.value},
         budget=budget,
-        provenance={"study_name": session.name, "storage": without_password(session.storage_url), "clock": b.clock,
-                    "profile": session.profile, "space": session.space.describe(), "sampler": tune.search.sampler,
-                    "pruner": tune.search.pruner, "seed": tune.search.seed,
-                    "config": str(session.config.resolve())},
+        provenance={
+            "study_name": session.name,
+            "storage": without_password(session.storage_url),
+            "clock": b.clock,
+            "profile": session.profile,
+            "space": session.space.describe(),
+            "sampler": tune.search.sampler,
+            "pruner": tune.search.pruner,
+            "seed": tune.search.seed,
+            "config": str(session.config.resolve()),
+        },
         confirm_seeds=confirm_seeds(tune.run.training.seed, rounds.seeds) if c.enabled else None,
-        confirm_rounds={"min_seeds": c.seeds, "max_seeds": c.cap, "tolerance": c.tolerance,
-                        "stopped_by": rounds.stopped_by} if c.enabled else None,
+        confirm_rounds={
+            "min_seeds": c.seeds,
+            "max_seeds": c.cap,
+            "tolerance": c.tolerance,
+            "stopped_by": rounds.stopped_by,
+        }
+        if c.enabled
+        else None,
         transfer_factor=tune.search.transfer_check.factor if tune.search.transfer_check.enabled else None,
         warm_started=session.warm is not None,
         memory=memory_section(tune.run.hardware.memory, session.space.memory_bytes, session.space.over_memory),
         design=design,
         lr_grid=lr_grid(session.space.lr_scale, session.space.lr_is_range),
-    )  # fmt: skip
+    )
     rec_number = int(str(best["evidence"]["trial"]).rsplit("#", 1)[-1])
-    picture = plot_search(session.studies, target=float(tune.target.value or 0), budget=float(b.seconds or 0),
-                          clock=b.clock, best=(best["recommended"]["schedule"], rec_number),
-                          path=session.workdir / "trials.png")  # fmt: skip
+    picture = plot_search(
+        session.studies,
+        target=float(tune.target.value or 0),
+        budget=float(b.seconds or 0),
+        clock=b.clock,
+        best=(best["recommended"]["schedule"], rec_number),
+        path=session.workdir / "trials.png",
+    )
     best["provenance"]["plot"] = str(picture)
     if session.warm is not None:
         best["warm_start"] = {"note": session.warm.describe(), **session.warm.to_doc()}

@@ -106,9 +106,14 @@ def points(study: optuna.Study, factor: float, label_of: Callable[[FrozenTrial],
             continue
         t, r = long[n]
         ok = t.state == TrialState.COMPLETE and t.value is not None
-        row = {"trial": n, "point": label_of(by_number[n]).label(), "short": float(by_number[n].value),
-               "long": float(t.value) if ok else math.inf, "long_trial": t.number,
-               "long_time_to_target": r.time_to_target}  # fmt: skip
+        row = {
+            "trial": n,
+            "point": label_of(by_number[n]).label(),
+            "short": float(by_number[n].value),
+            "long": float(t.value) if ok else math.inf,
+            "long_trial": t.number,
+            "long_time_to_target": r.time_to_target,
+        }
         if not ok:
             row["long_failed"] = r.fail_reason or "failed"
         out.append(row)
@@ -125,9 +130,11 @@ def _rho(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def section(
-    studies: dict[str, optuna.Study], factor: float, seconds: float | None,
+    studies: dict[str, optuna.Study],
+    factor: float,
+    seconds: float | None,
     point_of: Callable[[FrozenTrial, str], TrialParams],
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """``best.yaml``'s ``transfer_check``: per schedule its points and rho, and rho over both pooled."""
     doc: dict[str, Any] = {"factor": factor, "seconds": None if seconds is None else float(seconds) * factor}
     pooled: list[dict[str, Any]] = []
@@ -149,5 +156,6 @@ def summary_line(doc: dict[str, Any] | None) -> str | None:
         return f"{rho:.3g} ({d.get('n')} points)" if rho is not None else f"n/a ({d.get('note')})"
 
     parts = [f"{s} {one(d)}" for s, d in doc.items() if isinstance(d, dict) and s != "pooled"]
-    return (f"transfer check ({doc['factor']:g}x the trial budget): Spearman of short vs long scores "
-            + "; ".join([*parts, f"pooled {one(doc['pooled'])}"]))  # fmt: skip
+    return f"transfer check ({doc['factor']:g}x the trial budget): Spearman of short vs long scores " + "; ".join(
+        [*parts, f"pooled {one(doc['pooled'])}"]
+    )

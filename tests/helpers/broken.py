@@ -145,15 +145,30 @@ SMALL: dict[str, Any] = {
 """A quick carrier (synthetic data) for the space, best.yaml and profile variants."""
 
 BEST: dict[str, Any] = {
-    "recommended": {"schedule": "paci", "window": 4, "microbatch_size": 2, "stages": 2, "partition": [2, 2],
-                    "global_batch": 8, "lr": 1.0e-3, "lr_scale": 1.0},
-    "evidence": {"trial": "run.paci#0", "time_to_target": None, "reached_target": False, "best_val_loss": 3.9,
-                 "score": 0.5, "tokens_per_s": 1000.0, "steps": 6},
+    "recommended": {
+        "schedule": "paci",
+        "window": 4,
+        "microbatch_size": 2,
+        "stages": 2,
+        "partition": [2, 2],
+        "global_batch": 8,
+        "lr": 1.0e-3,
+        "lr_scale": 1.0,
+    },
+    "evidence": {
+        "trial": "run.paci#0",
+        "time_to_target": None,
+        "reached_target": False,
+        "best_val_loss": 3.9,
+        "score": 0.5,
+        "tokens_per_s": 1000.0,
+        "steps": 6,
+    },
     "target": {"metric": "val_loss", "value": 1.85},
     "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
     "provenance": {"study_name": "run"},
     "run": copy.deepcopy(BASE_CONFIG),
-}  # fmt: skip
+}
 """A valid best.yaml of BASE_CONFIG's run."""
 
 

@@ -50,9 +50,24 @@ def guide_env() -> dict[str, str]:
 
 def run_distributed(tmp_path: Path, doc: dict[str, Any]) -> list[dict[str, Any]]:
     proc = subprocess.run(
-        [sys.executable, "-m", "paci_tune.cli", "train", str(write_config(tmp_path, doc)), "--no-live",
-         "--runtime", "distributed", "--metrics", str(tmp_path / "m.jsonl")],
-        capture_output=True, text=True, timeout=300, cwd=REPO, env=guide_env(), check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "paci_tune.cli",
+            "train",
+            str(write_config(tmp_path, doc)),
+            "--no-live",
+            "--runtime",
+            "distributed",
+            "--metrics",
+            str(tmp_path / "m.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=guide_env(),
+        check=False,
+    )
     check_ok(proc)
     return read_metrics(tmp_path / "m.jsonl")

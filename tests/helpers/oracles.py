@@ -48,16 +48,21 @@ def oracle_optimizers(
     momentum = cfg.get("momentum") if cfg.get("momentum") is not None else DEFAULT_MOMENTUM.get(name, 0.9)
 
     def groups(ps: list[torch.Tensor]) -> list[dict[str, Any]]:
-        out = [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": wd},
-               {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+        out = [
+            {"params": [p for p in ps if p.dim() >= 2], "weight_decay": wd},
+            {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0},
+        ]
         return [g for g in out if g["params"]]
 
     if name == "sgd":
         return [torch.optim.SGD(groups(params), lr=lr, momentum=momentum)]
     if name == "nadam":
         psi = cfg.get("momentum_decay", 0.004)
-        return [torch.optim.NAdam(groups(params), lr=lr, betas=betas, eps=eps, momentum_decay=psi,
-                                  decoupled_weight_decay=True)]  # fmt: skip
+        return [
+            torch.optim.NAdam(
+                groups(params), lr=lr, betas=betas, eps=eps, momentum_decay=psi, decoupled_weight_decay=True
+            )
+        ]
     if name == "muon":
         mats = [p for p, h in zip(params, hidden, strict=True) if h and p.dim() == 2]
         rest = [p for p, h in zip(params, hidden, strict=True) if not (h and p.dim() == 2)]
@@ -75,8 +80,7 @@ class OracleMuon:
     EMA momentum B, Nesterov's mix, five quintic Newton-Schulz iterations in fp32 (paci-tune's precision on
     the CPU), decoupled weight decay, and Moonshot's LR match to AdamW, 0.2 sqrt(max(rows, cols))."""
 
-    def __init__(self, params: list[torch.Tensor], lr: float, wd: float, mu: float, nesterov: bool,
-                 steps: int) -> None:  # fmt: skip
+    def __init__(self, params: list[torch.Tensor], lr: float, wd: float, mu: float, nesterov: bool, steps: int) -> None:
         self.param_groups = [{"params": params, "lr": lr}]
         self.wd, self.mu, self.nesterov, self.steps = wd, mu, nesterov, steps
         self.bufs = [torch.zeros_like(p) for p in params]

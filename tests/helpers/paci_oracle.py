@@ -28,8 +28,14 @@ from paci_tune.model.loss import next_token_loss
 class OracleStage:
     """A stage of the from-scratch PACI: live weights and fp32 masters, its optimizer(s), copies per forward."""
 
-    def __init__(self, units: list[nn.Module], cfg: dict, dtype: torch.dtype, hidden: list[bool], predict: int = 0,
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        units: list[nn.Module],
+        cfg: dict,
+        dtype: torch.dtype,
+        hidden: list[bool],
+        predict: int = 0,
+    ) -> None:
         self.live = nn.Sequential(*units).to(dtype)
         named = [(n, p) for n, p in self.live.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
@@ -82,10 +88,14 @@ def oracle_losses(doc: dict, dtype: torch.dtype = torch.float32) -> list[float]:
     base = [[loaded.units[i] for i in range(bounds[s], bounds[s + 1])] for s in range(p_)]
     hidden = [[0 < i < loaded.n_units - 1 for i in range(bounds[s], bounds[s + 1])] for s in range(p_)]
     tau = [math.ceil((p_ - s - 1) / a) if pipe.get("predict_weights") else 0 for s in range(p_)]
-    reps = [[OracleStage([copy.deepcopy(u) for u in base[s]], doc["optimizer"], dtype, hidden[s], tau[s])
-             for s in range(p_)] for _ in range(d)]  # fmt: skip
-    streams = [MicroBatchStream(source.train, loaded.block_size, b, t["seed"], replicas=d, replica=r)
-               for r in range(d)]  # fmt: skip
+    reps = [
+        [
+            OracleStage([copy.deepcopy(u) for u in base[s]], doc["optimizer"], dtype, hidden[s], tau[s])
+            for s in range(p_)
+        ]
+        for _ in range(d)
+    ]
+    streams = [MicroBatchStream(source.train, loaded.block_size, b, t["seed"], replicas=d, replica=r) for r in range(d)]
     n = steps * a
     orders = [paci_order(min(p_ - s, pipe.get("inflight") or p_), a, n) for s in range(p_)]
     acts: dict[tuple[int, int, int], torch.Tensor] = {}

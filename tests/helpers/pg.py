@@ -22,8 +22,9 @@ ENV = "PACI_TUNE_POSTGRES_URL"
 
 
 def binaries() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]) if
-                   p.parts[-3].isdigit() else 0)  # fmt: skip
+    found = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0
+    )
     return found[-1].parent if found else None
 
 
@@ -48,8 +49,17 @@ class Server:
 
     def start(self) -> None:
         opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off -c max_connections=50"
-        self.run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.root / "server.log"),
-                 "-w", "start")  # fmt: skip
+        self.run(
+            str(self.bin_dir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            opts,
+            "-l",
+            str(self.root / "server.log"),
+            "-w",
+            "start",
+        )
 
     def stop(self, mode: str = "immediate") -> None:
         """``immediate``: as if the server crashed (no clean shutdown of the sessions)."""

@@ -37,5 +37,8 @@ def reference_profile(n_units: int, seq_len: int) -> dict[str, Any]:
     rst clock reads it instead of measuring (the install and docs checks)."""
     cost = {"forward_s": 0.002, "backward_s": 0.004, "activation_bytes": 65536, "saved_bytes": 262144}
     each = {"param_bytes": 1 << 20, "optimizer_s": 0.001, "microbatch": {8: cost}}
-    return {"seq_len": seq_len, "units": [dict(each, name=f"u{i}") for i in range(n_units)],
-            "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e10}}  # fmt: skip
+    return {
+        "seq_len": seq_len,
+        "units": [dict(each, name=f"u{i}") for i in range(n_units)],
+        "p2p": {"latency_s": 1.0e-5, "bandwidth_Bps": 1.0e10},
+    }

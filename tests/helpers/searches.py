@@ -87,8 +87,19 @@ def write_search(tmp: Path, **sections: dict[str, Any]) -> Path:
 
 def search_cmd(config: Path, tmp: Path, *extra: str) -> list[str]:
     """The argv of ``paci-tune search CONFIG`` with its work folder and best.yaml in ``tmp``."""
-    return [sys.executable, "-m", "paci_tune.cli", "search", str(config), "--no-live",
-            "--workdir", str(tmp / "work"), "--out", str(tmp / "best.yaml"), *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "paci_tune.cli",
+        "search",
+        str(config),
+        "--no-live",
+        "--workdir",
+        str(tmp / "work"),
+        "--out",
+        str(tmp / "best.yaml"),
+        *extra,
+    ]
 
 
 def run(cmd: list[str], timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -101,8 +112,9 @@ def run_workers(cmds: list[list[str]], timeout: float) -> list[tuple[int, str, s
     their (pid, stdout, stderr). OMP_NUM_THREADS is unset: the workers split the cores between their trials."""
     env = cli_env()
     env.pop("OMP_NUM_THREADS", None)
-    procs = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for c in cmds]  # fmt: skip
+    procs = [
+        subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds
+    ]
     outs = [p.communicate(timeout=timeout) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
@@ -185,7 +197,10 @@ def quota_met(trials: list[optuna.trial.FrozenTrial], quota: int, extra: int = 0
 
     from paci_tune.tune.study import counted
 
-    ran = {(t.params.get("stages"), t.params.get("microbatch_size")) for t in trials
-           if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}  # fmt: skip
+    ran = {
+        (t.params.get("stages"), t.params.get("microbatch_size"))
+        for t in trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    }
     every_point = ran >= {(p, b) for p in SPACE["stages"] for b in SPACE["microbatch_size"]}
     return quota <= counted(trials, quota) <= quota + extra or every_point

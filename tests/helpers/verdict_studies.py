@@ -25,12 +25,23 @@ def search_study(schedule: str, results: list[tuple[int, float | None, float]], 
     """Search trials (b, time to target or None, score), all at depth ``stages``, and one pruned trial."""
     study = optuna.create_study(study_name=f"t.{schedule}", direction="minimize")
     for b, ttt, value in results:
-        study.add_trial(create_trial(
-            state=TrialState.COMPLETE, value=value, params={"stages": stages, "microbatch_size": b},
-            distributions=DISTS, user_attrs={"time_to_target": ttt, "best_val_loss": 1.0, "partition": [1, 1]},
-        ))  # fmt: skip
-    study.add_trial(create_trial(state=TrialState.PRUNED, params={"stages": 4, "microbatch_size": 4},
-                                 distributions=DISTS, intermediate_values={1: 0.1}))  # fmt: skip
+        study.add_trial(
+            create_trial(
+                state=TrialState.COMPLETE,
+                value=value,
+                params={"stages": stages, "microbatch_size": b},
+                distributions=DISTS,
+                user_attrs={"time_to_target": ttt, "best_val_loss": 1.0, "partition": [1, 1]},
+            )
+        )
+    study.add_trial(
+        create_trial(
+            state=TrialState.PRUNED,
+            params={"stages": 4, "microbatch_size": 4},
+            distributions=DISTS,
+            intermediate_values={1: 0.1},
+        )
+    )
     return study
 
 
@@ -48,9 +59,15 @@ def confirmed_study(
     numbers = {}
     for b, seeds in points.items():
         value = (search or {}).get(b, min(seeds.values()) - 1.0)
-        study.add_trial(create_trial(state=TrialState.COMPLETE, value=value, distributions=DISTS,
-                                     params={"stages": stages, "microbatch_size": b},
-                                     user_attrs={"time_to_target": value}))  # fmt: skip
+        study.add_trial(
+            create_trial(
+                state=TrialState.COMPLETE,
+                value=value,
+                distributions=DISTS,
+                params={"stages": stages, "microbatch_size": b},
+                user_attrs={"time_to_target": value},
+            )
+        )
         numbers[b] = study.trials[-1].number
     confirm_plan(study, top=len(points))
     for b, seeds in points.items():
@@ -60,8 +77,11 @@ def confirmed_study(
                 "time_to_target": None if (b, seed) in missed else value,
             }
             params = {"stages": stages, "microbatch_size": b}
-            study.add_trial(create_trial(state=TrialState.COMPLETE, value=value, distributions=DISTS, params=params,
-                                         user_attrs=attrs))  # fmt: skip
+            study.add_trial(
+                create_trial(
+                    state=TrialState.COMPLETE, value=value, distributions=DISTS, params=params, user_attrs=attrs
+                )
+            )
     return study
 
 
@@ -69,6 +89,11 @@ def best_of(studies: dict[str, optuna.Study], **kw: Any) -> dict[str, Any]:
     """best.yaml's document for the studies (its run document: the point's schedule and b)."""
     kw = {"budget": BUDGET, **kw}
     return build_best(
-        studies, run_doc_for=lambda p: {"pipeline": {"schedule": p.schedule}, "b": p.microbatch_size}, base_lr=1e-3,
-        fixed_batch=32, target={"metric": "val_loss", "value": 2.0}, provenance={"study_name": "t"}, **kw,
-    )  # fmt: skip
+        studies,
+        run_doc_for=lambda p: {"pipeline": {"schedule": p.schedule}, "b": p.microbatch_size},
+        base_lr=1e-3,
+        fixed_batch=32,
+        target={"metric": "val_loss", "value": 2.0},
+        provenance={"study_name": "t"},
+        **kw,
+    )
