@@ -18,8 +18,10 @@ its action lists on its own ``v * P``-piece cut; ``zb-v`` and ``dualpipev`` thro
 ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` (two chunks a rank, in a V), ``gpipe`` on paci-tune's
 own runtime.
 
-Memory: every run measures each stage process's allocated tensor bytes (``PACI_TUNE_TRACK_MEMORY=1``,
-the CPU meter) and the bench prints them beside the run's predicted peak per rank (the summary's
+Memory (``--memory``): every run measures each stage process's allocated tensor bytes
+(``PACI_TUNE_TRACK_MEMORY=1``, the CPU meter, a Python call per operator: its steps are then 1.3-2x
+slower, so a run's timing is compared without it) and the bench prints them beside the run's predicted
+peak per rank (the summary's
 ``predicted_stage_peak_bytes``: what ``simulate`` and the search give for the layout).
 
 Short runs read low: the runtime's first few micro-batches (fresh memory for the micro-batches
@@ -29,7 +31,7 @@ one-off cost a per-step profile does not predict; at 16 steps it is worth ~5% of
     python bench/sim_vs_measured.py --stages 2 4 --steps 24
     python bench/sim_vs_measured.py --stages 2 --steps 24 --schedules 1f1b zb-h1 1f1b-torch interleaved
     python bench/sim_vs_measured.py --config C --stages 2 4 --window 8 --schedules paci 1f1b zb-h1 interleaved \
-        zb-v dualpipev gpipe
+        zb-v dualpipev gpipe [--memory]
     python bench/sim_vs_measured.py --quick     # a tiny model, P=2, a few steps: that it runs (CI)
 """
 
@@ -57,9 +59,10 @@ QUICK_CONFIG = {
 """``--quick``'s run: the tests' tiny model, which calibrates and trains in seconds."""
 
 
-def run(cmd: list[str]) -> None:
+def run(cmd: list[str], track_memory: bool = False) -> None:
     """Run a command; on failure, exit showing its output (a bare CalledProcessError hides why)."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PACI_TUNE_TRACK_MEMORY": "1"})
+    env = {**os.environ, "PACI_TUNE_TRACK_MEMORY": "1"} if track_memory else None
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
@@ -110,7 +113,7 @@ def train(config: str, profile: Path, sched: str, stages: int, args: argparse.Na
     ]
     if schedule == "interleaved":
         cmd += ["--chunks", str(args.chunks)]
-    run(cmd)
+    run(cmd, track_memory=args.memory)
     return [json.loads(x) for x in out.read_text().splitlines() if '"summary"' in x][-1]
 
 
@@ -145,6 +148,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--schedules", nargs="+", default=["paci", "1f1b"], choices=SCHEDULES)
     ap.add_argument("--chunks", type=int, default=2, help="interleaved's model chunks per rank (v)")
+    ap.add_argument("--memory", action="store_true", help="measure each rank's allocated bytes (slows the steps)")
     ap.add_argument(
         "--quick", action="store_true", help="the tests' tiny model, P=2, 4 steps, 1f1b, zb-h1, 1f1b-torch, interleaved"
     )
@@ -176,7 +180,8 @@ def main() -> None:
                     f"ms/step  sim/measured {simulated / measured:.3f}  (bubble measured "
                     f"{s['bubble_fraction']:.3f}, simulated {s['clock_bubble_fraction']:.3f})"
                 )
-                print(f"      memory per rank, predicted / measured MiB: {memory_line(s)}")
+                if args.memory:
+                    print(f"      memory per rank, predicted / measured MiB: {memory_line(s)}")
 
 
 if __name__ == "__main__":
