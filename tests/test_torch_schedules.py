@@ -13,7 +13,6 @@ divide ``m``), refused up front naming the key.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from helpers import REPO
 from helpers.cli import check_error, check_ok, cli_env, read_metrics, run_cli, summary_of, train_losses
 from helpers.configs import make_config, merge, write_config
 from helpers.oracles import plain_training
+from helpers.traces import traced_run
 
 from paci_tune.config import load_config
 from paci_tune.config.tune import load_tune_config
@@ -33,8 +33,6 @@ from paci_tune.schedule import stage_actions
 from paci_tune.tune.point import TrialParams
 from paci_tune.tune.setup import bind_space
 from paci_tune.tune.space import load_space
-
-TRACE_WORKER = REPO / "tests" / "helpers" / "trace_worker.py"
 
 
 def run_doc(schedule: str, stages: int, **pipeline: Any) -> dict[str, Any]:
@@ -51,35 +49,6 @@ def assert_plain_numbers(records: list[dict[str, Any]], doc: dict[str, Any]) -> 
     assert train_losses(records) == pytest.approx(losses, abs=1e-5, rel=0)
     assert summary_of(records)["final_val_loss"] == pytest.approx(val_loss, abs=1e-5, rel=0)
     assert [r["step"] for r in records if r["event"] == "eval"] == [4, 8]
-
-
-def traced_run(tmp_path: Path, doc: dict[str, Any]) -> tuple[list[dict[str, Any]], list[list[str]]]:
-    """``doc`` trained by :mod:`helpers.trace_worker` under torchrun: its records and each rank's actions."""
-    p = doc["pipeline"]
-    n = p["stages"] * p.get("data_parallel", 1)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(n),
-        str(TRACE_WORKER),
-        str(write_config(tmp_path, doc)),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=dict(cli_env(), OMP_NUM_THREADS="1"),
-        check=False,
-    )
-    check_ok(proc)
-    traces = [json.loads((tmp_path / f"trace{r}.json").read_text()) for r in range(n)]
-    return read_metrics(tmp_path / "m.jsonl"), traces
 
 
 def expected_order(schedule: str, stage: int, stages: int, window: int, steps: int, chunks: int = 1) -> list[str]:

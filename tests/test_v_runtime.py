@@ -20,24 +20,20 @@ Oracles, none taken from the code under test:
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import types
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO
-from helpers.cli import check_ok, cli_env, read_metrics, run_cli, summary_of, train_losses
+from helpers.cli import check_ok, read_metrics, run_cli, summary_of, train_losses
 from helpers.configs import make_config, merge, write_config
 from helpers.oracles import plain_training
+from helpers.traces import traced_run
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from paci_tune.schedule import schedule_of, stage_actions
 from paci_tune.train.checkpoint import find, units_of
 
-TRACE_WORKER = REPO / "tests" / "helpers" / "trace_worker.py"
 V_SCHEDULES = ["zb-v", "dualpipev"]
 
 
@@ -52,35 +48,6 @@ def run_doc(schedule: str, stages: int, **pipeline: Any) -> dict[str, Any]:
     if stages == 4:
         doc = merge(doc, {"model": {"n_layer": 6}, "pipeline": {"window": 8}})
     return doc
-
-
-def traced_run(tmp_path: Path, doc: dict[str, Any]) -> tuple[list[dict[str, Any]], list[list[str]]]:
-    """``doc`` trained by :mod:`helpers.trace_worker` under torchrun: its records and each rank's actions."""
-    p = doc["pipeline"]
-    n = p["stages"] * p.get("data_parallel", 1)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(n),
-        str(TRACE_WORKER),
-        str(write_config(tmp_path, doc)),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=dict(cli_env(), OMP_NUM_THREADS="1"),
-        check=False,
-    )
-    check_ok(proc)
-    traces = [json.loads((tmp_path / f"trace{r}.json").read_text()) for r in range(n)]
-    return read_metrics(tmp_path / "m.jsonl"), traces
 
 
 def torch_order(schedule: str, rank: int, stages: int, window: int, steps: int) -> list[str]:

@@ -52,11 +52,8 @@ from .choices import backward_weights_choices, chunks_choices, int_choices, keep
 from .point import TrialParams
 from .recipes import optimizer_recipes, staleness_recipes
 
-__all__ = ["DEFAULT_SCHEDULES", "SCHEDULES", "SearchSpace", "TrialParams", "load_space", "resolve_space_path"]
+__all__ = ["DEFAULT_SCHEDULES", "SearchSpace", "TrialParams", "load_space", "resolve_space_path"]
 
-SCHEDULES = NAMES
-"""A space's schedules: every schedule in the registry, PACI and the synchronous baselines
-(:data:`~paci_tune.schedule.SYNCHRONOUS`, best.yaml's baseline is the best of those searched)."""
 DEFAULT_SCHEDULES = (*(n for n in NAMES if not schedule_of(n).synchronous), FLUSH)
 _KEYS = (
     "description",
@@ -111,10 +108,10 @@ def load_space(
     if (
         not isinstance(schedules, list)
         or not schedules
-        or any(s not in SCHEDULES for s in schedules)
+        or any(s not in NAMES for s in schedules)
         or len(set(schedules)) < len(schedules)
     ):
-        raise ConfigError("space.schedules", schedules, "a non-empty list without repeats of: " + ", ".join(SCHEDULES))
+        raise ConfigError("space.schedules", schedules, "a non-empty list without repeats of: " + ", ".join(NAMES))
     chunks = chunks_choices(doc.get("chunks"))
     mode = doc.get("global_batch", "fixed")
     if mode not in ("fixed", "free"):
