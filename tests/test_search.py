@@ -108,7 +108,10 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     )
 
     # apply trains exactly the numerics of the trial it recommends, over the trial's steps.
-    trial_dir = tmp_path / "work" / "trials" / f"model.{schedule}" / f"trial-{trial.number:04d}"
+    # On the sim clock a layout may be answered from another trial's curve of the same numerics
+    # (shared_from); its losses are in the folder of the trial that trained that curve.
+    source = trial.user_attrs.get("shared_from") or {"study": f"model.{schedule}", "trial": trial.number}
+    trial_dir = tmp_path / "work" / "trials" / source["study"] / f"trial-{source['trial']:04d}"
     want = _metrics_losses(trial_dir / "metrics.jsonl")
     replayed = tmp_path / "replay.jsonl"
     applied = run(
@@ -126,7 +129,9 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
         ]
     )
     check_ok(applied)
-    assert _metrics_losses(replayed)[: len(want)] == want
+    got = _metrics_losses(replayed)
+    n = min(len(got), len(want))  # a shared curve's trial may have run a different number of steps
+    assert n > 0 and got[:n] == want[:n]
     assert f"the search's verdict: {best['verdict']} -- " in applied.stderr  # apply reads the comparison back
 
     # A second run resumes the finished study: no new trial, the same recommendation.
