@@ -45,8 +45,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gpipe": {"schedule": "gpipe"},
     "zb-h1": {"schedule": "zb-h1"},
     "interleaved": {"schedule": "interleaved", "chunks": 2},
+    "zb-v": {"schedule": "zb-v", "window": 8},
+    "dualpipev": {"schedule": "dualpipev", "window": 8},
 }
-"""The schedules the issue names, as ``pipeline`` keys (PACI under both ``backward_weights``)."""
+"""Every schedule, as ``pipeline`` keys (PACI under both ``backward_weights``); the V schedules at a window
+of 8 (DualPipeV needs ``a >= 2P``)."""
 
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "cpu": (

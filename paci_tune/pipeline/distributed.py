@@ -46,7 +46,7 @@ from ..schedule import Action, Op, Program, schedule_of
 from .backend import wire_device
 from .evaluation import EvalPlan
 from .mesh import build_mesh, rank_of, reporter_rank
-from .p2p import P2P
+from .p2p import EVAL_PENDING, P2P
 from .records import all_gather_json, broadcast_json
 from .replicas import GradientAllReduce, LossAllReduce
 from .runtime import (
@@ -99,7 +99,13 @@ class DistributedRuntime(RuntimeBase):
         assert [p.index for p in pieces] == placed, f"rank {self.rank} holds pieces {placed}"
         self.replica, self.n_replicas = self.mesh.replica, replicas
         ranks = self.mesh.pipe_ranks
-        self.p2p = P2P([ranks[self.spec.holder(j, self.stages)[0]] for j in range(first.stages)], first.device)
+        loops = self.spec.forward_loops(self.stages, len(pieces))
+        self.eval_pending = None if loops else EVAL_PENDING  # sends of validation chunks left pending
+        self.p2p = P2P(
+            [ranks[self.spec.holder(j, self.stages)[0]] for j in range(first.stages)],
+            first.device,
+            max_pending=None if loops else 64,
+        )
         self.loss_place = self.spec.holder(first.stages - 1, self.stages)[0]  # the pipe's rank with the last piece
         self.batch_losses: BatchLosses | None = None  # where this segment's losses are collected (rank P - 1)
         self.runners = [ActionRunner(p, self.p2p, stream, val) for p in pieces]
@@ -254,6 +260,8 @@ class DistributedRuntime(RuntimeBase):
                     losses.append(float(out))
                 else:
                     self.p2p.send(j, j + 1, "eval", -1 - i, out)
+                    if self.eval_pending is not None:
+                        self.p2p.settle(j + 1, self.eval_pending)
         self.p2p.wait_all()
         src = rank_of(0, self.loss_place, self.stages)  # replica 0's last piece
         mine = self.val.mean_loss(losses) if self.rank == src else None

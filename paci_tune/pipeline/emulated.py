@@ -67,6 +67,9 @@ class Mailbox:
     def expect(self, src: int, items: list[tuple[str, int]]) -> None:
         """Nothing to post ahead in one process."""
 
+    def settle(self, dst: int, payloads: int) -> None:
+        """Nothing pending in one process."""
+
 
 class EmulatedRuntime(RuntimeBase):
     """All stages of the pipeline, and all D replicas of each (``replicas[r][s]``), in this process.

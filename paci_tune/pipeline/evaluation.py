@@ -55,6 +55,8 @@ class Transport(Protocol):
 
     def expect(self, src: int, items: list[tuple[str, int]]) -> None: ...
 
+    def settle(self, dst: int, payloads: int) -> None: ...
+
 
 @dataclass(frozen=True)
 class EvalResult:
@@ -109,6 +111,7 @@ class StageEvaluator:
         self.stage, self.transport, self.val = stage, transport, val
         self.news = 0  # REACHED | NEAR bits (heard on a gradient, or seen here on the last stage)
         self.scores = True  # False on data-parallel replicas other than 0: they pass the control message only
+        self.pending: int | None = None  # sends of validation chunks left pending (None: the transport's cap)
         self.program: Program | None = None
         self.plan: EvalPlan | None = None
         self._awaiting: dict[int, int] = {}  # evaluation point stepped here -> the weight version it scores
@@ -175,6 +178,8 @@ class StageEvaluator:
                 losses.append(float(out))
             else:
                 tr.send(s, s + 1, "eval", k * n + i, out)
+                if self.pending is not None:
+                    tr.settle(s + 1, self.pending)
         if st.is_last:
             result = EvalResult(k, self.val.mean_loss(losses), ctl[2::2], [bool(v) for v in ctl[3::2]])
             self.news = int(self.plan.on_eval(result)) | (self.news & REACHED)

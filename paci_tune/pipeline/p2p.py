@@ -46,6 +46,14 @@ POSTED_AHEAD = 2
 """Receives posted ahead per neighbour: their buffers are memory a stage holds all along (:mod:`.planning`)."""
 
 
+EVAL_PENDING = 2
+"""Validation chunks' outputs a piece leaves in flight to the next rank (:meth:`P2P.settle`): an
+evaluation's forward-only link acknowledges nothing, so without a wait gloo kept every one it sent, up to
+the transport's cap (measured: 16 MiB at rank 0 of a ZB-V, docs/benchmarks.md). Where the forward path
+loops back to a rank (the registry's ``forward_loops``) none is waited on before the evaluation ends: a
+ring of ranks each waiting on the next deadlocked once the validation set outgrew the cap."""
+
+
 @dataclass
 class _Posted:
     kind: str
@@ -64,10 +72,12 @@ class P2P:
         rank_of: list[int],
         device: torch.device,
         depth: int = POSTED_AHEAD,
-        max_pending: int = 64,
+        max_pending: int | None = 64,
         wire: torch.device | None = None,
     ) -> None:
-        """``wire`` is where tensors travel; by default host memory on gloo, ``device`` otherwise."""
+        """``wire`` is where tensors travel; by default host memory on gloo, ``device`` otherwise.
+        ``max_pending``: sends left pending before the oldest is waited on; None: never (where the forward
+        path loops back to this rank, a wait could be on its own later piece: :meth:`settle`)."""
         self.rank_of, self.device, self.depth = rank_of, device, depth
         self.wire = wire if wire is not None else wire_device(dist.get_backend(), device)
         self._sends: dict[int, deque[tuple[int, dist.Work, torch.Tensor]]] = {}  # per peer: (seq, work, tensor)
@@ -97,8 +107,21 @@ class P2P:
         pending = self._sends.setdefault(peer, deque())
         for t in (header, tensor):
             pending.append((seq, dist.isend(t, peer), t))
-        while sum(map(len, self._sends.values())) > self._max_pending:
+        while self._max_pending is not None and sum(map(len, self._sends.values())) > self._max_pending:
             _, work, _ = max(self._sends.values(), key=len).popleft()
+            work.wait()
+
+    def settle(self, dst: int, payloads: int) -> None:
+        """Wait on the oldest sends to ``dst``'s rank until at most ``payloads`` are pending. On a link nothing
+        comes back on (an evaluation's forwards) no acknowledgement frees them, and gloo holds a sent tensor
+        until its send is waited on; a wait returns once the receiver has taken that payload. Safe only where
+        ``dst``'s rank takes it without waiting on this rank first (not in a loop: the registry's
+        ``forward_loops``)."""
+        if self.rank_of[dst] == self._me:
+            return
+        pending = self._sends.get(self.rank_of[dst])
+        while pending and len(pending) > 2 * payloads:  # a header and a payload each
+            _, work, _ = pending.popleft()
             work.wait()
 
     def _acknowledged(self, peer: int, count: int) -> None:

@@ -61,7 +61,7 @@ from ..sim.partitioner import PartitionModel
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
 from ..sim.tied import TiedGroup
-from .p2p import POSTED_AHEAD
+from .p2p import EVAL_PENDING, POSTED_AHEAD
 from .staleness import prediction_steps
 
 
@@ -208,6 +208,8 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
             eval_after_step=eval_mid_run and torch_run,
             keeps_logits=torch_run,
             placement=spec.placement,
+            input_grads=torch_links(profile, pieces, s, p)[1] if torch_run else None,
+            eval_held=eval_outputs_held(cfg, profile, pieces, s) if torch_run else 0,
         )
         out.append(
             dataclasses.replace(
@@ -216,7 +218,7 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
                 weight_copies=peak.copies * copy_bytes,
                 transient=peak.transient,
                 grads=base.grads if peak.grads else 0,
-                buffers=0 if torch_run else posted_buffers(profile, pieces, s, p),
+                buffers=torch_links(profile, pieces, s, p)[0] if torch_run else posted_buffers(profile, pieces, s, p),
             )
         )
     return out
@@ -230,6 +232,49 @@ def posted_buffers(profile: Profile, pieces: Sequence[Sequence[int]], stage: int
     into = costs[pieces[stage - 1][-1]].activation_bytes if stage > 0 else 0
     out = costs[pieces[stage][-1]].activation_bytes if stage < p.stages - 1 else 0
     return POSTED_AHEAD * (into + out)
+
+
+def off_rank(spec: Schedule, a: int, b: int, stages: int) -> bool:
+    """Whether pieces ``a`` and ``b`` sit on different ranks (a V's tip, or a pipe of one rank, hands over
+    in memory)."""
+    return spec.holder(a, stages)[0] != spec.holder(b, stages)[0]
+
+
+def torch_links(
+    profile: Profile, pieces: Sequence[Sequence[int]], stage: int, p: PipelineConfig
+) -> tuple[int, list[int]]:
+    """What torch's ``PipelineStage`` holds for its links at ``stage`` (each piece it holds, by chunk):
+    (receive buffers, input gradient per chunk). At its first step it allocates one receive buffer per
+    micro-batch of the window for each neighbour on another rank -- the previous piece's output coming
+    in, the gradient of its own going back -- and keeps them for the run; a received input's gradient
+    stays on its buffer from the micro-batch's backward until the next step begins."""
+    spec, costs = schedule_of(p.schedule), profile.at(p.microbatch_size)
+    last = len(pieces) - 1
+    buffers, grads = 0, []
+    for j in (spec.virtual_stage(stage, c, p.stages) for c in range(len(pieces) // p.stages)):
+        into = costs[pieces[j - 1][-1]].activation_bytes if j > 0 and off_rank(spec, j - 1, j, p.stages) else 0
+        back = costs[pieces[j][-1]].activation_bytes if j < last and off_rank(spec, j, j + 1, p.stages) else 0
+        buffers += p.window * (into + back)
+        grads.append(into)
+    return buffers, grads
+
+
+def eval_outputs_held(cfg: RunConfig, profile: Profile, pieces: Sequence[Sequence[int]], stage: int) -> int:
+    """Validation outputs a torch-run evaluation keeps at ``stage`` (its pieces one after another, each over
+    every chunk): :data:`.p2p.EVAL_PENDING` of each piece sending to another rank, every chunk's where the
+    forward path loops back (nothing is waited on there) or the next piece is on this rank (handed over in
+    memory, all taken by the next piece's turn)."""
+    p = cfg.pipeline
+    spec, size = schedule_of(p.schedule), eval_chunk(cfg)
+    chunks = -(-cfg.training.eval_sequences // size)
+    loops = spec.forward_loops(p.stages, len(pieces) // p.stages)
+    costs = profile.at(size)
+    held = 0
+    for j in (spec.virtual_stage(stage, c, p.stages) for c in range(len(pieces) // p.stages)):
+        if j < len(pieces) - 1:
+            kept = chunks if loops or not off_rank(spec, j, j + 1, p.stages) else min(chunks, EVAL_PENDING)
+            held += kept * costs[pieces[j][-1]].activation_bytes
+    return held
 
 
 def plan_partition(

@@ -106,6 +106,13 @@ class Schedule:
         """``(rank, chunk)`` holding virtual stage ``virtual``: :meth:`virtual_stage`'s inverse."""
         return actions.holder(virtual, stages, self.placement)
 
+    def forward_loops(self, stages: int, chunks: int) -> bool:
+        """Whether the forward path comes back to a rank it left (looped placement, several chunks, P >= 2):
+        a rank then waits on its own later piece, so an evaluation's sends must not be waited on before
+        that piece runs (:meth:`paci_tune.pipeline.p2p.P2P.settle`). A V comes back only through its tip,
+        a hand-over in memory."""
+        return self.placement == "looped" and chunks > 1 and stages > 1
+
     # ------------------------------------------------------------------------ constraints
 
     def refusal(self, stages: int, window: int, chunks: int) -> tuple[str, str] | None:

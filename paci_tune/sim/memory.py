@@ -306,6 +306,8 @@ def action_peak(
     eval_after_step: bool = False,
     keeps_logits: bool = False,
     placement: str = "looped",
+    input_grads: Sequence[int] | None = None,
+    eval_held: int = 0,
 ) -> ActionPeak:
     """Walk ``stage``'s ``actions`` (its chunks the pieces :func:`held_pieces` names under ``placement``)
     and return the moment that holds the most (the module docstring's moments):
@@ -328,6 +330,12 @@ def action_peak(
       evaluate after a forward, with micro-batches in flight), what is live there and the evaluation's
       temporaries;
     - the run's last evaluation, drained: its forward at ``eval_size`` alone.
+
+    torch's ``PipelineStage`` (a torch-run schedule) adds two: ``input_grads``, per chunk, the gradient of a
+    received input, which stays on its receive buffer from the micro-batch's ``B`` until the next step
+    begins (so a whole window of them at the step and at the evaluation after it); ``eval_held``, the
+    validation outputs an evaluation keeps in flight (:func:`paci_tune.pipeline.planning.eval_outputs_held`),
+    on top of its forward.
     """
     mine = held_pieces(stage, stages, len(pieces) // stages, placement)
     last = len(pieces) - 1
@@ -345,17 +353,19 @@ def action_peak(
     train = [train_transient(profile, pieces[j], microbatch_size) for j in mine]
     running = [in_progress(profile, pieces[j], microbatch_size, held[i], last=j == last) for i, j in enumerate(mine)]
     units = [u for j in mine for u in pieces[j]]
-    evaluation = eval_transient(profile, units, eval_size) if eval_size else 0
+    evaluation = (eval_transient(profile, units, eval_size) if eval_size else 0) + eval_held
     at_step = max(step_transient(profile, pieces[j]) for j in mine)
     release = releases_at(actions)
     live: dict[tuple[int, int], int] = {}  # (chunk, micro-batch) -> weight version at its forward
     outputs: set[tuple[int, int]] = set()  # the last stage's forwards whose logits are kept, until their B
     waiting: set[tuple[int, int]] = set()  # micro-batches between their B and their W
     version, grads, best = 0, False, ActionPeak(transient=evaluation)
+    in_grads, stepped = 0, False  # the received inputs' gradients held now; a step since the last forward
 
     def moment(transient: int, busy: tuple[int, int] | None = None) -> ActionPeak:
         """What is live now; ``busy``: the micro-batch being computed, whose part is in ``transient``."""
         acts = sum(held[c] for c, _ in live) + sum(logits[c] for c, _ in outputs) + sum(split[c] for c, _ in waiting)
+        acts += in_grads
         acts -= held[busy[0]] if busy in live else 0
         copies = len({v for v in live.values() if v < version}) if forward_copies else 0
         return ActionPeak(acts, copies, transient, grads)
@@ -366,6 +376,8 @@ def action_peak(
     for act in actions:
         key = (act.chunk, act.mb)
         if act.op is Op.FORWARD:
+            if stepped:  # torch's step() begins by clearing the input gradients
+                in_grads, stepped = 0, False
             live[key] = version
             outputs.add(key)
             now = moment(running[act.chunk], key)
@@ -375,6 +387,8 @@ def action_peak(
             idle = act.op is Op.BACKWARD and release is Op.WEIGHT and mine[act.chunk] == 0  # B of the first piece
             now = moment(running[act.chunk], key) if whole else moment(0 if idle else train[act.chunk])
             outputs.discard((act.chunk, act.mb))
+            if act.op is Op.BACKWARD and input_grads is not None:
+                in_grads += input_grads[act.chunk]
             if act.op is Op.BACKWARD and release is Op.WEIGHT:
                 waiting.add((act.chunk, act.mb))
             else:
@@ -386,6 +400,7 @@ def action_peak(
                     now = max(now, moment(0), key=size)
         elif act.op is Op.STEP:
             version += 1
+            stepped = True
             now = moment(at_step)  # the gradients are still there while the step runs
             grads = False
             if eval_after_step:  # an evaluation after the step: the gradients are gone
@@ -395,4 +410,7 @@ def action_peak(
         else:
             continue
         best = max(best, now, key=size)
+    if input_grads is not None:  # the run's last evaluation, after its last step: the input gradients still there
+        grads = False
+        best = max(best, moment(evaluation), key=size)
     return best
