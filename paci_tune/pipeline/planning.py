@@ -32,7 +32,7 @@ import torch
 
 from ..config.layout import Layout
 from ..config.memory import format_bytes
-from ..config.schema import PipelineConfig, RunConfig
+from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..schedule import (
     Program,
@@ -61,7 +61,7 @@ from ..sim.partitioner import PartitionModel
 from ..sim.partitioner import partition as profile_partition
 from ..sim.profile import Profile
 from ..sim.tied import TiedGroup
-from .p2p import EVAL_PENDING, POSTED_AHEAD
+from .links import eval_chunk, eval_outputs_held, posted_buffers, torch_links
 from .staleness import prediction_steps
 
 
@@ -156,18 +156,13 @@ def stage_pieces(spec: Schedule, pieces: Sequence[Sequence[int]], stage: int, st
     return [pieces[spec.virtual_stage(stage, c, stages)] for c in range(len(pieces) // stages)]
 
 
-def eval_chunk(cfg: RunConfig) -> int:
-    """Sequences one evaluation forward holds: ``training.eval_microbatch_size``, at most the whole
-    validation set (:class:`paci_tune.pipeline.evaluation.ValidationSet` cuts it into such chunks)."""
-    return min(cfg.training.eval_microbatch_size, cfg.training.eval_sequences)
-
-
 def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int]) -> list[StageMemory]:
     """Each stage's (each rank's, all its chunks, where it holds several) predicted memory at its peak, the
-    moment of its action list that holds the most (:func:`~paci_tune.sim.memory.action_peak`): what
-    :attr:`~paci_tune.sim.memory.StageMemory.allocated` predicts is what ``torch.cuda.max_memory_allocated``
-    (or the CPU meter, :mod:`.meter`) measures of that stage's process. Evaluations at
-    ``training.eval_microbatch_size`` count: mid-run ones after a step, and the drained last one.
+    moment of its action list that holds the most (:func:`~paci_tune.sim.memory.action_peak`; the links
+    between ranks: :mod:`.links`): what :attr:`~paci_tune.sim.memory.StageMemory.allocated` predicts is
+    what ``torch.cuda.max_memory_allocated`` (or the CPU meter, :mod:`.meter`) measures of that stage's
+    process. Evaluations at ``training.eval_microbatch_size`` count: mid-run ones after a step, and the
+    drained last one.
     """
     p, t = cfg.pipeline, cfg.training
     spec = schedule_of(p.schedule)
@@ -222,59 +217,6 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
             )
         )
     return out
-
-
-def posted_buffers(profile: Profile, pieces: Sequence[Sequence[int]], stage: int, p: PipelineConfig) -> int:
-    """Bytes of the receives paci-tune's transport keeps posted at ``stage`` (:data:`.p2p.POSTED_AHEAD` per
-    neighbour): activations from the previous stage, gradients of its output from the next. torch's
-    schedules (zb-h1, interleaved, ``torch_schedule``) receive into their own buffers, left out."""
-    costs = profile.at(p.microbatch_size)
-    into = costs[pieces[stage - 1][-1]].activation_bytes if stage > 0 else 0
-    out = costs[pieces[stage][-1]].activation_bytes if stage < p.stages - 1 else 0
-    return POSTED_AHEAD * (into + out)
-
-
-def off_rank(spec: Schedule, a: int, b: int, stages: int) -> bool:
-    """Whether pieces ``a`` and ``b`` sit on different ranks (a V's tip, or a pipe of one rank, hands over
-    in memory)."""
-    return spec.holder(a, stages)[0] != spec.holder(b, stages)[0]
-
-
-def torch_links(
-    profile: Profile, pieces: Sequence[Sequence[int]], stage: int, p: PipelineConfig
-) -> tuple[int, list[int]]:
-    """What torch's ``PipelineStage`` holds for its links at ``stage`` (each piece it holds, by chunk):
-    (receive buffers, input gradient per chunk). At its first step it allocates one receive buffer per
-    micro-batch of the window for each neighbour on another rank -- the previous piece's output coming
-    in, the gradient of its own going back -- and keeps them for the run; a received input's gradient
-    stays on its buffer from the micro-batch's backward until the next step begins."""
-    spec, costs = schedule_of(p.schedule), profile.at(p.microbatch_size)
-    last = len(pieces) - 1
-    buffers, grads = 0, []
-    for j in (spec.virtual_stage(stage, c, p.stages) for c in range(len(pieces) // p.stages)):
-        into = costs[pieces[j - 1][-1]].activation_bytes if j > 0 and off_rank(spec, j - 1, j, p.stages) else 0
-        back = costs[pieces[j][-1]].activation_bytes if j < last and off_rank(spec, j, j + 1, p.stages) else 0
-        buffers += p.window * (into + back)
-        grads.append(into)
-    return buffers, grads
-
-
-def eval_outputs_held(cfg: RunConfig, profile: Profile, pieces: Sequence[Sequence[int]], stage: int) -> int:
-    """Validation outputs a torch-run evaluation keeps at ``stage`` (its pieces one after another, each over
-    every chunk): :data:`.p2p.EVAL_PENDING` of each piece sending to another rank, every chunk's where the
-    forward path loops back (nothing is waited on there) or the next piece is on this rank (handed over in
-    memory, all taken by the next piece's turn)."""
-    p = cfg.pipeline
-    spec, size = schedule_of(p.schedule), eval_chunk(cfg)
-    chunks = -(-cfg.training.eval_sequences // size)
-    loops = spec.forward_loops(p.stages, len(pieces) // p.stages)
-    costs = profile.at(size)
-    held = 0
-    for j in (spec.virtual_stage(stage, c, p.stages) for c in range(len(pieces) // p.stages)):
-        if j < len(pieces) - 1:
-            kept = chunks if loops or not off_rank(spec, j, j + 1, p.stages) else min(chunks, EVAL_PENDING)
-            held += kept * costs[pieces[j][-1]].activation_bytes
-    return held
 
 
 def plan_partition(

@@ -334,7 +334,7 @@ def action_peak(
     torch's ``PipelineStage`` (a torch-run schedule) adds two: ``input_grads``, per chunk, the gradient of a
     received input, which stays on its receive buffer from the micro-batch's ``B`` until the next step
     begins (so a whole window of them at the step and at the evaluation after it); ``eval_held``, the
-    validation outputs an evaluation keeps in flight (:func:`paci_tune.pipeline.planning.eval_outputs_held`),
+    validation outputs an evaluation keeps in flight (:func:`paci_tune.pipeline.links.eval_outputs_held`),
     on top of its forward.
     """
     mine = held_pieces(stage, stages, len(pieces) // stages, placement)
