@@ -62,13 +62,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simrun import Layout, curve_class, first_reach, run_pool, train_shared, warm_checkpoint, warm_overrides
+from simrun import (
+    Layout,
+    _planned,
+    _sim_overrides,
+    curve_class,
+    first_reach,
+    run_pool,
+    train_shared,
+    warm_checkpoint,
+    warm_overrides,
+)
 
 from paci_tune.calibrate import calibrate
 from paci_tune.calibrate.cache import measured_profile
 from paci_tune.config import derive_run
+from paci_tune.schedule import FLUSH, SYNCHRONOUS, schedule_of
 from paci_tune.tune.comparison import Design
 from paci_tune.tune.objective import score
+from paci_tune.tune.sharing import layout_clock
 
 OPTIMIZERS: dict[str, dict[str, Any]] = {
     "adamw": {"optimizer.name": "adamw", "optimizer.betas": [0.9, 0.95]},
@@ -95,8 +107,9 @@ QUICK: dict[str, Any] = {
     "pipeline": {"runtime": "emulated", "device": "cpu"},
 }
 """The quick mode's model: 8 units, so interleaved (v = 2) fits its P = 4."""
-SYNC_ORDER = ("1f1b", "zb-h1", "interleaved")
-"""The synchronous schedules, flush first: the order ties between them break in."""
+SYNC_ORDER = SYNCHRONOUS
+"""The synchronous schedules, flush first: the order ties between them break in (the registry's)."""
+BASELINES = tuple(s for s in SYNCHRONOUS if s != FLUSH)
 NAMES = {"paci": "PACI", "1f1b": "flush"}
 
 
@@ -106,7 +119,7 @@ def _layout(warm: dict[int, str], task: dict[str, Any]) -> tuple[dict[str, Any],
     extra: dict[str, Any] = {"pipeline.backward_weights": task["bw"]} if "bw" in task else {}
     extra.update(warm_overrides(warm.get(task["G"])))
     extra.update(OPTIMIZERS[task["opt"]] if "opt" in task else {})
-    if task["schedule"] == "interleaved":
+    if schedule_of(task["schedule"]).chunks is None:  # chunks a rank as configured: interleaved's v = 2
         extra["pipeline.chunks"] = 2
     extra.update({"optimizer.lr": task["lr"], "training.seed": task["seed"]})
     return {"G": task["G"]}, (task["schedule"], task["P"], 1, task["a"], extra)
@@ -154,6 +167,41 @@ def _key(depends: Any, cls: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps([depends, cls], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def clocks(args: argparse.Namespace, base: dict[str, Any], profile: str, warm: dict[int, str]) -> str:
+    """``--clocks``: per optimizer and grid point, each synchronous schedule's global batches in the budget
+    and its lag behind the fastest of them (the least, over the steps both run, of the gap between the
+    moments every stage has applied a step: > 0 means it trails at every validation step there)."""
+    lines = ["| optimizer | G | b | " + " | ".join(["1f1b", *args.baselines]) + " |", "|---|---|---|"]
+    lines[1] += "---|" * (1 + len(args.baselines))
+    for opt in args.optimizers:
+        for g, a in grid_points(args):
+            done = {}
+            for t in sync_class(args, g, lrs_for(args, opt)[0], args.search_seeds[0], opt):
+                if t["a"] == a:
+                    cfg, prof = _planned(_base_for(base, g), profile, _layout_overrides(base, profile, args, warm, t))
+                    clock, n, _ = layout_clock(cfg, prof)
+                    clock.begin_segment(n)
+                    done[t["schedule"]] = [clock.model_done(i) for i in range(n)]
+            fastest = max(done, key=lambda s: (len(done[s]), -SYNC_ORDER.index(s)))
+            cells = []
+            for s in ["1f1b", *args.baselines]:
+                if s not in done:
+                    cells.append("refused")
+                    continue
+                lag = min((x - y for x, y in zip(done[s], done[fastest], strict=False)), default=0.0)
+                cells.append(f"{len(done[s])}" + (" (fastest)" if s == fastest else f" (lag >= {lag * 1e3:.1f} ms)"))
+            lines.append(f"| {opt} | {g} | {g // a} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _layout_overrides(
+    base: dict[str, Any], profile: str, args: argparse.Namespace, warm: dict[int, str], task: dict[str, Any]
+) -> dict[str, Any]:
+    """The sim-clock run's overrides of one task, as :func:`simrun.train_shared` derives them."""
+    _, (schedule, p, d, a, own) = _layout(warm, task)
+    return _sim_overrides(_base_for(base, task["G"]), profile, schedule, p, d, a, args.seconds, args.grid, own)
+
+
 def lrs_for(args: argparse.Namespace, opt: str) -> list[float]:
     """The LR grid of ``opt``: its ``--opt-lrs`` if given, else ``--lrs``."""
     return args.opt_lrs.get(opt, args.lrs)
@@ -177,7 +225,7 @@ def sync_class(args: argparse.Namespace, g: int, lr: float, seed: int, opt: str)
         {"G": g, "schedule": s, "P": args.stages, "a": a, "lr": lr, "seed": seed, "opt": opt}
         for s in ["1f1b", *args.baselines]
         for gg, a in grid_points(args)
-        if gg == g
+        if gg == g and schedule_of(s).refusal(args.stages, a, schedule_of(s).chunks_of(2)) is None  # DualPipeV: a >= 2P
     ]
 
 
@@ -627,8 +675,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--baselines",
         nargs="*",
         default=["zb-h1", "interleaved"],
-        choices=["zb-h1", "interleaved"],
-        help="Synchronous schedules tuned beside flush (interleaved runs 2 chunks a stage).",
+        choices=BASELINES,
+        help="Synchronous schedules tuned beside flush (interleaved runs 2 chunks a stage; the V schedules "
+        "2 a rank; DualPipeV only where a >= 2P).",
     )
     ap.add_argument("--stages", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=8.0, help="Budget per run on the sim clock.")
@@ -653,6 +702,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--warm-lr", type=float, default=4e-3, help="The warm-up's LR.")
     ap.add_argument("--plan", action="store_true", help="Say how many runs and distinct curves, then stop.")
+    ap.add_argument(
+        "--clocks",
+        action="store_true",
+        help="Print each synchronous schedule's sim clock at every grid point (steps in the budget, and how "
+        "far the fastest leads it at every validation step), then stop: no training. The synchronous "
+        "schedules train one curve, so one whose clock trails another's at every step never wins a point.",
+    )
     ap.add_argument("--quick", action="store_true", help="A tiny model on 4 stages: a smoke run (CI).")
     args = ap.parse_args(argv)
     args.opt_lrs = dict(args.opt_lrs)
@@ -671,8 +727,8 @@ def main() -> None:
     args = parse()
     base = QUICK if args.quick else FULL
     units = base["model"]["n_layer"] + 2
-    if "interleaved" in args.baselines and units < 2 * args.stages:
-        sys.exit(f"interleaved (2 chunks a stage) needs 2 x {args.stages} units; the model has {units}")
+    if any(schedule_of(s).multi_chunk for s in args.baselines) and units < 2 * args.stages:
+        sys.exit(f"{args.baselines}: 2 chunks a stage need 2 x {args.stages} units; the model has {units}")
     t0 = time.time()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -709,6 +765,9 @@ def main() -> None:
     for g in args.batches if args.warm_start else []:
         folder = work / f"warm-G{g}-{args.warm_start}-lr{args.warm_lr:g}"
         warm[g] = warm_checkpoint(_base_for(base, g), args.warm_start, folder, {"optimizer.lr": args.warm_lr}, log)
+    if args.clocks:
+        print(clocks(args, base, str(profile), warm))
+        return
     train = functools.partial(_one, base, str(profile), args.seconds, args.grid, warm)
     pool = functools.partial(
         run_pool, fn=train, log=work / "curves.jsonl", jobs=args.jobs, describe=_describe, depends=depends

@@ -56,6 +56,10 @@ def test_dp_budget_quick(tmp_path: Path) -> None:
     assert "| 2 x 4 |" in out and "| 4 x 2 |" in out
 
 
+BASELINES = ("zb-h1", "interleaved", "zb-v", "dualpipev")
+"""Every synchronous schedule beside flush that the paper experiment can tune (GPipe aside)."""
+
+
 def test_paper_scaled_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both batches and optimizers, PACI, flush, ZB-H1 and interleaved over every window and LR on the search
     seeds; the chosen points again on fresh seeds. Checked here against what the JSON's own runs say: the
@@ -123,6 +127,17 @@ def test_paper_scaled_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
             assert [r["low"], r["high"]] == pytest.approx([math.exp(ci.low), math.exp(ci.high)])
             assert r["verdict"] == ("paci" if r["low"] > 1 else "flush" if r["high"] < 1 else "tie")
     assert "Direction over the best flush" in text and (tmp_path / "paper.png").stat().st_size > 5_000
+    # --clocks, every synchronous schedule, no training: DualPipeV refused exactly where a < 2P (P = 4),
+    # one fastest per grid point, the one with the most global batches in the budget
+    table = _bench("bench/paper_scaled.py", "--quick", "--workdir", work, "--clocks", "--baselines", *BASELINES)
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith(("| adamw", "| muon"))]
+    assert len(rows) == 8
+    for row in rows:
+        g, b, cells = int(row[1]), int(row[2]), row[3:]
+        assert (cells[-1].strip(" |") == "refused") is (g // b < 8), row
+        counts = [int(c.split()[0]) for c in cells if "refused" not in c]
+        fastest = [c for c in cells if "fastest" in c]
+        assert len(fastest) == 1 and int(fastest[0].split()[0]) == max(counts), row
     # the interval and verdict of a comparison with no miss, whatever this machine's profile made the runs do
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     bench = _module("paper_scaled")

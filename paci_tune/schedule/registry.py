@@ -186,9 +186,9 @@ class Schedule:
 
 
 DEFAULT_CHUNKS = 2
+"""``pipeline.chunks`` of an interleaved run that does not say (v = 2, Megatron's usual)."""
 SYNCHRONOUS_CURVE = "synchronous"
 """The curve class of every synchronous schedule, and of PACI on one stage (nothing in flight)."""
-"""``pipeline.chunks`` of an interleaved run that does not say (v = 2, Megatron's usual)."""
 
 PACI = Schedule("paci", "PACI", synchronous=False, colour="#4477AA")
 ONE_F_ONE_B = Schedule("1f1b", "flush", synchronous=True, torch_class="1F1B", torch_always=False, colour="#CC6611")
