@@ -131,7 +131,10 @@ def test_search_writes_best_yaml_and_apply_trains_it(tmp_path: Path) -> None:
     check_ok(applied)
     got = _metrics_losses(replayed)
     n = min(len(got), len(want))  # a shared curve's trial may have run a different number of steps
-    assert n > 0 and got[:n] == want[:n]
+    if source["study"] == f"model.{schedule}" and source["trial"] == trial.number:
+        assert n > 0 and got[:n] == want[:n]  # the same layout: the same numbers, bit for bit
+    else:  # another layout of the same numerics (P or D): plain accumulation summed in another order
+        assert n > 0 and got[:n] == pytest.approx(want[:n], abs=1e-4)
     assert f"the search's verdict: {best['verdict']} -- " in applied.stderr  # apply reads the comparison back
 
     # A second run resumes the finished study: no new trial, the same recommendation.
