@@ -100,7 +100,6 @@ class DistributedRuntime(RuntimeBase):
         self.replica, self.n_replicas = self.mesh.replica, replicas
         ranks = self.mesh.pipe_ranks
         loops = self.spec.forward_loops(self.stages, len(pieces))
-        self.eval_pending = None if loops else EVAL_PENDING  # sends of validation chunks left pending
         self.p2p = P2P(
             [ranks[self.spec.holder(j, self.stages)[0]] for j in range(first.stages)],
             first.device,
@@ -244,6 +243,12 @@ class DistributedRuntime(RuntimeBase):
         elif act.op is Op.BACKWARD and s < self.stages - 1:
             self.p2p.expect(s + 1, [("grad", act.mb)])
 
+    def eval_pending(self, piece: int) -> int | None:
+        """Validation outputs piece ``piece`` leaves in flight to the next (:data:`.p2p.EVAL_PENDING`); None:
+        all, on the link of a looped placement's circle that must not wait (the registry's ``wraps``)."""
+        last = self.stages * len(self.pieces) - 1
+        return None if piece < last and self.spec.wraps(piece, self.stages) else EVAL_PENDING
+
     @metered
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -260,8 +265,8 @@ class DistributedRuntime(RuntimeBase):
                     losses.append(float(out))
                 else:
                     self.p2p.send(j, j + 1, "eval", -1 - i, out)
-                    if self.eval_pending is not None:
-                        self.p2p.settle(j + 1, self.eval_pending)
+                    if (pending := self.eval_pending(j)) is not None:
+                        self.p2p.settle(j + 1, pending)
         self.p2p.wait_all()
         src = rank_of(0, self.loss_place, self.stages)  # replica 0's last piece
         mine = self.val.mean_loss(losses) if self.rank == src else None

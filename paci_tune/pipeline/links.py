@@ -57,17 +57,17 @@ def torch_links(
 
 def eval_outputs_held(cfg: RunConfig, profile: Profile, pieces: Sequence[Sequence[int]], stage: int) -> int:
     """Validation outputs a torch-run evaluation keeps at ``stage`` (its pieces one after another, each over
-    every chunk): :data:`.p2p.EVAL_PENDING` of each piece sending to another rank, every chunk's where the
-    forward path loops back (nothing is waited on there) or the next piece is on this rank (handed over in
-    memory, all taken by the next piece's turn)."""
+    every chunk): :data:`.p2p.EVAL_PENDING` of each piece sending to another rank, every chunk's on the link
+    from the last rank back to the first (the registry's ``wraps``: never waited on) or where the next piece
+    is on this rank (handed over in memory, all taken by the next piece's turn)."""
     p = cfg.pipeline
     spec, size = schedule_of(p.schedule), eval_chunk(cfg)
     chunks = -(-cfg.training.eval_sequences // size)
-    loops = spec.forward_loops(p.stages, len(pieces) // p.stages)
     costs = profile.at(size)
     held = 0
     for j in (spec.virtual_stage(stage, c, p.stages) for c in range(len(pieces) // p.stages)):
         if j < len(pieces) - 1:
-            kept = chunks if loops or not off_rank(spec, j, j + 1, p.stages) else min(chunks, EVAL_PENDING)
+            kept = chunks if spec.wraps(j, p.stages) or not off_rank(spec, j, j + 1, p.stages) else EVAL_PENDING
+            kept = min(chunks, kept)
             held += kept * costs[pieces[j][-1]].activation_bytes
     return held

@@ -50,8 +50,9 @@ EVAL_PENDING = 2
 """Validation chunks' outputs a piece leaves in flight to the next rank (:meth:`P2P.settle`): an
 evaluation's forward-only link acknowledges nothing, so without a wait gloo kept every one it sent, up to
 the transport's cap (measured: 16 MiB at rank 0 of a ZB-V, docs/benchmarks.md). Where the forward path
-loops back to a rank (the registry's ``forward_loops``) none is waited on before the evaluation ends: a
-ring of ranks each waiting on the next deadlocked once the validation set outgrew the cap."""
+loops back to a rank (the registry's ``forward_loops``) the link from the last rank to the first (``wraps``)
+is never waited on: a ring of ranks each waiting on the next deadlocked once the validation set outgrew
+the cap."""
 
 
 @dataclass

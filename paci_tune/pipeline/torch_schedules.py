@@ -128,7 +128,7 @@ class TorchScheduleRuntime(DistributedRuntime):
             )
         self.stream = self.runner.stream
         for runner in self.runners:  # a drained pipeline evaluates: each piece may wait on the next to take its chunks
-            runner.evaluator.pending = self.eval_pending
+            runner.evaluator.pending = self.eval_pending(runner.stage.index)
         self.trace: list[Action] = []
         self.tracing = True
         self.busy = 0.0  # compute seconds inside torch's steps (forward, B, W calls), since the run started

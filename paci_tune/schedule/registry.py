@@ -113,6 +113,12 @@ class Schedule:
         a hand-over in memory."""
         return self.placement == "looped" and chunks > 1 and stages > 1
 
+    def wraps(self, virtual: int, stages: int) -> bool:
+        """Whether the link from piece ``virtual`` to the next goes from the last rank back to the first, the
+        one link of a looped placement's circle that must never wait (:meth:`forward_loops`): every circle
+        of waits passes through it. A V never wraps."""
+        return self.placement == "looped" and self.holder(virtual + 1, stages)[0] < self.holder(virtual, stages)[0]
+
     # ------------------------------------------------------------------------ constraints
 
     def refusal(self, stages: int, window: int, chunks: int) -> tuple[str, str] | None:
