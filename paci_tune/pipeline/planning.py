@@ -188,6 +188,8 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
             masters=prediction_steps(p, s) > 0,
         )
         forward = spec.asynchronous and p.backward_weights == "forward"
+        # torch's stages hold their own links (:func:`.links.torch_links`); paci-tune's transport posts ahead
+        buffers, input_grads = torch_links(profile, pieces, s, p) if torch_run else (None, None)
         copy_bytes = sum(profile.units[i].trained_bytes for i in units) * WEIGHT_BYTES[profile.dtype] // 4
         peak = action_peak(
             profile,
@@ -203,7 +205,7 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
             eval_after_step=eval_mid_run and torch_run,
             keeps_logits=torch_run,
             placement=spec.placement,
-            input_grads=torch_links(profile, pieces, s, p)[1] if torch_run else None,
+            input_grads=input_grads,
             eval_held=eval_outputs_held(cfg, profile, pieces, s) if torch_run else 0,
         )
         out.append(
@@ -213,7 +215,7 @@ def predicted_stage_memory(cfg: RunConfig, profile: Profile, sizes: Sequence[int
                 weight_copies=peak.copies * copy_bytes,
                 transient=peak.transient,
                 grads=base.grads if peak.grads else 0,
-                buffers=torch_links(profile, pieces, s, p)[0] if torch_run else posted_buffers(profile, pieces, s, p),
+                buffers=posted_buffers(profile, pieces, s, p) if buffers is None else buffers,
             )
         )
     return out
