@@ -25,7 +25,7 @@ from helpers import REPO
 from helpers.cli import cli_env, run_cli, run_in_process, train_losses
 from helpers.searches import search_cmd, write_search
 
-from paci_tune.base.credentials import STORAGE_ENV, child_environment, remember, scrub, shown, without_password
+from paci_tune.base.credentials import STORAGE_ENV, remember, scrub, shown, without_password, without_storage
 from paci_tune.errors import ConfigError
 from paci_tune.train import checkpoint
 
@@ -203,7 +203,7 @@ def test_a_password_in_the_query_is_hidden_too_and_scrubbed_wherever_it_turns_up
 def test_no_child_process_gets_the_storage_url(tmp_path: Path) -> None:
     from paci_tune.base.processes import Child
 
-    assert STORAGE_ENV not in child_environment({STORAGE_ENV: "postgresql://u:pw@h/db", "A": "1"})
+    assert STORAGE_ENV not in without_storage({STORAGE_ENV: "postgresql://u:pw@h/db", "A": "1"})
     code = f"import os, sys; sys.stdout.write(os.environ.get({STORAGE_ENV!r}, 'absent'))"
     env = {**os.environ, STORAGE_ENV: "postgresql://u:pw@h/db"}
     with Child([sys.executable, "-c", code], log=tmp_path / "log", events=tmp_path / "events", env=env) as child:
@@ -347,16 +347,19 @@ def test_a_search_on_postgresql_never_shows_writes_or_hands_on_its_password(tmp_
     assert again.returncode == 0, again.stderr[-3000:]
     _clean(again.stdout + again.stderr, "the resumed search's output")
 
-    def report(out: str, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "paci_tune.cli", "report", str(best), "--out", str(tmp_path / out)]
+    def report(out: str, extra_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "paci_tune.cli", "report", str(best), "--out", str(tmp_path / out), *args]
         return subprocess.run(
             cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**env, **extra_env}, check=False
         )
 
-    refused = report("rep0", {})  # best.yaml alone cannot open it: the server wants the password
-    assert refused.returncode == 1 and "password" in refused.stderr, refused.stderr[-2000:]
-    for out, extra in (("rep1", {STORAGE_ENV: url}), ("rep2", {"PGPASSWORD": PASSWORD})):  # ours, then libpq's
-        rep = report(out, extra)
+    # best.yaml alone opens no server (its author's choice, not the user's): libpq's password goes nowhere.
+    stored = yaml.safe_load(best.read_text())["provenance"]["storage"]
+    alone = report("rep0", {"PGPASSWORD": PASSWORD})
+    assert alone.returncode == 0 and f"--storage {stored}" in alone.stderr, alone.stderr[-2000:]
+    named = (("rep1", {STORAGE_ENV: url}, ()), ("rep2", {"PGPASSWORD": PASSWORD}, ("--storage", stored)))
+    for out, extra, args in named:  # ours (naming best.yaml's storage), then libpq's for the storage named
+        rep = report(out, extra, *args)
         assert rep.returncode == 0, rep.stderr[-3000:]
         _clean(rep.stdout + rep.stderr, f"the report's output ({out})")
         for f in (tmp_path / out).rglob("*"):
@@ -386,3 +389,19 @@ def test_a_distributed_launch_keeps_to_loopback() -> None:
     if Path("/sys/class/net/lo").exists():
         assert loopback_env({})["GLOO_SOCKET_IFNAME"] == "lo"
     assert loopback_env({"GLOO_SOCKET_IFNAME": "eth9"})["GLOO_SOCKET_IFNAME"] == "eth9"
+
+
+# ------------------------------------------------------------------------------------------ the torch floor
+def test_the_torch_floor_is_one_whose_weights_only_loader_has_no_known_bypass() -> None:
+    """torch <= 2.5.1's weights-only loader can be made to run code (CVE-2025-32434), < 2.10's to corrupt
+    memory; 2.4 lacks the pickle scan every ``--init-from`` runs first. The floor and the README agree."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    spec = next(r for r in map(Requirement, deps) if r.name == "torch").specifier
+    assert not any(spec.contains(v) for v in ("2.4.0", "2.5.1", "2.9.1")) and spec.contains("2.10.0")
+    assert spec.contains(torch.__version__.split("+")[0])
+    assert hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint")
+    assert "torch >= 2.10" in (REPO / "README.md").read_text()

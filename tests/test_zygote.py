@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from paci_tune.base.credentials import child_environment
-from paci_tune.base.processes import Child, follow
+from paci_tune.base.processes import Child, child_environment, follow
 from paci_tune.base.zygote import LATE_ENV, Zygote
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork server: Linux")
@@ -104,6 +103,25 @@ def test_a_child_runs_the_ordinary_way_when_the_server_cannot_start(tmp_path: Pa
     assert (tmp_path / "c.log").read_text().strip() == "ran"
     assert "No module named 'no_such_module_here'" in (tmp_path / "server.log").read_text()
     server.close()
+
+
+def test_a_child_that_died_with_its_server_is_lost_not_killed_by_a_signal(tmp_path: Path) -> None:
+    """SIGKILL of the server: its running child is gone (its whole group), ends as ``lost`` (its own exit
+    status unknown, so a runner runs it again rather than tell a crash), and later requests are refused
+    (started the ordinary way); a child the server saw end, even by SIGKILL, is not lost."""
+    env = child_environment(os.environ)
+    sleeper = _script(tmp_path, "sleep.py", "import time\ntime.sleep(600)\n")
+    with Zygote(PRELOAD, env, tmp_path / "server.log") as server:
+        killed = server.spawn("runpy:run_path", [sleeper], env, tmp_path / "killed.log")
+        victim = server.spawn("runpy:run_path", [sleeper], env, tmp_path / "victim.log")
+        assert killed is not None and victim is not None
+        os.killpg(killed.pid, signal.SIGKILL)
+        assert killed.wait(timeout=30) == -signal.SIGKILL and not killed.lost
+        assert server._proc is not None
+        os.kill(server._proc.pid, signal.SIGKILL)
+        assert victim.wait(timeout=30) is not None and victim.lost
+        assert _gone(victim.pid)
+        assert server.spawn("runpy:run_path", [sleeper], env, tmp_path / "after.log") is None
 
 
 def test_sigkill_of_the_parent_leaves_neither_the_server_nor_its_children(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ or ``?password=`` in its query). The password is needed to open the storage and 
   place that prints a failure scrubs it out of any text (:func:`scrub`): a database driver's message
   may quote its URL;
 - no child process gets the URL: trials never open the storage, and :data:`STORAGE_ENV` is taken
-  out of their environment (:func:`child_environment`).
+  out of their environment (:func:`without_storage`, read by :func:`paci_tune.base.processes.child_environment`).
 
 Parsed with the standard library (the ground floor loads nothing else): the user information of a
 URL is everything before the last ``@`` of its authority, its password after the first ``:`` there,
@@ -114,6 +114,6 @@ def scrub(text: str) -> str:
     return text
 
 
-def child_environment(env: Mapping[str, str]) -> dict[str, str]:
+def without_storage(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` for a process paci-tune starts: without :data:`STORAGE_ENV` (no child opens the storage)."""
     return {k: v for k, v in env.items() if k != STORAGE_ENV}

@@ -8,7 +8,9 @@ progress as JSON lines appended to an events file, which the parent tails, and i
 whole group on every exit path of the parent (an exception, Ctrl-C, a prune). The child side asks
 the kernel for a signal when its parent dies (:func:`die_with_parent`), so even SIGKILL of the
 parent leaves nothing running. No child gets the study's storage URL: :mod:`.credentials` takes it out of
-their environment. May import: the standard library only.
+their environment. No child puts its working folder on ``sys.path`` (``PYTHONSAFEPATH``, which its own
+children -- torchrun's workers -- inherit): a ``yaml.py`` or ``torch.py`` in the folder a user runs from
+would otherwise be imported by every trial and worker. May import: the standard library and :mod:`.credentials`.
 """
 
 from __future__ import annotations
@@ -21,16 +23,26 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol
 
-from .credentials import child_environment
+from .credentials import without_storage
 
 _PR_SET_PDEATHSIG = 1
 
 Record = dict[str, Any]
+
+
+def child_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a process paci-tune starts: without the storage URL, and with a safe import path.
+
+    ``python -m``/``-c`` put the working folder first on ``sys.path``; ``PYTHONSAFEPATH`` (Python 3.11+)
+    leaves it out, in the child and in every process it starts. A user's model module is found
+    through ``PYTHONPATH`` or an installed package, as the user chose.
+    """
+    return {**without_storage(env), "PYTHONSAFEPATH": "1"}
 
 
 def cpu_count() -> int:

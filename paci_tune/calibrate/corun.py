@@ -94,6 +94,14 @@ def _await(children: list[Child], word: str, timeout_s: float, log: Log | None) 
         time.sleep(0.02)
 
 
+def import_path() -> str:
+    """This process's import path for a child, without the working folder ``python -m`` put on it
+    (unless ``PYTHONPATH`` names it): the child imports what this process imports, nothing from where it runs."""
+    chosen = set(filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    cwd = os.getcwd()
+    return os.pathsep.join(p for p in sys.path if p and (p != cwd or p in chosen))
+
+
 def co_run_pattern(
     spec: dict[str, Any], processes: int, *, idle_timeout_s: float = MEASURE_IDLE_TIMEOUT_S, log: Log | None = None
 ) -> list[PatternSamples]:
@@ -106,7 +114,7 @@ def co_run_pattern(
     """
     with tempfile.TemporaryDirectory(prefix="paci-calibrate-") as tmp, contextlib.ExitStack() as stack:
         env = worker_env(spec["threads"])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env["PYTHONPATH"] = import_path()
         outs = [os.path.join(tmp, f"samples{r}.json") for r in range(processes)]
         children: list[Child] = []
         try:

@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from ..base.credentials import child_environment
-from ..base.processes import free_port, loopback_env
+from ..base.processes import child_environment, free_port, loopback_env
 from ..sim.profile import P2PCost
 
 P2P_SIZES = (4 * 1024, 256 * 1024, 4 * 2**20)

@@ -271,17 +271,41 @@ def _print_candidates(best: dict[str, Any]) -> None:
 @click.option("--dry-run", is_flag=True, help="Write the run config, print it and the launch command; train nothing.")
 @click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="Write JSON-lines metrics here.")
 @click.option("--live/--no-live", default=True, help="Rich live progress (default on a terminal) or plain lines.")
-def apply(best: str, until: str, resume: bool, dry_run: bool, metrics: str | None, live: bool, **options: Any) -> None:
+@click.option(
+    "--trust-entry",
+    metavar="MODULE:FUNCTION",
+    default=None,
+    help="Import and run the user model BEST names (run.model.entry), which must be this one: a best.yaml "
+    "alone never makes apply run code. Built-in models need nothing.",
+)
+def apply(
+    best: str,
+    until: str,
+    resume: bool,
+    dry_run: bool,
+    metrics: str | None,
+    live: bool,
+    trust_entry: str | None,
+    **options: Any,
+) -> None:
     """Train with the configuration recommended in BEST (a best.yaml from `paci-tune search`).
 
     Options override the recommendation (e.g. --steps for a different length, --runtime
     distributed --clock wall for the real pipeline). Checkpoints go to BEST's folder unless
-    --checkpoint-dir says otherwise, so an interrupted run continues with --resume.
+    --checkpoint-dir says otherwise, so an interrupted run continues with --resume. A BEST whose
+    model is your own code (model.entry) is applied only with --trust-entry naming it.
     """
     from ..tune.apply import prepare_apply
 
     prepared = prepare_apply(
-        best, overrides_from(options), until=until, metrics=metrics, resume=resume, dry_run=dry_run, log=stderr
+        best,
+        overrides_from(options),
+        until=until,
+        metrics=metrics,
+        resume=resume,
+        dry_run=dry_run,
+        log=stderr,
+        trust_entry=trust_entry,
     )
     if dry_run:
         click.echo(f"# {prepared.run_path}")

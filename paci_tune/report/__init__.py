@@ -37,6 +37,8 @@ def make_report(ev: Evidence, out: Path) -> Report:
 
     out.mkdir(parents=True, exist_ok=True)
     pics: list[Picture] = []
+    trials = bool(ev.studies)  # none when no storage was opened: best.yaml's pictures only (gather's note)
+    unread = "no storage opened: the search's trials are not in this report"
 
     def add(key: str, title: str, fig: object, caption: str, why: str = "") -> None:
         path = figures.save(fig, out / f"{key}.png") if fig is not None else None  # type: ignore[arg-type]
@@ -45,30 +47,33 @@ def make_report(ev: Evidence, out: Path) -> Report:
     add(
         "curves",
         "Validation loss of every trial",
-        figures.draw_curves(ev),
+        figures.draw_curves(ev) if trials else None,
         "Each line is one trial on the search's clock; dashed lines were pruned where they end (x); the dotted "
         "line is the target; thick lines are each schedule's chosen point and its confirmation seeds.",
+        unread,
     )
     add(
         "heatmap",
         "Time to target over depth x window",
-        figures.draw_heatmap(ev),
+        figures.draw_heatmap(ev) if trials else None,
         "Best score per cell (seconds on the search's clock; a miss scores above the "
         "budget); blank cells were not finished by any trial.",
+        unread,
     )
     add(
         "microbatch",
         "Time to target over micro-batch size",
-        figures.draw_microbatch(ev),
+        figures.draw_microbatch(ev) if trials else None,
         "Every finished search trial; crosses at the top were pruned.",
+        unread,
     )
-    fig, imp = figures.draw_importances(ev)
+    fig, imp = figures.draw_importances(ev) if trials else (None, {})
     add(
         "importances",
         "Parameter importances (Optuna, fANOVA)",
         fig,
         "The share of the score's variance each searched parameter explains, per schedule.",
-        "; ".join(f"{s}: {v}" for s, v in imp.items() if isinstance(v, str)),
+        "; ".join(f"{s}: {v}" for s, v in imp.items() if isinstance(v, str)) if trials else unread,
     )
     path, why = verdict.draw_timelines(ev, out / "timelines.png")
     pics.append(

@@ -153,6 +153,8 @@ def compute(ev: Evidence) -> Table:
     rows = [[k.removesuffix("_s").replace("_", " "), _g(v, " s")] for k, v in used.items()]
     rows.append(["storage", ev.storage])
     rows.append(["study", ev.name])
+    if ev.note:  # no storage opened: the trials' tables are best.yaml's counts, and this says how to add them
+        rows.append(["note", ev.note])
     return Table("Compute and provenance (trial processes' wall seconds)", ["what", "value"], rows)
 
 

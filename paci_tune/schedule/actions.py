@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 
-class Op(str, enum.Enum):
+class Op(str, enum.Enum):  # noqa: UP042 -- StrEnum would change what str() of a member prints
     FORWARD = "F"
     BACKWARD = "B"  # the whole backward, or only its input gradient where the list has W actions
     STEP = "S"

@@ -8,9 +8,12 @@ numerics of the trial it recommends (a PACI checkpoint drains the pipeline).
 checked writable, an existing run's checkpoints refused without ``--resume``, the run resolved
 once and written out. A warm-started recommendation starts from the search's checkpoint
 (``run.training.init_from``); where that is not on this machine, the warm-up best.yaml records is
-trained first, beside it (:func:`warm_up_first`). The command line only renders it. May import: :mod:`paci_tune.config`,
-:mod:`paci_tune.train`, :mod:`paci_tune.pipeline` (the resolved run), :mod:`paci_tune.base`, :mod:`paci_tune.errors` and
-the tune layer's :mod:`.bestfile`.
+trained first, beside it (:func:`warm_up_first`). A user model (``model.entry``) of either run is
+imported only when ``trust_entry`` (``--trust-entry``) names it: best.yaml alone runs no code, and is
+refused before anything is imported or written (:mod:`.trust`). The command line only renders it.
+May import: :mod:`paci_tune.config`, :mod:`paci_tune.train`, :mod:`paci_tune.pipeline` (the resolved run),
+:mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's :mod:`.bestfile`, :mod:`.trust` and
+:mod:`.warm`.
 """
 
 from __future__ import annotations
@@ -29,15 +32,20 @@ from ..train import checkpoint
 from ..train.launch import n_processes, torchrun_command, write_resolved
 from ..train.run import check_outputs, resolve_run
 from .bestfile import read_best
+from .trust import check_entries
 from .warm import WarmStart, ensure
 
 
-def apply_run(best: str | Path, overrides: dict[str, Any], *, until: str = "target") -> RunConfig:
+def apply_run(
+    best: str | Path, overrides: dict[str, Any], *, until: str = "target", trust_entry: str | None = None
+) -> RunConfig:
     """The run ``apply`` trains: ``best``'s ``run`` plus ``overrides`` (dotted keys of what was given).
 
-    ``until="budget"`` trains through the whole budget instead of stopping at the target.
+    ``until="budget"`` trains through the whole budget instead of stopping at the target; ``trust_entry``:
+    the user model the command line names, the only one imported (:mod:`.trust`).
     """
-    best_file = read_best(best)  # the whole file checked first: a bad value never reaches a run
+    # The whole file checked first: a bad value (or a model entry the command line did not name) never reaches a run.
+    best_file = read_best(best, trust_entry=trust_entry)
     run_doc = best_file.run
     best_path = Path(best).resolve()
     over = dict(overrides)
@@ -64,7 +72,12 @@ def _starting_from(cfg: RunConfig, checkpoint: str | None) -> RunConfig:
 
 
 def warm_up_first(
-    best: str | Path, cfg: RunConfig, *, dry_run: bool, log: Callable[[str], None] | None = None
+    best: str | Path,
+    cfg: RunConfig,
+    *,
+    dry_run: bool,
+    log: Callable[[str], None] | None = None,
+    trust_entry: str | None = None,
 ) -> tuple[RunConfig, str | None]:
     """(the run, the checkpoint its warm-up will write when the dry run trains nothing).
 
@@ -78,6 +91,7 @@ def warm_up_first(
     ws = read_best(best, trainable=False).warm_start
     if not ws or not isinstance(ws.get("run"), dict) or str(ws.get("checkpoint")) != init:
         return cfg, None  # a user's checkpoint (or --init-from's) that is not here: resolve_run refuses it, naming it
+    check_entries({"warm_start": ws}, trust_entry)  # this read's warm-up, not only apply_run's
     warm = WarmStart.from_doc(ws)
     p = Path(best).resolve()
     folder = p.parent / f"{p.stem}-warm-start"
@@ -137,9 +151,11 @@ def prepare_apply(
     resume: bool,
     dry_run: bool,
     log: Callable[[str], None] | None = None,
+    trust_entry: str | None = None,
 ) -> PreparedApply:
     """Everything ``apply`` does before it trains (module docstring); raises ConfigError before any work."""
-    cfg, pending = warm_up_first(best, apply_run(best, overrides, until=until), dry_run=dry_run, log=log)
+    cfg = apply_run(best, overrides, until=until, trust_entry=trust_entry)
+    cfg, pending = warm_up_first(best, cfg, dry_run=dry_run, log=log, trust_entry=trust_entry)
     check_writable(run_file_for(best), "best.yaml (apply writes its run beside it)")
     check_outputs(cfg, metrics, resume=resume)
     folder = cfg.training.checkpoint_dir

@@ -13,12 +13,14 @@ than trained half-way). The purely informative sections (``provenance``, ``confi
 the run's ``pipeline`` section is accepted in ``recommended`` too, so the file grows with the schema.
 ``recommended.backward_weights`` is null (flush) or PACI's value, the run's ``pipeline.backward_weights``;
 ``recommended.optimizer`` the run's optimizer and the settings it reads; a file from before either key
-has none and trains the run as written. May import: :mod:`paci_tune.pipeline`
-(its checks), :mod:`paci_tune.model`, :mod:`paci_tune.config`, :mod:`paci_tune.base`,
-:mod:`paci_tune.errors` and the tune layer's :mod:`.choices`.
+has none and trains the run as written. A user model (``model.entry``) is code: read for ``apply``, the file
+is refused unless the command line names its entry (:mod:`.trust`), before the run is derived.
 
 A report reads the file with ``trainable=False``: every section is checked the same way except
 ``run``, which it only shows (it is not derived, so a report needs neither the model nor the data).
+May import: :mod:`paci_tune.pipeline` (its checks), :mod:`paci_tune.model`, :mod:`paci_tune.config`,
+:mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune layer's :mod:`.choices`, :mod:`.comparison` and
+:mod:`.trust`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ..model.loader import MAX_UNITS
 from ..pipeline.checks import check_model_and_data
 from .choices import BACKWARD_WEIGHTS
 from .comparison import VERDICTS, Comparison
+from .trust import check_entries
 
 EVIDENCE = (
     "clock_tokens_per_s",
@@ -260,11 +263,12 @@ def _plain(x: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------ reading
-def read_best(path: str | Path, *, trainable: bool = True) -> BestFile:
+def read_best(path: str | Path, *, trainable: bool = True, trust_entry: str | None = None) -> BestFile:
     """The typed file; a ConfigError naming ``best.yaml``'s key, the value and what is allowed otherwise.
 
     ``trainable`` (``apply``): ``run`` is derived and checked as a run config, with its model and data,
-    and ``recommended`` compared with it. Without (a report): ``run`` need only be a mapping.
+    and ``recommended`` compared with it; a user model only when ``trust_entry`` names it (:mod:`.trust`).
+    Without (a report): ``run`` need only be a mapping, and no model is loaded.
     """
     doc = read_mapping(path, "best.yaml", WHAT)
     for k, v in doc.items():
@@ -279,6 +283,7 @@ def read_best(path: str | Path, *, trainable: bool = True) -> BestFile:
             raise ConfigError(f"best.yaml.{k}", v, f"null or {' or '.join(t.__name__ for t in kinds)}")
     run: RunConfig | None = None
     if trainable:
+        check_entries(doc, trust_entry)  # before anything of the run is derived, imported or written
         try:
             run = derive_run(doc["run"])
             check_model_and_data(run)  # the run as apply would train it: its model and data, before the rest
