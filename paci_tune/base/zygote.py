@@ -17,8 +17,10 @@ The server is single-threaded and forks only from its main thread, never after a
 (the preload imports and builds on the meta device; it computes nothing). Requests and answers are
 JSON lines on its stdin and stdout: ``{"id", "call", "args", "env", "log", "cwd"}`` in, ``{"id",
 "pid"}`` once the child has its session, then ``{"exit": pid, "code": returncode}`` when it ends
-(a signal as its negative number, like :attr:`subprocess.Popen.returncode`). May import: the
-standard library and :mod:`paci_tune.base.processes`.
+(a signal as its negative number, like :attr:`subprocess.Popen.returncode`). A child whose end the server
+never reported because the server died first is :attr:`Forked.lost`: its group is killed and its own exit
+status is unknown, so its caller runs it again the ordinary way rather than judge it by a SIGKILL that
+was the server's fate, not the child's. May import: the standard library and :mod:`paci_tune.base.processes`.
 """
 
 from __future__ import annotations
@@ -152,6 +154,12 @@ class Forked:
     def poll(self) -> int | None:
         return self.server.returncode(self.pid)
 
+    @property
+    def lost(self) -> bool:
+        """It ended because the server died before telling its end (its exit status unknown; its group
+        killed): not its own failure."""
+        return self.server.lost(self.pid)
+
     def wait(self, timeout: float | None = None) -> int:
         code = self.server.wait_for(self.pid, timeout)
         if code is None:
@@ -176,6 +184,7 @@ class Zygote:
         self._pids: dict[int, int] = {}  # request id -> pid
         self._codes: dict[int, int] = {}  # pid -> return code
         self._live: set[int] = set()
+        self._lost: set[int] = set()  # pids the server died before reporting (module docstring)
         self._reader: threading.Thread | None = None
 
     def forks(self, env: dict[str, str]) -> bool:
@@ -213,7 +222,10 @@ class Zygote:
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
         for line in self._proc.stdout:
-            msg = json.loads(line)
+            try:
+                msg = json.loads(line)
+            except ValueError:  # a line cut short: the server died while writing it
+                break
             with self._changed:
                 if "exit" in msg:
                     self._codes[msg["exit"]] = msg["code"]
@@ -222,10 +234,14 @@ class Zygote:
                     self._pids[msg["id"]] = msg["pid"]
                     self._live.add(msg["pid"])
                 self._changed.notify_all()
-        with self._changed:  # the server is gone: its children went with it (their parent-death signal)
+        with self._changed:  # the server is gone: its children go with it (their parent-death signal, and ours)
             self._broken = True
             for pid in self._live:
+                # SIGKILL, not only the parent-death SIGTERM: a caller that runs the child again must not
+                # have the first one still writing the same files.
+                kill_group(pid)
                 self._codes.setdefault(pid, -signal.SIGKILL)
+                self._lost.add(pid)
             self._live.clear()
             self._changed.notify_all()
 
@@ -251,6 +267,11 @@ class Zygote:
     def returncode(self, pid: int) -> int | None:
         with self._changed:
             return self._codes.get(pid)
+
+    def lost(self, pid: int) -> bool:
+        """The child ``pid`` ended with the server, its own exit status never reported (:attr:`Forked.lost`)."""
+        with self._changed:
+            return pid in self._lost
 
     def wait_for(self, pid: int, timeout: float | None) -> int | None:
         with self._changed:
@@ -286,6 +307,7 @@ class Zygote:
             self._reader, self._broken = None, False
             self._pids.clear()
             self._codes.clear()
+            self._lost.clear()
 
 
 if __name__ == "__main__":

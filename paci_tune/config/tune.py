@@ -240,7 +240,10 @@ class SearchConfig:
     stall_seconds: float = 300.0  # a trial silent this long on the wall is a hang
     trial_timeout: float | None = None  # wall seconds a trial may take in all
     retries: int = 1  # times a trial interrupted by a dead worker is run again
-    heartbeat_grace: float = 60.0  # seconds without a heartbeat after which another host's trial is dead
+    # Seconds a running trial's heartbeat may stay unchanged, as another worker watches it, before its worker is
+    # judged dead (any host; paci_tune.tune.liveness). A worker that has not watched it yet: its age on the wall
+    # clock past grace + 60 s, so hosts' clocks may differ by up to 60 s (liveness.MAX_SKEW_S)
+    heartbeat_grace: float = 60.0
     paci_max_drift: int | None = PACI_MAX_DRIFT  # PACI points with a larger drift bound are skipped; None: none
     study_name: str | None = None
     share_curves: bool = True  # on the sim and rst clocks: one training per curve (paci_tune.tune.sharing)

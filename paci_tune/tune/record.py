@@ -27,7 +27,8 @@ RERUN_OF = "rerun_of"  # a pruned point trained again because it now survives th
 NUMERICS = "numerics"  # on a trained trial others may share: {"key", "every", "curve": [[step, val_loss], ...]}
 SHARED_FROM = "shared_from"  # answered from other trials' curve of its numerics (:mod:`.sharing`): {"study", "trial"}
 SIBLING_OF = "sibling_of"  # queued as another layout of a search trial's curve (:mod:`.siblings`): its number
-WORKER, HEARTBEAT = "worker", "heartbeat"  # {"host", "pid"} of the worker running it; its last sign of life
+WORKER, HEARTBEAT = "worker", "heartbeat"  # who runs it (:class:`Claim`, a dict); its last sign of life
+REAPED = "interrupted: its worker died"  # the fail_reason of a trial another worker found dead
 LABEL, DATA_PARALLEL, DEVICES, BACKWARD_WEIGHTS = "label", "data_parallel", "devices", "backward_weights"
 OPTIMIZER, STALENESS = "optimizer", "staleness"  # a recipe the space fixes (one choice: no parameter)
 TIME_TO_TARGET, BEST_VAL_LOSS, CLOCK_USED = "time_to_target", "best_val_loss", "clock_used"
@@ -98,19 +99,51 @@ class Retry:
 
 @dataclass(frozen=True)
 class Claim:
-    """The worker running a trial, and when it last said so."""
+    """The worker running a trial, and when it last said so (:mod:`.liveness` judges whether it lives).
+
+    ``host`` and ``pid`` alone were all old claims held, and they cannot tell a pid reused after a reboot or
+    a restart from the claimant: ``boot`` (the kernel's boot id), ``pidns`` (the pid namespace) and ``start``
+    (the process's start time, clock ticks after boot) can, and ``worker`` (random, one per process) names
+    the claimant for sure. Each is None where unreadable (no ``/proc``) and is then not written.
+    """
 
     host: str
     pid: int
     heartbeat: float
+    boot: str | None = None
+    start: int | None = None
+    pidns: str | None = None
+    worker: str | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """The stored ``worker`` attribute: the fields known (an old claim: only host and pid)."""
+        extra = {"boot": self.boot, "start": self.start, "pidns": self.pidns, "id": self.worker}
+        return {"host": self.host, "pid": self.pid, **{k: v for k, v in extra.items() if v is not None}}
 
     def write(self, trial: optuna.Trial) -> None:
-        trial.set_user_attr(WORKER, {"host": self.host, "pid": self.pid})
+        trial.set_user_attr(WORKER, self.identity())
         trial.set_user_attr(HEARTBEAT, self.heartbeat)
+
+    @classmethod
+    def read(cls, worker: Any, heartbeat: Any) -> Claim | None:
+        """A stored claim (None for an unclaimed trial); fields an old claim lacks are None."""
+        if not isinstance(worker, dict):
+            return None
+        start = worker.get("start")
+        return cls(
+            str(worker.get("host", "")),
+            int(worker.get("pid", -1)),
+            float(heartbeat) if heartbeat is not None else float("nan"),
+            worker.get("boot"),
+            None if start is None else int(start),
+            worker.get("pidns"),
+            worker.get("id"),
+        )
 
     @staticmethod
     def beat(storage: optuna.storages.BaseStorage, trial_id: int, now: float | None = None) -> None:
-        """Refresh a running trial's heartbeat through the storage (from the worker's heartbeat thread)."""
+        """Refresh a running trial's heartbeat through the storage (from the worker's heartbeat thread); a
+        finished trial raises :class:`optuna.exceptions.UpdateFinishedTrialError`."""
         storage.set_trial_user_attr(trial_id, HEARTBEAT, time.time() if now is None else now)
 
 
@@ -291,6 +324,11 @@ class TrialRecord:
             sibling_of=a.get(SIBLING_OF),
             attrs=a,
         )
+
+    @property
+    def claim(self) -> Claim | None:
+        """Who claimed the trial (None: nobody yet, it died between being asked for and claimed)."""
+        return Claim.read(self.worker, self.heartbeat)
 
     @property
     def is_confirmation(self) -> bool:

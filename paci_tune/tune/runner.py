@@ -5,10 +5,13 @@
 :class:`paci_tune.base.processes.Child`), streaming its records through an events file. The
 parent reads them as they come, reports each validation on the clock grid (``on_eval``), and
 kills the child when the pruner says so, when the loss goes non-finite or blows up, when it
-falls silent (a hang) or runs past its timeout, or once it cannot rank (:mod:`.capping`). Its exit
+falls silent (a hang) or runs past its timeout, once it cannot rank (:mod:`.capping`), or once another
+worker has reaped the trial (:class:`TrialReaped`, :mod:`.liveness`). Its exit
 code and log tail classify a crash (out of memory, a configuration the machine refuses, anything
 else). In a search the child is forked from a server that has done the imports once
-(:func:`fork_server`, :mod:`paci_tune.base.zygote`): most of a short trial's start was imports.
+(:func:`fork_server`, :mod:`paci_tune.base.zygote`): most of a short trial's start was imports. A child
+that died with its server (killed, its own exit status unknown) is run again as a plain subprocess, never
+told as a crash: the point would be lost.
 
 A runner is pluggable (:class:`TrialRunner`): the benchmark replays recorded curves through the
 same search loop with a table runner. May import: :mod:`paci_tune.base` and the tune layer's
@@ -23,14 +26,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ..base.credentials import child_environment
 from ..base.files import write_yaml
-from ..base.processes import Child, follow
-from ..base.zygote import Zygote
+from ..base.processes import Child, child_environment, follow
+from ..base.zygote import Forked, Zygote
 from .capping import capped
 from .objective import Progress, grid_step
 from .point import TrialParams
@@ -58,6 +60,7 @@ class TrialJob:
     timeout_factor: float = 1.0  # the runner's timeout is scaled by this (a transfer check's long run: its factor)
     scored_every: int | None = None  # a shared curve's step grid (:mod:`.sharing`): only validations on it score
     cancel: threading.Event | None = None  # set: the worker is stopping (:mod:`.lanes`); the run is killed, untold
+    lost: threading.Event | None = None  # set: another worker reaped the trial (:mod:`.liveness`); killed, untold
     server: Zygote | None = None  # the search's fork server: the child forked with its imports done (:mod:`.child`)
     cap: float | None = None  # the clock past which it cannot rank (:mod:`.capping`): stopped there, pruned
 
@@ -65,6 +68,11 @@ class TrialJob:
 class TrialCancelled(Exception):
     """A trial's run was killed because its worker is stopping (Ctrl-C, or a trial beside it crashed the
     worker): the trial is left running in the storage, as one interrupted alone is, for a resume to retry."""
+
+
+class TrialReaped(Exception):
+    """A trial's run was killed because another worker judged it dead and failed it (:mod:`.liveness`): the
+    trial is not this worker's any more; nothing is written to it."""
 
 
 @dataclass
@@ -174,6 +182,8 @@ class SubprocessRunner:
             nonlocal last_activity
             if job.cancel is not None and job.cancel.is_set():
                 raise TrialCancelled(f"{job.params.label()}: its worker is stopping")
+            if job.lost is not None and job.lost.is_set():
+                raise TrialReaped(f"{job.params.label()}: reaped by another worker")
             now = time.monotonic()
             if active:
                 last_activity = now
@@ -191,6 +201,16 @@ class SubprocessRunner:
             self.last_pid = child.pid
             follow(child, feed, poll_s=self.poll_s, stop=stop)
             returncode = child.returncode
+        if watch.stop is None and isinstance(child.proc, Forked) and child.proc.lost:
+            # The fork server died under it (its exit status unknown, :attr:`.zygote.Forked.lost`): not the
+            # trial's failure. Run again from the start the ordinary way (unless the worker stops or lost the
+            # trial meanwhile); validations already reported are not reported twice (the search's on_eval
+            # skips them).
+            if job.cancel is not None and job.cancel.is_set():
+                raise TrialCancelled(f"{job.params.label()}: its worker is stopping")
+            if job.lost is not None and job.lost.is_set():
+                raise TrialReaped(f"{job.params.label()}: reaped by another worker")
+            return self.run(replace(job, server=None), on_eval, on_record)
         wall = time.monotonic() - t0
         if watch.stop is not None:
             status, reason, step = watch.stop

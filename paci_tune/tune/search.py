@@ -2,7 +2,9 @@
 
 Everything here is storage-backed, so the loop can be killed at any moment and started again:
 finished trials stay, the interrupted one is failed and retried (:mod:`.study`), and the loop
-goes on until each schedule's study has its quota of trials.
+goes on until each schedule's study has its quota of trials. A trial another worker reaped while this
+one ran it is dropped here, its run killed, nothing written to it (:mod:`.liveness`). A storage outage of a
+few seconds (a database server restarted) is ridden out where the loop and its trials read and write (:mod:`.outage`).
 
 A point already run is not trained again (:mod:`.repeats`). On the sim and rst clocks a trial
 whose numerics another trial trained is answered from that curve, read on its own layout's clock
@@ -16,7 +18,7 @@ study by :mod:`.tell`. May import: optuna, :mod:`paci_tune.pipeline` (predicted 
 from __future__ import annotations
 
 import functools
-import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +40,9 @@ from .curves import numerics_key
 from .events import SearchEvent
 from .extra import confirm_seeds
 from .lanes import Lanes
+from .liveness import Heartbeat, Watch, claim, reaped_line, workers_here
 from .objective import Progress
+from .outage import retrying
 from .point import TrialParams
 from .record import PointAttrs, TrialRecord
 from .repeats import answer_repeat
@@ -46,7 +50,7 @@ from .rounds import confirmed_schedules, current_round
 from .runner import OnEval, TrialJob, TrialResult, TrialRunner, fork_server
 from .sharing import Horizons, StepGrid, applies, replay_points, stored_curve, walk
 from .space import SearchSpace
-from .study import HOST, Heartbeat, claim, counted, exhausted, reap_dead, retry_waiting, running_elsewhere
+from .study import counted, exhausted, reap_dead, retry_waiting, running_elsewhere
 from .tell import curve_result, refuse, tell
 from .trialdoc import plain_doc
 from .warm import WarmStart
@@ -72,6 +76,7 @@ class Search:
     _lanes: Lanes = field(default_factory=lambda: Lanes(1), repr=False)
     _points: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)  # each schedule's, by _exhausted
     _server: Zygote | None = field(default=None, repr=False)  # trials are forked from it (:func:`.runner.fork_server`)
+    _watch: Watch = field(default_factory=Watch, repr=False)  # the heartbeats seen, from one reaping to the next
 
     @property
     def quota(self) -> int:
@@ -81,12 +86,13 @@ class Search:
         """Run trials until every schedule's study holds its quota of finished trials, then confirm, then
         run the transfer check (:mod:`.extra`: it decides nothing, so the confirmation comes first).
         Up to ``jobs`` trials at once, each study's search trials in order (:mod:`.lanes`)."""
-        with Lanes(self.jobs) as lanes, fork_server(self.workdir) as self._server:
+        # The lanes inside the fork server: on an error they stop their trials (left running, for a retry)
+        # before the server closes; the other way round it killed them first, and they were told crashes.
+        with fork_server(self.workdir) as self._server, Lanes(self.jobs) as lanes:
             self._lanes = lanes
             while True:
-                for study in self.studies.values():
-                    reap_dead(study, self.tune.search.retries, self.tune.search.heartbeat_grace)
-                batch = self._fill(lanes)
+                retrying(self._reap, "reaping dead workers' trials")
+                batch = retrying(lambda: self._fill(lanes), "asking for trials")
                 share = lanes.running + len(batch)
                 for schedule, trial, params, searching in batch:
                     run = functools.partial(self.run_trial, schedule, (trial, params))
@@ -96,10 +102,17 @@ class Search:
                     continue
                 if batch:
                     continue
-                if not any(running_elsewhere(s.get_trials(deepcopy=False)) for s in self.studies.values()):
+                if not retrying(
+                    lambda: any(running_elsewhere(s.get_trials(deepcopy=False)) for s in self.studies.values()),
+                    "waiting",
+                ):
                     return
                 self.on_event(SearchEvent("wait", "", -1))
                 time.sleep(self.poll_s)  # other workers' last trials: wait for them or for their death
+
+    def _reap(self) -> None:
+        for study in self.studies.values():
+            reap_dead(study, self.tune.search.retries, self.tune.search.heartbeat_grace, self._watch)
 
     def _fill(self, lanes: Lanes) -> list[tuple[str, optuna.Trial, TrialParams, bool]]:
         """The trials to start now, asked and claimed here: as many as ``lanes`` has room for; a study
@@ -172,14 +185,23 @@ class Search:
 
     # ------------------------------------------------------------------------- one trial
     def _begin(self, schedule: str) -> tuple[optuna.Trial, TrialParams]:
-        """Ask the schedule's study for its next trial (a queued one first), claim it and draw its point."""
+        """Ask the schedule's study for its next trial (a queued one first), claim it and draw its point (each
+        retried alone through a storage outage: asked again, an unclaimed trial would be lost, :mod:`.outage`)."""
         trial = self.studies[schedule].ask()
-        claim(trial)
-        return trial, self.space.suggest(trial, schedule)
+        retrying(lambda: claim(trial), "claiming a trial")
+        return trial, retrying(lambda: self.space.suggest(trial, schedule), "drawing a trial's point")
 
     def run_trial(self, schedule: str, begun: tuple[optuna.Trial, TrialParams] | None = None) -> None:
-        study = self.studies[schedule]
+        """Run one trial; one another worker reaped meanwhile (:mod:`.liveness`) is dropped, its run killed."""
         trial, params = begun or self._begin(schedule)
+        with Heartbeat(self.studies[schedule]._storage, trial._trial_id) as beat:
+            self._run_trial(schedule, trial, params, beat.lost)
+        if beat.reaped:
+            line = reaped_line(trial.number)
+            self.on_event(SearchEvent("end", schedule, trial.number, params, state="reaped", reason=line))
+
+    def _run_trial(self, schedule: str, trial: optuna.Trial, params: TrialParams, lost: threading.Event) -> None:
+        study = self.studies[schedule]
         rec = TrialRecord.read(trial)
         seed, factor = rec.seed, rec.factor if rec.factor is not None else 1.0
         tag = f" seed {seed}" if seed is not None else (f" x{factor:g} budget" if factor != 1.0 else "")
@@ -202,12 +224,11 @@ class Search:
         if (why := self.space.why_not(params)) is not None:
             self._refuse(study, trial, params, why)
             return
-        with Heartbeat(study, trial._trial_id):
-            answered = not rec.is_extra and self._reuse(study, trial, params)  # an extra run is never a repeat
-            if not (answered or (factor == 1.0 and self._share(study, trial, params, seed))):
-                self._run_fresh(study, trial, params, seed, factor)
-            if not (answered or rec.is_extra or rec.sibling_of is not None):
-                self._queue_siblings(study, trial.number, params)
+        answered = not rec.is_extra and self._reuse(study, trial, params)  # an extra run is never a repeat
+        if not (answered or (factor == 1.0 and self._share(study, trial, params, seed))):
+            self._run_fresh(study, trial, params, seed, factor, lost=lost)
+        if not (answered or rec.is_extra or rec.sibling_of is not None):
+            self._queue_siblings(study, trial.number, params)
         self.ran.append(trial.number)
 
     def _refuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, why: str) -> None:
@@ -224,6 +245,7 @@ class Search:
         factor: float = 1.0,
         *,
         cover: bool = True,
+        lost: threading.Event | None = None,
     ) -> None:
         b = self.tune.budget
         budget, grid = extra.long_budget(float(b.seconds or 0.0), b.grid, factor)
@@ -236,6 +258,7 @@ class Search:
             target=float(self.tune.target.value or 0.0),
             threads=self._threads(trial),
             cancel=self._lanes.cancel,
+            lost=lost,  # the trial reaped by another worker: its run is killed (:class:`.liveness.Heartbeat`)
             server=self._server,
             timeout_factor=factor,  # search.trial_timeout is a short trial's: a long run gets factor x as long
         )
@@ -265,7 +288,7 @@ class Search:
                 return
             # Its own run needs a validation the class's curve has not got (its budget holds no batch, so it
             # validates its start): trained as itself.
-            self._run_fresh(study, trial, params, seed, factor, cover=False)
+            self._run_fresh(study, trial, params, seed, factor, cover=False, lost=lost)
             return
         self._tell(study, trial, params, result)
 
@@ -291,31 +314,22 @@ class Search:
             if step in reported:
                 return False
             reported.add(step)
-            trial.report(progress.value, step)
+            retrying(lambda: trial.report(progress.value, step), "reporting a validation")
             # A confirmation is never pruned: its whole run is the evidence.
-            return seed is None and progress.reached_at is None and trial.should_prune()
+            return seed is None and progress.reached_at is None and retrying(trial.should_prune, "pruning")
 
         return on_eval
 
     def _threads(self, trial: optuna.Trial) -> int | None:
-        """Split this machine's cores among the trials running on it right now.
-
-        Several trials at once on one CPU machine (this worker's side by side, :mod:`.lanes`, and other
-        ``paci-tune search`` workers') would otherwise each start with every core's worth of threads, and
-        oversubscribed OpenMP threads spin: trials ran ten times slower in that case. One trial alone keeps
-        torch's default.
-        """
-        pids: set[int] = set()
-        for study in self.studies.values():
-            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                w = TrialRecord.read(t).worker
-                if isinstance(w, dict) and w.get("host") == HOST:
-                    pids.add(int(w.get("pid", -1)))
-        return self._lanes.threads(trial._trial_id, len(pids - {os.getpid()}))
+        """Split this machine's cores among the trials running on it now, this worker's side by side
+        (:mod:`.lanes`) and other workers' here (:func:`.liveness.workers_here`): oversubscribed OpenMP threads
+        spin (trials ran ten times slower). One trial alone keeps torch's default."""
+        others = retrying(lambda: workers_here(self.studies.values()), "counting the trials running here")
+        return self._lanes.threads(trial._trial_id, others)
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, result: TrialResult) -> None:
         predicted = self._predicted_memory(params, result.summary.get("partition")) if result.summary else None
-        self.on_event(tell(study, trial, params, result, predicted))
+        self.on_event(retrying(lambda: tell(study, trial, params, result, predicted), "telling a trial's end"))
 
     def _predicted_memory(self, params: TrialParams, partition: Any) -> list[int] | None:
         """Predicted peak bytes per stage, beside the measured ones and in best.yaml's candidates: the figure

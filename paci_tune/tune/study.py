@@ -7,22 +7,21 @@ as hard as PACI. Any number of workers (``paci-tune search`` processes, on any m
 reach the storage) can run the same search; each takes the next trial of whichever schedule is
 furthest from its quota.
 
-Dead workers: a running trial carries its worker's host and pid and a heartbeat the worker
-refreshes every few seconds. A trial whose worker is gone (same host, pid dead) or whose
-heartbeat is stale (another host) is failed as ``interrupted`` and enqueued again with the same
-parameters, up to ``search.retries`` times. This works the same on SQLite, a journal file and a
-database server (Optuna's own heartbeat covers only RDB storages).
+Dead workers: a running trial carries who claimed it (host, pid, boot id, start time, a worker id)
+and a heartbeat the worker refreshes every few seconds; :mod:`.liveness` judges whether that worker
+lives (its pid on its own machine, its heartbeat everywhere, tolerating hosts' clocks that differ by
+less than :data:`.liveness.MAX_SKEW_S`). A trial whose worker died is failed as ``interrupted`` and
+enqueued again with the same parameters, up to ``search.retries`` times (:func:`reap_dead`). This
+works the same on SQLite, a journal file and a database server (Optuna's own heartbeat covers only
+RDB storages).
 
 A storage URL may carry a password: it is remembered when the storage opens and never shown
 (:mod:`paci_tune.base.credentials`). May import: optuna, :mod:`paci_tune.config`,
-:mod:`paci_tune.base`, :mod:`paci_tune.errors`, :mod:`.space`, :mod:`.record`.
+:mod:`paci_tune.base`, :mod:`paci_tune.errors`, :mod:`.space`, :mod:`.record`, :mod:`.liveness`.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,12 +34,11 @@ from optuna.trial import FrozenTrial, TrialState
 from ..base.credentials import remember, scrub, shown
 from ..config.tune import SearchConfig
 from ..errors import ConfigError, Failure
-from .record import Claim, Retry, StudyRecord, TrialRecord, fail_interrupted
+from .liveness import HOST, Watch, is_dead
+from .record import REAPED, Retry, StudyRecord, TrialRecord, fail_interrupted
 from .space import SearchSpace
 
-HEARTBEAT_S = 5.0
-GRACE_S = SearchConfig.heartbeat_grace  # a heartbeat this old, from another host, means its worker died
-HOST = socket.gethostname()
+GRACE_S = SearchConfig.heartbeat_grace  # a heartbeat silent this long means its worker died (:mod:`.liveness`)
 
 
 def open_storage(url: str) -> BaseStorage:
@@ -55,7 +53,9 @@ def open_storage(url: str) -> BaseStorage:
         raise ConfigError(
             "--storage", shown(url), "an Optuna storage URL (sqlite:///f.db, postgresql://..., journal:///f.log)"
         )
-    engine: dict[str, Any] = {}
+    # A database server's pooled connection may have been cut (a restart, an idle timeout): checked before
+    # use, and replaced (Optuna does so for MySQL only). A query during the outage itself: :mod:`.outage`.
+    engine: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         # Several local workers share one file: wait for the write lock rather than fail.
@@ -236,70 +236,32 @@ def running_elsewhere(trials: list[FrozenTrial]) -> int:
     return sum(1 for t in trials if t.state == TrialState.RUNNING)
 
 
-def claim(trial: optuna.Trial) -> None:
-    """Mark a trial as this worker's, so others can tell when it died with it."""
-    Claim(HOST, os.getpid(), time.time()).write(trial)
+def reap_dead(study: optuna.Study, retries: int, grace: float = GRACE_S, watch: Watch | None = None) -> list[int]:
+    """Fail the running trials whose worker died and enqueue each again; the numbers failed.
 
-
-class Heartbeat:
-    """Refreshes a running trial's heartbeat from a thread while this worker runs it."""
-
-    def __init__(self, study: optuna.Study, trial_id: int) -> None:
-        self.study, self.trial_id = study, trial_id
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                Claim.beat(self.study._storage, self.trial_id)
-            except Exception:
-                return
-
-
-def _is_dead(t: FrozenTrial, now: float, grace: float) -> bool:
-    rec = TrialRecord.read(t)
-    worker, beat = rec.worker, rec.heartbeat
-    if not isinstance(worker, dict):
-        # Claimed trials always have a worker; an unclaimed RUNNING one died between ask and claim.
-        return t.datetime_start is not None and now - t.datetime_start.timestamp() > grace
-    if worker.get("host") == HOST:
-        pid = int(worker.get("pid", -1))
-        if pid == os.getpid():
-            return False
-        try:
-            os.kill(pid, 0)  # signal 0: only asks whether the process exists
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass  # alive, another user's
-        return False
-    return beat is not None and now - float(beat) > grace
-
-
-def reap_dead(study: optuna.Study, retries: int, grace: float = GRACE_S) -> list[int]:
-    """Fail the running trials whose worker died and enqueue each again; the numbers failed."""
-    storage, now, failed = study._storage, time.time(), []
+    ``watch``: the reaper's memory of the heartbeats it saw (:class:`.liveness.Watch`), kept from one call
+    to the next by a search so that another host's clock skew is tolerated; None judges by this look alone.
+    """
+    watch, now, failed = watch or Watch(), time.time(), []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not _is_dead(t, now, grace):
-            continue
-        try:
-            fail_interrupted(storage, t._trial_id, "interrupted: its worker died")
-            if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
-                continue
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue  # another worker reaped it first
-        failed.append(t.number)
-        rec = TrialRecord.read(t)
-        attempt = rec.attempt + 1
-        if attempt <= retries and t.params:
-            Retry(t.number, attempt, rec.extra_attrs()).enqueue(study, t.params)  # an extra run stays one
+        if is_dead(t, now, grace, watch, HOST) and reap(study, t, retries):
+            watch.forget(t._trial_id)
+            failed.append(t.number)
     return failed
+
+
+def reap(study: optuna.Study, t: FrozenTrial, retries: int) -> bool:
+    """Fail a running trial as interrupted and enqueue it again (its ``attempt``-th retry, up to ``retries``);
+    False when another worker reaped it first, or its owner finished it meanwhile."""
+    storage = study._storage
+    try:
+        fail_interrupted(storage, t._trial_id, REAPED)
+        if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+            return False
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False  # another worker reaped it first
+    rec = TrialRecord.read(t)
+    attempt = rec.attempt + 1
+    if attempt <= retries and t.params:
+        Retry(t.number, attempt, rec.extra_attrs()).enqueue(study, t.params)  # an extra run stays one
+    return True
