@@ -3,7 +3,10 @@
 Every file the program writes for a user or another process to read -- profiles, ``best.yaml``,
 metrics, checkpoints, pictures -- goes through :func:`atomic_write`, so a reader never sees a
 half-written file; a write the file system refuses (permissions, a full disk) is a
-:class:`~paci_tune.errors.Failure` naming the file. May import: the standard library, PyYAML, :mod:`paci_tune.errors`.
+:class:`~paci_tune.errors.Failure` naming the file. The file is on disk before its rename, and the
+rename before :func:`atomic_write` returns (:func:`fsync_dir`): a power cut after it cannot bring
+back the old file, nor leave the new name on an empty one. May import: the standard library, PyYAML,
+:mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -35,11 +38,47 @@ def read_yaml(path: str | Path, key: str = "config") -> Any:
     except OSError as e:
         raise ConfigError(key, str(path), f"a readable YAML file ({e.strerror or e})") from None
     try:
-        return yaml.load(text, Loader=_SAFE_LOADER)
+        doc = yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as e:
         raise ConfigError(key, str(path), f"valid YAML ({str(e).splitlines()[0]})") from None
     except RecursionError:
         raise ConfigError(key, str(path), "valid YAML (nested too deeply)") from None
+    except ValueError as e:  # an integer past Python's 4300 digits
+        raise ConfigError(key, str(path), f"valid YAML ({str(e).splitlines()[0][:200]})") from None
+    if "*" not in text:  # no alias, so nothing shared: the document is as large as the text
+        return doc
+    try:
+        return _unshared(doc, [MAX_YAML_VALUES])
+    except (_TooLarge, RecursionError):
+        allowed = f"YAML whose aliases (*name) expand to at most {MAX_YAML_VALUES:,} values; this one expands past it"
+        raise ConfigError(key, str(path), allowed) from None
+
+
+MAX_YAML_VALUES = 1_000_000
+"""The most values a YAML file may hold once its aliases are expanded (far above any file of this tool)."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _unshared(node: Any, left: list[int]) -> Any:
+    """``node`` with every alias expanded into a copy of its own, counting the values against ``left[0]``.
+
+    YAML's loader hands an alias the anchor's own object, so a few hundred bytes of nested aliases
+    (the "billion laughs") load at once as a small graph -- and then hang whatever walks it as a
+    tree: a check, an error message, a copy. Expanding here, under a bound, refuses such a file in
+    well under a second, and gives every key its own value (editing one never edits another), as
+    if the file had been written out in full. A structure that contains itself never ends: refused too.
+    """
+    left[0] -= 1
+    if left[0] < 0:
+        raise _TooLarge
+    if isinstance(node, dict):
+        return {k: _unshared(v, left) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_unshared(v, left) for v in node]
+    return node
 
 
 def read_mapping(path: str | Path, key: str, what: str) -> dict[str, Any]:
@@ -70,10 +109,12 @@ _UMASK = _umask()  # read once, at import: the umask can only be read by setting
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None], *, suffix: str = "") -> Path:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place.
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place, durably.
 
     ``suffix`` keeps the temporary name's extension for writers that read it (matplotlib picks
-    the format from it). On any failure the temporary file is removed and the old ``path`` stays.
+    the format from it). The temporary file is fsynced before the rename and the folder after it,
+    so once this returns the new file survives a crash of the machine, not just of the process.
+    On any failure the temporary file is removed and the old ``path`` stays.
     """
     path = Path(path)
     try:
@@ -85,13 +126,47 @@ def atomic_write(path: str | Path, write: Callable[[str], None], *, suffix: str 
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp's 0600 suits the temporary; the file gets what open() gives
+        fsync_file(tmp)  # its data on disk before its name: else a crash can leave ``path`` empty
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise Failure(f"writing {path}", _why(e)) from e
         raise
+    try:
+        fsync_dir(path.parent)  # the rename itself on disk
+    except OSError as e:
+        raise Failure(f"writing {path}", _why(e)) from e
     return path
+
+
+def fsync_file(path: str | Path) -> None:
+    """Flush a written file's data to disk (the writer may have closed it: any descriptor will do)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_NO_DIR_FSYNC = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF)
+"""What a file system that cannot fsync a folder answers (some network and FUSE ones): nothing to flush."""
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush a folder's entries (a rename, a new file or folder in it) to disk.
+
+    A file system that refuses to fsync a folder (EINVAL and the like) is taken to keep its
+    entries durable by itself; any other error (EIO, a full disk) is raised.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in _NO_DIR_FSYNC:
+            raise
+    finally:
+        os.close(fd)
 
 
 def _why(e: OSError) -> str:
@@ -101,24 +176,30 @@ def _why(e: OSError) -> str:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` atomically, flushed to disk before the rename."""
+    """Write ``data`` atomically and durably (:func:`atomic_write`)."""
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
 
     return atomic_write(path, write)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) atomically and durably (:func:`atomic_write`)."""
     return atomic_write_bytes(path, text.encode())
 
 
 def write_yaml(path: str | Path, doc: Any, header: str = "") -> Path:
     """``doc`` as block YAML in its own key order (with an optional comment ``header``), atomically."""
-    return atomic_write_text(path, header + yaml.safe_dump(doc, sort_keys=False))
+    return atomic_write_text(path, header + yaml.dump(doc, Dumper=_WrittenOut, sort_keys=False))
+
+
+class _WrittenOut(yaml.SafeDumper):
+    """safe_dump, but a value used twice is written twice, not as an anchor and an alias: files read as they say."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def check_writable(path: str | Path, key: str, *, folder: bool = False) -> None:

@@ -1,6 +1,11 @@
 """The profile cache: a config's quick profile is measured once and read back afterwards.
 
-May import: :mod:`.measure`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`, torch.
+Once also across processes: the workers of a search share its work folder's ``profile.yaml``, and
+two that calibrate it at the same time would each time their trials with their own profile (and
+each calibration, on the same cores, with the other running). The first takes the profile's lock
+(:mod:`paci_tune.base.locks`) and measures; the others say that they wait, wait, and read what it
+wrote. May import: :mod:`.measure`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, :mod:`paci_tune.base`,
+:mod:`paci_tune.errors`, torch.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..base.locks import Holder, wait_lock
 from ..config.optimizer import OptimizerConfig
 from ..config.schema import RunConfig
 from ..errors import ConfigError
@@ -20,6 +26,10 @@ from ..sim.profile import FORMAT, Profile
 from .measure import METHOD, calibrate, default_threads, device_name, resolve_target
 
 Log = Callable[[str], None]
+
+WAIT_S = 3 * 3600.0
+"""How long a process waits for another's calibration of the same profile: generous, a calibration at
+many micro-batch sizes on a busy machine takes many minutes; a crashed holder releases at once."""
 
 
 def cache_key(
@@ -85,24 +95,41 @@ def measured_profile(
     if path is None:
         keys = [o.timing_key for o in optimizers]
         path = cache_dir() / f"{cache_key(cfg, dev, dtype, n_threads, sizes, keys)}.yaml"
-    if path.is_file():
-        try:
-            found = Profile.load(path)
-            if all(o.timing_key in found.timed_optimizers() for o in [cfg.optimizer, *optimizers]):
-                return found, path
-        except ConfigError:
-            pass  # a stale or foreign file: measure again and overwrite it
-    if log:
-        log(f"measuring the model once on this machine at micro-batch sizes {sizes}; kept as {path}")
-    profile = calibrate(
-        cfg,
-        microbatch_sizes=sizes,
-        repeats=3,
-        warmup=1,
-        threads=n_threads,
-        p2p_repeats=30,
-        log=log,
-        optimizers=optimizers,
-    )
-    profile.save(path)
+    found = _usable(path, [cfg.optimizer, *optimizers])
+    if found is not None:
+        return found, path
+
+    def waiting(holder: Holder) -> None:
+        if log:
+            log(f"waiting for {holder.describe()}, which is measuring the profile {path}, to finish (then reading it)")
+
+    with wait_lock(path.with_name(f".{path.name}.lock"), timeout_s=WAIT_S, on_wait=waiting):
+        found = _usable(path, [cfg.optimizer, *optimizers])  # measured by the process this one waited for
+        if found is not None:
+            return found, path
+        if log:
+            log(f"measuring the model once on this machine at micro-batch sizes {sizes}; kept as {path}")
+        profile = calibrate(
+            cfg,
+            microbatch_sizes=sizes,
+            repeats=3,
+            warmup=1,
+            threads=n_threads,
+            p2p_repeats=30,
+            log=log,
+            optimizers=optimizers,
+        )
+        profile.save(path)
     return profile, path
+
+
+def _usable(path: Path, optimizers: Sequence[OptimizerConfig]) -> Profile | None:
+    """The profile at ``path`` if it is one that times every optimizer of ``optimizers``; a stale or
+    foreign file is None (measured again and overwritten)."""
+    if not path.is_file():
+        return None
+    try:
+        found = Profile.load(path)
+    except ConfigError:
+        return None
+    return found if all(o.timing_key in found.timed_optimizers() for o in optimizers) else None

@@ -76,8 +76,11 @@ def run_distributed(
     metrics: str | None = None,
     resume: bool = False,
     poll_s: float = 0.1,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[int, str]:
     """Run ``cfg`` under torchrun; feed each worker record to ``on_record``; (exit code, log tail).
+
+    ``extra_env``: more for the workers' environment (the checkpoint folder whose lock the caller holds).
 
     Worker output goes to ``workdir/workers.log``; on failure its tail is what to show the user.
     Ctrl-C (or any error here) takes the whole process group down with it.
@@ -90,7 +93,7 @@ def run_distributed(
         extra += ["--metrics", str(Path(metrics).resolve())]
     if resume:
         extra.append("--resume")
-    env = loopback_env(worker_env(threads_per_process(n_processes(cfg))))
+    env = {**loopback_env(worker_env(threads_per_process(n_processes(cfg)))), **(extra_env or {})}
     cmd = worker_command(config_path, n_processes(cfg), extra)
     with Child(cmd, log=workdir / "workers.log", events=events, env=env) as child:
         follow(child, on_record, poll_s=poll_s)

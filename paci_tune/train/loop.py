@@ -7,18 +7,20 @@ of the distributed runtime (SPMD); only the reporting rank writes records. It ta
 run (:func:`paci_tune.train.run.resolve_run`): a profile clock finds its profile named, and nothing
 here loads the data, the model's metadata or the profile again. The summary that closes a run is
 :mod:`.summary`'s. May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`,
-the train layer's own modules.
+the train layer's own modules, :mod:`paci_tune.base`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..base.locks import Lock
 from ..config.layout import Layout
 from ..errors import ConfigError
 from ..pipeline.evaluation import NEAR, REACHED, EvalPlan, EvalResult
@@ -74,6 +76,7 @@ class Trainer:
         self.tokens_per_batch = t.global_batch * self.setup.seq_len
         self.state = LoopState(timing=[dataclasses.asdict(StageTiming()) for _ in range(p.stages)])
         self.ckpt_root = Path(t.checkpoint_dir) if t.checkpoint_dir else None
+        self._distributed = distributed
         self._init_optimizer: str | None = None  # set when --init-from could not move the optimizer's state
 
     @property
@@ -182,7 +185,28 @@ class Trainer:
     # ------------------------------------------------------------------------------- the loop
     def run(self, resume: bool = False) -> dict[str, Any] | None:
         """Train through the budget: continuing this run's own checkpoint with ``resume``, else
-        starting from ``training.init_from`` when it names one, else from scratch."""
+        starting from ``training.init_from`` when it names one, else from scratch. The checkpoint
+        folder is this run's alone while it trains (:meth:`_hold_checkpoints`)."""
+        lock = self._hold_checkpoints()
+        try:
+            return self._run(resume)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _hold_checkpoints(self) -> Lock | None:
+        """The lock of the checkpoint folder (:func:`.checkpoint.hold`; a second run there is refused before
+        any work). One process per run holds it: this one, unless the distributed launcher holds it for its
+        workers (:data:`.checkpoint.LOCK_ENV`); under a torchrun of the user's own, rank 0 -- the other ranks
+        are the same run and must not refuse each other."""
+        root = self.ckpt_root
+        if root is None or os.environ.get(checkpoint.LOCK_ENV) == str(root.resolve()):
+            return None
+        if self._distributed and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return None
+        return checkpoint.hold(root)
+
+    def _run(self, resume: bool) -> dict[str, Any] | None:
         if resume and (self.ckpt_root is None or checkpoint.latest(self.ckpt_root) is not None):
             self._resume()
         elif self.cfg.training.init_from:

@@ -9,6 +9,7 @@ clock's profile), :mod:`paci_tune.pipeline`, :mod:`paci_tune.config`, :mod:`paci
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import tempfile
@@ -22,6 +23,7 @@ from ..config.schema import RunConfig
 from ..errors import ConfigError
 from ..pipeline.backend import choose_backend, shares_gpus, uses_cuda, visible_gpus
 from ..pipeline.factory import ResolvedRun, resolve_pieces
+from .clock import check_seconds_budget
 from .failure import first_failure
 from .timed import resolve_timed, trains_flush_for
 
@@ -74,21 +76,27 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
         _, path = measured_profile(cfg, log=log)
         cfg = dataclasses.replace(cfg, training=dataclasses.replace(t, profile=str(path)))
     if trains_flush_for(cfg):  # zb-h1 on the distributed runtime runs for real, resolved like any run
-        return resolve_timed(cfg)
-    return resolve_pieces(cfg, distributed=cfg.pipeline.runtime == "distributed")
+        run = resolve_timed(cfg)
+    else:
+        run = resolve_pieces(cfg, distributed=cfg.pipeline.runtime == "distributed")
+    check_seconds_budget(run.config, run.profile)  # before a worker starts or a step runs
+    return run
 
 
 def check_outputs(cfg: RunConfig, metrics: str | None, *, resume: bool = False) -> None:
-    """The files a run writes can be written, and the checkpoint it resumes from holds nothing but data:
-    refused now, not after the first minutes of training."""
+    """The files a run writes can be written, no other run writes its checkpoint folder, and the
+    checkpoint it resumes from is complete and holds nothing but data (a LATEST that names nothing
+    complete is refused, :func:`.checkpoint.latest`): refused now, not after the first minutes of training."""
     from ..base.files import check_writable
-    from .checkpoint import RESUME, check_files, latest
+    from .checkpoint import RESUME, check_files, check_free, latest
 
     if metrics is not None:
         check_writable(metrics, "--metrics")
     t = cfg.training
     if t.checkpoint_every and t.checkpoint_dir:
         check_writable(t.checkpoint_dir, "training.checkpoint_dir", folder=True)
+    if t.checkpoint_dir:
+        check_free(Path(t.checkpoint_dir))
     start = latest(Path(t.checkpoint_dir)) if resume and t.checkpoint_dir else None
     if start is not None:
         check_files(start, RESUME)
@@ -156,8 +164,16 @@ def run_training(
         if on_record is not None:
             on_record(rec)
 
-    workdir = Path(tempfile.mkdtemp(prefix="paci-tune-run-"))
-    rc, tail = run_distributed(cfg, workdir, record, metrics=metrics, resume=resume)
+    with contextlib.ExitStack() as held:
+        env = {}
+        if cfg.training.checkpoint_dir:  # the launcher holds the folder for its workers (Trainer._hold_checkpoints)
+            from .checkpoint import LOCK_ENV, hold
+
+            root = Path(cfg.training.checkpoint_dir)
+            held.enter_context(hold(root))
+            env[LOCK_ENV] = str(root.resolve())
+        workdir = Path(tempfile.mkdtemp(prefix="paci-tune-run-"))
+        rc, tail = run_distributed(cfg, workdir, record, metrics=metrics, resume=resume, extra_env=env)
     if rc != 0:
         log_path = workdir / "workers.log"
         cause = first_failure(log_path.read_text(errors="replace"), cfg.pipeline.stages) if log_path.exists() else None

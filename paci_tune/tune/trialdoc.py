@@ -42,6 +42,7 @@ def plain_doc(
             "training.eval_every_seconds": (b.seconds or 0.0) / b.grid,
             "training.target_val_loss": t.target.value,
             "training.checkpoint_every": 0,
+            "training.checkpoint_dir": None,  # the run file's folder is the user's run's: trials write none there
             "pipeline.partition": "auto",
             "pipeline.runtime": trial_runtime(tune),
             "pipeline.inflight": None,
