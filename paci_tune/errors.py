@@ -9,13 +9,44 @@ May import: nothing (the ground under every layer).
 
 from __future__ import annotations
 
+import reprlib
+
+SHOWN_CHARS = 200
+"""The most characters of a value an error message shows: a value can be a whole file's worth."""
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, SHOWN_CHARS, SHOWN_CHARS
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdeque = 12
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, saying how long it was.
+
+    A value from an input file can be huge (a YAML list of millions of items, a long string), and
+    its full repr would take minutes and gigabytes; reprlib walks only what it shows, so a shared
+    structure that expands to billions of items costs no more than a small one.
+    """
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    if isinstance(value, int) and value.bit_length() > 4 * limit:  # repr refuses past 4300 digits
+        return f"an integer of {value.bit_length()} bits"
+    text = _REPR.repr(value)
+    return f"{text[:limit]}... ({len(text)} characters)" if len(text) > limit else text
+
 
 class ConfigError(Exception):
-    """Bad user input. `key` is the dotted config key, `value` what was given, `allowed` what is accepted."""
+    """Bad user input. `key` is the dotted config key, `value` what was given, `allowed` what is accepted.
+
+    The message shows the value bounded (:func:`shown`) and ``allowed`` cut to a few thousand
+    characters, so no input can make the one error line itself a hang.
+    """
 
     def __init__(self, key: str, value: object, allowed: str) -> None:
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"{key}: got {value!r}; allowed: {allowed}")
+        if len(allowed) > 10 * SHOWN_CHARS:
+            allowed = f"{allowed[: 10 * SHOWN_CHARS]}... ({len(allowed)} characters)"
+        shown_key = key if len(key) <= SHOWN_CHARS else f"{key[:SHOWN_CHARS]}... ({len(key)} characters)"
+        super().__init__(f"{shown_key}: got {shown(value)}; allowed: {allowed}")
 
     def __reduce__(self) -> tuple:  # a process pool sends it back whole (Exception's default pickles args only)
         return (type(self), (self.key, self.value, self.allowed))

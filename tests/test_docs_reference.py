@@ -426,7 +426,7 @@ def test_text_and_bin_sources_by_behaviour(tmp_path: Path) -> None:
 
     for kind, base in (
         ("text", {"path": str(text), "val_fraction": 0.3}),
-        ("bin", {"path": str(folder), "vocab_size": 1000}),
+        ("bin", {"path": str(folder), "vocab_size": 1000, "dtype": "uint16"}),
     ):
         rows = _rows(MODEL, f"data with source: {kind}")
         assert tuple(rows) == sources.SOURCE_KEYS[kind]

@@ -28,8 +28,32 @@ DEFAULT_WINDOW = 4
 """The window a run gets when neither ``pipeline.window`` nor ``pipeline.microbatch_size`` is given."""
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+_DIVISOR_SCAN = 1 << 20
+"""Trial divisions an error message may spend listing divisors: a million, well under a second."""
+
+
+def _divisors(n: int, shown: int = 16) -> str:
+    """The divisors of ``n`` for an error message: all of them when few, else the smallest and largest.
+
+    Found in pairs ``(d, n // d)`` up to ``sqrt(n)`` -- and at most :data:`_DIVISOR_SCAN` of them, so a
+    batch of 10**12 costs a million divisions, not a trillion; past that only the small ones and their
+    partners are listed, said so.
+    """
+    small: list[int] = []
+    d = 1
+    while d * d <= n and d <= _DIVISOR_SCAN:
+        if n % d == 0:
+            small.append(d)
+        d += 1
+    complete = d * d > n
+    large = [n // x for x in reversed(small) if n // x != x]
+    found = small + large
+    listed = ", ".join(map(str, found))
+    if len(found) > shown:
+        listed = f"{', '.join(map(str, found[: shown // 2]))}, ..., {', '.join(map(str, found[-(shown // 4) :]))}"
+    if complete:
+        return listed if len(found) <= shown else f"{listed} ({len(found)} divisors)"
+    return f"{listed} (not searched between {_DIVISOR_SCAN} and {n // _DIVISOR_SCAN})"
 
 
 def _positive_int(key: str, value: Any) -> None:

@@ -7,13 +7,16 @@ because tuning compares runs that differ only in their pipeline settings.
 - ``stdlib``: the running Python's standard library sources. Always present, needs no
   download, real code text. Depends on the Python version, which is part of its name.
 - ``text``: a user's text file or folder, byte tokens.
-- ``bin``: a nanoGPT-style folder of ``train.bin``/``val.bin`` uint16 tokens, memory-mapped.
+- ``bin``: a nanoGPT-style folder of ``train.bin``/``val.bin`` uint16 or uint32 tokens (or llm.c's
+  files with their header), memory-mapped and checked by :mod:`.binfile`.
 - ``synthetic``: a random order-1 Markov chain whose entropy rate is known exactly, so a
-  loss curve can be judged against the best achievable loss, not just against another run.
+  loss curve can be judged against the best achievable loss, not just against another run. Its
+  stationary distribution is solved densely (three V x V arrays), so ``vocab_size`` is capped
+  (:data:`SYNTHETIC_VOCAB_MAX`) and those arrays must fit in this machine's RAM.
 
 Validation is held out by whole files, chosen by a stable hash of the relative path, so adding
 a file does not reshuffle which others are held out, and no file is in both splits. May import:
-numpy, :mod:`paci_tune.errors`, :mod:`paci_tune.base` and the data layer's tokenizer.
+numpy, :mod:`paci_tune.errors`, :mod:`paci_tune.base` and the data layer's tokenizer and binfile.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from paci_tune.base.processes import physical_memory_bytes
+from paci_tune.data.binfile import check_dtype, is_regular, read_tokens
 from paci_tune.data.stream import DEFAULT_DRAW, DRAWS
 from paci_tune.data.tokenizer import ByteTokenizer
 from paci_tune.errors import ConfigError
@@ -41,12 +45,15 @@ BYTE_VOCAB = ByteTokenizer.vocab_size
 STDLIB_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"})
 TEXT_SKIP_DIRS = frozenset({"__pycache__", "node_modules"})
 SNIFF_BYTES = 8192
-BIN_CHECK_TOKENS = 1 << 20
+SYNTHETIC_VOCAB_MAX = 32768
+"""The largest synthetic vocabulary (the CUDA memory bench's): its chain's stationary distribution is a
+dense solve, three V x V float64 arrays (24 GiB at 32768, 56 GiB at GPT-2's 50257) and 2/3 V**3 flops."""
+_DENSE_BYTES = 3 * 8  # per V x V entry: the transition matrix, the linear system and the identity, float64
 GPT2_VOCAB = 50257  # what nanoGPT's prepare scripts emit; the bin default when nothing else says
 SOURCE_KEYS: dict[str, tuple[str, ...]] = {
     "stdlib": ("max_bytes", "val_fraction"),
     "text": ("path", "val_fraction"),
-    "bin": ("path", "vocab_size"),
+    "bin": ("path", "vocab_size", "dtype"),
     "synthetic": ("vocab_size", "branching", "n_train", "n_val", "seed"),
 }
 
@@ -158,8 +165,13 @@ def stdlib_corpus(max_bytes: int = 8_000_000, val_fraction: float = 0.05) -> Tok
     return TokenSource(name, train, val, BYTE_VOCAB)
 
 
-def _read_text(path: Path) -> bytes | None:
-    """The file's bytes if it looks like UTF-8 text (judged on its start), else None."""
+def _read_text(path: Path, key: str = "data.path") -> bytes | None:
+    """The file's bytes if it looks like UTF-8 text (judged on its start), else None.
+
+    Only a regular file is opened: a named pipe would block the load forever, a device never end.
+    """
+    if not is_regular(path):
+        raise ConfigError(key, str(path), "a folder of regular files (a pipe, socket or device cannot be read as text)")
     with path.open("rb") as fh:
         head = fh.read(SNIFF_BYTES)
         if SEPARATOR in head:
@@ -185,6 +197,8 @@ def text_source(path: str, val_fraction: float = 0.05) -> TokenSource:
     root = Path(path).expanduser()
     if not root.exists():
         raise ConfigError("data.path", path, "an existing file or folder")
+    if not root.is_dir() and not is_regular(root):  # a pipe would block the read forever
+        raise ConfigError("data.path", path, "a regular text file or a folder (not a pipe, socket or device)")
     if root.is_file():
         data = root.read_bytes()
         if not data:
@@ -201,33 +215,29 @@ def text_source(path: str, val_fraction: float = 0.05) -> TokenSource:
     return TokenSource(f"text:{root.name}", train, val, BYTE_VOCAB)
 
 
-def bin_source(path: str, vocab_size: int, *, vocab_key: str = "model.vocab_size") -> TokenSource:
-    """nanoGPT's prepared format: ``train.bin`` and ``val.bin`` of uint16 tokens, memory-mapped read-only.
+def bin_source(
+    path: str, vocab_size: int, *, vocab_key: str = "model.vocab_size", dtype: str | None = None
+) -> TokenSource:
+    """nanoGPT's prepared format: ``train.bin`` and ``val.bin`` of tokens, memory-mapped read-only.
 
     The files carry no vocabulary size, so the caller supplies it (``vocab_key`` names the config
-    key it came from, for errors). Only the first chunk of each file is checked against it:
-    scanning billions of tokens at start-up would be slow, and a wrong vocabulary almost always
-    shows up early.
+    key it came from, for errors). ``dtype`` (``data.dtype``) is the tokens' width, uint16 when
+    neither it nor an llm.c header says; :func:`~paci_tune.data.binfile.read_tokens` checks each
+    file's size, header and first and last tokens.
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 0:
         raise ConfigError(vocab_key, vocab_size, "a positive integer")
+    dtype = check_dtype(dtype)
     if not isinstance(path, str | os.PathLike):
         raise ConfigError("data.path", path, "a folder with train.bin and val.bin")
     folder = Path(path).expanduser()
-    wanted = "a folder with train.bin and val.bin (uint16 tokens, nanoGPT format)"
+    wanted = "a folder with train.bin and val.bin (uint16 or uint32 tokens, nanoGPT or llm.c format)"
     arrays: dict[str, np.ndarray] = {}
     for split in ("train", "val"):
         file = folder / f"{split}.bin"
-        if not file.is_file():
+        if not file.exists():
             raise ConfigError("data.path", path, f"{wanted}; {file.name} is missing")
-        try:
-            arrays[split] = np.memmap(file, dtype=np.uint16, mode="r")
-        except ValueError as exc:  # empty file, or an odd number of bytes
-            raise ConfigError("data.path", path, f"{wanted}; {file.name} is unreadable: {exc}") from None
-        top = int(arrays[split][:BIN_CHECK_TOKENS].max())
-        if top >= vocab_size:
-            allowed = f"more than {top}, the largest token id in {file.name}"
-            raise ConfigError(vocab_key, vocab_size, allowed)
+        arrays[split] = read_tokens(file, dtype, vocab_size, vocab_key)
     return TokenSource(f"bin:{folder.name}", arrays["train"], arrays["val"], vocab_size)
 
 
@@ -281,6 +291,17 @@ def synthetic_source(
     chains from child seeds, so ``n_train`` does not change the validation tokens.
     """
     vocab_size = _positive_int("vocab_size", vocab_size, minimum=2)
+    ram = physical_memory_bytes()
+    most = SYNTHETIC_VOCAB_MAX if ram is None else min(SYNTHETIC_VOCAB_MAX, math.isqrt(ram // _DENSE_BYTES))
+    if vocab_size > most:
+        here = (
+            "" if most == SYNTHETIC_VOCAB_MAX else f" (they fit in this machine's {ram / 2**30:.0f} GiB up to {most})"
+        )
+        why = (
+            f"an integer in [2, {most}]: the chain's stationary distribution is solved densely, "
+            f"three V x V float64 arrays, {_DENSE_BYTES * vocab_size**2 / 2**30:.1f} GiB at V={vocab_size}{here}"
+        )
+        raise ConfigError("data.vocab_size", vocab_size, why)
     branching = _positive_int("branching", branching)
     if branching > vocab_size:
         raise ConfigError("data.branching", branching, f"an integer in [1, vocab_size={vocab_size}]")
@@ -354,10 +375,12 @@ def load_source(spec: Mapping[str, Any], vocab_size_hint: int | None) -> TokenSo
     if kind == "bin":
         if "path" not in kwargs:
             raise ConfigError("data.path", None, "a folder with train.bin and val.bin")
+        dtype = kwargs.get("dtype")
         if "vocab_size" in kwargs:
-            source = bin_source(kwargs["path"], kwargs["vocab_size"], vocab_key="data.vocab_size")
+            source = bin_source(kwargs["path"], kwargs["vocab_size"], vocab_key="data.vocab_size", dtype=dtype)
         else:
-            source = bin_source(kwargs["path"], GPT2_VOCAB if vocab_size_hint is None else vocab_size_hint)
+            hint = GPT2_VOCAB if vocab_size_hint is None else vocab_size_hint
+            source = bin_source(kwargs["path"], hint, dtype=dtype)
     elif kind in _PURE:
         source = _pure_source(kind, kwargs)
     else:

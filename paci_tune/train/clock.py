@@ -20,7 +20,9 @@ PACI with ``pipeline.backward_weights: forward`` also pays, at each step that ke
 for in-flight backwards, the profile's ``copy_s`` of the stage's weights (0 for a profile without
 it); ``current`` and the flush schedules pay nothing.
 Evaluation is not training time: it does not advance them, and the wall clock leaves it out.
-May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`.
+A budget in seconds is simulated ahead, so one that would take too long to simulate
+(:data:`SIMULATED_PASSES_MAX`) is refused, naming ``training.seconds``, rather than never starting.
+May import: :mod:`paci_tune.sim`, :mod:`paci_tune.schedule`, :mod:`paci_tune.config`, :mod:`paci_tune.errors`.
 """
 
 from __future__ import annotations
@@ -32,11 +34,17 @@ from typing import Protocol
 
 from ..config.layout import Layout
 from ..config.schema import RunConfig
+from ..errors import ConfigError
 from ..schedule import Op, schedule_of
 from ..sim.profile import Profile
 from ..sim.simulator import simulate
 
 CLOCKS = ("wall", "rst", "sim")
+
+SIMULATED_PASSES_MAX = 2_000_000
+"""The most micro-batch passes (global batches x window x pipeline pieces) a budget in seconds may make a
+profile clock simulate ahead: its segments are planned whole, about 25 us a pass, so this is under a minute
+of planning. A budget of more is refused (:meth:`ProfileClock.batches_within`) rather than never starting."""
 
 
 class Clock(Protocol):
@@ -259,12 +267,35 @@ class ProfileClock:
         left = budget - self.reading
         if self.plan(1).makespan > left:
             return 0
-        # Makespan grows with the batch count: double until past the budget, then bisect. (A plan
-        # costs time linear in its length, and ``n_batches`` may be huge when only time bounds it.)
-        lo = 1
-        while lo < n_batches and self.plan(min(2 * lo, n_batches)).makespan <= left:
-            lo = min(2 * lo, n_batches)
-        hi = min(2 * lo, n_batches)
+        self._check_budget(n_batches, budget)
+        # makespan(n) >= n * floor (each batch costs every stage the same compute): a cheap upper end.
+        floor = max(self.plan(1).busy, default=0.0)
+        hi = min(n_batches, int(left / floor) + 1) if floor > 0 else n_batches
+        if hi <= 64:
+            return self._search(1, hi, left)
+        if self.plan(hi).makespan <= left:
+            return hi
+        # A drained segment's makespan is close to fill + n * period: guess from the two ends, then
+        # gallop to bracket the answer and bisect -- a few plans of the budget's length, not log2(n).
+        period = (self.plan(hi).makespan - self.plan(1).makespan) / (hi - 1)
+        guess = min(max(1 + int((left - self.plan(1).makespan) / period), 1), hi - 1) if period > 0 else 1
+        step = 1
+        if self.plan(guess).makespan <= left:
+            lo = guess
+            while lo + step < hi and self.plan(lo + step).makespan <= left:
+                lo, step = lo + step, 2 * step
+            return self._search(lo, min(lo + step, hi), left)
+        top = guess
+        while top - step > 1 and self.plan(top - step).makespan > left:
+            top, step = top - step, 2 * step
+        return self._search(max(top - step, 1), top, left)
+
+    def _search(self, lo: int, hi: int, left: float) -> int:
+        """The most batches in [lo, hi] whose segment ends within ``left`` (``lo``'s is known to), by
+        doubling from ``lo`` then bisecting: makespan grows with the batch count."""
+        while lo < hi and self.plan(min(2 * lo, hi)).makespan <= left:
+            lo = min(2 * lo, hi)
+        hi = min(2 * lo, hi)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if self.plan(mid).makespan <= left:
@@ -272,6 +303,26 @@ class ProfileClock:
             else:
                 hi = mid - 1
         return lo
+
+    def _check_budget(self, n_batches: int, budget: float) -> None:
+        """Refuse a budget whose segment is too long to simulate (:data:`SIMULATED_PASSES_MAX`).
+
+        Each batch costs every stage the same compute, so the busiest stage's seconds in one batch are a
+        floor under each batch's time: ``budget / floor`` bounds the batches a budget can hold, cheaply.
+        """
+        per_batch = max(1, self.layout.window * self.layout.virtual_stages)
+        most = SIMULATED_PASSES_MAX // per_batch
+        floor = max(self.plan(1).busy, default=0.0)
+        left = budget - self.reading
+        if n_batches <= most or (floor > 0 and left / floor <= most):
+            return
+        largest = self.reading + most * floor
+        allowed = (
+            f"at most {largest:.6g} seconds (budget.seconds in a search) for this layout on the {self.name} clock: "
+            f"a budget is simulated ahead, at most {most} global batches of {per_batch} passes, and one takes at "
+            f"least {floor:.3g} s on the profile; use training.steps or a shorter budget"
+        )
+        raise ConfigError("training.seconds", budget, allowed)
 
 
 def run_clock(cfg: RunConfig, profile: Profile, layout: Layout, offset: float = 0.0) -> ProfileClock:
@@ -282,3 +333,19 @@ def run_clock(cfg: RunConfig, profile: Profile, layout: Layout, offset: float = 
     return ProfileClock(
         t.clock, profile, layout, sync_steps=sync_steps, backward_weights=p.backward_weights, offset=offset
     )
+
+
+def check_seconds_budget(cfg: RunConfig, profile: Profile | None) -> None:
+    """Refuse, before any work, a budget in seconds too long for ``cfg``'s profile clock to simulate ahead.
+
+    ``cfg`` as resolved (its cut pinned), ``profile`` its clock's. What the clock itself refuses at the
+    first segment (:meth:`ProfileClock.batches_within`), checked where a command validates its run, so a
+    refusal comes before the model is built or a worker started. A wall clock has nothing to simulate.
+    """
+    t = cfg.training
+    if t.clock == "wall" or t.seconds is None or profile is None:
+        return
+    clock = run_clock(cfg, profile.for_optimizer(cfg.optimizer.timing_key), cfg.layout)
+    segment = min(n for n in (t.checkpoint_every or None, t.steps, 2**40) if n is not None)  # as the trainer cuts
+    if clock.plan(1).makespan <= t.seconds:
+        clock._check_budget(segment, t.seconds)

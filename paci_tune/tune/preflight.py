@@ -23,7 +23,7 @@ from typing import Any
 from ..base.files import check_writable
 from ..config import RunConfig, derive_run
 from ..config.tune import TuneConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from .extra import confirm_seeds
 from .point import TrialParams
 from .search import Search
@@ -85,7 +85,8 @@ def check_trials(tune: TuneConfig, space: SearchSpace, profile: str | None) -> l
         try:
             derive_run(search.trial_doc(params, None, tc.factor))
         except ConfigError as e:
-            trial = f"{e.key}: got {e.value!r}; allowed: {e.allowed} (the trial {params.label()} at {tc.factor:g}x)"
+            got = f"{e.key}: got {shown(e.value)}; allowed: {e.allowed}"
+            trial = f"{got} (the trial {params.label()} at {tc.factor:g}x)"
             why = f"a factor whose long runs pass: {trial}"
             raise ConfigError("search.transfer_check.factor", tc.factor, why) from None
     first = runs[0]
@@ -140,12 +141,15 @@ _FROM_POINT = {
 
 def _blame(e: ConfigError, params: TrialParams, seed: int | None, space: SearchSpace) -> ConfigError:
     """The refusal of a trial's run, named by what produced it: the space's dimension, or the seed."""
-    trial = f"{e.key}: got {e.value!r}; allowed: {e.allowed} (the trial {params.label()} of space {space.name})"
+    where = f"the trial {params.label()} of space {space.name}"
+    trial = f"{e.key}: got {shown(e.value)}; allowed: {e.allowed} ({where})"
+    if e.key == "training.seconds":  # a search's budget: the trial's run reads it as training.seconds
+        return ConfigError("budget.seconds", e.value, f"{e.allowed} (in {where})")
     if seed is not None and e.key == "training.seed":
         return ConfigError("search.confirm.seeds", seed, f"seeds whose trials pass: {trial}")
     dim = _FROM_POINT.get(e.key)
     if dim is None:
-        return ConfigError(e.key, e.value, f"{e.allowed} (in the trial {params.label()} of space {space.name})")
+        return ConfigError(e.key, e.value, f"{e.allowed} (in {where})")
     if e.key == "training.global_batch" and space.fixed_batch is None:
         dim = "window x microbatch_size"
     value = params.lr_scale if dim == "lr_scale" else getattr(params, dim.split(" ")[-1])
