@@ -18,7 +18,7 @@ import types
 import pytest
 from helpers.configs import make_config
 from helpers.profiles import equal_profile, make_profile, unit
-from test_sync_schedules import check_well_formed, costs
+from helpers.schedule_lists import check_well_formed, costs
 
 from paci_tune.config import derive_run
 from paci_tune.config.layout import Layout
