@@ -157,6 +157,7 @@ def test_a_heartbeat_finds_its_trial_reaped_and_the_block_ends_quietly() -> None
 
 # --------------------------------------------------------------------------- (d) a real search, reaped mid-trial
 @pytest.mark.slow
+@pytest.mark.whole_machine  # a wall-clock search of 2 devices: a core each
 def test_a_trial_reaped_by_another_worker_is_dropped_by_its_owner_and_the_search_finishes(tmp_path: Path) -> None:
     """A real ``paci-tune search`` on a journal file; the test, as another worker, reaps its running trial.
     The owner kills that trial's process, says so in one line, and runs its quota (the retry included)."""
@@ -187,7 +188,9 @@ def test_a_trial_reaped_by_another_worker_is_dropped_by_its_owner_and_the_search
         while victim is None and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
             victim = _started_trial(log, tmp_path)
-        assert victim is not None, f"no trial started (search exit {proc.poll()})"
+        if victim is None:
+            code, (_, err) = proc.poll(), proc.communicate(timeout=60) if proc.poll() is not None else ("", "")
+            raise AssertionError(f"no trial started (search exit {code}): {err[-3000:]}")
         study = _paci(log)
         assert reap(study, study.trials[victim], retries=1)
         _, err = proc.communicate(timeout=300)
