@@ -75,6 +75,14 @@ class TrialReaped(Exception):
     trial is not this worker's any more; nothing is written to it."""
 
 
+def _check_still_ours(job: TrialJob) -> None:
+    """Raise when the job's run must end untold: its worker is stopping, or another worker reaped its trial."""
+    if job.cancel is not None and job.cancel.is_set():
+        raise TrialCancelled(f"{job.params.label()}: its worker is stopping")
+    if job.lost is not None and job.lost.is_set():
+        raise TrialReaped(f"{job.params.label()}: reaped by another worker")
+
+
 @dataclass
 class TrialResult:
     status: Literal["complete", "pruned", "failed"]
@@ -180,10 +188,7 @@ class SubprocessRunner:
 
         def stop(active: bool) -> bool:
             nonlocal last_activity
-            if job.cancel is not None and job.cancel.is_set():
-                raise TrialCancelled(f"{job.params.label()}: its worker is stopping")
-            if job.lost is not None and job.lost.is_set():
-                raise TrialReaped(f"{job.params.label()}: reaped by another worker")
+            _check_still_ours(job)
             now = time.monotonic()
             if active:
                 last_activity = now
@@ -206,10 +211,7 @@ class SubprocessRunner:
             # trial's failure. Run again from the start the ordinary way (unless the worker stops or lost the
             # trial meanwhile); validations already reported are not reported twice (the search's on_eval
             # skips them).
-            if job.cancel is not None and job.cancel.is_set():
-                raise TrialCancelled(f"{job.params.label()}: its worker is stopping")
-            if job.lost is not None and job.lost.is_set():
-                raise TrialReaped(f"{job.params.label()}: reaped by another worker")
+            _check_still_ours(job)
             return self.run(replace(job, server=None), on_eval, on_record)
         wall = time.monotonic() - t0
         if watch.stop is not None:
