@@ -30,10 +30,9 @@ another work folder finds it. Workers on other machines need it on a shared file
 from __future__ import annotations
 
 import copy
-import fcntl
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 import optuna
 
 from ..base.files import atomic_write_text
+from ..base.locks import Lock, wait_lock
 from ..config import derive_doc, derive_run
 from ..config.tune import TuneConfig
 from ..errors import ConfigError
@@ -144,16 +144,9 @@ def folder_for(tune: TuneConfig, name: str, work: Path, storage_url: str, studie
     return (file.parent / f"{name}-warm-start") if file is not None else work / "warm-start"
 
 
-@contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """Hold the warm-up folder's lock: one worker trains, the others wait and then find it done."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def _locked(folder: Path) -> Lock:
+    """Hold the warm-up folder's lock: one worker trains, the others wait (however long) and then find it done."""
+    return wait_lock(folder / ".lock", timeout_s=math.inf)
 
 
 def _done(folder: Path) -> dict[str, Any] | None:
