@@ -1,4 +1,4 @@
-"""The docs cannot rot: every shell command in the README and the user guide is run, or listed here
+"""The docs cannot rot: every shell command in the README, the user guide and the manual is run, or listed here
 with the reason it is not.
 
 Each ```bash block's commands run in order in a scratch folder of the block's own, so a command may
@@ -39,7 +39,7 @@ from paci_tune.cli.app import main as cli_main
 
 pytestmark = pytest.mark.slow
 
-DOCS = ("README.md", "docs/guide.md")
+DOCS = ("README.md", "docs/guide.md", "docs/manual.md")
 
 
 @dataclass(frozen=True)
