@@ -75,7 +75,7 @@ def test_paper_scaled_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     text = _bench("bench/paper_scaled.py", "--quick", "--workdir", work, "--out", out)
     doc = json.loads((tmp_path / "paper.json").read_text())
     search, fresh = doc["search_seeds"], doc["seeds"]
-    assert len(fresh) >= 3 and not set(search) & set(fresh)
+    assert len(fresh) >= 2 and not set(search) & set(fresh)  # a paired t-interval's least (df = 1)
     shape = [("forward", o, g) for o in ("adamw", "muon", "best") for g in (4, 8)]
     assert [(r["bw"], r["opt"], r["G"]) for r in doc["results"]] == shape
     # every grid point on the search seeds: 4 schedules x 2 windows x 2 LRs x 2 optimizers a batch
