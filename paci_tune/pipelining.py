@@ -33,6 +33,7 @@ breaks. May import: :mod:`paci_tune.pipeline`, :mod:`paci_tune.schedule`, :mod:`
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ from .pipeline.backend import wire_device
 from .pipeline.optim import AliasedOptimizer
 from .pipeline.p2p import P2P
 from .pipeline.stage import Stage
+from .pipeline.step_batches import Batches
 from .schedule import FLUSH, Action, Op, stage_actions
 
 __all__ = ["SchedulePACI"]
@@ -67,9 +69,10 @@ class _StageUnit(nn.Module):
         super().__init__()
         self.inner, self.index = module, index
         self.extra: tuple[torch.Tensor, ...] = ()
+        self.kwargs: dict[str, Any] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.inner(x, *self.extra)
+        out = self.inner(x, *self.extra, **self.kwargs)
         if not isinstance(out, torch.Tensor):
             raise RuntimeError(f"stage {self.index} returned {type(out).__name__}; SchedulePACI needs one tensor")
         return out
@@ -146,7 +149,13 @@ class SchedulePACI:
     Checkpoint with :meth:`state_dict` (the optimizer's state *and* the fp32 masters, which
     ``optimizer.state_dict()`` does not hold) next to the module's own.
 
-    Limits: one stage per rank, stage ``i`` on group rank ``i``; a single tensor flows between
+    Pre-split micro-batches, torchtitan 0.3.0's call: ``step(arg_mbs=, kwarg_mbs=, target_mbs=, losses=,
+    loss_kwargs=, return_outputs=False)`` (:mod:`.pipeline.step_batches`); the loss is then
+    ``loss_fn(output, target, **loss_kwargs)``, still divided by ``window`` as under torch's
+    ``scale_grads=True`` (torchtitan's ``scale_grads=False`` loss is not: ``docs/models.md``).
+
+    Limits: one stage per rank, stage ``i`` on group rank ``i`` (no multi-stage schedule: Interleaved1F1B,
+    ZBV, DualPipeV); a single tensor flows between
     stages and keeps one shape; ``step()`` returns ``None`` (outputs of micro-batches still in flight
     do not exist yet). Activation checkpointing inside the module (``torch.utils.checkpoint``)
     recomputes its part of the forward at the backward, with the weights current then, so
@@ -167,8 +176,8 @@ class SchedulePACI:
     ) -> None:
         if not isinstance(stage, PipelineStage):
             raise ValueError(
-                "SchedulePACI needs one torch.distributed.pipelining.PipelineStage per rank, "
-                f"got {type(stage).__name__}"
+                "SchedulePACI needs one torch.distributed.pipelining.PipelineStage per rank (no multi-stage "
+                f"schedule such as Interleaved1F1B), got {type(stage).__name__}"
             )
         group_size = dist.get_world_size(stage.group)
         if stage.num_stages != group_size:
@@ -225,8 +234,7 @@ class SchedulePACI:
         self._pos = 0  # actions of the current segment already executed
         self._horizon = 0  # global batches covered by self._actions
         self._drained = False
-        self._inputs: dict[int, tuple[torch.Tensor, ...]] = {}
-        self._targets: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._batches = Batches(n_microbatches, self.device)
         self._losses: list | None = None
 
     # ------------------------------------------------------------------------------ properties
@@ -249,18 +257,24 @@ class SchedulePACI:
         return self._stage.copies_stats()
 
     # ---------------------------------------------------------------------------------- public
-    def step(self, *args: torch.Tensor, target: torch.Tensor | None = None, losses: list | None = None) -> None:
-        """Submit one batch of ``n_microbatches`` and run as far as the schedule allows (see class doc)."""
+    def step(
+        self,
+        *args: torch.Tensor,
+        target: torch.Tensor | None = None,
+        losses: list | None = None,
+        arg_mbs: list[tuple[torch.Tensor, ...]] | None = None,
+        kwarg_mbs: list[dict[str, Any]] | None = None,
+        target_mbs: list[torch.Tensor] | None = None,
+        loss_kwargs: dict[str, Any] | None = None,
+        return_outputs: bool = False,
+    ) -> None:
+        """Submit one batch of ``n_microbatches``, whole or pre-split, and run as far as the schedule allows."""
         if self._drained:
             raise RuntimeError("step() after drain(): call restart() to continue training")
-        if self.is_first and not args:
-            raise ValueError("stage 0 must pass the batch to step()")
-        if self.is_last and target is None:
-            raise ValueError("the last stage must pass target= to step()")
-        if self.is_first:
-            self._split_into(self._inputs, args)
-        if self.is_last:
-            self._split_into(self._targets, (target,))
+        if return_outputs:  # the outputs of micro-batches still in flight do not exist yet
+            raise ValueError("SchedulePACI.step() returns None: pass return_outputs=False")
+        first, ends = (self._seg_first + self._submitted) * self.window, (self.is_first, self.is_last)
+        self._batches.submit(first, ends, args, target, arg_mbs, kwarg_mbs, target_mbs, loss_kwargs)
         self._losses = losses
         per_step = self.n_microbatches // self.window
         self._submitted += per_step
@@ -333,17 +347,6 @@ class SchedulePACI:
             self.drain()
 
     # -------------------------------------------------------------------------------- internal
-    def _split_into(self, store: dict, tensors: tuple[torch.Tensor, ...]) -> None:
-        """Chunk ``tensors`` along dim 0 into micro-batches numbered globally over the run."""
-        m = self.n_microbatches
-        for t in tensors:
-            if t.shape[0] % m:
-                raise ValueError(f"batch size {t.shape[0]} is not divisible by n_microbatches={m}")
-        first = (self._seg_first + self._submitted) * self.window
-        chunks = [t.to(self.device).chunk(m) for t in tensors]
-        for i in range(m):
-            store[first + i] = tuple(c[i] for c in chunks)
-
     def _ensure_horizon(self, n_batches: int) -> None:
         """Extend the segment's PACI list; prefixes agree, so executed actions stay valid."""
         if self._horizon >= n_batches:
@@ -369,15 +372,18 @@ class SchedulePACI:
     def _forward(self, mb: int) -> None:
         """:meth:`Stage.forward`: its input from the batch or the previous stage; on the activation, or the loss."""
         if self.is_first:
-            x, *extra = self._inputs.pop(mb)
+            x, *extra = self._batches.inputs.pop(mb)
         else:
             x, extra = self._p2p.recv(self.index - 1, self.index, "act", mb)[0], []
-        target = self._targets.pop(mb)[0] if self.is_last else None
-        self._unit.extra = tuple(extra)
+        target = self._batches.targets.pop(mb) if self.is_last else None
+        self._unit.extra, self._unit.kwargs = tuple(extra), self._batches.kwargs.pop(mb, {})
+        loss_kwargs, loss_fn = self._batches.loss_kwargs.pop(mb, None), self._stage.loss_fn
+        if loss_kwargs:
+            self._stage.loss_fn = functools.partial(loss_fn, **loss_kwargs)
         try:
             out = self._stage.forward(mb, x, target)
         finally:
-            self._unit.extra = ()
+            self._unit.extra, self._unit.kwargs, self._stage.loss_fn = (), {}, loss_fn
         if self.is_last:
             if self._losses is not None:
                 self._losses.append(out)  # unscaled, detached

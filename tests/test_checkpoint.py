@@ -55,7 +55,8 @@ def run_and_kill_after_first_checkpoint(config: Path, ckpt: Path, metrics: Path,
         "stage_0.pt",
         "stage_1.pt",
     ]
-    assert not metrics.exists(), "the killed run wrote a metrics file"
+    killed = read_metrics(metrics)  # written as the records came: whole records up to the kill, no summary
+    assert killed[0]["event"] == "start" and "summary" not in {r["event"] for r in killed}
     batch = int(saved.removeprefix("batch_"))
     assert 0 < batch < STEPS and batch % EVERY == 0
     return batch

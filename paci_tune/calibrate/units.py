@@ -32,6 +32,7 @@ from torch import nn
 from ..config.schema import OptimizerConfig
 from ..model import LoadedModel, input_grads, next_token_loss
 from ..pipeline.optim import AliasedOptimizer
+from ..pipeline.precision import to_compute_dtype
 from ..pipeline.stage import compute_dtype
 from ..sim.profile import UnitCost, UnitProfile
 from .split import SplitBackward
@@ -46,10 +47,11 @@ def sync(device: torch.device) -> None:
 
 
 def to_compute(unit: nn.Module, device: torch.device, dtype: str) -> nn.Module:
-    """``unit`` on ``device`` with its parameters in the compute dtype, as a stage holds it (in place)."""
+    """``unit`` on ``device`` with its parameters in the compute dtype, as a stage holds it (in place; the
+    buffers a stage keeps exact stay so, :mod:`paci_tune.pipeline.precision`)."""
     unit.to(device)
     if compute_dtype(dtype) != torch.float32:
-        unit.to(compute_dtype(dtype))
+        to_compute_dtype(unit, compute_dtype(dtype))
     return unit
 
 

@@ -3,7 +3,7 @@
 Each command parses its options, calls one function of the layer that does the work and shows the
 result. May import: click, rich and, this being the top floor, any layer of the package; today:
 :mod:`paci_tune.base`, :mod:`paci_tune.calibrate`, :mod:`paci_tune.config`,
-:mod:`paci_tune.errors`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.report`,
+:mod:`paci_tune.errors`, :mod:`paci_tune.model`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.report`,
 :mod:`paci_tune.schedule`, :mod:`paci_tune.sim`, :mod:`paci_tune.train`, :mod:`paci_tune.tune`,
 :mod:`paci_tune.verdict`.
 """

@@ -16,8 +16,9 @@ import click
 
 from .. import __version__
 from .common import stderr, train_with_view
+from .export import export
 from .failures import debug_requested, guarded
-from .options import overrides_from, run_options
+from .options import log_option, overrides_from, run_options
 from .report import report
 from .sim import calibrate, simulate
 from .tune import apply, search
@@ -43,14 +44,17 @@ def main(debug: bool) -> None:
 @click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="Write JSON-lines metrics here.")
 @click.option("--resume", is_flag=True, help="Resume from the newest checkpoint in the checkpoint folder.")
 @click.option("--live/--no-live", default=True, help="Rich live progress (default on a terminal) or plain lines.")
-def train(config: str, metrics: str | None, resume: bool, live: bool, **options: Any) -> None:
+@log_option("--log")
+def train(config: str, metrics: str | None, resume: bool, live: bool, log_to: tuple[str, ...], **options: Any) -> None:
     """Train the model of CONFIG with a pipeline schedule (paci, 1f1b, gpipe, zb-h1; interleaved on sim/rst clocks)."""
     from ..config import load_config
     from ..train.run import prepare_run
+    from ..train.sinks import parse_sinks
 
+    sinks = parse_sinks(log_to)  # a missing backend is refused before the config is even read
     run = prepare_run(load_config(config, overrides_from(options)), metrics=metrics, resume=resume, log=stderr)
-    train_with_view(run, metrics=metrics, resume=resume, live=live)
+    train_with_view(run, metrics=metrics, resume=resume, live=live, sinks=sinks)
 
 
-for _command in (search, apply, calibrate, simulate, report):
+for _command in (search, apply, calibrate, simulate, report, export):
     main.add_command(_command)

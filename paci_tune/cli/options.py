@@ -133,3 +133,18 @@ def overrides_from(kwargs: dict[str, Any]) -> dict[str, Any]:
         elif value is not None:
             out[key] = value
     return out
+
+
+def log_option(*flags: str) -> Callable[[Callable], Callable]:
+    """``--log SINK`` (repeatable): live metric sinks, for ``train``, ``apply`` and the worker entry point
+    (:mod:`paci_tune.train.sinks` checks the values; the commands read them as ``log_to``). ``flags``: the
+    option's names; the worker's first is ``--log-to``, since torchrun's parser takes ``--log`` anywhere on its
+    command line for an ambiguous abbreviation of its own ``--log-dir`` and ``--logs-specs``."""
+    return click.option(
+        *flags,
+        "log_to",
+        multiple=True,
+        metavar="SINK",
+        help="Live metrics as the run goes: tensorboard:DIR, wandb:PROJECT or mlflow:EXPERIMENT (repeatable; "
+        "wandb and mlflow need pip install 'paci-tune[wandb]' / 'paci-tune[mlflow]'). See docs/metrics.md.",
+    )

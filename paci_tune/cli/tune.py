@@ -2,7 +2,8 @@
 
 The work is the tune and verdict layers' (:mod:`paci_tune.tune.session`, :mod:`paci_tune.verdict.recommend`,
 :mod:`paci_tune.tune.apply`); this module parses options and shows progress and the result. May import:
-:mod:`paci_tune.tune`, :mod:`paci_tune.verdict`, :mod:`paci_tune.base`, click, rich.
+:mod:`paci_tune.tune`, :mod:`paci_tune.verdict`, :mod:`paci_tune.base`, :mod:`paci_tune.train` (``--log``'s
+sinks), click, rich.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import click
 
 from ..base.credentials import STORAGE_ENV
 from .common import stderr, train_with_view
-from .options import overrides_from, run_options
+from .options import log_option, overrides_from, run_options
 
 
 @click.command()
@@ -271,6 +272,7 @@ def _print_candidates(best: dict[str, Any]) -> None:
 @click.option("--dry-run", is_flag=True, help="Write the run config, print it and the launch command; train nothing.")
 @click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="Write JSON-lines metrics here.")
 @click.option("--live/--no-live", default=True, help="Rich live progress (default on a terminal) or plain lines.")
+@log_option("--log")
 @click.option(
     "--trust-entry",
     metavar="MODULE:FUNCTION",
@@ -286,6 +288,7 @@ def apply(
     metrics: str | None,
     live: bool,
     trust_entry: str | None,
+    log_to: tuple[str, ...],
     **options: Any,
 ) -> None:
     """Train with the configuration recommended in BEST (a best.yaml from `paci-tune search`).
@@ -295,8 +298,10 @@ def apply(
     --checkpoint-dir says otherwise, so an interrupted run continues with --resume. A BEST whose
     model is your own code (model.entry) is applied only with --trust-entry naming it.
     """
+    from ..train.sinks import parse_sinks
     from ..tune.apply import prepare_apply
 
+    sinks = parse_sinks(log_to)  # before best.yaml is read or anything is trained
     prepared = prepare_apply(
         best,
         overrides_from(options),
@@ -310,7 +315,7 @@ def apply(
     if dry_run:
         click.echo(f"# {prepared.run_path}")
         click.echo(prepared.run_path.read_text(), nl=False)
-        train, *workers = prepared.launch_commands(resume=resume, metrics=metrics)
+        train, *workers = prepared.launch_commands(resume=resume, metrics=metrics, sinks=sinks)
         click.echo("# launch:")
         click.echo(shlex.join(train))
         for cmd in workers:
@@ -318,7 +323,7 @@ def apply(
             click.echo(shlex.join(cmd))
         return
     stderr(prepared.describe())
-    train_with_view(prepared.run, metrics=metrics, resume=resume, live=live)
+    train_with_view(prepared.run, metrics=metrics, resume=resume, live=live, sinks=sinks)
 
 
 __all__ = ["apply", "search"]

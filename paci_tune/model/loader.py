@@ -8,9 +8,18 @@ Two kinds of model are accepted, exactly one per config:
   any user model, as long as the function returns a list of ``nn.Module`` units whose first
   takes token ids (b, T) and whose last returns logits (b, T, V). The function is called under
   ``torch.manual_seed(seed)`` inside a forked RNG, so the weights are reproducible and the
-  caller's RNG is untouched. Because the function builds everything at once, subsets cannot be
-  built: ``indices`` is ignored (beyond a range check) and *all* units are returned. Callers
-  rely on this -- ``len(units) == n_units`` is how they tell an entry model apart.
+  caller's RNG is untouched. A function builds every unit, so ``indices`` is ignored (beyond a
+  range check) and *all* units are returned: every rank of a distributed run holds the whole model.
+  **Opt-in:** a function that takes a keyword ``units`` is called ``units=None`` for the whole model
+  and, where the caller passes the model's checked facts (``whole``: a rank building its stages,
+  :func:`paci_tune.pipeline.factory.build_setup`), ``units=[i, ...]`` for those units alone, which it
+  returns as a list in that order or a dict index -> module. Each unit must come out as the whole
+  build's (seed it by its index, not by the call's RNG): a rank's units and the launcher's check
+  must be the same model. Loads without ``whole`` (the checks, calibration) still get every unit.
+
+``hf: ...`` is a transformers causal LM (:mod:`.hf`), built per rank like a preset. ``untie: true``
+(entry and hf models) gives every parameter several units share a copy per unit (:mod:`.untie`), at
+build time, so every schedule trains the same untied model.
 
 What a unit may take and return, and which parameters it may share, is checked on a sample by
 :mod:`paci_tune.pipeline.checks` (it needs the data's vocabulary and the stage cut). Which units
@@ -50,6 +59,8 @@ from paci_tune.model.gpt import (
 GPT_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig))
 PRESET_KEYS = ("preset", *GPT_KEYS)
 ENTRY_KEYS = ("entry", "kwargs", "block_size")
+SOURCES = ("preset", "entry", "hf", "torchtitan")
+"""Where a model comes from, exactly one per config: a built-in GPT, a user function, transformers, torchtitan."""
 MAX_UNITS = 100_000
 """Pipeline units of a built-in GPT: each is listed (names, FLOPs) and cut; more is not a model."""
 _RETURNS = "a function returning a non-empty list of nn.Module"
@@ -59,10 +70,12 @@ _RETURNS = "a function returning a non-empty list of nn.Module"
 class LoadedModel:
     """The units a rank owns plus what the partitioner and trainer need to know about the whole model.
 
-    ``units`` holds the requested indices for presets and every unit for entry models;
+    ``units`` holds the requested indices for presets and every unit for entry models (a rank's own for
+    one that builds only its own units, loaded with ``whole``);
     ``n_units``/``names`` always describe the full model.
-    ``flops`` is forward FLOPs per token per unit, or ``None`` for entry models (unknown cost:
-    partition by unit count instead). ``gpt`` is ``None`` for entry models. ``trainable[i]``: whether
+    ``flops`` is forward FLOPs per token per unit: the built-in GPT's formula; ``None`` for other models
+    until :func:`paci_tune.pipeline.checks.check_units` counts them on a sample (what a cut without a
+    profile balances). ``gpt`` is ``None`` for entry models. ``trainable[i]``: whether
     unit ``i`` has a parameter to train (every built-in GPT unit does); ``matrices[i]``: whether it has
     a 2-D one (what Muon steps, in the units between the first and the last).
     """
@@ -75,6 +88,36 @@ class LoadedModel:
     gpt: GPTConfig | None
     trainable: list[bool]
     matrices: list[bool] = dataclasses.field(default_factory=list)
+    ties: list[Tie] | None = None
+    """Parameters units share, where known without the units (a model built per rank); None: read the units."""
+    untied: str | None = None
+    """What ``model.untie`` did: "untie: +N parameters (...)", stated in a run's opening line and best.yaml."""
+    verify: Callable[[], None] | None = None
+    """A check of the model's own, run before any run (:func:`paci_tune.pipeline.checks.check_model_and_data`)."""
+
+
+@dataclass(frozen=True)
+class Tie:
+    """One parameter held by several units: the units, each one's name for it, whether it trains, its elements."""
+
+    units: list[int]
+    names: list[str]
+    trainable: bool
+    numel: int
+
+
+def model_ties(meta: LoadedModel) -> list[Tie]:
+    """The parameters units of ``meta`` share: its ``ties`` where given, else read from its units (all of them:
+    a user entry model always holds every unit); the built-in GPT ties nothing."""
+    if meta.ties is not None:
+        return meta.ties
+    if meta.gpt is not None:
+        return []
+    out = []
+    for units, names in shared_parameters([meta.units[i] for i in range(meta.n_units)]):
+        p = meta.units[units[0]].get_parameter(names[0])
+        out.append(Tie(units, names, p.requires_grad, p.numel()))
+    return out
 
 
 def trains(unit: nn.Module) -> bool:
@@ -113,21 +156,36 @@ def shared_parameters(units: Sequence[nn.Module]) -> list[tuple[list[int], list[
 
 
 def load_model(
-    spec: Mapping[str, Any], vocab_size: int, seed: int, indices: Iterable[int] | None = None
+    spec: Mapping[str, Any],
+    vocab_size: int,
+    seed: int,
+    indices: Iterable[int] | None = None,
+    *,
+    whole: LoadedModel | None = None,
 ) -> LoadedModel:
     """Build the units ``indices`` (default all) of the model described by ``spec``.
 
     ``vocab_size`` is the data's vocabulary; preset models use it unless the spec sets its own.
+    ``whole``: the same model loaded whole before (a run's checked metadata). Given it, an entry function
+    that builds only the units asked for (keyword ``units``) is asked for ``indices`` alone
+    (:func:`_load_entry`); without it, entry functions build every unit.
     """
     if not isinstance(spec, Mapping):
-        raise ConfigError("model", spec, "a mapping with either 'preset' or 'entry'")
-    has_preset, has_entry = "preset" in spec, "entry" in spec
-    if has_preset == has_entry:
-        given = sorted(k for k in ("preset", "entry") if k in spec)
-        raise ConfigError("model", given, "exactly one of 'preset' or 'entry'")
-    if has_preset:
+        raise ConfigError("model", spec, "a mapping with one of: " + ", ".join(SOURCES))
+    given = [k for k in SOURCES if k in spec]
+    if len(given) != 1:
+        raise ConfigError("model", given, "exactly one of: " + ", ".join(SOURCES))
+    if given[0] == "preset":
         return _load_preset(spec, vocab_size, seed, indices)
-    return _load_entry(spec, seed, indices)
+    if given[0] == "entry":
+        return _load_entry(spec, seed, indices, whole)
+    if given[0] == "hf":  # transformers is an optional extra: imported only for such a model
+        from .hf import load_hf
+
+        return load_hf(spec, vocab_size, seed, indices)
+    from .titan import load_torchtitan
+
+    return load_torchtitan(spec, vocab_size, seed, indices)
 
 
 def _check_keys(spec: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
@@ -220,8 +278,37 @@ def _resolve_entry(entry: object) -> Callable[..., object]:
     return fn
 
 
-def _load_entry(spec: Mapping[str, Any], seed: int, indices: Iterable[int] | None) -> LoadedModel:
-    _check_keys(spec, ENTRY_KEYS)
+def builds_own_units(fn: Callable[..., object]) -> bool:
+    """Whether an entry function opts in to building only some units: it takes a keyword ``units``."""
+    try:
+        param = inspect.signature(fn).parameters.get("units")
+    except ValueError:  # no introspectable signature: it builds everything
+        return False
+    return param is not None and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
+
+
+def _own_units(entry: str, built: object, wanted: list[int]) -> dict[int, nn.Module]:
+    """What an opt-in entry function returned for ``units=wanted``: those units, by index."""
+    if isinstance(built, list | tuple) and len(built) == len(wanted):
+        built = dict(zip(wanted, built, strict=True))
+    modules = isinstance(built, dict) and all(isinstance(m, nn.Module) for m in built.values())
+    if not isinstance(built, dict) or sorted(built) != wanted or not modules:
+        got = sorted(built) if isinstance(built, dict) else type(built).__name__
+        raise ConfigError(
+            "model.entry",
+            entry,
+            f"a function that, called with units={wanted}, returns those units: a list in that order, or a dict "
+            f"index -> nn.Module (got {got})",
+        )
+    return {i: built[i] for i in wanted}
+
+
+def _load_entry(
+    spec: Mapping[str, Any], seed: int, indices: Iterable[int] | None, whole: LoadedModel | None = None
+) -> LoadedModel:
+    """A user function's units (module docstring). One that takes a keyword ``units`` is asked for ``indices``
+    alone when ``whole`` (the model's facts, loaded whole before) is given, and the rest is ``whole``'s."""
+    _check_keys(spec, (*ENTRY_KEYS, "untie"))  # untie: every model source's (:mod:`.untie`)
     fn = _resolve_entry(spec["entry"])
     block_size = spec.get("block_size")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
@@ -236,10 +323,21 @@ def _load_entry(spec: Mapping[str, Any], seed: int, indices: Iterable[int] | Non
         raise ConfigError("model.kwargs", dict(kwargs), allowed) from None
     except ValueError:
         pass  # no introspectable signature (builtins, C extensions): let the call decide
+    own = builds_own_units(fn)
+    if own and "units" in kwargs:
+        raise ConfigError("model.kwargs", dict(kwargs), f"no 'units': paci-tune passes it to {spec['entry']}")
+    wanted = None if whole is None or indices is None or not own else _check_indices(indices, whole.n_units)
     cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=cuda):  # explicit list: no multi-GPU warning, CUDA RNG restored too
         torch.manual_seed(seed)
-        built = fn(**kwargs)
+        built = fn(**kwargs, **({"units": wanted} if own else {}))
+    if whole is not None and wanted is not None:  # this rank's units; the model's facts are ``whole``'s
+        units = _own_units(spec["entry"], built, wanted)
+        if spec.get("untie") is True:  # as the whole build was (the copies among the units built here)
+            from .untie import untie_units
+
+            untie_units(units)
+        return dataclasses.replace(whole, units=units)
     if not isinstance(built, list | tuple):
         raise ConfigError("model.entry", spec["entry"], f"{_RETURNS} (got {type(built).__name__})")
     if not built or not all(isinstance(m, nn.Module) for m in built):
@@ -247,13 +345,22 @@ def _load_entry(spec: Mapping[str, Any], seed: int, indices: Iterable[int] | Non
         raise ConfigError("model.entry", spec["entry"], f"{_RETURNS} (got {got})")
     n = len(built)
     _check_indices(indices, n)
+    units = dict(enumerate(built))
+    untied = None
+    if spec.get("untie", False) is not False:
+        from .untie import untie_units
+
+        if spec["untie"] is not True:
+            raise ConfigError("model.untie", spec["untie"], "true or false")
+        untied = untie_units(units)
     return LoadedModel(
-        units=dict(enumerate(built)),
+        units=units,
         n_units=n,
         names=[f"unit{i}" for i in range(n)],
         flops=None,
         block_size=block_size,
         gpt=None,
-        trainable=[trains(u) for u in built],
-        matrices=[trains_a_matrix(u) for u in built],
+        trainable=[trains(u) for u in units.values()],
+        matrices=[trains_a_matrix(u) for u in units.values()],
+        untied=untied,
     )

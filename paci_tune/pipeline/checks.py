@@ -12,7 +12,8 @@ A user model (``model.entry``) is checked here on one sample before anything is 
 breaks it would otherwise fail mid-run with an internal error. The contract: unit 0 takes token ids
 ``(b, T)``; every unit takes the previous unit's output; every unit returns **one tensor** (a stage
 cut may fall after any unit, and one tensor is what crosses it); the last returns logits
-``(b, T, V)`` with ``V`` at least the data's vocabulary; at least one parameter trains. A unit
+``(b, T, V)`` with ``V`` at least the data's vocabulary; the logits at a position depend on the
+tokens up to it only (causal: probed, :mod:`.unit_probe`); at least one parameter trains. A unit
 without parameters, or with frozen ones, is fine: it has nothing to train. A parameter shared by
 units on different stages trains under the flush schedules (a copy per stage, gradients summed:
 :mod:`.tied`) and is refused under PACI once the cut is known (:func:`check_shared_parameters`).
@@ -20,7 +21,7 @@ units on different stages trains under the flush schedules (a copy per stage, gr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -29,11 +30,17 @@ from ..data import TokenSource, load_source
 from ..data.limits import check_fits_data
 from ..errors import ConfigError
 from ..model import LoadedModel, load_model
-from ..model.loader import check_fits
+from ..model.loader import SOURCES, check_fits, model_ties
 from ..schedule import OWN_PROGRAM, check_depth, schedule_of
 from .tied import tied_across_stages
+from .unit_probe import counted, eval_mode, first_leak
 
 ENTRY = "model.entry"
+
+
+def source_key(spec: Mapping[str, object]) -> str:
+    """The key an error line about the model's units names: ``model.entry``, ``model.hf``, ``model.torchtitan``."""
+    return "model." + next((k for k in SOURCES if k in spec), "entry")
 
 
 def check_trainable_here(meta: LoadedModel) -> None:
@@ -43,17 +50,30 @@ def check_trainable_here(meta: LoadedModel) -> None:
 
 
 def check_model_and_data(
-    cfg: RunConfig, microbatch_sizes: Sequence[int] = (), key: str = "--microbatch-sizes", *, built_here: bool = True
+    cfg: RunConfig,
+    microbatch_sizes: Sequence[int] = (),
+    key: str = "--microbatch-sizes",
+    *,
+    built_here: bool = True,
+    checked: bool = False,
 ) -> tuple[TokenSource, LoadedModel]:
     """The data source and the model's shape (no units built), every size checked against them.
 
     ``built_here=False`` (``simulate``: a plan, possibly of hardware this machine is not) skips the
-    check that the model's weights fit this machine.
+    check that the model's weights fit this machine. ``checked``: a worker of a run whose launcher
+    ran these checks on the same resolved config (its cut pinned): a model built per rank (hf,
+    torchtitan) is then not built whole here, so no rank ever holds the whole model.
     """
     source = load_source(cfg.data, cfg.model.get("vocab_size"))
     meta = load_model(cfg.model, source.vocab_size, cfg.training.seed, indices=[])
-    if meta.gpt is None:
-        check_units(meta, source.vocab_size, cfg.model["entry"])
+    per_rank = len(meta.units) < meta.n_units  # built per rank: holds no unit here
+    if meta.gpt is None and not (checked and per_rank):
+        whole = load_model(cfg.model, source.vocab_size, cfg.training.seed) if per_rank else meta
+        key = source_key(cfg.model)
+        check_units(whole, source.vocab_size, cfg.model[key.removeprefix("model.")], key)
+        meta.flops = whole.flops  # counted on the sample: what the cut balances without a profile
+        if meta.verify is not None:
+            meta.verify()  # the source's own check (hf, torchtitan: the units chained equal the model)
     if built_here:
         check_trainable_here(meta)
     check_depth(cfg.pipeline.stages, meta.n_units)
@@ -115,30 +135,46 @@ def _wrap_hint(out: object) -> str:
 
 
 @torch.no_grad()
-def check_units(meta: LoadedModel, vocab_size: int, entry: str) -> None:
+def check_units(meta: LoadedModel, vocab_size: int, entry: object, key: str = ENTRY) -> None:
     """Run a user model's units once, chained, on token ids ``(1, T)``; refuse any that break the contract.
 
-    The contract is the module docstring's. Everything is refused as ``model.entry`` naming the unit,
-    what it returned and what to do about it. Runs without autograd, so a model that only misbehaves
-    in training (a test's crash on the k-th training forward) is not tripped here.
+    The contract is the module docstring's. Everything is refused as ``key`` (``model.entry``,
+    ``model.hf``, ...) naming the unit, what it returned and what to do about it. Runs without
+    autograd, so a model that only misbehaves in training (a test's crash on the k-th training
+    forward) is not tripped here, and in eval mode (modes restored after). Then the causality probe
+    (:mod:`.unit_probe`): a model whose logits see later tokens is refused. A model with no cost of
+    its own (``meta.flops is None``) gets its units' forward FLOPs per token, counted on this
+    sample: what the cut balances without a profile.
     """
     n, t = meta.n_units, meta.block_size
     if not any(meta.trainable):
-        raise ConfigError(ENTRY, entry, "a model with a parameter to train (every parameter has requires_grad=False)")
+        raise ConfigError(key, entry, "a model with a parameter to train (every parameter has requires_grad=False)")
+    units = [meta.units[i] for i in range(n)]
+    with eval_mode(units):
+        flops = _run_chain(units, vocab_size, t, entry, key)
+        _check_causal(units, vocab_size, t, entry, key)
+    if meta.flops is None:
+        meta.flops = [f / t for f in flops]
+
+
+def _run_chain(units: Sequence[torch.nn.Module], vocab_size: int, t: int, entry: object, key: str) -> list[float]:
+    """The contract's run on token ids of zeros; each unit's forward FLOPs on it."""
+    n, flops = len(units), []
     h: object = torch.zeros((1, t), dtype=torch.long)
     for i in range(n):
-        unit = meta.units[i]
+        unit = units[i]
         name = type(unit).__name__
         try:
-            h = unit(h)
+            h, f = counted(unit, h)
+            flops.append(f)
         except Exception as exc:  # the user's model on a sample of its contract's input: say which unit
             why = f"unit {i} ({name}) raised {type(exc).__name__}: {_first_line(exc)}"
             raise ConfigError(
-                ENTRY, entry, f"units that run on token ids of shape (1, {t}) and on each other's output: {why}"
+                key, entry, f"units that run on token ids of shape (1, {t}) and on each other's output: {why}"
             ) from None
         if not isinstance(h, torch.Tensor):
             raise ConfigError(
-                ENTRY,
+                key,
                 entry,
                 f"units that each return one tensor (a stage cut may fall after any "
                 f"unit): unit {i} ({name}) returns {_described(h)}; {_wrap_hint(h)}",
@@ -146,12 +182,37 @@ def check_units(meta: LoadedModel, vocab_size: int, entry: str) -> None:
     assert isinstance(h, torch.Tensor)
     if not h.is_floating_point() or h.dim() != 3 or tuple(h.shape[:2]) != (1, t) or h.shape[-1] < vocab_size:
         raise ConfigError(
-            ENTRY,
+            key,
             entry,
             f"a last unit returning logits (b, T, V) with V >= the data's vocabulary "
-            f"{vocab_size}: unit {n - 1} ({type(meta.units[n - 1]).__name__}) returns {_described(h)} "
+            f"{vocab_size}: unit {n - 1} ({type(units[n - 1]).__name__}) returns {_described(h)} "
             f"for token ids of shape (1, {t})",
         )
+    return flops
+
+
+def _check_causal(units: Sequence[torch.nn.Module], vocab_size: int, t: int, entry: object, key: str) -> None:
+    """Refuse a model whose outputs at earlier positions move when only the last token changes."""
+
+    def refuse_error(i: int, exc: Exception) -> None:
+        why = f"unit {i} ({type(units[i]).__name__}) raised {type(exc).__name__}: {_first_line(exc)}"
+        raise ConfigError(
+            key, entry, f"units that run on random token ids in [0, {vocab_size}) of shape (1, {t}): {why}"
+        ) from None
+
+    leak = first_leak(units, vocab_size, t, refuse_error)
+    if leak is None:
+        return
+    name = type(units[leak.unit]).__name__
+    raise ConfigError(
+        key,
+        entry,
+        f"a causal model (position i's logits may depend on tokens 0..i only): unit {leak.unit} ({name})'s "
+        f"output at position {leak.position} moved by {leak.change:.3g} (its largest magnitude {leak.scale:.3g}) "
+        f"when only the last token, at position {t - 1}, changed, so the model sees the future; give its "
+        "attention a causal mask (scaled_dot_product_attention(..., is_causal=True), or a lower-triangular "
+        "mask; a transformers model: attn_implementation='sdpa', or an attention_mask that is causal)",
+    )
 
 
 def check_shared_parameters(meta: LoadedModel, sizes: Sequence[int], schedule: str, chunked: bool = False) -> None:
@@ -192,5 +253,12 @@ def check_shared_parameters(meta: LoadedModel, sizes: Sequence[int], schedule: s
                 f"{flush} for this cut {list(sizes)}: {t.label} are one trainable parameter held by stages "
                 f"{', '.join(map(str, t.stages))}; PACI's stages step at their own cadence with no synchronisation, "
                 "so the stages' copies would diverge (summing their gradients needs the synchronised step of a "
-                "flush schedule); or a pipeline.partition keeping those units on one stage, or untie the parameter",
+                f"flush schedule); or model.untie: true for PACI ({_untie_cost(meta)}), or a "
+                "pipeline.partition keeping those units on one stage",
             )
+
+
+def _untie_cost(meta: LoadedModel) -> str:
+    """What ``model.untie: true`` would add: a copy of every shared parameter for each holder after the first."""
+    extra = sum(t.numel * (len(set(t.units)) - 1) for t in model_ties(meta))
+    return f"a copy per unit: +{extra:,} parameters, a different model that every schedule trains"

@@ -70,9 +70,12 @@ def resolve_precision(name: str, device: torch.device) -> str:
 
 
 def unit_costs(model: LoadedModel) -> list[float]:
-    """Per-unit cost estimates for a cut without a profile: FLOPs for the built-in GPT, else parameter counts."""
+    """Per-unit cost estimates for a cut without a profile: forward FLOPs per token (the built-in GPT's formula,
+    or counted on a sample by :func:`.checks.check_units` for any other model), else parameter counts."""
     if model.flops is not None:
         return list(model.flops)
+    if len(model.units) < model.n_units:  # built per rank and checked by the launcher: the cut comes pinned
+        return [1.0] * model.n_units
     return [float(sum(p.numel() for p in u.parameters())) + 1.0 for _, u in sorted(model.units.items())]
 
 
@@ -98,15 +101,16 @@ class ResolvedRun:
         return self.config.layout
 
 
-def resolve_pieces(cfg: RunConfig, *, distributed: bool) -> ResolvedRun:
+def resolve_pieces(cfg: RunConfig, *, distributed: bool, checked: bool = False) -> ResolvedRun:
     """Data source, the model's metadata, the profile and the stage cut of ``cfg``, loaded once.
 
     Every check that can refuse a run (data, model, depth, partition, memory, parameters shared
     across the cut) happens here, so
     the distributed launcher can run it once before starting any worker. The cut (``partition:
-    auto``) is chosen here and pinned in the returned run's config.
+    auto``) is chosen here and pinned in the returned run's config. ``checked``: a worker of a launch
+    that ran them on this config, its cut pinned (:func:`.checks.check_model_and_data`).
     """
-    source, meta = check_model_and_data(cfg)  # every stage is built on this machine (either runtime)
+    source, meta = check_model_and_data(cfg, checked=checked)  # every stage is built on this machine
     profile = load_profile(cfg, meta.n_units, meta.block_size, tied_groups(meta))
     sizes = choose_partition(cfg, unit_costs(meta), profile, resolve_device(cfg.pipeline.device), distributed)
     chunked = cfg.pipeline.runs_torch_schedule and cfg.layout.chunks > 1  # several pieces to a rank
@@ -149,7 +153,8 @@ def build_setup(
     precision = resolve_precision(p.precision, device)
     source, sizes, profile = run.source, list(run.layout.partition or ()), run.profile
     ranges = stage_units(sizes)
-    model = load_model(cfg.model, source.vocab_size, t.seed, indices=[i for s in mine for i in ranges[s]])
+    # whole: an entry function that builds only the units asked for (keyword ``units``) builds this process's
+    model = load_model(cfg.model, source.vocab_size, t.seed, [i for s in mine for i in ranges[s]], whole=run.model)
     needs_grad = input_grads(model.trainable)  # per unit: whether a unit before it trains
     streams = [
         MicroBatchStream(
@@ -168,7 +173,7 @@ def build_setup(
 
     # Tied parameters: a copy per holding stage (a rank builds its own; one process unties them), then
     # the emulated runtime's extra replicas are copies, made before any stage converts or hooks its units.
-    tied = tied_across_stages(model, sizes)
+    tied = tied_across_stages(run.model, sizes)  # the whole model's ties (a rank may hold only its own units)
     built = {s: [model.units[i] for i in ranges[s]] for s in mine}
     untie(built, tied)
     unit_copies = {r: built if r == replicas[0] else copy.deepcopy(built) for r in replicas}

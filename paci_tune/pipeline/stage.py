@@ -8,7 +8,13 @@ per version still needed, made on step), or ``current``, the weights as they are
 under autocast, whose per-forward weight casts autograd would keep for every micro-batch in flight
 (a cast per micro-batch, where ``forward`` keeps one copy per version) -- its inputs and activations
 are bf16, the loss is fp32 (:func:`~paci_tune.model.loss.next_token_loss`), and the optimizer keeps
-fp32 masters written back in place after each step.
+fp32 masters written back in place after each step. The conversion leaves alone the buffers that
+must stay exact (:func:`to_compute_dtype`): complex ones and non-persistent ones (derived caches such
+as a rotary ``inv_freq``, which in bf16 puts cos/sin at position 4095 off by up to 1.9).
+
+**Modes.** A stage's module trains in train mode (dropout on: :meth:`Stage.forward`, and torch's
+schedule classes, which call the module) and is scored in eval mode (:meth:`Stage.evaluate`, every
+validation of every runtime and schedule), its mode restored after.
 
 **Frozen parameters** (``requires_grad=False``) are computed with and never stepped: the optimizer,
 the fp32 masters, the weight versions and the drift record cover the trainable parameters only. A
@@ -18,7 +24,7 @@ only where a gradient has somewhere to go: a stage whose input needs no gradient
 nothing upstream trains) computes none, and a stage whose output needs none (nothing in it or
 upstream trains) runs no backward at all. The message to the previous stage is then
 :data:`NO_GRADIENT`, so every stage's program and the transport's order stay the same.
-May import: :mod:`.optim`, :mod:`.versions`,
+May import: :mod:`.optim`, :mod:`.versions`, :mod:`.precision`,
 :mod:`paci_tune.model`,
 :mod:`paci_tune.config`, torch.
 """
@@ -37,6 +43,7 @@ from ..config.optimizer import OptimizerConfig
 from ..config.schema import BACKWARD_WEIGHTS
 from ..model.loss import next_token_loss
 from .optim import MASTER_DTYPES, AliasedOptimizer
+from .precision import to_compute_dtype
 from .versions import WeightVersions
 
 
@@ -165,7 +172,8 @@ class Stage:
         self.module = nn.Sequential(*units)
         self.module.to(device)
         if dtype != torch.float32:
-            self.module.to(dtype)
+            to_compute_dtype(self.module, dtype)
+        self.module.train()  # a stage trains (dropout on); :meth:`evaluate` scores in eval mode
         self.lr_at, self.loss_fn = lr_at, loss_fn
         if isinstance(optimizer, AliasedOptimizer):  # built by the caller over this module's parameters
             self.optim = optimizer
@@ -320,7 +328,7 @@ class Stage:
     def evaluate(
         self, inputs: torch.Tensor, targets: torch.Tensor | None = None, weights: dict[str, torch.Tensor] | None = None
     ) -> torch.Tensor:
-        """Forward without autograd: the activation, or on the last stage the loss.
+        """Forward without autograd, in eval mode: the activation, or on the last stage the loss.
 
         ``weights``: score these parameters (a snapshot) instead of the current ones, without
         touching the module (:func:`torch.func.functional_call`), so training state is unchanged.
@@ -328,11 +336,16 @@ class Stage:
         x = self._cast(inputs.to(self.device))
         if weights is None:  # the live weights: under weight prediction, the trained ones (:mod:`.versions`)
             weights = self.versions.weights(self.updates)
-        out = self.module(x) if weights is None else torch.func.functional_call(self.module, weights, (x,))
-        if self.is_last:
-            assert targets is not None
-            return self.loss_fn(out, targets.to(self.device))
-        return out
+        training = self.module.training
+        self.module.eval()  # dropout off, as plain PyTorch validates; the training mode comes back after
+        try:
+            out = self.module(x) if weights is None else torch.func.functional_call(self.module, weights, (x,))
+            if self.is_last:
+                assert targets is not None
+                return self.loss_fn(out, targets.to(self.device))
+            return out
+        finally:
+            self.module.train(training)
 
     def state_dict(self) -> dict:
         """Everything an exact resume needs; in bf16 that includes the fp32 master weights."""

@@ -37,7 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..model import LoadedModel, shared_parameters
+from ..model import LoadedModel
+from ..model.loader import model_ties
 from ..schedule import stage_units
 from ..sim.tied import TiedGroup
 from .mesh import rank_of
@@ -75,19 +76,17 @@ def tied_across_stages(meta: LoadedModel, sizes: Sequence[int]) -> list[TiedPara
 
     ``meta`` must hold every unit (a user entry model always does); the built-in GPT ties nothing.
     """
-    if meta.gpt is not None:
-        return []
     ranges = stage_units(list(sizes))
     stage_of = [s for s, units in enumerate(ranges) for _ in units]
     out = []
-    for units, names in shared_parameters([meta.units[i] for i in range(meta.n_units)]):
+    for tie in model_ties(meta):  # read from the units, or known without them (a model built per rank)
+        units, names = tie.units, tie.names
         local: dict[int, str] = {}
         for u, name in zip(units, names, strict=True):
             local.setdefault(stage_of[u], f"{u - ranges[stage_of[u]].start}.{name}")
         if len(local) > 1:
             held = " and ".join(f"unit {u}'s {n!r} (stage {stage_of[u]})" for u, n in zip(units, names, strict=True))
-            trainable = meta.units[units[0]].get_parameter(names[0]).requires_grad
-            out.append(TiedParameter(local, held, trainable))
+            out.append(TiedParameter(local, held, tie.trainable))
     return out
 
 
@@ -98,14 +97,11 @@ def tied_groups(meta: LoadedModel) -> list[TiedGroup]:
     bytes (4 per element) of the trainable parameters they share. Frozen ones are left out (nothing is
     summed), and so is a parameter one unit holds under two names. The built-in GPT ties nothing.
     """
-    if meta.gpt is not None:
-        return []
     out: dict[tuple[int, ...], int] = {}
-    for units, names in shared_parameters([meta.units[i] for i in range(meta.n_units)]):
-        param = meta.units[units[0]].get_parameter(names[0])
-        key = tuple(sorted(set(units)))
-        if param.requires_grad and len(key) > 1:
-            out[key] = out.get(key, 0) + 4 * param.numel()
+    for tie in model_ties(meta):
+        key = tuple(sorted(set(tie.units)))
+        if tie.trainable and len(key) > 1:
+            out[key] = out.get(key, 0) + 4 * tie.numel
     return [TiedGroup(k, b) for k, b in out.items()]
 
 

@@ -13,17 +13,18 @@ static rendezvous on ``127.0.0.1`` (``--standalone``'s dynamic rendezvous unpick
 store any host can reach; the static one exchanges no pickled state), and gloo's connections on the
 loopback interface (:func:`~paci_tune.base.processes.loopback_env`). torch's TCPStore itself still
 listens on every interface, on a port chosen for the run; it offers no bind address (README, known
-limitations). May import: :mod:`paci_tune.base`, :mod:`paci_tune.config`.
+limitations). May import: :mod:`paci_tune.base`, :mod:`paci_tune.config`, :mod:`.sinks` (the ``--log`` values).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..base.files import write_yaml
 from ..base.processes import Child, Record, follow, free_port, loopback_env, tethered, threads_per_process, worker_env
 from ..config.schema import RunConfig
+from .sinks import SinkSpec
 
 WORKER_MODULE = "paci_tune.worker"
 
@@ -77,10 +78,12 @@ def run_distributed(
     resume: bool = False,
     poll_s: float = 0.1,
     extra_env: dict[str, str] | None = None,
+    sinks: Sequence[SinkSpec] = (),
 ) -> tuple[int, str]:
     """Run ``cfg`` under torchrun; feed each worker record to ``on_record``; (exit code, log tail).
 
-    ``extra_env``: more for the workers' environment (the checkpoint folder whose lock the caller holds).
+    ``extra_env``: more for the workers' environment (the checkpoint folder whose lock the caller holds);
+    ``sinks``: the ``--log`` sinks, passed on to the workers (the reporter rank writes them).
 
     Worker output goes to ``workdir/workers.log``; on failure its tail is what to show the user.
     Ctrl-C (or any error here) takes the whole process group down with it.
@@ -88,11 +91,13 @@ def run_distributed(
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = write_resolved(cfg, workdir / "run.yaml")
     events = workdir / "events.jsonl"
-    extra = ["--events", str(events)]
+    extra = ["--events", str(events), "--checked"]  # checked here: no worker builds a per-rank model whole
     if metrics:
         extra += ["--metrics", str(Path(metrics).resolve())]
     if resume:
         extra.append("--resume")
+    for spec in sinks:
+        extra += ["--log-to", spec.for_workers]  # torchrun's parser would take --log for its own --log-dir
     env = {**loopback_env(worker_env(threads_per_process(n_processes(cfg)))), **(extra_env or {})}
     cmd = worker_command(config_path, n_processes(cfg), extra)
     with Child(cmd, log=workdir / "workers.log", events=events, env=env) as child:

@@ -191,6 +191,7 @@ class Trainer:
         try:
             return self._run(resume)
         finally:
+            self.sink.close()  # a failed run's metrics file and live sinks keep what they got
             if lock is not None:
                 lock.release()
 
@@ -323,6 +324,7 @@ class Trainer:
                 "loop": dataclasses.asdict(self.state),
                 "records": self.sink.records,
             }
+            self.sink.flush()  # the sinks hold every step the checkpoint does before it exists (a resume purges after)
             checkpoint.commit(self.ckpt_root, b, meta, self.cfg.training.keep_checkpoints)
             self.sink.emit({"event": "checkpoint", "step": b, "path": str(checkpoint.folder_for(self.ckpt_root, b))})
         self.runtime.barrier()
@@ -331,7 +333,8 @@ class Trainer:
         if self.ckpt_root is None:
             raise ConfigError("training.checkpoint_dir", None, "a checkpoint folder to resume from (--checkpoint-dir)")
         if checkpoint.latest(self.ckpt_root) is None:
-            return  # nothing saved yet: a fresh start is the resume
+            self.sink.restore([])  # nothing saved yet: a fresh start is the resume, nothing of the killed run's kept
+            return
         meta, states = checkpoint.load(self.ckpt_root, self.runtime.local_stages)
         diff = mismatch(meta["fingerprint"], fingerprint(self.cfg))
         if diff is None and meta["partition"] != self.setup.partition:
@@ -413,6 +416,8 @@ class Trainer:
                 "clock": self.clock.now(),
             }
         )
+        peak = max(x["peak_memory_bytes"] for x in stats)  # measured, but no record carries it before the summary
+        self.sink.measure(self.state.batches_done, {"memory/peak_bytes": float(peak)})
 
     def _summary(self, timing: list[StageTiming]) -> dict[str, Any]:
         stats = self.runtime.stats(timing, self.state.makespan)

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..pipeline.backend import choose_backend, shares_gpus, uses_cuda, visible_g
 from ..pipeline.factory import ResolvedRun, resolve_pieces
 from .clock import check_seconds_budget
 from .failure import first_failure
+from .sinks import SinkSpec
 from .timed import resolve_timed, trains_flush_for
 
 Log = Callable[[str], None]
@@ -51,7 +52,7 @@ class WorkersFailed(Exception):
         return f"error: pipeline workers exited with code {self.returncode}; their log is {self.log_path}:\n{self.tail}"
 
 
-def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
+def resolve_run(cfg: RunConfig, *, log: Log | None = None, checked: bool = False) -> ResolvedRun:
     """The run as it will execute: its profile known, its partition pinned, its pieces loaded.
 
     Called once per process: by the command that trains, by each distributed worker (on the config
@@ -62,7 +63,8 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
     depth, partition, memory), so distributed workers and a later resume all run the same cut. A
     schedule the simulator times (interleaved, ZB-H1 on the emulated runtime) gets its own cut and
     trains 1F1B's numbers (:mod:`.timed`); ZB-H1 on
-    the distributed runtime is resolved like any run, its cut its own.
+    the distributed runtime is resolved like any run, its cut its own. ``checked``: a worker started by
+    paci-tune's launcher, which ran every check on this resolved config (:func:`.launch.run_distributed`).
     """
     t = cfg.training
     if t.init_from:
@@ -78,8 +80,10 @@ def resolve_run(cfg: RunConfig, *, log: Log | None = None) -> ResolvedRun:
     if trains_flush_for(cfg):  # zb-h1 on the distributed runtime runs for real, resolved like any run
         run = resolve_timed(cfg)
     else:
-        run = resolve_pieces(cfg, distributed=cfg.pipeline.runtime == "distributed")
+        run = resolve_pieces(cfg, distributed=cfg.pipeline.runtime == "distributed", checked=checked)
     check_seconds_budget(run.config, run.profile)  # before a worker starts or a step runs
+    if log is not None and run.model.untied:  # model.untie's cost, the run's opening line
+        log(run.model.untied)
     return run
 
 
@@ -140,8 +144,12 @@ def run_training(
     metrics: str | None = None,
     resume: bool = False,
     log: Log | None = None,
+    sinks: Sequence[SinkSpec] = (),
 ) -> dict[str, Any] | None:
     """Train the resolved ``run`` on its runtime; every record goes to ``on_record``; the summary record is returned.
+
+    ``sinks``: the ``--log`` sinks (:mod:`.sinks`), written by the reporting process: this one on the
+    emulated runtime, the reporter rank's worker on the distributed one.
 
     Raises :class:`~paci_tune.errors.ConfigError` for a run that cannot start and
     :class:`WorkersFailed` when distributed workers fail.
@@ -151,7 +159,7 @@ def run_training(
 
     cfg = run.config
     if cfg.pipeline.runtime == "emulated":
-        return Trainer(run, RecordSink(metrics, None, on_record)).run(resume=resume)
+        return Trainer(run, RecordSink(metrics, None, on_record, sinks=sinks)).run(resume=resume)
 
     from .launch import run_distributed
 
@@ -173,7 +181,7 @@ def run_training(
             held.enter_context(hold(root))
             env[LOCK_ENV] = str(root.resolve())
         workdir = Path(tempfile.mkdtemp(prefix="paci-tune-run-"))
-        rc, tail = run_distributed(cfg, workdir, record, metrics=metrics, resume=resume, extra_env=env)
+        rc, tail = run_distributed(cfg, workdir, record, metrics=metrics, resume=resume, extra_env=env, sinks=sinks)
     if rc != 0:
         log_path = workdir / "workers.log"
         cause = first_failure(log_path.read_text(errors="replace"), cfg.pipeline.stages) if log_path.exists() else None

@@ -19,7 +19,7 @@ May import: :mod:`paci_tune.config`, :mod:`paci_tune.train`, :mod:`paci_tune.pip
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from ..pipeline.factory import ResolvedRun
 from ..train import checkpoint
 from ..train.launch import n_processes, torchrun_command, write_resolved
 from ..train.run import check_outputs, resolve_run
+from ..train.sinks import SinkSpec
 from .bestfile import read_best
 from .trust import check_entries
 from .warm import WarmStart, ensure
@@ -122,12 +123,14 @@ class PreparedApply:
     run_path: Path
     verdict: str | None = None  # the search's comparison in one line (best.yaml's ``comparison``)
 
-    def launch_commands(self, *, resume: bool, metrics: str | None) -> list[list[str]]:
-        """What a user would type to train the written run: ``paci-tune train``, and for the distributed
-        runtime the torchrun line it starts the workers with."""
+    def launch_commands(self, *, resume: bool, metrics: str | None, sinks: Sequence[SinkSpec] = ()) -> list[list[str]]:
+        """What a user would type to train the written run: ``paci-tune train`` (with ``apply``'s ``--log``
+        sinks), and for the distributed runtime the torchrun line it starts the workers with."""
         cmd = ["paci-tune", "train", str(self.run_path)] + (["--resume"] if resume else [])
         if metrics:
             cmd += ["--metrics", metrics]
+        for spec in sinks:
+            cmd += ["--log", spec.text]
         cfg = self.run.config
         if cfg.pipeline.runtime != "distributed":
             return [cmd]

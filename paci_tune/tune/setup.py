@@ -2,8 +2,8 @@
 
 Shared by ``paci-tune search`` (:mod:`.session`) and the benchmark that replays searches against a
 full grid. May import: :mod:`paci_tune.calibrate`, :mod:`paci_tune.pipeline`, :mod:`paci_tune.model`,
-:mod:`paci_tune.sim`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors` and the tune
-layer's :mod:`.space`, :mod:`.narrow`, :mod:`.point`, :mod:`.recipes` and :mod:`.study`.
+:mod:`paci_tune.data`, :mod:`paci_tune.sim`, :mod:`paci_tune.config`, :mod:`paci_tune.base`, :mod:`paci_tune.errors`
+and the tune layer's :mod:`.space`, :mod:`.narrow`, :mod:`.point`, :mod:`.recipes` and :mod:`.study`.
 """
 
 from __future__ import annotations
@@ -65,14 +65,25 @@ def bind_space(tune: TuneConfig) -> SearchSpace:
 
 def _tied(meta: Any) -> str | None:
     """The first trainable parameter that units of the model share, named by every unit's name for it."""
-    from ..model import shared_parameters
+    from ..model.loader import model_ties
 
-    if meta.gpt is not None:
-        return None  # the built-in GPT ties nothing
-    for units, names in shared_parameters([meta.units[i] for i in range(meta.n_units)]):
-        if meta.units[units[0]].get_parameter(names[0]).requires_grad:
-            return " and ".join(f"unit {u}'s {n!r}" for u, n in zip(units, names, strict=True))
+    for tie in model_ties(meta):  # the built-in GPT ties nothing
+        if tie.trainable:
+            return " and ".join(f"unit {u}'s {n!r}" for u, n in zip(tie.units, tie.names, strict=True))
     return None
+
+
+def untie_note(tune: TuneConfig) -> dict[str, str]:
+    """``model.untie``'s cost (``untie: +N parameters (...)``) for best.yaml's provenance; nothing where it is off."""
+    run = tune.run
+    if not run.model.get("untie"):
+        return {}
+    from ..data import load_source
+    from ..model import load_model
+
+    source = load_source(run.data, run.model.get("vocab_size"))
+    meta = load_model(run.model, source.vocab_size, run.training.seed, indices=[])
+    return {"untie": meta.untied} if meta.untied else {}
 
 
 def trial_runtime(tune: TuneConfig) -> str:

@@ -18,6 +18,7 @@ from ..tune.extra import confirm_seeds
 from ..tune.rounds import current_round
 from ..tune.search import Search
 from ..tune.session import SearchSession
+from ..tune.setup import untie_note
 from .best import build_best
 from .candidates import memory_section
 
@@ -54,6 +55,7 @@ def recommend(session: SearchSession, search: Search, out: Path) -> dict[str, An
             "pruner": tune.search.pruner,
             "seed": tune.search.seed,
             "config": str(session.config.resolve()),
+            **untie_note(tune),
         },
         confirm_seeds=confirm_seeds(tune.run.training.seed, rounds.seeds) if c.enabled else None,
         confirm_rounds={
