@@ -9,6 +9,7 @@ which ``apply`` then trains.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -50,6 +51,10 @@ def test_search_and_apply_an_untied_hf_gpt2(tmp_path: Path) -> None:
     cost = 32 * 64  # QUICK's 32-token data x tiny-gpt2's n_embd 64: the head's copy of the embedding
     assert out["best"]["provenance"]["untie"].startswith(f"untie: +{cost:,} parameters")
     assert f"untie: +{cost:,} parameters" in out["apply"].stderr  # the run's opening line
+    # A PACI answer: PACI's study trained pipelined points (P >= 2 splits the tied pair) to a score.
+    table = yaml.safe_dump(out["best"]["candidates"])
+    assert re.search(r"paci P=[24] ", table), table
+    assert out["best"]["verdict"], out["best"]
 
 
 @pytest.mark.slow
