@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from helpers.cli import set_scratch
 
-pytest_plugins = ["helpers.pinning"]
+pytest_plugins = ["helpers.pinning", "helpers.gloo"]  # gloo: the single_rank fixture
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 from helpers.cli import check_ok, cli_command, cli_env, invoke_in, read_metrics, run_cli, summary_of, train_losses
-from helpers.configs import make_config, write_config
+from helpers.configs import make_config, write_best_for, write_config
 from helpers.live import (
     Calls,
     assert_tensorboard_matches,
@@ -25,7 +25,6 @@ from helpers.live import (
     fake_mlflow,
     fake_wandb,
     series,
-    write_best,
 )
 from helpers.processes import kill_tree
 
@@ -50,7 +49,7 @@ def test_a_missing_backend_package_exits_2_naming_its_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, command: str
 ) -> None:
     monkeypatch.setitem(sys.modules, backend, None)  # not importable here, whether installed or not
-    target = write_config(tmp_path, SHORT).name if command == "train" else write_best(tmp_path, SHORT).name
+    target = write_config(tmp_path, SHORT).name if command == "train" else write_best_for(tmp_path, SHORT).name
     before = sorted(p.name for p in tmp_path.iterdir())
     r = invoke_in(tmp_path, [command, target, "--no-live", "--metrics", "m.jsonl", "--log", f"{backend}:proj"])
     assert r.exit_code == 2, r.output
@@ -127,7 +126,7 @@ def test_a_sink_that_fails_is_dropped_with_one_line_quoting_no_credential(
 
 # ------------------------------------------------------------------------------------ apply passes it on
 def test_apply_passes_log_through_to_the_training_it_runs(tmp_path: Path) -> None:
-    write_best(tmp_path, make_config(training={"steps": 2, "eval_every": 1}))
+    write_best_for(tmp_path, make_config(training={"steps": 2, "eval_every": 1}))
     dry = invoke_in(tmp_path, ["apply", "best.yaml", "--dry-run", "--clock", "wall", "--log", "tensorboard:tb"])
     assert dry.exit_code == 0, dry.output
     train = next(ln for ln in dry.output.splitlines() if ln.startswith("paci-tune train "))

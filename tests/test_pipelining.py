@@ -15,14 +15,12 @@ import itertools
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from helpers.cli import run_in_process, train_losses
 from helpers.configs import make_config
 from torch import nn
@@ -164,17 +162,6 @@ def test_a_users_own_muon_and_adamw_pair(tmp_path: Path) -> None:
     expected = _paci_tune_losses(2, 2, 4, 4, backward_weights="forward", optimizer="muon")
     assert got == pytest.approx(expected, abs=1e-5)
     assert got != pytest.approx(_paci_tune_losses(2, 2, 4, 4, backward_weights="forward"), abs=1e-5), "AdamW's"
-
-
-@pytest.fixture
-def single_rank() -> None:
-    """A one-process gloo group, enough to build a one-stage PipelineStage for the error checks."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_misuse_raises_clear_errors(single_rank: None) -> None:

@@ -10,29 +10,15 @@ public one does not take them. One process, one stage: in-process and fast (no l
 from __future__ import annotations
 
 import inspect
-import socket
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from paci_tune.pipelining import SchedulePACI
 
 N = 4  # micro-batches per step()
-
-
-@pytest.fixture
-def single_rank() -> Iterator[None]:
-    """A one-process gloo group: a one-stage PipelineStage for either schedule."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class Scaled(nn.Module):

@@ -7,7 +7,6 @@ them, so a second call from anywhere in the process is counted -- not what the c
 
 from __future__ import annotations
 
-import copy
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from helpers.configs import BASE_CONFIG, make_config
+from helpers.configs import BASE_CONFIG, make_config, write_best_for
 
 
 def _count_calls(monkeypatch: pytest.MonkeyPatch, *funcs: Callable[..., Any]) -> Counter[str]:
@@ -74,23 +73,7 @@ def test_train_resolves_once(tmp_path: Path, calls: Counter[str]) -> None:
 
 def test_apply_resolves_once(tmp_path: Path, calls: Counter[str]) -> None:
     run = make_config(training={"steps": 2})
-    p = run["pipeline"]
-    best = {
-        "recommended": {
-            "schedule": p["schedule"],
-            "stages": p["stages"],
-            "window": p["window"],
-            "microbatch_size": 2,
-            "global_batch": run["training"]["global_batch"],
-            "lr": run["optimizer"]["lr"],
-        },
-        "evidence": {"steps": 2},
-        "target": {"metric": "val_loss", "value": 1.0},
-        "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
-        "provenance": {"study_name": "run"},
-        "run": copy.deepcopy(run),
-    }
-    (tmp_path / "best.yaml").write_text(yaml.safe_dump(best, sort_keys=False))
+    write_best_for(tmp_path, run)
     r = _invoke(tmp_path, ["apply", "best.yaml", "--no-live", "--clock", "wall"])
     assert r.exit_code == 0, r.output
     assert dict(calls) == APPLY

@@ -61,3 +61,26 @@ def write_config(directory: Path, doc: dict[str, Any], name: str = "run.yaml") -
     path = Path(directory) / name
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def write_best_for(folder: Path, run: dict[str, Any]) -> Path:
+    """A minimal best.yaml recommending ``run`` (what ``apply`` reads), in ``folder``."""
+    p = run["pipeline"]
+    best = {
+        "recommended": {
+            "schedule": p["schedule"],
+            "stages": p["stages"],
+            "window": p["window"],
+            "microbatch_size": run["training"]["global_batch"] // p["window"],
+            "global_batch": run["training"]["global_batch"],
+            "lr": run["optimizer"]["lr"],
+        },
+        "evidence": {"steps": run["training"]["steps"]},
+        "target": {"metric": "val_loss", "value": 1.0},
+        "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
+        "provenance": {"study_name": "run"},
+        "run": copy.deepcopy(run),
+    }
+    path = folder / "best.yaml"
+    path.write_text(yaml.safe_dump(best, sort_keys=False))
+    return path

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 Series = dict[str, list[tuple[int, float]]]
 
@@ -64,29 +63,6 @@ def assert_tensorboard_matches(folder: Path, records: list[dict[str, Any]]) -> S
     assert got["summary/final_val_loss"] == [(summary["steps"], pytest.approx(summary["final_val_loss"], rel=1e-6))]
     assert [s for s, _ in got["memory/peak_bytes"]] == [s for s, _ in series(records, "segment", "tokens_per_s")]
     return got
-
-
-def write_best(folder: Path, run: dict[str, Any]) -> Path:
-    """A minimal best.yaml recommending ``run`` (what ``apply`` reads), in ``folder``."""
-    p = run["pipeline"]
-    best = {
-        "recommended": {
-            "schedule": p["schedule"],
-            "stages": p["stages"],
-            "window": p["window"],
-            "microbatch_size": run["training"]["global_batch"] // p["window"],
-            "global_batch": run["training"]["global_batch"],
-            "lr": run["optimizer"]["lr"],
-        },
-        "evidence": {"steps": run["training"]["steps"]},
-        "target": {"metric": "val_loss", "value": 1.0},
-        "budget": {"clock": "sim", "seconds": 0.3, "grid": 3},
-        "provenance": {"study_name": "run"},
-        "run": copy.deepcopy(run),
-    }
-    path = folder / "best.yaml"
-    path.write_text(yaml.safe_dump(best, sort_keys=False))
-    return path
 
 
 # ------------------------------------------------------------------------------ stand-in clients
