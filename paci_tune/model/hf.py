@@ -141,13 +141,17 @@ def load_hf(spec: Mapping[str, Any], vocab_size: int, seed: int, indices: Iterab
     fields, folder = read_spec(spec["hf"])
     config = make_config(fields, vocab_size, spec["hf"])
     block = block_size_of(spec, config)
-    built = build(config, seed, None if indices is None else list(indices), folder, untie, block, spec["hf"])
+    built, model = build(config, seed, None if indices is None else list(indices), folder, untie, block, spec["hf"])
     _check_indices(indices, built.n_units)
 
     def verify() -> None:
-        from .hf_verify import verify_split
+        from .hf_verify import check_split, verify_split
 
-        verify_split(config, seed, folder, untie, block, vocab_size, spec["hf"])
+        if indices is None:  # the whole model is built here: check it as it is, not a second copy
+            check_split(model, [built.units[i] for i in range(built.n_units)], vocab_size, block, spec["hf"])
+            model.train()
+        else:
+            verify_split(config, seed, folder, untie, block, vocab_size, spec["hf"])
 
     built.verify = verify
     return built

@@ -206,14 +206,15 @@ def _check_fits(units: list[nn.Module], wanted: list[int], where: object) -> Non
 
 def build(
     config: Any, seed: int, indices: list[int] | None, folder: Path | None, untie: bool, block: int, where: object
-) -> LoadedModel:
-    """The :class:`LoadedModel` of units ``indices`` (None: all), as the module docstring describes."""
-    _, split, ties = build_model(config, seed, indices, folder, where)
+) -> tuple[LoadedModel, Any]:
+    """The :class:`LoadedModel` of units ``indices`` (None: all), as the module docstring describes, and the
+    transformers model whose modules they are (meta but for those units)."""
+    model, split, ties = build_model(config, seed, indices, folder, where)
     n = len(split.units)
     wanted = list(range(n)) if indices is None else sorted({i for i in indices if 0 <= i < n})
     units = {i: split.units[i] for i in wanted}
     untied = untie_units(units, ties) if untie else None
-    return LoadedModel(
+    loaded = LoadedModel(
         units=units,
         n_units=n,
         names=split.names,
@@ -225,6 +226,7 @@ def build(
         ties=[] if untie else ties,
         untied=untied,
     )
+    return loaded, model
 
 
 def build_model(

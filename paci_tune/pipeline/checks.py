@@ -72,8 +72,8 @@ def check_model_and_data(
         key = source_key(cfg.model)
         check_units(whole, source.vocab_size, cfg.model[key.removeprefix("model.")], key)
         meta.flops = whole.flops  # counted on the sample: what the cut balances without a profile
-        if meta.verify is not None:
-            meta.verify()  # the source's own check (hf, torchtitan: the units chained equal the model)
+        if whole.verify is not None:
+            whole.verify()  # the source's own check (hf, torchtitan: the units chained equal the model)
     if built_here:
         check_trainable_here(meta)
     check_depth(cfg.pipeline.stages, meta.n_units)
