@@ -1,6 +1,7 @@
 """Turn the ``model:`` section of a config into pipeline units.
 
-Two kinds of model are accepted, exactly one per config:
+Four sources of a model (:data:`SOURCES`), exactly one per config; the first two are here, the
+others in :mod:`.hf` and :mod:`.titan`:
 
 - ``preset: <name>`` plus overrides of any :class:`GPTConfig` field. These models are built unit
   by unit, so a pipeline rank builds only the units it owns.
@@ -17,7 +18,8 @@ Two kinds of model are accepted, exactly one per config:
   build's (seed it by its index, not by the call's RNG): a rank's units and the launcher's check
   must be the same model. Loads without ``whole`` (the checks, calibration) still get every unit.
 
-``hf: ...`` is a transformers causal LM (:mod:`.hf`), built per rank like a preset. ``untie: true``
+``hf: ...`` is a transformers causal LM (:mod:`.hf`) and ``torchtitan: llama3`` torchtitan's Llama
+(:mod:`.titan`), both built per rank like a preset. ``untie: true``
 (entry and hf models) gives every parameter several units share a copy per unit (:mod:`.untie`), at
 build time, so every schedule trains the same untied model.
 
