@@ -21,6 +21,7 @@ oracles shared by the module.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -50,7 +51,7 @@ from helpers.faults import (
     wait_until,
 )
 from helpers.pg import Server, server
-from helpers.processes import descendants, kill_all, kill_tree, survivors_after
+from helpers.processes import alive, descendants, kill_all, kill_tree, survivors_after
 from helpers.searches import run, search_cmd, studies
 from optuna.trial import TrialState
 
@@ -144,13 +145,26 @@ def test_ctrl_c_with_two_trials_running_leaves_them_running_and_resume_reaches_t
     tree: list[int] = []
     try:
 
-        def two_training() -> int | None:
+        def two_held() -> list[int] | None:
+            """Two forked trials training, held (SIGSTOP) so that neither can finish before the search's
+            Ctrl-C is taken: a trial lasts ~1 s, and on a loaded machine the search once ended first."""
             zygote = fork_server_of(proc.pid)
-            trials = started_trials(tmp_path / "work")
-            return zygote if zygote and len(forked_trials(zygote)) >= 2 and len(trials) >= 2 else None
+            if not zygote or len(started_trials(tmp_path / "work")) < 2:
+                return None
+            held = forked_trials(zygote)
+            for pid in held:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            if len([p for p in held if alive(p)]) >= 2:
+                return held
+            _resume(held)  # one had finished already: let them go, and look again
+            return None
 
-        tree = descendants(wait_until(two_training, "two forked trials training", SEARCH_S, proc))
+        held = wait_until(two_held, "two forked trials training", SEARCH_S, proc)
+        tree = descendants(proc.pid)
         os.kill(proc.pid, signal.SIGINT)
+        time.sleep(1.0)  # the search takes its Ctrl-C while its trials are held
+        _resume(held)
         code, _ = finish(proc, log, SEARCH_S)
     finally:
         kill_tree(proc)
@@ -163,6 +177,13 @@ def test_ctrl_c_with_two_trials_running_leaves_them_running_and_resume_reaches_t
 
     check_ok(run(cmd, timeout=SEARCH_S))
     assert search_outcome(tmp_path / "best.yaml", sqlite_url(tmp_path)) == oracle
+
+
+def _resume(pids: list[int]) -> None:
+    """SIGCONT to each of ``pids`` still there."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def test_two_searches_on_one_work_folder_run_each_trial_once(tmp_path: Path, oracle: dict[str, Any]) -> None:
