@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 pytest.importorskip("transformers")
 
@@ -24,7 +24,7 @@ from helpers.hf_models import ARCHS, BLOCK, GEMMA2, OPT, VOCAB, hf_doc, hf_first
 
 from paci_tune.errors import ConfigError
 from paci_tune.model import load_model
-from paci_tune.model.hf_verify import chain, check_split
+from paci_tune.model.hf_verify import chain
 
 QUICK = ("gpt2", "llama")  # the quick tier's; every architecture runs in the slow tier
 
@@ -84,19 +84,20 @@ def test_a_broken_split_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     assert e.value.key == "model.hf" and "LlamaForCausalLM" in str(e.value) and "differ" in str(e.value)
 
 
-def test_a_chain_that_sees_the_future_is_refused() -> None:
-    class Peek(torch.nn.Module):
-        def forward(self, h: torch.Tensor) -> torch.Tensor:
-            return h + 0.5 * h.roll(-1, dims=1)
+def test_a_split_that_sees_the_future_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A block unit that reads the next position (what eager attention without a mask does) is refused
+    before any run, as model.hf, by the causality probe every model's units pass."""
+    from paci_tune.config import load_config
+    from paci_tune.model import hf_split
+    from paci_tune.pipeline.checks import check_model_and_data
 
-    units = [torch.nn.Embedding(VOCAB, 8), Peek(), torch.nn.Linear(8, VOCAB)]
-
-    class Whole(torch.nn.Module):  # a model whose own logits are the chain's: only the probe can tell
-        def forward(self, input_ids: torch.Tensor, use_cache: bool = False) -> SimpleNamespace:
-            return SimpleNamespace(logits=chain(units, input_ids))
-
-    with pytest.raises(ConfigError, match="causal"):
-        check_split(Whole(), units, VOCAB, BLOCK, "test")
+    real = hf_split.HFBlock.forward
+    monkeypatch.setattr(hf_split.HFBlock, "forward", lambda self, h: real(self, h + 0.5 * h.roll(-1, dims=1)))
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(hf_doc({"hf": "tiny-llama", "block_size": BLOCK})))
+    with pytest.raises(ConfigError) as e:
+        check_model_and_data(load_config(str(config)))
+    assert e.value.key == "model.hf" and "causal" in str(e.value), e.value
 
 
 def test_a_rank_builds_only_its_units_and_a_tied_weight_starts_equal() -> None:
