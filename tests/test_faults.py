@@ -147,7 +147,7 @@ def test_ctrl_c_with_two_trials_running_leaves_them_running_and_resume_reaches_t
 
         def two_held() -> list[int] | None:
             """Two forked trials training, held (SIGSTOP) so that neither can finish before the search's
-            Ctrl-C is taken: a trial lasts ~1 s, and on a loaded machine the search once ended first."""
+            Ctrl-C is taken (a trial lasts about a second)."""
             zygote = fork_server_of(proc.pid)
             if not zygote or len(started_trials(tmp_path / "work")) < 2:
                 return None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import subprocess
 import textwrap
 import time
@@ -117,11 +118,19 @@ def search_outcome(best: Path, storage: str | optuna.storages.BaseStorage, name:
 
 def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """``cmd`` from the repository root in a session of its own (``os.killpg(proc.pid, ...)`` reaches its
-    group), stdout into ``log`` and stderr into :func:`err_of` ``(log)`` (files, not pipes nobody reads
-    while the test polls)."""
+    group), Ctrl-C reaching it as at a terminal (a suite started in the background runs with SIGINT ignored,
+    which children inherit and Python then leaves ignored; test_failures does the same), stdout into ``log``
+    and stderr into :func:`err_of` ``(log)`` (files, not pipes nobody reads while the test polls)."""
     with open(log, "w") as out, open(err_of(log), "w") as err:
         return subprocess.Popen(
-            cmd, cwd=REPO, env=env or cli_env(), stdout=out, stderr=err, text=True, start_new_session=True
+            cmd,
+            cwd=REPO,
+            env=env or cli_env(),
+            stdout=out,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
 
