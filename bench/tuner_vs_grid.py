@@ -37,6 +37,7 @@ without sharing (its own table), the "before" of the same space.
 
     python bench/tuner_vs_grid.py --seeds 20 --plot docs/tuner-vs-grid.png
     python bench/tuner_vs_grid.py --no-share --seeds 20        # before sharing, same space
+    python bench/tuner_vs_grid.py --config bench/tuner_vs_grid/muon.yaml   # second grid: Muon, table-muon.json
 """
 
 from __future__ import annotations
@@ -569,7 +570,8 @@ def main() -> None:
         "--workdir",
         default=None,
         help="The grid study, its profile and trial logs (default: "
-        "runs/tuner-vs-grid, or runs/tuner-vs-grid-unshared with --no-share).",
+        "runs/tuner-vs-grid, or runs/tuner-vs-grid-unshared with --no-share; "
+        "another config than model.yaml adds its stem: runs/tuner-vs-grid-muon).",
     )
     ap.add_argument(
         "--no-share",
@@ -589,7 +591,7 @@ def main() -> None:
         default=None,
         help="The grid's curves: read when it matches the config, else the grid is run (or resumed) "
         "and the table written (default: bench/tuner_vs_grid/table.json, or table-unshared.json "
-        "with --no-share).",
+        "with --no-share; another config than model.yaml adds its stem: table-muon.json).",
     )
     ap.add_argument("--threads", type=int, default=1, help="CPU threads of each grid trial (OMP_NUM_THREADS).")
     ap.add_argument("--seeds", type=int, default=20, help="Sampler seeds per method and trial count.")
@@ -618,7 +620,9 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="The reported value is ignored because")
 
     doc = read_yaml(args.config)
-    suffix = "-unshared" if args.no_share else ""
+    # Another config than model.yaml gets its own work folder and table: muon.yaml -> table-muon.json.
+    stem = Path(args.config).stem
+    suffix = ("" if stem == "model" else f"-{stem}") + ("-unshared" if args.no_share else "")
     workdir = Path(args.workdir or f"runs/tuner-vs-grid{suffix}").resolve()
     # The grid search reads a file: the config without confirmation runs (the grid trains each point
     # once; the table keeps the search trials only) and without capping (the table holds every point's

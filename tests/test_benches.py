@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 from helpers import REPO
 from helpers.cli import cli_env
@@ -257,3 +258,22 @@ def test_optimizer_map_quick(tmp_path: Path) -> None:
         assert abs(c["gap"] - (paci[0]["final"] - flush[(partner, 0)])) < 1e-12
     shared = [r for r in doc["runs"] if r.get("same_as")]
     assert shared and all(-(-(r["P"] - 1) // r["a"]) <= 1 for r in shared)
+
+
+def test_delay_law_quick(tmp_path: Path) -> None:
+    """The delay-law bench on the shipped grid tables: its noise floor is numpy's pooled sd of log steps to
+    target over each LR's flush replicates, and predict-then-verify never reports less compute than the
+    flush curves it starts from."""
+    out = tmp_path / "delay.json"
+    _bench("bench/delay_law.py", "--quick", "--json", str(out))
+    doc = json.loads(out.read_text())
+    table = json.loads((REPO / "bench" / "tuner_vs_grid" / "table-unshared.json").read_text())
+    groups: dict[float, list[float]] = {}
+    for p in table["points"]:
+        step = p["evidence"].get("clock_step_time_s")
+        if p["schedule"] != "paci" and p["time_to_target"] is not None and step:
+            groups.setdefault(p["lr_scale"], []).append(np.log(round(p["time_to_target"] / step)))
+    pooled = np.sqrt(sum(np.var(g) * len(g) for g in groups.values()) / sum(len(g) - 1 for g in groups.values()))
+    assert doc["noise_floor_log_sd"] == pytest.approx(pooled, rel=1e-9)
+    for run in doc["predict_then_verify"]:
+        assert run["ratio"] >= 1.0 and 0 < run["compute"] <= 1.0, run

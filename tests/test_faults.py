@@ -43,6 +43,7 @@ from helpers.faults import (
     finish,
     fork_server_of,
     forked_trials,
+    run_twice_at_once,
     search_outcome,
     sqlite_url,
     start,
@@ -191,15 +192,7 @@ def test_two_searches_on_one_work_folder_run_each_trial_once(tmp_path: Path, ora
     best.yaml): both finish, every trained trial ran in one process only (one trial folder per trained
     trial), none is lost, and best.yaml is the single search's."""
     cmd = search_cmd(tiny_search(tmp_path), tmp_path)
-    logs = [tmp_path / f"worker{i}.log" for i in range(2)]
-    procs = [start(cmd, log) for log in logs]
-    try:
-        codes = [finish(p, log, SEARCH_S)[0] for p, log in zip(procs, logs, strict=True)]
-    finally:
-        for p in procs:
-            kill_tree(p)
-    for code, log in zip(codes, logs, strict=True):
-        assert code == 0, _log_tail(log)
+    run_twice_at_once(cmd, tmp_path, SEARCH_S)
     assert search_outcome(tmp_path / "best.yaml", sqlite_url(tmp_path)) == oracle
     for s, st in studies(sqlite_url(tmp_path)).items():
         numbers = [t.number for t in st.trials]

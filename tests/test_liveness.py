@@ -106,6 +106,38 @@ def test_our_own_pid_claimed_by_a_previous_worker_is_reaped() -> None:
     assert reap_dead(study, retries=1, grace=60) == [ours.number]
 
 
+def test_a_queued_trial_reaped_before_drawing_its_point_is_queued_again_with_it() -> None:
+    """A retry, a sibling or a confirmation seed interrupted between ask and suggest (a database stopped
+    there, CI of 4a713e5) has no params yet, only the point it was queued with: that point is run again."""
+    _need_proc()
+    me = identity()
+    study = optuna.create_study()
+    study.enqueue_trial({"b": 2})
+    asked = study.ask()  # not drawn: no suggest_* yet
+    dataclasses.replace(me, worker="the-worker-before", start=me.start - 100).write(asked)
+    unqueued = study.ask()  # sampled, not drawn: nothing to run again
+    dataclasses.replace(me, worker="the-worker-before", start=me.start - 100).write(unqueued)
+    assert sorted(reap_dead(study, retries=1)) == [asked.number, unqueued.number]
+    retry = study.get_trials(states=(TrialState.WAITING,))
+    assert [(t.user_attrs["retry_of"], t.system_attrs["fixed_params"]) for t in retry] == [(asked.number, {"b": 2})]
+
+
+def test_a_trial_another_worker_took_too_and_finished_ends_the_block_quietly() -> None:
+    """SQLite can hand one queued trial to two workers; the one that writes second finds it finished (CI of
+    4a713e5's successor: a two-worker search ended in UpdateFinishedTrialError). It drops the trial and goes on;
+    another error passes."""
+    study = optuna.create_study()
+    trial = _running(study, identity())
+    with Heartbeat(study._storage, trial._trial_id, period=0.05) as beat:
+        study.tell(trial, 1.0)  # the other worker finished it
+        trial.set_user_attr("late", 1)  # this worker's next write
+    assert beat.taken and not beat.reaped
+    assert "another worker" in liveness.taken_line(trial.number)
+    other = _running(study, identity())
+    with pytest.raises(RuntimeError), Heartbeat(study._storage, other._trial_id, period=0.05):
+        raise RuntimeError("not a storage refusal")
+
+
 # --------------------------------------------------------------------------- (c) the heartbeat survives errors
 class _Flaky:
     """A real storage whose first ``failures`` heartbeat writes fail as a locked SQLite database does."""

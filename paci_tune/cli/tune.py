@@ -46,6 +46,12 @@ from .options import log_option, overrides_from, run_options
 )
 @click.option("--trials", type=int, default=None, help="Trials per schedule (overrides search.trials).")
 @click.option("--space", default=None, help="Search space: a shipped name or a YAML path (overrides search.space).")
+@click.option(
+    "--strategy",
+    type=click.Choice(["sample", "predict"]),
+    default=None,
+    help="How each study picks its next point: its sampler, or predict-then-verify (sim and rst clocks).",
+)
 @click.option("--sampler", type=click.Choice(["tpe", "random", "grid"]), default=None, help="Optuna sampler.")
 @click.option(
     "--pruner",
@@ -69,6 +75,7 @@ def search(
     workdir: str | None,
     trials: int | None,
     space: str | None,
+    strategy: str | None,
     sampler: str | None,
     pruner: str | None,
     seed: int | None,
@@ -91,6 +98,7 @@ def search(
     given = {
         "search.trials": trials,
         "search.space": space,
+        "search.strategy": strategy,
         "search.sampler": sampler,
         "search.pruner": pruner,
         "search.seed": seed,

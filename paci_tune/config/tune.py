@@ -233,6 +233,11 @@ class SearchConfig:
 
     space: str = "default"
     trials: int = 20
+    # How a study picks its next point: "sample" (the sampler and pruner below) or "predict" (every layout priced
+    # by the simulator, PACI's steps to target predicted from the synchronous curve, the candidates that could
+    # beat the best trained: paci_tune.tune.planner; sim and rst clocks with shared curves)
+    strategy: Literal["sample", "predict"] = "sample"
+    verify_z: float = 1.0  # predict: standard deviations of optimism a candidate must beat the best with
     sampler: Literal["tpe", "random", "grid"] = "tpe"
     pruner: Literal["hyperband", "successive_halving", "median", "none"] = "hyperband"
     seed: int = 0
@@ -273,6 +278,8 @@ class SearchConfig:
             raise ConfigError(f"{key}.trial_timeout", self.trial_timeout, "a positive number of seconds")
         if self.retries < 0:
             raise ConfigError(f"{key}.retries", self.retries, "an integer >= 0")
+        if not 0 <= self.verify_z <= 5:
+            raise ConfigError(f"{key}.verify_z", self.verify_z, "a number in [0, 5] (standard deviations)")
         if not 10 <= self.heartbeat_grace <= 86_400:
             why = "seconds in [10, 86400] (workers beat every 5 s: a live one must not look dead)"
             raise ConfigError(f"{key}.heartbeat_grace", self.heartbeat_grace, why)
@@ -342,6 +349,18 @@ def check_timed_schedules(search: SearchConfig, budget: BudgetConfig, hardware: 
         )
 
 
+def check_strategy(search: SearchConfig, budget: BudgetConfig) -> None:
+    """``predict`` reads every layout off a curve trained once: it needs shared curves, hence a budget in
+    seconds of the sim or rst clock (:mod:`paci_tune.tune.sharing`)."""
+    if search.strategy != "predict":
+        return
+    if budget.clock == "wall" or not search.share_curves:
+        why = "sample on the wall clock or without search.share_curves: predict reads each layout off a shared curve"
+        raise ConfigError("search.strategy", search.strategy, why)
+    if search.sampler == "grid":
+        raise ConfigError("search.strategy", search.strategy, "sample with search.sampler: grid (a grid plans itself)")
+
+
 RUN_HARDWARE_KEYS = ("memory",)
 """Keys of ``hardware`` that belong to the run (:class:`paci_tune.config.memory.RunHardware`): ``train``
 and ``apply`` keep to the device memory as a search does; the other keys only say what trials use."""
@@ -375,6 +394,7 @@ def parse_tune_sections(tune: dict[str, Any], *, require: bool) -> dict[str, Any
     out["target"].check("target", require)
     out["budget"].check("budget", require)
     check_timed_schedules(out["search"], out["budget"], out["hardware"])
+    check_strategy(out["search"], out["budget"])
     if out["budget"].clock == "wall" and out["search"].jobs not in (1, "auto"):
         why = "1 or auto on the wall clock: a wall-clock trial times itself, and a trial beside it would slow it"
         raise ConfigError("search.jobs", out["search"].jobs, why)

@@ -104,7 +104,9 @@ class Heartbeat:
 
     The block runs the trial. Left on an error because the trial was reaped (any write to it fails then),
     the error is swallowed and :attr:`reaped` set: the trial is not this worker's any more, and the worker
-    goes on. Any other error, or Ctrl-C, passes.
+    goes on. Likewise, with :attr:`taken` set, a write refused because another worker finished the trial:
+    on SQLite Optuna can hand one queued trial to two workers at once (it pops it without a lock there).
+    Any other error, or Ctrl-C, passes.
     """
 
     def __init__(self, storage: optuna.storages.BaseStorage, trial_id: int, period: float | None = None) -> None:
@@ -112,6 +114,7 @@ class Heartbeat:
         self.period = HEARTBEAT_S if period is None else period
         self.lost = threading.Event()  # set: the trial was finished by someone else while this worker ran it
         self.reaped = False  # the block ended because another worker reaped the trial
+        self.taken = False  # the block ended because another worker ran the trial too and finished it first
         self.beats = self.failures = 0  # beats written; failed tries (for the tests)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True, name=f"heartbeat-{trial_id}")
@@ -124,7 +127,8 @@ class Heartbeat:
         self._stop.set()
         self._thread.join()
         self.reaped = isinstance(exc, Exception) and was_reaped(self.storage, self.trial_id)
-        return self.reaped
+        self.taken = not self.reaped and isinstance(exc, UpdateFinishedTrialError)
+        return self.reaped or self.taken
 
     def _beat(self) -> None:
         wait, failing = self.period, 0
@@ -170,6 +174,11 @@ def was_reaped(storage: optuna.storages.BaseStorage, trial_id: int) -> bool:
 def reaped_line(number: int) -> str:
     """What the owner of a reaped trial says when it finds out."""
     return f"trial {number} was reaped by another worker (its heartbeat was judged stale); this worker goes on"
+
+
+def taken_line(number: int) -> str:
+    """What a worker says when another one ran the same queued trial and finished it first."""
+    return f"trial {number} was also taken from the queue by another worker, which finished it; this worker goes on"
 
 
 # ------------------------------------------------------------------------------------ judging

@@ -17,6 +17,7 @@ study by :mod:`.tell`. May import: optuna, :mod:`paci_tune.pipeline` (predicted 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -40,12 +41,13 @@ from .curves import numerics_key
 from .events import SearchEvent
 from .extra import confirm_seeds
 from .lanes import Lanes
-from .liveness import Heartbeat, Watch, claim, reaped_line, workers_here
+from .liveness import Heartbeat, Watch, claim, reaped_line, taken_line, workers_here
 from .objective import Progress
 from .outage import retrying
+from .planner import Plan, Planner
 from .point import TrialParams
 from .record import PointAttrs, TrialRecord
-from .repeats import answer_repeat
+from .repeats import answer_repeat, wait_for_earlier
 from .rounds import confirmed_schedules, current_round
 from .runner import OnEval, TrialJob, TrialResult, TrialRunner, fork_server
 from .sharing import Horizons, StepGrid, applies, replay_points, stored_curve, walk
@@ -77,6 +79,7 @@ class Search:
     _points: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)  # each schedule's, by _exhausted
     _server: Zygote | None = field(default=None, repr=False)  # trials are forked from it (:func:`.runner.fork_server`)
     _watch: Watch = field(default_factory=Watch, repr=False)  # the heartbeats seen, from one reaping to the next
+    _planner: Planner | None = field(default=None, repr=False)  # search.strategy: predict (:mod:`.planner`)
 
     @property
     def quota(self) -> int:
@@ -134,20 +137,31 @@ class Search:
         """The schedule furthest from its quota (a space all run is done), or with a layout of a curve or a dead
         worker's trial queued (its retry runs even past the quota), not one of ``busy`` (ties: the space's order)."""
         counts = {s: counted(st.get_trials(deepcopy=False), self.quota) for s, st in self.studies.items()}
-        searching = {s for s in self.studies if counts[s] < self.quota and not self._exhausted(s)}
+        if self.tune.search.strategy == "predict":
+            searching = {s for s in self.studies if self._plan(s) == "queued"}
+        else:
+            searching = {s for s in self.studies if counts[s] < self.quota and not self._exhausted(s)}
         owed = {s for s, st in self.studies.items() if siblings.waiting(st) or retry_waiting(st)}
         open_ = [s for s in self.studies if (s in searching or s in owed) and s not in busy]
         return min(open_, key=lambda s: counts[s]) if open_ else None
 
     def _searched(self, study: optuna.Study) -> bool:
-        """The study's search is over: its quota is met, none of its search trials runs still, here or in
-        another worker, and no layout of a curve waits (its best points are known)."""
+        """The study's search is over: its quota is met (``predict``: its planner is done), none of its search
+        trials runs still, here or in another worker, and no layout of a curve waits (its best points are known)."""
         schedule = next(s for s, st in self.studies.items() if st is study)
-        return (
-            (counted(study.get_trials(deepcopy=False), self.quota) >= self.quota or self._exhausted(schedule))
-            and not extra.search_trials(study, (TrialState.RUNNING,))
-            and not siblings.waiting(study)
-        )
+        if self.tune.search.strategy == "predict":
+            over = self._plan(schedule) == "done"
+        else:
+            over = counted(study.get_trials(deepcopy=False), self.quota) >= self.quota or self._exhausted(schedule)
+        return over and not extra.search_trials(study, (TrialState.RUNNING,)) and not siblings.waiting(study)
+
+    def _plan(self, schedule: str) -> Plan:
+        """Queue the schedule's next planned trial (:class:`.planner.Planner`); where its study stands."""
+        if self._planner is None:
+            first, target = self.warm.step if self.warm else 0, self.tune.target.value or 0.0
+            z = self.tune.search.verify_z
+            self._planner = Planner(self.space, self.trial_doc, self.loaded_profile(), first, target, z, self.quota)
+        return self._planner.plan(self.studies, schedule)
 
     def _exhausted(self, schedule: str) -> bool:
         """Every feasible point of the schedule's space has run (:func:`.study.exhausted`; an LR range never has)."""
@@ -192,12 +206,13 @@ class Search:
         return trial, retrying(lambda: self.space.suggest(trial, schedule), "drawing a trial's point")
 
     def run_trial(self, schedule: str, begun: tuple[optuna.Trial, TrialParams] | None = None) -> None:
-        """Run one trial; one another worker reaped meanwhile (:mod:`.liveness`) is dropped, its run killed."""
+        """Run one trial; one another worker reaped or finished meanwhile (:mod:`.liveness`) is dropped, its run
+        killed."""
         trial, params = begun or self._begin(schedule)
         with Heartbeat(self.studies[schedule]._storage, trial._trial_id) as beat:
             self._run_trial(schedule, trial, params, beat.lost)
-        if beat.reaped:
-            line = reaped_line(trial.number)
+        if beat.reaped or beat.taken:
+            line = reaped_line(trial.number) if beat.reaped else taken_line(trial.number)
             self.on_event(SearchEvent("end", schedule, trial.number, params, state="reaped", reason=line))
 
     def _run_trial(self, schedule: str, trial: optuna.Trial, params: TrialParams, lost: threading.Event) -> None:
@@ -215,16 +230,13 @@ class Search:
             params.optimizer,
             params.staleness,
         ).write(trial)
-        note = (
-            f"confirmation, seed {seed}"
-            if seed is not None
-            else (f"transfer check, {factor:g}x the budget" if factor != 1.0 else None)
-        )
+        transfer = f"transfer check, {factor:g}x the budget" if factor != 1.0 else None
+        note = f"confirmation, seed {seed}" if seed is not None else transfer
         self.on_event(SearchEvent("start", schedule, trial.number, params, reason=note))
         if (why := self.space.why_not(params)) is not None:
             self._refuse(study, trial, params, why)
             return
-        answered = not rec.is_extra and self._reuse(study, trial, params)  # an extra run is never a repeat
+        answered = not rec.is_extra and self._reuse(study, trial, params, lost)  # an extra run is never a repeat
         if not (answered or (factor == 1.0 and self._share(study, trial, params, seed))):
             self._run_fresh(study, trial, params, seed, factor, lost=lost)
         if not (answered or rec.is_extra or rec.sibling_of is not None):
@@ -416,24 +428,13 @@ class Search:
             queue.queue(study, self.studies.values(), number, params)
 
     # -------------------------------------------------------------------- repeated points
-    def _reuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams) -> bool:
-        """Answer a repeated point from its earlier trial (:mod:`.repeats`); False when it must be trained."""
-        told = answer_repeat(study, trial)
-        if told is not None:
-            self.on_event(
-                SearchEvent(
-                    "end",
-                    params.schedule,
-                    trial.number,
-                    params,
-                    told.step,
-                    None,
-                    None,
-                    told.state,
-                    told.reason,
-                    told.value,
-                )
-            )
+    def _reuse(self, study: optuna.Study, trial: optuna.Trial, params: TrialParams, lost: threading.Event) -> bool:
+        """Answer a repeated point from its earlier trial, once another worker's run of it has ended
+        (:mod:`.repeats`); False when it must be trained."""
+        wait_for_earlier(study, trial, self.tune.search.heartbeat_grace, lost)
+        if (told := answer_repeat(study, trial)) is not None:
+            end = SearchEvent("end", params.schedule, trial.number, params, told.step, state=told.state)
+            self.on_event(dataclasses.replace(end, reason=told.reason, value=told.value))
         return told is not None
 
     # ------------------------------------------------------------------------- configs

@@ -273,6 +273,8 @@ def fingerprint(tune: TuneConfig, space: Any) -> dict[str, Any]:
         out["share_curves"] = True  # absent otherwise: a search from before sharing does not resume with it
         if tune.search.validate_near_target:  # likewise: stored curves were validated at every grid point
             out["validate_near_target"] = True
+    if tune.search.strategy != "sample":  # absent otherwise: a sampled search's stored fingerprint stays the same
+        out["strategy"] = [tune.search.strategy, tune.search.verify_z]
     if tune.search.warm_start.enabled:  # absent otherwise: a cold search's stored fingerprint stays the same
         out["warm_start"] = tune.search.warm_start.describe()
     return out
@@ -280,7 +282,10 @@ def fingerprint(tune: TuneConfig, space: Any) -> dict[str, Any]:
 
 def enqueue_start_points(tune: TuneConfig, space: Any, studies: dict[str, Any]) -> None:
     """Start each new study from the configuration the user wrote, when it is in the space;
-    a grid search queues its whole grid instead."""
+    a grid search queues its whole grid instead, and a planned one (``search.strategy: predict``) nothing:
+    its planner picks every trained point (:mod:`.planner`)."""
+    if tune.search.strategy == "predict":
+        return
     if tune.search.sampler == "grid":
         from .study import enqueue_grid
 

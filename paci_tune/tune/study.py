@@ -252,7 +252,9 @@ def reap_dead(study: optuna.Study, retries: int, grace: float = GRACE_S, watch: 
 
 def reap(study: optuna.Study, t: FrozenTrial, retries: int) -> bool:
     """Fail a running trial as interrupted and enqueue it again (its ``attempt``-th retry, up to ``retries``);
-    False when another worker reaped it first, or its owner finished it meanwhile."""
+    False when another worker reaped it first, or its owner finished it meanwhile. Its point is the one it
+    drew, or, for a queued trial interrupted before drawing it, the one it was queued with (Optuna's
+    ``fixed_params``); a sampled trial interrupted before drawing has none and is not run again."""
     storage = study._storage
     try:
         fail_interrupted(storage, t._trial_id, REAPED)
@@ -262,6 +264,7 @@ def reap(study: optuna.Study, t: FrozenTrial, retries: int) -> bool:
         return False  # another worker reaped it first
     rec = TrialRecord.read(t)
     attempt = rec.attempt + 1
-    if attempt <= retries and t.params:
-        Retry(t.number, attempt, rec.extra_attrs()).enqueue(study, t.params)  # an extra run stays one
+    params = t.params or t.system_attrs.get("fixed_params") or {}
+    if attempt <= retries and params:
+        Retry(t.number, attempt, rec.extra_attrs()).enqueue(study, params)  # an extra run stays one
     return True

@@ -150,6 +150,20 @@ def finish(proc: subprocess.Popen[str], log: Path, timeout: float) -> tuple[int,
     return code, err_of(log).read_text()
 
 
+def run_twice_at_once(cmd: list[str], tmp: Path, timeout: float) -> None:
+    """``cmd`` started twice at once (two workers of one search, logs ``tmp/worker0.log`` and ``worker1.log``);
+    waits for both and requires each to succeed, naming the tail of a failed one's stderr."""
+    logs = [tmp / f"worker{i}.log" for i in range(2)]
+    procs = [start(cmd, log) for log in logs]
+    try:
+        codes = [finish(p, log, timeout)[0] for p, log in zip(procs, logs, strict=True)]
+    finally:
+        for p in procs:
+            kill_tree(p)
+    for code, log in zip(codes, logs, strict=True):
+        assert code == 0, err_of(log).read_text()[-2000:]
+
+
 def wait_until(
     probe: Callable[[], T | None], what: str, timeout: float, proc: subprocess.Popen[str] | None = None
 ) -> T:
