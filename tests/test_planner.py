@@ -23,6 +23,8 @@ from helpers.processes import kill_tree
 from helpers.searches import run, search_cmd, studies
 from optuna.trial import TrialState
 
+from paci_tune.config.tune import load_tune_config
+from paci_tune.errors import ConfigError
 from paci_tune.tune.planner import PLAN_CLASS, PREDICTED
 
 SEARCH_S = 240
@@ -141,16 +143,23 @@ def test_two_workers_on_one_predicted_search_train_each_class_once(
         ({"strategy": "predict", "verify_z": 9}, {}, "[0, 5]"),
     ],
 )
-def test_a_strategy_that_cannot_run_is_refused_before_any_work(
+def test_a_strategy_that_cannot_run_is_refused(
     tmp_path: Path, search: dict[str, Any], budget: dict[str, Any], why: str
 ) -> None:
-    config = _config(tmp_path, **search)
-    doc = yaml.safe_load(config.read_text())
+    doc = yaml.safe_load(_config(tmp_path, **search).read_text())
     doc["budget"].update(budget)
+    with pytest.raises(ConfigError) as refused:
+        load_tune_config(doc)
+    key = "search.verify_z" if "verify_z" in search else "search.strategy"
+    assert str(refused.value).startswith(key) and why in str(refused.value), str(refused.value)
+
+
+def test_the_cli_refuses_a_strategy_before_any_work(tmp_path: Path) -> None:
+    config = _config(tmp_path, strategy="predict")
+    doc = yaml.safe_load(config.read_text())
+    doc["budget"]["clock"] = "wall"
     config.write_text(yaml.safe_dump(doc))
     proc = run(search_cmd(config, tmp_path), timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    key = "search.verify_z" if "verify_z" in search else "search.strategy"
-    assert last.startswith(f"error: {key}") and why in last, last
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: search.strategy: got 'predict'"), proc.stderr
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
