@@ -15,10 +15,11 @@ changes the numerics:
 
 Each choice is queued in the study (``enqueue_trial``, marked :data:`PLAN_CLASS`), so the study stays a real
 Optuna study: storages, resume and several workers work as for sampled trials, and the pruner and capping
-still stop a trained trial early. A class counts as settled by its stored curve, or by a finished planned
-trial of it (one that failed has no curve). May import: optuna, :mod:`paci_tune.config`, :mod:`paci_tune.sim`,
-:mod:`paci_tune.schedule` and the tune layer's :mod:`.predict`, :mod:`.sharing`, :mod:`.point`,
-:mod:`.space`, :mod:`.record`, :mod:`.extra`.
+still stop a trained trial early. A class is settled by a finished trial of it in its study (planned, or one
+that trained its curve; one whose worker died is not, and its retry or a new plan trains the class), and the
+planner queues nothing while any trial waits in the study. May import: optuna, :mod:`paci_tune.config`,
+:mod:`paci_tune.sim`, :mod:`paci_tune.schedule` and the tune layer's :mod:`.predict`, :mod:`.sharing`,
+:mod:`.curves`, :mod:`.point`, :mod:`.space`, :mod:`.record`, :mod:`.extra`.
 """
 
 from __future__ import annotations
