@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 
 from paci_tune.config.tune import load_tune_config
 from paci_tune.errors import ConfigError
-from paci_tune.tune.planner import PLAN_CLASS, PREDICTED
+from paci_tune.tune.record import PLAN_CLASS, PREDICTED
 
 SEARCH_S = 240
 SPACE = {"schedules": ["paci", "1f1b"], "stages": [1, 2], "microbatch_size": [1, 2, 4], "lr_scale": [1.0, 2.0]}

@@ -13,11 +13,11 @@ changes the numerics:
   deviations) beats the study's best time to target so far, refits, and is done when no untrained class
   could beat it. A class it cannot predict (its synchronous curve failed) is trained.
 
-Each choice is queued in the study (``enqueue_trial``, marked :data:`PLAN_CLASS`), so the study stays a real
-Optuna study: storages, resume and several workers work as for sampled trials, and the pruner and capping
-still stop a trained trial early. A class is settled by a finished trial of it in its study (planned, or one
-that trained its curve; one whose worker died is not, and its retry or a new plan trains the class), and the
-planner queues nothing while any trial waits in the study. May import: optuna, :mod:`paci_tune.config`,
+Each choice is queued in the study (:func:`.record.queue_planned`), so the study stays a real Optuna study:
+storages, resume and several workers work as for sampled trials, and the pruner and capping still stop a
+trained trial early. A class is settled by a finished trial of it in its study (planned, or one that trained
+its curve; one whose worker died is not, and its retry or a new plan trains the class), and the planner
+queues nothing while any trial waits in the study. May import: optuna, :mod:`paci_tune.config`,
 :mod:`paci_tune.sim`, :mod:`paci_tune.schedule` and the tune layer's :mod:`.predict`, :mod:`.sharing`,
 :mod:`.curves`, :mod:`.point`, :mod:`.space`, :mod:`.record`, :mod:`.extra`.
 """
@@ -39,12 +39,9 @@ from . import extra
 from .curves import numerics_key
 from .point import TrialParams
 from .predict import DelayModel, Fitted, Observation
-from .record import REAPED, TrialRecord
+from .record import REAPED, TrialRecord, queue_planned
 from .sharing import replay_points, stored_curve
 from .space import SearchSpace
-
-PLAN_CLASS = "plan_class"  # user attribute of a planned trial: the numerics class it trains
-PREDICTED = "predicted_time"  # and its predicted time to target, with the bound it was chosen on
 
 Plan = Literal["queued", "wait", "done"]
 """A study's state: a planned trial waits in it; it waits for other trials (running, or the synchronous
@@ -114,7 +111,7 @@ class Planner:
         trials = extra.search_trials(study)
         if any(t.state == TrialState.WAITING for t in trials):
             return "queued"  # planned, a dead worker's retry or another layout of a curve: those run first
-        if sum(PLAN_CLASS in t.user_attrs for t in trials) >= self.cap:
+        if sum(TrialRecord.read(t).plan_class is not None for t in trials) >= self.cap:
             return "wait" if _running(trials) else "done"
         settled, running = _classes_run(trials)
         untrained = {k: q for k, q in self._classes(schedule).items() if k not in settled | running}
@@ -217,10 +214,8 @@ class Planner:
 
     def _queue(self, study: optuna.Study, key: str, q: TrialParams, times: tuple[float, float] | None) -> Plan:
         """Queue ``q`` as the planned trial of class ``key`` (with its predicted and optimistic times)."""
-        attrs: dict[str, Any] = {PLAN_CLASS: key}
-        if times is not None:
-            attrs[PREDICTED] = [t if math.isfinite(t) else None for t in times]
-        study.enqueue_trial(self.space.params_of(q), user_attrs=attrs)
+        shown = None if times is None else [t if math.isfinite(t) else None for t in times]
+        queue_planned(study, self.space.params_of(q), key, shown)
         return "queued"
 
 
@@ -229,7 +224,7 @@ def _classes_run(trials: Iterable[FrozenTrial]) -> tuple[set[str], set[str]]:
     settled, running = set(), set()
     for t in trials:
         rec = TrialRecord.read(t)
-        key = t.user_attrs.get(PLAN_CLASS) or (rec.numerics.get("key") if rec.numerics else None)
+        key = rec.plan_class or (rec.numerics.get("key") if rec.numerics else None)
         if key is None or t.state == TrialState.WAITING or rec.fail_reason == REAPED:
             continue  # a trial whose worker died settles nothing: its retry (or a new plan) trains the class
         (running if t.state == TrialState.RUNNING else settled).add(key)

@@ -26,6 +26,8 @@ REPEAT_OF = "repeat_of"  # answered from an earlier trial of the same point (its
 RERUN_OF = "rerun_of"  # a pruned point trained again because it now survives the pruner
 NUMERICS = "numerics"  # on a trained trial others may share: {"key", "every", "curve": [[step, val_loss], ...]}
 SHARED_FROM = "shared_from"  # answered from other trials' curve of its numerics (:mod:`.sharing`): {"study", "trial"}
+PLAN_CLASS = "plan_class"  # queued by the planner (:mod:`.planner`): the numerics class it trains
+PREDICTED = "predicted_time"  # and its predicted and optimistic times to target when it was chosen
 SIBLING_OF = "sibling_of"  # queued as another layout of a search trial's curve (:mod:`.siblings`): its number
 WORKER, HEARTBEAT = "worker", "heartbeat"  # who runs it (:class:`Claim`, a dict); its last sign of life
 REAPED = "interrupted: its worker died"  # the fail_reason of a trial another worker found dead
@@ -289,6 +291,7 @@ class TrialRecord:
     numerics: dict[str, Any] | None
     shared_from: dict[str, Any] | None
     sibling_of: int | None
+    plan_class: str | None
     attrs: dict[str, Any] = field(repr=False)  # the raw attributes (the report's per-trial figures)
 
     @classmethod
@@ -322,6 +325,7 @@ class TrialRecord:
             numerics=a.get(NUMERICS),
             shared_from=a.get(SHARED_FROM),
             sibling_of=a.get(SIBLING_OF),
+            plan_class=a.get(PLAN_CLASS),
             attrs=a,
         )
 
@@ -364,6 +368,13 @@ def is_extra(t: AnyTrial) -> bool:
 def queue_sibling(study: optuna.Study, params: dict[str, Any], of: int) -> None:
     """Queue another layout of search trial ``of``'s curve in ``study`` (:mod:`.siblings`)."""
     study.enqueue_trial(params, user_attrs={SIBLING_OF: of})
+
+
+def queue_planned(study: optuna.Study, params: dict[str, Any], key: str, times: list[float | None] | None) -> None:
+    """Queue the planner's next point of numerics class ``key`` (:mod:`.planner`), with its predicted and
+    optimistic times to target (None: a synchronous curve, trained without a prediction)."""
+    attrs: dict[str, Any] = {PLAN_CLASS: key} | ({PREDICTED: times} if times is not None else {})
+    study.enqueue_trial(params, user_attrs=attrs)
 
 
 def is_sibling(t: AnyTrial) -> bool:
