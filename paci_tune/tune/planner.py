@@ -104,6 +104,8 @@ class Planner:
     cap: int  # search.trials: the most planned trials a study runs, however the model ranks
     _steps: dict[TrialParams, tuple[float, int]] = field(default_factory=dict, repr=False)
     _keys: dict[TrialParams, str] = field(default_factory=dict, repr=False)
+    _grids: dict[str, list[TrialParams]] = field(default_factory=dict, repr=False)  # the space is fixed
+    _sync_keys: dict[TrialParams, str | None] = field(default_factory=dict, repr=False)
 
     def plan(self, studies: dict[str, optuna.Study], schedule: str) -> Plan:
         """Queue ``schedule``'s next planned trial unless one waits already; say where its study stands."""
@@ -120,14 +122,15 @@ class Planner:
             if untrained:
                 return self._queue(study, *next(iter(untrained.items())), None)
             return "wait" if running else "done"
+        synced = self._synced(studies)
         candidates = []
         for key, q in untrained.items():
-            sync = self._sync_steps(studies, q)
+            sync = synced.get(self._sync_key(studies, q))
             if sync == "pending":
                 return "wait"  # the synchronous curves come first: every prediction starts from one
             step_s, budget = self._step(q)
             candidates.append(Candidate(q, key, step_s, budget, None if sync is None else sync[0]))
-        fits = self._fits(studies, trials)
+        fits = self._fits(studies, trials, synced)
         pick = choose(candidates, fits, self._best(trials), self.z)
         if pick is None:
             return "wait" if running else "done"
@@ -145,11 +148,16 @@ class Planner:
     def _classes(self, schedule: str) -> dict[str, TrialParams]:
         """Each numerics class of the schedule's feasible points, at its fastest layout (space order)."""
         out: dict[str, TrialParams] = {}
-        for q in self.space.grid(schedule):
+        for q in self._grid(schedule):
             key = self.key(q)
             if key not in out or self._step(q)[0] < self._step(out[key])[0]:
                 out[key] = q
         return out
+
+    def _grid(self, schedule: str) -> list[TrialParams]:
+        if schedule not in self._grids:
+            self._grids[schedule] = self.space.grid(schedule)
+        return self._grids[schedule]
 
     def _step(self, q: TrialParams) -> tuple[float, int]:
         """(clock per global batch, global batches in the budget) of a point's layout (simulated once)."""
@@ -159,31 +167,36 @@ class Planner:
         return self._steps[q]
 
     # --------------------------------------------------------------------------------- PACI's model
-    def _sync_steps(
-        self, studies: dict[str, optuna.Study], q: TrialParams
-    ) -> tuple[float, bool] | Literal["pending"] | None:
-        """The synchronous curve's steps to target at a PACI point's LR, optimizer and global batch, and whether
-        it got there (if not -- stopped by the budget, the pruner or capping -- its steps are a lower bound,
-        which keeps the prediction optimistic); "pending" before it ran; None when nothing can say (it failed,
-        or no synchronous point matches)."""
-        _, sync = sides(studies)
-        match = [
-            r
-            for s in sync
-            for r in self.space.grid(s)
-            if (r.lr_scale, r.optimizer, r.global_batch) == (q.lr_scale, q.optimizer, q.global_batch)
-        ]
-        if not match:
-            return None
-        key = self.key(match[0])
-        found = stored_curve(studies.values(), key)
-        if found is not None:
-            steps, reached = steps_to_target(found[0], self.target, self.first_step)
-            return max(steps, 1.0), reached
-        done = any(key in _classes_run(extra.search_trials(studies[s]))[0] for s in sync)
-        return None if done else "pending"
+    def _sync_key(self, studies: dict[str, optuna.Study], q: TrialParams) -> str | None:
+        """The class of the synchronous curve a PACI point is predicted from: the same LR, optimizer and global
+        batch (None: no synchronous point matches)."""
+        if q not in self._sync_keys:
+            _, sync = sides(studies)
+            same = (q.lr_scale, q.optimizer, q.global_batch)
+            match = [r for s in sync for r in self._grid(s) if (r.lr_scale, r.optimizer, r.global_batch) == same]
+            self._sync_keys[q] = self.key(match[0]) if match else None
+        return self._sync_keys[q]
 
-    def _fits(self, studies: dict[str, optuna.Study], trials: list[FrozenTrial]) -> dict[str | None, Fitted]:
+    def _synced(self, studies: dict[str, optuna.Study]) -> dict[str, tuple[float, bool] | Literal["pending"] | None]:
+        """Each synchronous class's steps to target and whether it got there (if not -- stopped by the budget,
+        the pruner or capping -- its steps are a lower bound, which keeps the prediction optimistic); "pending"
+        before it ran; None when it failed. Read once per plan: one pass over the stored curves."""
+        _, sync = sides(studies)
+        keys = {self.key(r) for s in sync for r in self._grid(s)}
+        settled = set().union(*(_classes_run(extra.search_trials(studies[s]))[0] for s in sync))
+        out: dict[str, tuple[float, bool] | Literal["pending"] | None] = {}
+        for key in keys:
+            found = stored_curve(studies.values(), key)
+            if found is not None:
+                steps, reached = steps_to_target(found[0], self.target, self.first_step)
+                out[key] = (max(steps, 1.0), reached)
+            else:
+                out[key] = None if key in settled else "pending"
+        return out
+
+    def _fits(
+        self, studies: dict[str, optuna.Study], trials: list[FrozenTrial], synced: dict[str, Any]
+    ) -> dict[str | None, Fitted]:
         """The delay model fitted per optimizer recipe (None: all pooled) on the PACI classes trained so far."""
         observed: dict[str | None, list[Observation]] = {}
         for t in trials:
@@ -191,7 +204,7 @@ class Planner:
             q = self._point(t)
             if n is None or q is None or t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
                 continue
-            sync = self._sync_steps(studies, q)
+            sync = synced.get(self._sync_key(studies, q))
             if not isinstance(sync, tuple) or not sync[1]:
                 continue  # no ratio without the synchronous steps themselves
             steps, reached = steps_to_target({int(s): float(v) for s, v in n["curve"]}, self.target, self.first_step)
@@ -204,7 +217,7 @@ class Planner:
     def _point(self, t: FrozenTrial) -> TrialParams | None:
         """The feasible point a finished PACI trial ran (by its Optuna parameters)."""
         paci = self.space.paci
-        return next((q for q in self.space.grid(paci) if self.space.params_of(q) == t.params), None) if paci else None
+        return next((q for q in self._grid(paci) if self.space.params_of(q) == t.params), None) if paci else None
 
     @staticmethod
     def _best(trials: Iterable[FrozenTrial]) -> float:
